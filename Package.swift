@@ -1,0 +1,74 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "PackDelivery",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "PackDelivery", targets: ["PackDelivery"]),
+        .library(name: "PackServer", targets: ["PackServer"]),
+        .executable(name: "packs", targets: ["packs"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+    ],
+    targets: [
+        // libcurl: one typed wrapper per argument kind of the variadic setopt/getinfo calls; no logic.
+        .target(
+            name: "CCurl",
+            linkerSettings: [.linkedLibrary("curl")]
+        ),
+        // Linux calls Swift's Glibc module does not import (renameat2).
+        .target(name: "CLinux"),
+        // libarchive and OpenSSL's libcrypto (SHA-256) as system libraries from Debian.
+        .systemLibrary(
+            name: "CArchive",
+            pkgConfig: "libarchive",
+            providers: [.apt(["libarchive-dev"])]
+        ),
+        .systemLibrary(
+            name: "CCrypto",
+            pkgConfig: "libcrypto",
+            providers: [.apt(["libssl-dev"])]
+        ),
+        .target(
+            name: "PackDelivery",
+            dependencies: [
+                "CCurl", "CArchive", "CCrypto", "CLinux",
+                .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "PackServer",
+            dependencies: [
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .executableTarget(
+            name: "packs",
+            dependencies: [
+                "PackDelivery", "PackServer",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "PackTestSupport",
+            dependencies: [],
+            path: "Tests/PackTestSupport"
+        ),
+        .testTarget(
+            name: "PackDeliveryTests",
+            dependencies: [
+                "PackDelivery", "PackServer", "PackTestSupport",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,7 @@
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include "CLinux.h"
+
+int clinux_rename_exchange(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
+int clinux_rename_noreplace(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE); }

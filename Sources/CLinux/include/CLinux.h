@@ -1,0 +1,11 @@
+#ifndef CLINUX_H
+#define CLINUX_H
+// Linux calls that Swift's Glibc module does not import (they need _GNU_SOURCE). One wrapper each, no logic.
+
+/// renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE): swaps two paths atomically. Returns 0 or -1 with errno.
+int clinux_rename_exchange(const char *from, const char *to);
+/// renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE). Returns 0 or -1 with errno.
+int clinux_rename_noreplace(const char *from, const char *to);
+// setxattr: to mark folders as not for backup (user.xdg.robots.backup).
+#include <sys/xattr.h>
+#endif

@@ -1,0 +1,97 @@
+import CArchive
+import Foundation
+
+/// Reads what a manifest needs to know about a pack without unpacking it.
+enum PackInspector {
+    struct Summary: Sendable, Hashable {
+        var contentInfo: ContentInfo?
+        /// Sum of the regular files' sizes.
+        var unpackedLength: Int64
+    }
+
+    static func inspect(_ archive: URL) throws(PackDeliveryError) -> Summary {
+        guard let reader = archive_read_new() else { throw PackDeliveryError(kind: .io, message: "libarchive could not start (out of memory).") }
+        defer { archive_read_free(reader) }
+        archive_read_support_filter_all(reader)
+        archive_read_support_format_zip(reader)
+        archive_read_support_format_tar(reader)
+        guard archive_read_open_filename(reader, archive.path, 1 << 16) == ARCHIVE_OK else {
+            throw .corruptArchive(String(cString: archive_error_string(reader)), code: Int(archive_errno(reader)))
+        }
+        var summary = Summary(contentInfo: nil, unpackedLength: 0)
+        var entry: OpaquePointer?
+        while true {
+            let status = archive_read_next_header(reader, &entry)
+            if status == ARCHIVE_EOF { break }
+            guard status == ARCHIVE_OK || status == ARCHIVE_WARN, let entry else {
+                throw .corruptArchive(String(cString: archive_error_string(reader)), code: Int(archive_errno(reader)))
+            }
+            let path = String(cString: archive_entry_pathname(entry)).replacingOccurrences(of: "^\\./", with: "", options: .regularExpression)
+            guard UInt32(archive_entry_filetype(entry)) & 0o170000 == 0o100000 else { continue }
+            summary.unpackedLength += archive_entry_size(entry)
+            if path == "ContentInfo.plist" {
+                var data = Data()
+                var buffer = [UInt8](repeating: 0, count: 64 << 10)
+                while true {
+                    let count = archive_read_data(reader, &buffer, buffer.count)
+                    if count < 0 { throw .corruptArchive(String(cString: archive_error_string(reader)), entry: path) }
+                    if count == 0 { break }
+                    data.append(contentsOf: buffer[0..<count])
+                }
+                summary.contentInfo = try? PropertyListDecoder().decode(ContentInfo.self, from: data)
+                if summary.contentInfo == nil {
+                    throw PackDeliveryError(kind: .badData, message: "\(archive.lastPathComponent) has a ContentInfo.plist without the string keys ContentVersion and IAPProductIdentifier.",
+                                            hint: "Rebuild it with packs pack --product ID --version V.", subject: archive.path)
+                }
+            }
+        }
+        return summary
+    }
+}
+
+/// Builds a manifest for the packs in a folder, as content pipelines publish it.
+public enum ManifestBuilder {
+    static let packExtensions = [".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst"]
+
+    /// Describes every pack in `folder` (product and version from its `ContentInfo.plist`; length, sha256,
+    /// unpackedLength measured), with URLs relative to the folder.
+    /// - Throws: `badData` for a pack without a usable `ContentInfo.plist`.
+    public static func build(folder: URL) throws(PackDeliveryError) -> Manifest {
+        let names: [String]
+        do { names = try FileManager.default.contentsOfDirectory(atPath: folder.path).sorted() } catch {
+            throw PackDeliveryError(kind: .usage, message: "Cannot list the folder \(folder.path).", hint: "Pass a folder that holds packs.", subject: folder.path)
+        }
+        var products: [String: [Manifest.Content]] = [:]
+        var order: [String] = []
+        for name in names where Self.packExtensions.contains(where: { name.hasSuffix($0) }) {
+            let url = folder.appending(path: name)
+            let summary = try PackInspector.inspect(url)
+            guard let info = summary.contentInfo else {
+                throw PackDeliveryError(kind: .badData, message: "\(name) has no ContentInfo.plist, so its product and version are unknown.",
+                                        hint: "Build it with packs pack FOLDER --product ID --version V --output \(name).", subject: url.path)
+            }
+            let length = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64) ?? 0
+            let content = Manifest.Content(contentIdentifier: info.productIdentifier, contentVersion: info.contentVersion,
+                                           url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
+                                           contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
+                                           unpackedLength: summary.unpackedLength)
+            if products[info.productIdentifier] == nil { order.append(info.productIdentifier) }
+            products[info.productIdentifier, default: []].append(content)
+        }
+        return Manifest(products: order.map { Manifest.Product(productIdentifier: $0, contents: products[$0] ?? []) })
+    }
+
+    /// Writes `folder/manifest.json` (atomically) and returns the manifest.
+    @discardableResult
+    public static func write(folder: URL) throws(PackDeliveryError) -> Manifest {
+        let manifest = try self.build(folder: folder)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        do {
+            try encoder.encode(manifest).write(to: folder.appending(path: "manifest.json"), options: .atomic)
+        } catch {
+            throw PackDeliveryError(kind: .io, message: "Cannot write \(folder.appending(path: "manifest.json").path): \(error.localizedDescription).", subject: folder.path)
+        }
+        return manifest
+    }
+}

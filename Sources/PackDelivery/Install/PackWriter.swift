@@ -1,0 +1,463 @@
+import CArchive
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The archive formats a pack can be written in.
+public enum PackFormat: String, Sendable, CaseIterable {
+    case zip
+    case tar
+    case tarGzip = "tar.gz"
+    case tarBzip2 = "tar.bz2"
+    case tarXz = "tar.xz"
+    case tarZstd = "tar.zst"
+
+    /// The format an output file name asks for.
+    ///
+    /// - Parameter fileName: a file name or path ending in `.zip`, `.tar`, `.tar.gz` or `.tgz`,
+    ///   `.tar.bz2`, `.tar.xz` or `.tar.zst` (any letter case).
+    /// - Returns: `nil` for any other name.
+    public init?(fileName: String) {
+        let name = fileName.lowercased()
+        if name.hasSuffix(".tgz") {
+            self = .tarGzip
+            return
+        }
+        guard let format = Self.allCases.first(where: { name.hasSuffix("." + $0.rawValue) }) else { return nil }
+        self = format
+    }
+}
+
+/// Writes a folder into a pack (a zip or a tar) with libarchive.
+public enum PackWriter {
+    /// The name of the metadata file at the root of a pack in Apple's hosted-content layout.
+    public static let contentInfoName = "ContentInfo.plist"
+    /// The folder that holds a pack's payload in Apple's hosted-content layout.
+    public static let contentsFolderName = "Contents"
+
+    /// Writes `folder`'s files into a new archive at `output`.
+    ///
+    /// Regular files, folders and relative symlinks that stay inside the folder are written, sorted by
+    /// path, owned by 0:0, with modes normalised to 0755 (folders and files with the owner's execute
+    /// bit) or 0644, and the files' modification times; gzip headers carry no timestamp. Writing the
+    /// same folder twice gives the same bytes. The folder is not followed through symlinks; a hard-linked
+    /// file is written once per name. A file named like `output` inside `folder` is skipped.
+    ///
+    /// When `contentInfo` is given, the archive gets a `ContentInfo.plist` at its root (an XML plist
+    /// with the string keys `ContentVersion` and `IAPProductIdentifier`), replacing one at the top of
+    /// the folder, and the payload goes under `Contents/`: a folder that already has a `Contents/`
+    /// subfolder keeps its layout; otherwise everything in it is placed under `Contents/`. Without
+    /// `contentInfo`, the folder is archived exactly as it is.
+    ///
+    /// The pack is written to a temporary file beside `output`, flushed to disk and renamed into
+    /// place, so a failure leaves no half-written pack (and an earlier `output` untouched).
+    ///
+    /// - Parameters:
+    ///   - folder: the folder to pack.
+    ///   - output: the archive to create or replace.
+    ///   - format: the archive format and compression.
+    ///   - contentInfo: the product identifier and content version for `ContentInfo.plist`.
+    /// - Returns: the number of bytes of all regular files' contents, `ContentInfo.plist` included
+    ///   (the pack's unpacked length, as a manifest's `unpackedLength`).
+    /// - Throws: `PackDeliveryError` of kind `.usage` when the folder holds something a pack may not
+    ///   (a device, FIFO or socket, an absolute or escaping symlink, a symlink through a symlink);
+    ///   `.insufficientStorage` when the output filesystem is full; `.io` for other failures.
+    @discardableResult
+    public static func write(
+        folder: URL, to output: URL, format: PackFormat,
+        contentInfo: (productIdentifier: String, contentVersion: String)? = nil
+    ) throws(PackDeliveryError) -> Int64 {
+        let locale = ArchiveThreadLocale.useUTF8()
+        defer { locale.restore() }
+
+        let folderPath = folder.path
+        var skip: (dev_t, ino_t)?
+        var outputStat = stat()
+        if lstat(output.path, &outputStat) == 0 { skip = (outputStat.st_dev, outputStat.st_ino) }
+
+        var scanner = PackFolderScanner(root: folderPath, skip: skip)
+        var items = try scanner.scan(
+            omittingTopLevel: contentInfo == nil ? nil : Array(Self.contentInfoName.utf8))
+        try PackFolderScanner.checkSymlinks(items, root: folderPath)
+
+        if let contentInfo {
+            let contents = Array(Self.contentsFolderName.utf8)
+            let hasContentsFolder = items.contains { $0.path == contents && $0.kind == .directory }
+            let newest = (items.map(\.mtime.0).max() ?? 0, 0)
+            if !hasContentsFolder {
+                for index in items.indices { items[index].path = contents + [UInt8(ascii: "/")] + items[index].path }
+                items.append(PackItem(path: contents, source: nil, kind: .directory, mode: 0o755, size: 0, mtime: newest))
+            }
+            let plist = try Self.contentInfoPlist(productIdentifier: contentInfo.productIdentifier,
+                                                  contentVersion: contentInfo.contentVersion)
+            items.append(PackItem(path: Array(Self.contentInfoName.utf8), source: nil, kind: .generated(plist),
+                                  mode: 0o644, size: Int64(plist.count), mtime: newest))
+        }
+        items.sort { $0.path.lexicographicallyPrecedes($1.path) }
+
+        var writer = try PackArchiveWriter(output: output, format: format)
+        do {
+            var total: Int64 = 0
+            for item in items {
+                try writer.add(item, folderPath: folderPath)
+                if item.isRegularFile { total += item.size }
+            }
+            try writer.finish()
+            return total
+        } catch {
+            writer.abandon()
+            throw error
+        }
+    }
+
+    /// The XML property list of a pack's `ContentInfo.plist`.
+    static func contentInfoPlist(productIdentifier: String, contentVersion: String) throws(PackDeliveryError) -> Data {
+        let encoder = PropertyListEncoder()
+        encoder.outputFormat = .xml
+        do {
+            return try encoder.encode(PackContentInfo(contentVersion: contentVersion, productIdentifier: productIdentifier))
+        } catch {
+            throw PackDeliveryError(kind: .usage, message: "Could not encode \(Self.contentInfoName): \(error).",
+                                    subject: Self.contentInfoName)
+        }
+    }
+}
+
+/// The keys of a pack's `ContentInfo.plist`.
+struct PackContentInfo: Codable, Hashable, Sendable {
+    var contentVersion: String
+    var productIdentifier: String
+
+    enum CodingKeys: String, CodingKey {
+        case contentVersion = "ContentVersion"
+        case productIdentifier = "IAPProductIdentifier"
+    }
+}
+
+// MARK: - Scanning the folder
+
+/// One entry to write: its path in the archive and where its bytes come from.
+private struct PackItem {
+    enum Kind: Equatable {
+        case directory
+        case file
+        case symlink([UInt8])
+        case generated(Data)
+    }
+
+    /// The path inside the archive, `/`-separated, no trailing slash.
+    var path: [UInt8]
+    /// The path relative to the folder, for items read from it.
+    var source: [UInt8]?
+    var kind: Kind
+    var mode: mode_t
+    var size: Int64
+    var mtime: (Int, Int)
+
+    var isRegularFile: Bool {
+        switch self.kind {
+        case .file, .generated: true
+        case .directory, .symlink: false
+        }
+    }
+}
+
+/// Lists a folder with `openat`/`fdopendir`/`fstatat`, keeping names as raw bytes.
+private struct PackFolderScanner {
+    let root: String
+    let skip: (dev_t, ino_t)?
+    private var items: [PackItem] = []
+
+    init(root: String, skip: (dev_t, ino_t)?) {
+        self.root = root
+        self.skip = skip
+    }
+
+    mutating func scan(omittingTopLevel omitted: [UInt8]?) throws(PackDeliveryError) -> [PackItem] {
+        let fd = open(self.root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw PackWriterErrors.file("open the folder", path: self.root, errno: errno) }
+        self.items = []
+        try self.scan(directory: fd, relative: [], omitting: omitted)  // closes fd
+        return self.items
+    }
+
+    /// Scans the open folder `fd` (closed on return) whose path relative to the root is `relative`.
+    private mutating func scan(directory fd: Int32, relative: [UInt8], omitting omitted: [UInt8]?) throws(PackDeliveryError) {
+        guard let stream = fdopendir(fd) else {
+            let code = errno
+            close(fd)
+            throw PackWriterErrors.file("list the folder", path: self.shown(relative), errno: code)
+        }
+        defer { closedir(stream) }
+        var names: [[UInt8]] = []
+        while true {
+            errno = 0
+            guard let item = readdir(stream) else {
+                if errno != 0 { throw PackWriterErrors.file("list the folder", path: self.shown(relative), errno: errno) }
+                break
+            }
+            let name = withUnsafeBytes(of: item.pointee.d_name) { Array($0.prefix(while: { $0 != 0 })) }
+            if name == [UInt8(ascii: ".")] || name == [UInt8(ascii: "."), UInt8(ascii: ".")] { continue }
+            if let omitted, name == omitted { continue }
+            names.append(name)
+        }
+        names.sort { $0.lexicographicallyPrecedes($1) }
+        for name in names {
+            let path = relative.isEmpty ? name : relative + [UInt8(ascii: "/")] + name
+            var info = stat()
+            let status = Self.withCName(name) { fstatat(fd, $0, &info, AT_SYMLINK_NOFOLLOW) }
+            if status != 0 { throw PackWriterErrors.file("read the attributes of", path: self.shown(path), errno: errno) }
+            if let skip, skip.0 == info.st_dev, skip.1 == info.st_ino { continue }
+            let mtime = (Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec))
+            switch info.st_mode & S_IFMT {
+            case S_IFDIR:
+                self.items.append(PackItem(path: path, source: path, kind: .directory, mode: 0o755, size: 0, mtime: mtime))
+                let child = Self.withCName(name) { openat(fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
+                guard child >= 0 else { throw PackWriterErrors.file("open the folder", path: self.shown(path), errno: errno) }
+                try self.scan(directory: child, relative: path, omitting: nil)
+            case S_IFREG:
+                let mode: mode_t = info.st_mode & 0o100 != 0 ? 0o755 : 0o644
+                self.items.append(PackItem(path: path, source: path, kind: .file, mode: mode, size: Int64(info.st_size), mtime: mtime))
+            case S_IFLNK:
+                var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+                let count = Self.withCName(name) { cName in
+                    buffer.withUnsafeMutableBytes { readlinkat(fd, cName, $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
+                }
+                guard count >= 0 else { throw PackWriterErrors.file("read the symlink", path: self.shown(path), errno: errno) }
+                self.items.append(PackItem(path: path, source: path, kind: .symlink(Array(buffer[..<count])), mode: 0o777, size: 0, mtime: mtime))
+            default:
+                throw PackDeliveryError(
+                    kind: .usage, message: "'\(self.shown(path))' is not a file, folder or symlink, so it cannot go into a pack.",
+                    hint: "Remove it from the folder, then pack again.", subject: self.shown(path))
+            }
+        }
+    }
+
+    /// Refuses symlinks the unpacker would refuse: absolute, leaving the folder, or passing through
+    /// another symlink.
+    static func checkSymlinks(_ items: [PackItem], root: String) throws(PackDeliveryError) {
+        var symlinks: Set<[UInt8]> = []
+        for item in items { if case .symlink = item.kind { symlinks.insert(item.path) } }
+        let slash = UInt8(ascii: "/")
+        for item in items {
+            guard case .symlink(let target) = item.kind else { continue }
+            let shown = String(decoding: item.path, as: UTF8.self)
+            let shownTarget = String(decoding: target, as: UTF8.self)
+            func refuse(_ why: String) -> PackDeliveryError {
+                PackDeliveryError(kind: .usage, message: "The symlink '\(shown)' points to '\(shownTarget)', \(why), so it cannot go into a pack.",
+                                  hint: "Make it a relative link that stays inside the folder, or replace it with the file.",
+                                  subject: root + "/" + shown)
+            }
+            if target.isEmpty || target.first == slash { throw refuse("an absolute path") }
+            var state = Array(item.path.split(separator: slash).dropLast().map { Array($0) })
+            for part in target.split(separator: slash, omittingEmptySubsequences: true) {
+                if part.elementsEqual([UInt8(ascii: ".")]) { continue }
+                if symlinks.contains(state.joined(separator: [slash]).map { $0 }) {
+                    throw refuse("through another symlink")
+                }
+                if part.elementsEqual([UInt8(ascii: "."), UInt8(ascii: ".")]) {
+                    if state.isEmpty { throw refuse("outside the folder") }
+                    state.removeLast()
+                } else {
+                    state.append(Array(part))
+                }
+            }
+        }
+    }
+
+    private func shown(_ relative: [UInt8]) -> String {
+        relative.isEmpty ? self.root : self.root + "/" + String(decoding: relative, as: UTF8.self)
+    }
+
+    static func withCName<R>(_ bytes: [UInt8], _ body: (UnsafePointer<CChar>) -> R) -> R {
+        var terminated = bytes
+        terminated.append(0)
+        return terminated.withUnsafeBytes { body($0.baseAddress!.assumingMemoryBound(to: CChar.self)) }
+    }
+}
+
+private enum PackWriterErrors {
+    static func file(_ operation: String, path: String, errno code: Int32) -> PackDeliveryError {
+        if code == ENOSPC || code == EDQUOT {
+            return PackDeliveryError.insufficientStorage(path: path, needed: nil, available: nil, code: Int(code))
+        }
+        return PackDeliveryError.io(operation, path: path, errno: code)
+    }
+}
+
+// MARK: - Writing the archive
+
+/// One libarchive writer into a temporary file beside the output. Not thread-safe.
+private struct PackArchiveWriter {
+    private let output: URL
+    private let temporaryPath: String
+    private let fd: Int32
+    private let archive: OpaquePointer
+    private var buffer: [UInt8]
+    private var finished = false
+
+    init(output: URL, format: PackFormat) throws(PackDeliveryError) {
+        self.output = output
+        let directory = output.deletingLastPathComponent().path
+        self.temporaryPath = directory + "/." + output.lastPathComponent + "." + UUID().uuidString + ".tmp"
+        let fd = open(self.temporaryPath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw PackWriterErrors.file("create the pack", path: self.temporaryPath, errno: errno) }
+        guard let archive = archive_write_new() else {
+            close(fd)
+            unlink(self.temporaryPath)
+            throw PackDeliveryError.io("start writing the pack", path: output.path, errno: ENOMEM)
+        }
+        self.fd = fd
+        self.archive = archive
+        self.buffer = [UInt8](repeating: 0, count: 1 << 20)
+
+        var status: Int32
+        switch format {
+        case .zip:
+            status = archive_write_set_format_zip(archive)
+        case .tar, .tarGzip, .tarBzip2, .tarXz, .tarZstd:
+            status = archive_write_set_format_pax_restricted(archive)
+        }
+        if status == ARCHIVE_OK {
+            switch format {
+            case .zip, .tar: status = archive_write_add_filter_none(archive)
+            case .tarGzip:
+                status = archive_write_add_filter_gzip(archive)
+                // No timestamp in the gzip header, so the same folder gives the same bytes.
+                if status == ARCHIVE_OK { status = archive_write_set_filter_option(archive, "gzip", "timestamp", nil) }
+            case .tarBzip2: status = archive_write_add_filter_bzip2(archive)
+            case .tarXz: status = archive_write_add_filter_xz(archive)
+            case .tarZstd: status = archive_write_add_filter_zstd(archive)
+            }
+        }
+        if status == ARCHIVE_OK, format != .zip {
+            status = archive_write_set_bytes_in_last_block(archive, 1)
+        }
+        if status == ARCHIVE_OK { status = archive_write_open_fd(archive, fd) }
+        if status != ARCHIVE_OK {
+            let error = Self.archiveError(archive, "start writing", output: output)
+            archive_write_free(archive)
+            close(fd)
+            unlink(self.temporaryPath)
+            throw error
+        }
+    }
+
+    mutating func add(_ item: PackItem, folderPath: String) throws(PackDeliveryError) {
+        guard let entry = archive_entry_new() else {
+            throw PackDeliveryError.io("start writing the pack", path: self.output.path, errno: ENOMEM)
+        }
+        defer { archive_entry_free(entry) }
+        PackFolderScanner.withCName(item.path) { archive_entry_copy_pathname(entry, $0) }
+        archive_entry_set_uid(entry, 0)
+        archive_entry_set_gid(entry, 0)
+        archive_entry_set_mtime(entry, time_t(item.mtime.0), item.mtime.1)
+        switch item.kind {
+        case .directory:
+            archive_entry_set_filetype(entry, ArchiveFileType.directory)
+        case .file, .generated:
+            archive_entry_set_filetype(entry, ArchiveFileType.regular)
+            archive_entry_set_size(entry, item.size)
+        case .symlink(let target):
+            archive_entry_set_filetype(entry, ArchiveFileType.symlink)
+            PackFolderScanner.withCName(target) { archive_entry_copy_symlink(entry, $0) }
+        }
+        archive_entry_set_perm(entry, item.mode)
+        if archive_write_header(self.archive, entry) < ARCHIVE_WARN {
+            throw Self.archiveError(self.archive, "write the entry '\(String(decoding: item.path, as: UTF8.self))' of", output: self.output)
+        }
+        switch item.kind {
+        case .directory, .symlink:
+            break
+        case .generated(let data):
+            guard !data.isEmpty else { break }
+            let written = data.withUnsafeBytes { archive_write_data(self.archive, $0.baseAddress!, $0.count) }
+            if written != data.count { throw self.dataError(item) }
+        case .file:
+            try self.copyFile(item, folderPath: folderPath)
+        }
+    }
+
+    private mutating func copyFile(_ item: PackItem, folderPath: String) throws(PackDeliveryError) {
+        let path = folderPath + "/" + String(decoding: item.source ?? item.path, as: UTF8.self)
+        let fd = PackFolderScanner.withCName(Array(folderPath.utf8) + [UInt8(ascii: "/")] + (item.source ?? item.path)) {
+            open($0, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        }
+        guard fd >= 0 else { throw PackWriterErrors.file("read", path: path, errno: errno) }
+        defer { close(fd) }
+        var remaining = item.size
+        var buffer = self.buffer  // moved out and back, so writing into it does not copy it
+        self.buffer = []
+        defer { self.buffer = buffer }
+        while true {
+            let wanted = remaining > 0 ? Int(min(Int64(buffer.count), remaining)) : 1
+            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, wanted) }
+            if count < 0 {
+                if errno == EINTR { continue }
+                throw PackWriterErrors.file("read", path: path, errno: errno)
+            }
+            if count == 0 {
+                if remaining > 0 { throw Self.changed(path) }
+                break
+            }
+            if remaining == 0 { throw Self.changed(path) }
+            let written = buffer.withUnsafeBytes { archive_write_data(self.archive, $0.baseAddress!, count) }
+            if written != count { throw self.dataError(item) }
+            remaining -= Int64(count)
+        }
+    }
+
+    private func dataError(_ item: PackItem) -> PackDeliveryError {
+        Self.archiveError(self.archive, "write the entry '\(String(decoding: item.path, as: UTF8.self))' of", output: self.output)
+    }
+
+    /// Closes the archive, flushes it to disk and renames it into place.
+    mutating func finish() throws(PackDeliveryError) {
+        if archive_write_close(self.archive) != ARCHIVE_OK {
+            throw Self.archiveError(self.archive, "finish", output: self.output)
+        }
+        archive_write_free(self.archive)
+        self.finished = true
+        defer { close(self.fd) }
+        if fsync(self.fd) != 0 {
+            let code = errno
+            unlink(self.temporaryPath)
+            throw PackWriterErrors.file("flush", path: self.output.path, errno: code)
+        }
+        if rename(self.temporaryPath, self.output.path) != 0 {
+            let code = errno
+            unlink(self.temporaryPath)
+            throw PackWriterErrors.file("move the pack into place at", path: self.output.path, errno: code)
+        }
+    }
+
+    /// Frees the writer and removes the temporary file after a failure.
+    func abandon() {
+        guard !self.finished else { return }
+        archive_write_fail(self.archive)
+        archive_write_free(self.archive)
+        close(self.fd)
+        unlink(self.temporaryPath)
+    }
+
+    private static func changed(_ path: String) -> PackDeliveryError {
+        PackDeliveryError(kind: .io, message: "The file '\(path)' changed while it was being packed.",
+                          hint: "Pack again once nothing writes to the folder.", subject: path)
+    }
+
+    private static func archiveError(_ archive: OpaquePointer, _ operation: String, output: URL) -> PackDeliveryError {
+        let code = archive_errno(archive)
+        if code == ENOSPC || code == EDQUOT {
+            return PackDeliveryError.insufficientStorage(path: output.deletingLastPathComponent().path, needed: nil, available: nil, code: Int(code))
+        }
+        let detail = archive_error_string(archive).map { String(cString: $0) } ?? "unknown libarchive error"
+        return PackDeliveryError(kind: .io, message: "Could not \(operation) the pack '\(output.path)': \(detail).",
+                                 subject: output.path, code: Int(code))
+    }
+}

@@ -1,0 +1,606 @@
+import CArchive
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// Limits on what one pack may unpack to, checked on what is actually written.
+struct UnpackLimits: Sendable, Hashable {
+    /// The most bytes the pack may unpack to: file contents, including the holes of sparse files.
+    var maxBytes: Int64
+    /// The most archive entries (headers) the pack may hold.
+    var maxEntries: Int
+
+    init(maxBytes: Int64, maxEntries: Int = 100_000) {
+        self.maxBytes = maxBytes
+        self.maxEntries = maxEntries
+    }
+}
+
+/// What an unpack wrote.
+struct UnpackSummary: Sendable, Hashable {
+    /// Bytes of file contents written (a sparse file's holes count as written).
+    var bytes: Int64
+    /// Archive entries read, whatever their type (implicitly created folders are not counted).
+    var entries: Int
+}
+
+/// Unpacks a pack from an untrusted server into a private staging folder.
+///
+/// Every header is checked here, not left to libarchive's extraction flags, and everything is created
+/// relative to directory descriptors with `O_NOFOLLOW`/`O_EXCL`, so nothing is ever written through a
+/// symlink or outside the staging folder. The whole pack is rejected (an error is thrown; the caller
+/// removes the staging folder) when any entry:
+/// - has an absolute path or a `..` component;
+/// - is a device node, a FIFO, a socket or of an unknown type;
+/// - is a symlink whose target is absolute, leaves the staging folder (resolved lexically from the
+///   link's own folder), or passes through another symlink (and a later symlink may not be created
+///   where an earlier link's target passes through);
+/// - is a hard link to anything but a regular file extracted earlier from the same pack;
+/// - would be written through a symlink, or changes the type of an earlier entry;
+/// - duplicates an earlier file, symlink or hard link (a repeated folder entry is allowed; it updates
+///   the folder's mode);
+/// - has a name component longer than `NAME_MAX` (255 bytes) or a full path longer than `PATH_MAX`.
+///
+/// Modes: setuid, setgid and sticky bits and group/other write are dropped (`mode & 0o755`); files
+/// keep owner read/write, folders owner read/write/search. Owners are never changed. File
+/// modification times are restored from the headers; folders' are not.
+///
+/// The calling thread's locale (not the process's) is switched to `C.UTF-8` for the duration, so
+/// that libarchive decodes UTF-8 names in zip and pax headers instead of refusing them.
+enum Unpacker {
+    /// How much output passes between two calls of the `progress` closure.
+    static let progressInterval: Int64 = 1 << 20
+
+    /// Streams `archive` into the existing, empty folder `staging`.
+    ///
+    /// - Parameters:
+    ///   - archive: a zip, or a tar that is plain or compressed with gzip, bzip2, xz or zstd.
+    ///   - staging: an existing, empty folder that only this unpack writes to.
+    ///   - limits: the most bytes and entries the pack may unpack to.
+    ///   - progress: called with the bytes written so far, about every MiB and once at the end.
+    ///   - isCancelled: polled between blocks of data and between entries.
+    /// - Returns: the bytes and entries written.
+    /// - Throws: `PackDeliveryError` of kind `.badData` for an unsafe entry, a corrupt or truncated
+    ///   archive, a file that is not an archive, or a limit exceeded; `.insufficientStorage` when the
+    ///   filesystem is full (ENOSPC, EDQUOT); `.io` for other local failures; `.cancelled` when
+    ///   `isCancelled` returned true. What was written so far stays in `staging`.
+    static func unpack(
+        archive: URL, into staging: URL, limits: UnpackLimits,
+        progress: (Int64) -> Void = { _ in }, isCancelled: () -> Bool = { false }
+    ) throws(PackDeliveryError) -> UnpackSummary {
+        let locale = ArchiveThreadLocale.useUTF8()
+        defer { locale.restore() }
+        let run = try UnpackRun(archive: archive, staging: staging, limits: limits)
+        return try run.run(progress: progress, isCancelled: isCancelled)
+    }
+}
+
+// MARK: - Thread locale
+
+/// Switches the calling thread's `LC_CTYPE` to `C.UTF-8` (thread-local: `uselocale`, not `setlocale`).
+struct ArchiveThreadLocale {
+    private let previous: locale_t?
+    private let installed: locale_t?
+
+    static func useUTF8() -> ArchiveThreadLocale {
+        guard let utf8 = newlocale(Int32(LC_CTYPE_MASK), "C.UTF-8", nil) else {
+            return ArchiveThreadLocale(previous: nil, installed: nil)
+        }
+        let previous = uselocale(utf8)
+        return ArchiveThreadLocale(previous: previous, installed: utf8)
+    }
+
+    func restore() {
+        guard let installed else { return }
+        if let previous { _ = uselocale(previous) }
+        freelocale(installed)
+    }
+}
+
+// MARK: - Constants
+
+/// File type bits as libarchive reports them (the `AE_IF*` macros are casts Swift cannot import).
+enum ArchiveFileType {
+    static let mask: UInt32 = 0o170000
+    static let regular: UInt32 = 0o100000
+    static let directory: UInt32 = 0o040000
+    static let symlink: UInt32 = 0o120000
+    static let characterDevice: UInt32 = 0o020000
+    static let blockDevice: UInt32 = 0o060000
+    static let fifo: UInt32 = 0o010000
+    static let socket: UInt32 = 0o140000
+}
+
+private let unpackNameMax = 255
+private let unpackPathMax = Int(PATH_MAX)
+private let slash = UInt8(ascii: "/")
+private let dot = UInt8(ascii: ".")
+
+// MARK: - One unpack
+
+/// The state of one unpack: the libarchive reader, the staging folder's descriptor and what has been
+/// created so far. Not thread-safe; lives for one `Unpacker.unpack` call.
+private final class UnpackRun {
+    private enum Node { case directory, file, symlink }
+
+    private let archiveURL: URL
+    private let stagingPath: String
+    private let limits: UnpackLimits
+    private let archiveFD: Int32
+    private let reader: OpaquePointer
+    private let rootFD: Int32
+
+    /// Every path created so far (components joined by `/`), including implicit folders.
+    private var nodes: [[UInt8]: Node] = [:]
+    /// Paths that some symlink's target passes through as a folder; no symlink may be created there.
+    private var traversedBySymlinks: Set<[UInt8]> = []
+    /// The last parent folder opened, kept open because entries usually come folder by folder.
+    private var cachedDirectory: (path: [UInt8], fd: Int32)?
+
+    private var bytes: Int64 = 0
+    private var entries = 0
+    private var lastProgress: Int64 = 0
+    private var lastEntryName: String?
+
+    init(archive: URL, staging: URL, limits: UnpackLimits) throws(PackDeliveryError) {
+        self.archiveURL = archive
+        self.stagingPath = staging.path
+        self.limits = limits
+
+        let rootFD = open(staging.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard rootFD >= 0 else {
+            throw Self.fileError("open the staging folder", path: staging.path, errno: errno, stagingPath: staging.path)
+        }
+        guard Self.isEmptyDirectory(rootFD) else {
+            close(rootFD)
+            throw PackDeliveryError(kind: .usage, message: "The staging folder '\(staging.path)' is not empty.",
+                                    hint: "Unpack into a new, empty folder.", subject: staging.path)
+        }
+
+        let archiveFD = open(archive.path, O_RDONLY | O_CLOEXEC)
+        guard archiveFD >= 0 else {
+            let code = errno
+            close(rootFD)
+            throw PackDeliveryError.io("open the pack", path: archive.path, errno: code)
+        }
+        guard let reader = archive_read_new() else {
+            close(rootFD)
+            close(archiveFD)
+            throw PackDeliveryError.io("start reading the pack", path: archive.path, errno: ENOMEM)
+        }
+        self.rootFD = rootFD
+        self.archiveFD = archiveFD
+        self.reader = reader
+
+        // Only the formats a pack may be: zip and the tar family (ustar, pax, GNU). Not `raw`, not
+        // `empty`, not format_all, so text files, empty files and odd formats are refused.
+        // ARCHIVE_WARN from a filter means "through an external program": still usable.
+        let setups: [(String, (OpaquePointer) -> Int32)] = [
+            ("gzip", { archive_read_support_filter_gzip($0) }),
+            ("bzip2", { archive_read_support_filter_bzip2($0) }),
+            ("xz", { archive_read_support_filter_xz($0) }),
+            ("zstd", { archive_read_support_filter_zstd($0) }),
+            ("zip", { archive_read_support_format_zip($0) }),
+            ("tar", { archive_read_support_format_tar($0) }),
+        ]
+        for (name, setup) in setups where setup(reader) < ARCHIVE_WARN {
+            throw PackDeliveryError.corruptArchive("libarchive cannot read \(name): \(self.libarchiveMessage)",
+                                                   code: Int(archive_errno(reader)))
+        }
+        if archive_read_open_fd(reader, archiveFD, 1 << 20) != ARCHIVE_OK {
+            throw PackDeliveryError.corruptArchive(self.libarchiveMessage, code: Int(archive_errno(reader)))
+        }
+    }
+
+    deinit {
+        archive_read_free(self.reader)
+        close(self.archiveFD)
+        if let cachedDirectory { close(cachedDirectory.fd) }
+        close(self.rootFD)
+    }
+
+    private var libarchiveMessage: String {
+        archive_error_string(self.reader).map { String(cString: $0) } ?? "unknown libarchive error"
+    }
+
+    // MARK: Entries
+
+    func run(progress: (Int64) -> Void, isCancelled: () -> Bool) throws(PackDeliveryError) -> UnpackSummary {
+        while true {
+            if isCancelled() { throw self.cancelled() }
+            var entry: OpaquePointer?
+            let status = archive_read_next_header(self.reader, &entry)
+            if status == ARCHIVE_EOF { break }
+            // ARCHIVE_WARN on a header (e.g. a name that is not valid UTF-8) is tolerated: every
+            // header is checked below. ARCHIVE_RETRY (a damaged header skipped) and worse are not.
+            guard status == ARCHIVE_OK || status == ARCHIVE_WARN, let entry else {
+                throw PackDeliveryError.corruptArchive(self.libarchiveMessage, entry: self.lastEntryName,
+                                                       code: Int(archive_errno(self.reader)))
+            }
+            try self.extract(entry, progress: progress, isCancelled: isCancelled)
+        }
+        progress(self.bytes)
+        return UnpackSummary(bytes: self.bytes, entries: self.entries)
+    }
+
+    private func extract(_ entry: OpaquePointer, progress: (Int64) -> Void, isCancelled: () -> Bool) throws(PackDeliveryError) {
+        guard let rawName = Self.bytes(archive_entry_pathname(entry)) ?? Self.bytes(archive_entry_pathname_utf8(entry)) else {
+            throw PackDeliveryError.unsafeEntry("<entry \(self.entries + 1)>", "its name cannot be read (\(self.libarchiveMessage))")
+        }
+        let name = String(decoding: rawName, as: UTF8.self)
+        self.lastEntryName = name
+        self.entries += 1
+        if self.entries > self.limits.maxEntries {
+            throw PackDeliveryError.unpackLimitExceeded("entries", limit: Int64(self.limits.maxEntries), entry: name)
+        }
+        let components = try self.normalize(rawName, entry: name)
+        let key = Self.join(components)
+
+        if let target = Self.bytes(archive_entry_hardlink(entry)) ?? Self.bytes(archive_entry_hardlink_utf8(entry)) {
+            try self.requireNew(key, entry: name)
+            try self.link(components, key: key, to: target, entry: name)
+            return
+        }
+        let type = UInt32(archive_entry_filetype(entry)) & ArchiveFileType.mask
+        let perm = UInt32(archive_entry_perm(entry))
+        switch type {
+        case ArchiveFileType.directory:
+            try self.makeDirectory(components, key: key, mode: mode_t((perm & 0o755) | 0o700), entry: name)
+        case ArchiveFileType.regular:
+            try self.requireNew(key, entry: name)
+            try self.writeFile(entry, components, key: key, mode: mode_t((perm & 0o755) | 0o600), entry: name,
+                               progress: progress, isCancelled: isCancelled)
+        case ArchiveFileType.symlink:
+            guard let target = Self.bytes(archive_entry_symlink(entry)) ?? Self.bytes(archive_entry_symlink_utf8(entry)) else {
+                throw PackDeliveryError.unsafeEntry(name, "it is a symlink without a readable target")
+            }
+            try self.requireNew(key, entry: name)
+            try self.makeSymlink(components, key: key, target: target, entry: name)
+        case ArchiveFileType.characterDevice:
+            throw PackDeliveryError.unsafeEntry(name, "it is a character device")
+        case ArchiveFileType.blockDevice:
+            throw PackDeliveryError.unsafeEntry(name, "it is a block device")
+        case ArchiveFileType.fifo:
+            throw PackDeliveryError.unsafeEntry(name, "it is a FIFO (named pipe)")
+        case ArchiveFileType.socket:
+            throw PackDeliveryError.unsafeEntry(name, "it is a socket")
+        default:
+            throw PackDeliveryError.unsafeEntry(name, "it has an unsupported file type (mode \(String(type, radix: 8)))")
+        }
+    }
+
+    /// Splits an entry name into checked components: leading `./` stripped, empty and `.` components
+    /// dropped. An empty result is the staging folder itself.
+    private func normalize(_ raw: [UInt8], entry: String) throws(PackDeliveryError) -> [[UInt8]] {
+        var start = 0
+        while raw.count - start >= 2, raw[start] == dot, raw[start + 1] == slash { start += 2 }
+        if start < raw.count, raw[start] == slash {
+            throw PackDeliveryError.unsafeEntry(entry, "its path is absolute")
+        }
+        var components: [[UInt8]] = []
+        var length = 0
+        for part in raw[start...].split(separator: slash, omittingEmptySubsequences: true) {
+            if part.count == 1, part.first == dot { continue }
+            if part.count == 2, part.first == dot, part.last == dot {
+                throw PackDeliveryError.unsafeEntry(entry, "its path has a '..' component")
+            }
+            if part.count > unpackNameMax {
+                throw PackDeliveryError.unsafeEntry(
+                    entry, "a component of its name is \(part.count) bytes long, more than the filesystem's limit of \(unpackNameMax) bytes (NAME_MAX)")
+            }
+            components.append(Array(part))
+            length += part.count + 1
+        }
+        let fullLength = self.stagingPath.utf8.count + length
+        if !components.isEmpty, fullLength >= unpackPathMax {
+            throw PackDeliveryError.unsafeEntry(
+                entry, "its path would be \(fullLength) bytes long, more than the filesystem's limit of \(unpackPathMax - 1) bytes (PATH_MAX)")
+        }
+        return components
+    }
+
+    private func requireNew(_ key: [UInt8], entry: String) throws(PackDeliveryError) {
+        if key.isEmpty {
+            throw PackDeliveryError.unsafeEntry(entry, "it would replace the staging folder itself")
+        }
+        switch self.nodes[key] {
+        case nil: return
+        case .directory: throw PackDeliveryError.unsafeEntry(entry, "it would replace an earlier folder of the same name")
+        case .file: throw PackDeliveryError.unsafeEntry(entry, "it duplicates an earlier file of the same name")
+        case .symlink: throw PackDeliveryError.unsafeEntry(entry, "it would replace or write through an earlier symlink of the same name")
+        }
+    }
+
+    // MARK: Folders
+
+    private func makeDirectory(_ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String) throws(PackDeliveryError) {
+        if components.isEmpty { return }  // "." or "./": the staging folder itself
+        switch self.nodes[key] {
+        case .file: throw PackDeliveryError.unsafeEntry(entry, "it would turn an earlier file into a folder")
+        case .symlink: throw PackDeliveryError.unsafeEntry(entry, "it would turn an earlier symlink into a folder")
+        case .directory:
+            let fd = try self.openDirectory(components, entry: entry)
+            defer { close(fd) }
+            if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
+        case nil:
+            let parent = try self.parentDirectory(components, entry: entry)
+            try self.createDirectory(in: parent, components, key: key, mode: mode, entry: entry)
+        }
+    }
+
+    /// `mkdirat` + `fchmod` through an `O_NOFOLLOW` descriptor, so the mode does not depend on the umask.
+    private func createDirectory(in parent: Int32, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String) throws(PackDeliveryError) {
+        let last = components[components.count - 1]
+        if Self.withCName(last, { mkdirat(parent, $0, 0o700) }) != 0 {
+            throw self.failure("create the folder", components, errno: errno, entry: entry)
+        }
+        self.nodes[key] = .directory
+        let fd = Self.withCName(last) { openat(parent, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
+        guard fd >= 0 else { throw self.failure("open the folder", components, errno: errno, entry: entry) }
+        defer { close(fd) }
+        if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
+    }
+
+    /// The folder that holds `components`' last component, created (mode 0755) where missing.
+    /// The descriptor is borrowed: it belongs to the run (root or cache) and must not be closed.
+    private func parentDirectory(_ components: [[UInt8]], entry: String) throws(PackDeliveryError) -> Int32 {
+        let parentComponents = Array(components.dropLast())
+        if parentComponents.isEmpty { return self.rootFD }
+        let key = Self.join(parentComponents)
+        if let cachedDirectory, cachedDirectory.path == key { return cachedDirectory.fd }
+        let fd = try self.walk(parentComponents, createMissing: true, entry: entry)
+        if let cachedDirectory { close(cachedDirectory.fd) }
+        self.cachedDirectory = (key, fd)
+        return fd
+    }
+
+    /// Opens an existing folder that an earlier entry created; the caller closes the descriptor.
+    private func openDirectory(_ components: [[UInt8]], entry: String) throws(PackDeliveryError) -> Int32 {
+        try self.walk(components, createMissing: false, entry: entry)
+    }
+
+    /// Opens `components` one by one from the staging folder with `O_NOFOLLOW | O_DIRECTORY`,
+    /// refusing files and symlinks on the way. Returns an owned descriptor.
+    private func walk(_ components: [[UInt8]], createMissing: Bool, entry: String) throws(PackDeliveryError) -> Int32 {
+        var fd = self.rootFD
+        var prefix: [UInt8] = []
+        for index in components.indices {
+            let component = components[index]
+            if !prefix.isEmpty { prefix.append(slash) }
+            prefix.append(contentsOf: component)
+            let here = Array(components[...index])
+            switch self.nodes[prefix] {
+            case .file:
+                if fd != self.rootFD { close(fd) }
+                throw PackDeliveryError.unsafeEntry(entry, "its folder '\(String(decoding: prefix, as: UTF8.self))' is a file")
+            case .symlink:
+                if fd != self.rootFD { close(fd) }
+                throw PackDeliveryError.unsafeEntry(
+                    entry, "it would be written through the symlink '\(String(decoding: prefix, as: UTF8.self))'")
+            case nil:
+                guard createMissing else {
+                    if fd != self.rootFD { close(fd) }
+                    throw PackDeliveryError.unsafeEntry(entry, "its folder '\(String(decoding: prefix, as: UTF8.self))' does not exist")
+                }
+                do {
+                    try self.createDirectory(in: fd, here, key: prefix, mode: 0o755, entry: entry)
+                } catch {
+                    if fd != self.rootFD { close(fd) }
+                    throw error
+                }
+            case .directory:
+                break
+            }
+            let next = Self.withCName(component) { openat(fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
+            let code = errno
+            if fd != self.rootFD { close(fd) }
+            guard next >= 0 else { throw self.failure("open the folder", here, errno: code, entry: entry) }
+            fd = next
+        }
+        return fd
+    }
+
+    // MARK: Files
+
+    private func writeFile(
+        _ archiveEntry: OpaquePointer, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String,
+        progress: (Int64) -> Void, isCancelled: () -> Bool
+    ) throws(PackDeliveryError) {
+        let parent = try self.parentDirectory(components, entry: entry)
+        let fd = Self.withCName(components[components.count - 1]) {
+            openat(parent, $0, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
+        }
+        guard fd >= 0 else { throw self.failure("create the file", components, errno: errno, entry: entry) }
+        self.nodes[key] = .file
+        var closed = false
+        defer { if !closed { close(fd) } }
+
+        var fileEnd: Int64 = 0  // logical end so far, holes included
+        var dataEnd: Int64 = 0  // end of the last bytes actually written
+        while true {
+            if isCancelled() { throw self.cancelled() }
+            var buffer: UnsafeRawPointer?
+            var size = 0
+            var offset: la_int64_t = 0
+            let status = archive_read_data_block(self.reader, &buffer, &size, &offset)
+            if status == ARCHIVE_EOF { break }
+            // ARCHIVE_WARN here is a failed check such as a zip CRC mismatch: the data is corrupt.
+            guard status == ARCHIVE_OK else {
+                throw PackDeliveryError.corruptArchive(self.libarchiveMessage, entry: entry, code: Int(archive_errno(self.reader)))
+            }
+            guard offset >= 0 else {
+                throw PackDeliveryError.corruptArchive("a block has a negative offset", entry: entry)
+            }
+            // Charge the data plus any hole it opens, before writing, so a bomb stops at the limit.
+            let (end, overflow) = offset.addingReportingOverflow(Int64(size))
+            guard !overflow else { throw PackDeliveryError.corruptArchive("a block lies beyond any file size", entry: entry) }
+            let charge = Int64(size) + max(0, offset - fileEnd)
+            if charge > self.limits.maxBytes - self.bytes {
+                throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
+            }
+            if size > 0, let buffer {
+                try self.writeAll(fd, buffer, size, at: offset, components, entry: entry)
+                dataEnd = max(dataEnd, end)
+            }
+            fileEnd = max(fileEnd, end)
+            self.bytes += charge
+            if self.bytes - self.lastProgress >= Unpacker.progressInterval {
+                self.lastProgress = self.bytes
+                progress(self.bytes)
+            }
+        }
+        if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {  // a sparse file ending in a hole
+            throw self.failure("extend", components, errno: errno, entry: entry)
+        }
+        if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
+        if archive_entry_mtime_is_set(archiveEntry) != 0 {
+            let mtime = timespec(tv_sec: time_t(archive_entry_mtime(archiveEntry)), tv_nsec: Int(archive_entry_mtime_nsec(archiveEntry)))
+            var times = [mtime, mtime]
+            _ = futimens(fd, &times)  // best effort
+        }
+        closed = true
+        if close(fd) != 0 { throw self.failure("write", components, errno: errno, entry: entry) }
+    }
+
+    private func writeAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ size: Int, at offset: Int64, _ components: [[UInt8]], entry: String) throws(PackDeliveryError) {
+        var done = 0
+        while done < size {
+            let written = pwrite(fd, buffer + done, size - done, off_t(offset) + off_t(done))
+            if written < 0 {
+                if errno == EINTR { continue }
+                throw self.failure("write", components, errno: errno, entry: entry)
+            }
+            if written == 0 { throw self.failure("write", components, errno: EIO, entry: entry) }
+            done += written
+        }
+    }
+
+    // MARK: Links
+
+    private func makeSymlink(_ components: [[UInt8]], key: [UInt8], target: [UInt8], entry: String) throws(PackDeliveryError) {
+        if target.isEmpty { throw PackDeliveryError.unsafeEntry(entry, "it is a symlink with an empty target") }
+        let shownTarget = String(decoding: target, as: UTF8.self)
+        if target.first == slash {
+            throw PackDeliveryError.unsafeEntry(entry, "it is a symlink to the absolute path '\(shownTarget)'")
+        }
+        if target.count >= unpackPathMax {
+            throw PackDeliveryError.unsafeEntry(entry, "it is a symlink whose target is longer than \(unpackPathMax - 1) bytes (PATH_MAX)")
+        }
+        if self.traversedBySymlinks.contains(key) {
+            throw PackDeliveryError.unsafeEntry(entry, "an earlier symlink's target passes through this path, so it may not be a symlink")
+        }
+        // Resolve the target lexically from the link's own folder. Every state but the last is a
+        // folder the kernel will pass through: none may be a symlink now, or become one later.
+        var state = Array(components.dropLast())
+        var passedThrough: [[UInt8]] = []
+        for part in target.split(separator: slash, omittingEmptySubsequences: true) {
+            if part.count == 1, part.first == dot { continue }
+            passedThrough.append(Self.join(state))
+            if part.count == 2, part.first == dot, part.last == dot {
+                if state.isEmpty {
+                    throw PackDeliveryError.unsafeEntry(entry, "it is a symlink to '\(shownTarget)', which leads outside the pack's folder")
+                }
+                state.removeLast()
+            } else {
+                state.append(Array(part))
+            }
+        }
+        for path in passedThrough where self.nodes[path] == .symlink {
+            throw PackDeliveryError.unsafeEntry(
+                entry, "it is a symlink to '\(shownTarget)', which passes through the symlink '\(String(decoding: path, as: UTF8.self))'")
+        }
+        let parent = try self.parentDirectory(components, entry: entry)
+        let status = Self.withCName(target) { targetName in
+            Self.withCName(components[components.count - 1]) { symlinkat(targetName, parent, $0) }
+        }
+        if status != 0 { throw self.failure("create the symlink", components, errno: errno, entry: entry) }
+        self.nodes[key] = .symlink
+        self.traversedBySymlinks.formUnion(passedThrough)
+    }
+
+    private func link(_ components: [[UInt8]], key: [UInt8], to rawTarget: [UInt8], entry: String) throws(PackDeliveryError) {
+        let shownTarget = String(decoding: rawTarget, as: UTF8.self)
+        let target: [[UInt8]]
+        do {
+            target = try self.normalize(rawTarget, entry: entry)
+        } catch {
+            throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', outside the pack's folder")
+        }
+        guard !target.isEmpty, self.nodes[Self.join(target)] == .file else {
+            throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', which is not a file extracted earlier from this pack")
+        }
+        let targetParentComponents = Array(target.dropLast())
+        let targetParent = targetParentComponents.isEmpty ? self.rootFD : try self.openDirectory(targetParentComponents, entry: entry)
+        defer { if targetParent != self.rootFD { close(targetParent) } }
+        let parent = try self.parentDirectory(components, entry: entry)
+        let status = Self.withCName(target[target.count - 1]) { oldName in
+            Self.withCName(components[components.count - 1]) { linkat(targetParent, oldName, parent, $0, 0) }
+        }
+        if status != 0 { throw self.failure("create the hard link", components, errno: errno, entry: entry) }
+        self.nodes[key] = .file
+    }
+
+    // MARK: Errors and helpers
+
+    private func cancelled() -> PackDeliveryError {
+        PackDeliveryError(kind: .cancelled, message: "Unpacking '\(self.archiveURL.lastPathComponent)' was cancelled.",
+                          subject: self.stagingPath)
+    }
+
+    private func failure(_ operation: String, _ components: [[UInt8]], errno code: Int32, entry: String) -> PackDeliveryError {
+        if code == ENAMETOOLONG {
+            return PackDeliveryError.unsafeEntry(entry, "its name is too long for the filesystem")
+        }
+        let path = self.stagingPath + "/" + String(decoding: Self.join(components), as: UTF8.self)
+        return Self.fileError(operation, path: path, errno: code, stagingPath: self.stagingPath)
+    }
+
+    private static func fileError(_ operation: String, path: String, errno code: Int32, stagingPath: String) -> PackDeliveryError {
+        if code == ENOSPC || code == EDQUOT {
+            return PackDeliveryError.insufficientStorage(path: stagingPath, needed: nil, available: nil, code: Int(code))
+        }
+        return PackDeliveryError.io(operation, path: path, errno: code)
+    }
+
+    private static func isEmptyDirectory(_ fd: Int32) -> Bool {
+        let copy = dup(fd)
+        guard copy >= 0, let directory = fdopendir(copy) else {
+            if copy >= 0 { close(copy) }
+            return false
+        }
+        defer { closedir(directory) }
+        while let item = readdir(directory) {
+            let isDotOrDotDot = withUnsafeBytes(of: item.pointee.d_name) { name in
+                name[0] == dot && (name[1] == 0 || (name[1] == dot && name[2] == 0))
+            }
+            if !isDotOrDotDot { return false }
+        }
+        return true
+    }
+
+    private static func join(_ components: [[UInt8]]) -> [UInt8] {
+        var joined: [UInt8] = []
+        for component in components {
+            if !joined.isEmpty { joined.append(slash) }
+            joined.append(contentsOf: component)
+        }
+        return joined
+    }
+
+    private static func bytes(_ string: UnsafePointer<CChar>?) -> [UInt8]? {
+        guard let string else { return nil }
+        return Array(UnsafeRawBufferPointer(start: string, count: strlen(string)))
+    }
+
+    private static func withCName<R>(_ bytes: [UInt8], _ body: (UnsafePointer<CChar>) -> R) -> R {
+        var terminated = bytes
+        terminated.append(0)
+        return terminated.withUnsafeBytes { body($0.baseAddress!.assumingMemoryBound(to: CChar.self)) }
+    }
+}

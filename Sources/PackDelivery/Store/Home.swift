@@ -1,0 +1,105 @@
+import CLinux
+import Foundation
+
+/// The folders PackDelivery uses: the state database, locks, partial downloads, staging and installed content.
+///
+/// With a home folder (`--home DIR` or `PACKS_HOME`): `DIR/state.sqlite`, `DIR/Caches/`, `DIR/Documents/`.
+/// Without one, the XDG base directories: `$XDG_STATE_HOME/packdelivery` for the state,
+/// `$XDG_CACHE_HOME/packdelivery` for caches and `$XDG_DATA_HOME/packdelivery` for documents.
+/// Inside each destination root: `<contentIdentifier>/` holds installed content (its `contentURL`),
+/// `.packdelivery/downloads/<id>.pack` the downloaded archive, `.packdelivery/staging/<id>/` an unpack in progress.
+public struct Home: Sendable, Hashable {
+    /// Where `state.sqlite` and `locks/` live.
+    public var stateFolder: URL
+    public var cachesFolder: URL
+    public var documentsFolder: URL
+
+    public init(stateFolder: URL, cachesFolder: URL, documentsFolder: URL) {
+        self.stateFolder = stateFolder
+        self.cachesFolder = cachesFolder
+        self.documentsFolder = documentsFolder
+    }
+
+    /// Everything under one folder.
+    public init(folder: URL) {
+        self.init(stateFolder: folder, cachesFolder: folder.appending(path: "Caches"), documentsFolder: folder.appending(path: "Documents"))
+    }
+
+    /// The XDG base directories of the current user.
+    public static func xdg(environment: [String: String] = ProcessInfo.processInfo.environment) -> Home {
+        let home = URL(filePath: environment["HOME"] ?? NSHomeDirectory())
+        func base(_ variable: String, _ fallback: String) -> URL {
+            if let value = environment[variable], value.hasPrefix("/") { return URL(filePath: value) }
+            return home.appending(path: fallback)
+        }
+        return Home(stateFolder: base("XDG_STATE_HOME", ".local/state").appending(path: "packdelivery"),
+                    cachesFolder: base("XDG_CACHE_HOME", ".cache").appending(path: "packdelivery"),
+                    documentsFolder: base("XDG_DATA_HOME", ".local/share").appending(path: "packdelivery"))
+    }
+
+    public var databaseURL: URL { self.stateFolder.appending(path: "state.sqlite") }
+    var locksFolder: URL { self.stateFolder.appending(path: "locks") }
+
+    public func root(for destination: Destination) -> URL {
+        switch destination {
+        case .caches: self.cachesFolder
+        case .documents: self.documentsFolder
+        }
+    }
+
+    func workFolder(for destination: Destination) -> URL { self.root(for: destination).appending(path: ".packdelivery") }
+    func archiveURL(for download: Download) -> URL {
+        self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).pack")
+    }
+    func stagingURL(for download: Download) -> URL {
+        self.workFolder(for: download.destination).appending(path: "staging/\(download.id)")
+    }
+    func contentURL(for download: Download) -> URL {
+        self.root(for: download.destination).appending(path: download.contentIdentifier)
+    }
+
+    /// `mkdir -p`, with the errno of the step that failed.
+    static func makeDirectories(_ url: URL) throws(PackDeliveryError) {
+        var path = ""
+        for component in url.standardizedFileURL.path.split(separator: "/") {
+            path += "/" + component
+            if mkdir(path, 0o755) != 0, errno != EEXIST {
+                throw Installer.fileError("create the folder", path, errno)
+            }
+        }
+    }
+
+    /// Creates the folders, and marks both roots as re-downloadable for backup tools
+    /// (a `CACHEDIR.TAG` and the `user.xdg.robots.backup` attribute).
+    func prepare() throws(PackDeliveryError) {
+        for folder in [self.stateFolder, self.locksFolder] + Destination.allCases.flatMap({
+            [self.workFolder(for: $0).appending(path: "downloads"), self.workFolder(for: $0).appending(path: "staging")]
+        }) {
+            try Self.makeDirectories(folder)
+        }
+        for destination in Destination.allCases {
+            BackupExclusion.mark(folder: self.root(for: destination))
+        }
+    }
+}
+
+/// Marks folders as not for backup, the ways Linux backup tools understand.
+enum BackupExclusion {
+    static let tagName = "CACHEDIR.TAG"
+    static let tagContents = """
+        Signature: 8a477f597d28d172789f06886806bc55
+        # This file is a cache directory tag created by PackDelivery.
+        # Its content can be downloaded again; backup tools may skip this folder.
+        # For information about cache directory tags, see https://bford.info/cachedir/
+
+        """
+
+    /// Writes `CACHEDIR.TAG` (tar --exclude-caches, borg, restic) and sets `user.xdg.robots.backup=false`; best effort.
+    static func mark(folder: URL) {
+        let tag = folder.appending(path: Self.tagName)
+        if !FileManager.default.fileExists(atPath: tag.path) {
+            try? Data(Self.tagContents.utf8).write(to: tag, options: .atomic)
+        }
+        _ = "false".withCString { value in setxattr(folder.path, "user.xdg.robots.backup", value, strlen(value), 0) }
+    }
+}

@@ -1,0 +1,141 @@
+import CCurl
+import Foundation
+
+/// libcurl's process-wide setup and small one-shot requests.
+enum Curl {
+    private static let initialized: Bool = {
+        curl_global_init(Int(CURL_GLOBAL_DEFAULT))
+        return true
+    }()
+
+    static func globalInit() { _ = Self.initialized }
+
+    /// The text libcurl gives for a code.
+    static func describe(_ code: CURLcode) -> String { String(cString: curl_easy_strerror(code)) }
+
+    /// Fetches a small document (a manifest) into memory, following redirects.
+    /// - Throws: ``PackDeliveryError`` of kind `network` with libcurl's message or the HTTP status.
+    static func fetch(_ url: URL, options: TransferOptions, maxBytes: Int = 64 << 20) throws(PackDeliveryError) -> Data {
+        self.globalInit()
+        let easy = try CurlEasy(url: url)
+        final class Sink { var data = Data(); var limit = 0; var overflow = false }
+        let sink = Sink()
+        sink.limit = maxBytes
+        try easy.apply(options)
+        try easy.set(CURLOPT_WRITEDATA, pointer: Unmanaged.passUnretained(sink).toOpaque())
+        try easy.set(CURLOPT_WRITEFUNCTION, callback: { pointer, size, count, user in
+            let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
+            let length = size * count
+            if sink.data.count + length > sink.limit { sink.overflow = true; return 0 }
+            sink.data.append(UnsafeRawPointer(pointer!).assumingMemoryBound(to: UInt8.self), count: length)
+            return length
+        })
+        let code = withExtendedLifetime(sink) { curl_easy_perform(easy.handle) }
+        if sink.overflow {
+            throw PackDeliveryError(kind: .badData, message: "\(url.absoluteString) is larger than \(maxBytes) bytes, too large for a manifest.", subject: url.absoluteString)
+        }
+        guard code == CURLE_OK else {
+            throw PackDeliveryError(kind: .network, message: "Could not fetch \(url.absoluteString): \(easy.errorMessage(code)).",
+                                    hint: "Check the URL and that the server is reachable.", subject: url.absoluteString, code: Int(code.rawValue))
+        }
+        let status = easy.responseCode
+        if url.isFileURL == false, !(200..<300).contains(status) {
+            throw PackDeliveryError(kind: status == 404 || status == 410 ? .badData : .network,
+                                    message: "The server answered \(status) for \(url.absoluteString).",
+                                    hint: status == 401 || status == 403 ? "Pass credentials with --header 'Authorization: …'." : "Check the URL.",
+                                    subject: url.absoluteString, code: status)
+        }
+        return sink.data
+    }
+}
+
+/// One libcurl easy handle; cleans up in deinit. Not Sendable: used on one thread.
+final class CurlEasy {
+    let handle: UnsafeMutableRawPointer
+    let url: URL
+    private var headerList: UnsafeMutablePointer<curl_slist>?
+    private let errorBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+
+    init(url: URL) throws(PackDeliveryError) {
+        guard let handle = curl_easy_init() else {
+            throw PackDeliveryError(kind: .io, message: "libcurl could not create a handle (out of memory).")
+        }
+        self.handle = handle
+        self.url = url
+        self.errorBuffer.initialize(repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+        try self.set(CURLOPT_ERRORBUFFER, pointer: UnsafeMutableRawPointer(self.errorBuffer))
+        try self.set(CURLOPT_URL, string: url.absoluteString)
+        try self.set(CURLOPT_NOSIGNAL, long: 1)
+        try self.set(CURLOPT_FOLLOWLOCATION, long: 1)
+        try self.set(CURLOPT_MAXREDIRS, long: 10)
+        try self.set(CURLOPT_FAILONERROR, long: 0)
+    }
+
+    deinit {
+        curl_easy_cleanup(self.handle)
+        curl_slist_free_all(self.headerList)
+        self.errorBuffer.deallocate()
+    }
+
+    /// Applies timeouts, rate limit, TLS verification and extra headers.
+    func apply(_ options: TransferOptions, extraHeaders: [String] = []) throws(PackDeliveryError) {
+        try self.set(CURLOPT_CONNECTTIMEOUT_MS, long: Int(options.connectTimeout * 1000))
+        // A stall: less than 1 byte/s for stallTimeout seconds ends the attempt with CURLE_OPERATION_TIMEDOUT.
+        try self.set(CURLOPT_LOW_SPEED_LIMIT, long: 1)
+        try self.set(CURLOPT_LOW_SPEED_TIME, long: max(1, Int(options.stallTimeout.rounded(.up))))
+        if let rate = options.maxBytesPerSecond, rate > 0 {
+            try self.set(CURLOPT_MAX_RECV_SPEED_LARGE, offset: rate)
+        }
+        try self.set(CURLOPT_SSL_VERIFYPEER, long: options.verifyTLS ? 1 : 0)
+        try self.set(CURLOPT_SSL_VERIFYHOST, long: options.verifyTLS ? 2 : 0)
+        for line in options.headers + extraHeaders {
+            guard let list = curl_slist_append(self.headerList, line) else {
+                throw PackDeliveryError(kind: .io, message: "libcurl could not add the header '\(line)' (out of memory).")
+            }
+            self.headerList = list
+        }
+        if let list = self.headerList {
+            try self.check(ccurl_easy_setopt_slist(self.handle, CURLOPT_HTTPHEADER, list), "CURLOPT_HTTPHEADER")
+        }
+    }
+
+    func set(_ option: CURLoption, long value: Int) throws(PackDeliveryError) {
+        try self.check(ccurl_easy_setopt_long(self.handle, option, value), "option \(option.rawValue)")
+    }
+
+    func set(_ option: CURLoption, offset value: Int64) throws(PackDeliveryError) {
+        try self.check(ccurl_easy_setopt_off_t(self.handle, option, curl_off_t(value)), "option \(option.rawValue)")
+    }
+
+    func set(_ option: CURLoption, string value: String) throws(PackDeliveryError) {
+        try self.check(ccurl_easy_setopt_string(self.handle, option, value), "option \(option.rawValue)")
+    }
+
+    func set(_ option: CURLoption, pointer value: UnsafeMutableRawPointer?) throws(PackDeliveryError) {
+        try self.check(ccurl_easy_setopt_pointer(self.handle, option, value), "option \(option.rawValue)")
+    }
+
+    func set(_ option: CURLoption, callback: ccurl_write_callback) throws(PackDeliveryError) {
+        try self.check(ccurl_easy_setopt_write_callback(self.handle, option, callback), "option \(option.rawValue)")
+    }
+
+    /// The last response's HTTP status (0 for file:// and before any response).
+    var responseCode: Int {
+        var code: Int = 0
+        _ = ccurl_easy_getinfo_long(self.handle, CURLINFO_RESPONSE_CODE, &code)
+        return code
+    }
+
+    /// libcurl's detailed message for a failed call (the error buffer), else its generic text.
+    func errorMessage(_ code: CURLcode) -> String {
+        let detail = String(cString: self.errorBuffer)
+        return detail.isEmpty ? Curl.describe(code) : detail
+    }
+
+    private func check(_ code: CURLcode, _ what: String) throws(PackDeliveryError) {
+        guard code == CURLE_OK else {
+            throw PackDeliveryError(kind: .io, message: "libcurl refused \(what) for \(self.url.absoluteString): \(Curl.describe(code)).",
+                                    subject: self.url.absoluteString, code: Int(code.rawValue))
+        }
+    }
+}

@@ -1,0 +1,130 @@
+import CCurl
+import Foundation
+import Logging
+import Synchronization
+
+/// Runs every transfer on one libcurl multi handle, on one thread of its own.
+///
+/// Easy handles, files and hashers belong to that thread; other threads only post commands to the
+/// inbox and wake the thread with `curl_multi_wakeup` (which libcurl documents as thread-safe).
+final class TransferEngine: Sendable {
+    /// The multi handle, shared only so that other threads can call `curl_multi_wakeup` on it.
+    private struct MultiHandle: @unchecked Sendable {
+        // Safe: after init, only the transfer thread uses the handle, except curl_multi_wakeup,
+        // which libcurl documents as callable from any thread.
+        let pointer: UnsafeMutableRawPointer
+    }
+
+    private let inbox = Mutex<[TransferCommand]>([])
+    private let multi: MultiHandle
+    private let finished = Mutex<Bool>(false)
+    private let done = DispatchSemaphore(value: 0)
+
+    /// - Parameter onEvent: called on the transfer thread for every progress step and outcome.
+    init(logger: Logger, onEvent: @escaping @Sendable (TransferEvent) -> Void) {
+        Curl.globalInit()
+        guard let pointer = curl_multi_init() else { fatalError("curl_multi_init failed: out of memory") }
+        self.multi = MultiHandle(pointer: pointer)
+        let multi = self.multi
+        // The thread holds the engine until shutdown() ends its loop.
+        let thread = Thread { [self] in
+            let loop = TransferLoop(multi: multi.pointer, logger: logger, onEvent: onEvent)
+            loop.run { self.inbox.withLock { commands in defer { commands.removeAll() }; return commands } }
+            curl_multi_cleanup(multi.pointer)
+            self.done.signal()
+        }
+        thread.name = "PackDelivery.transfer"
+        thread.start()
+    }
+
+    /// Starts a transfer; its outcome arrives as a `.finished` event.
+    func start(_ request: TransferRequest) { self.post(.start(request)) }
+
+    /// Stops a transfer, keeping its file; reports `.stopped` when it was running.
+    func stop(_ id: String) { self.post(.stop(id)) }
+
+    /// Stops every transfer (each reports `.stopped`) and ends the thread; waits for it.
+    func shutdown() {
+        let first = self.finished.withLock { finished in defer { finished = true }; return !finished }
+        guard first else { return }
+        self.post(.shutdown)
+        self.done.wait()
+    }
+
+    private func post(_ command: TransferCommand) {
+        self.inbox.withLock { $0.append(command) }
+        curl_multi_wakeup(self.multi.pointer)
+    }
+}
+
+private enum TransferCommand: Sendable {
+    case start(TransferRequest)
+    case stop(String)
+    case shutdown
+}
+
+/// The transfer thread's side: owns the multi handle's transfers. Not Sendable; lives on one thread.
+private final class TransferLoop {
+    private let multi: UnsafeMutableRawPointer
+    private let logger: Logger
+    private let onEvent: @Sendable (TransferEvent) -> Void
+    private var transfers: [UnsafeMutableRawPointer: CurlTransfer] = [:]
+
+    init(multi: UnsafeMutableRawPointer, logger: Logger, onEvent: @escaping @Sendable (TransferEvent) -> Void) {
+        self.multi = multi
+        self.logger = logger
+        self.onEvent = onEvent
+    }
+
+    func run(takeCommands: () -> [TransferCommand]) {
+        while true {
+            for command in takeCommands() {
+                switch command {
+                case .start(let request):
+                    self.start(request)
+                case .stop(let id):
+                    if let (easy, transfer) = self.transfers.first(where: { $0.value.request.id == id }) {
+                        self.remove(easy)
+                        self.onEvent(.finished(id: id, outcome: .stopped(bytesOnDisk: transfer.offset)))
+                    }
+                case .shutdown:
+                    for (easy, transfer) in self.transfers {
+                        self.remove(easy)
+                        self.onEvent(.finished(id: transfer.request.id, outcome: .stopped(bytesOnDisk: transfer.offset)))
+                    }
+                    return
+                }
+            }
+            var running: Int32 = 0
+            curl_multi_perform(self.multi, &running)
+            var left: Int32 = 0
+            while let message = curl_multi_info_read(self.multi, &left) {
+                guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle,
+                      let transfer = self.transfers[easy] else { continue }
+                let result = message.pointee.data.result
+                self.remove(easy)
+                let outcome = transfer.outcome(curlCode: result)
+                self.logger.debug("transfer ended", metadata: ["download": "\(transfer.request.id)", "outcome": "\(outcome)"])
+                self.onEvent(.finished(id: transfer.request.id, outcome: outcome))
+            }
+            curl_multi_poll(self.multi, nil, 0, 1000, nil)
+        }
+    }
+
+    private func start(_ request: TransferRequest) {
+        do {
+            let transfer = try CurlTransfer(request: request, onEvent: self.onEvent)
+            let easy = transfer.easy.handle
+            self.transfers[easy] = transfer
+            curl_multi_add_handle(self.multi, easy)
+            self.logger.debug("transfer started", metadata: ["download": "\(request.id)", "offset": "\(transfer.offset)", "url": "\(request.url)"])
+        } catch {
+            self.onEvent(.finished(id: request.id, outcome: .failed(TransferFailure(error: error, retryable: false), bytesOnDisk: 0)))
+        }
+    }
+
+    private func remove(_ easy: UnsafeMutableRawPointer) {
+        curl_multi_remove_handle(self.multi, easy)
+        self.transfers[easy] = nil
+    }
+}

@@ -1,0 +1,62 @@
+import Foundation
+
+/// How transfers run: rate, timeouts, extra headers, TLS.
+public struct TransferOptions: Sendable, Hashable {
+    /// Bytes per second per download; nil for no limit.
+    public var maxBytesPerSecond: Int64?
+    /// Seconds to wait for a connection.
+    public var connectTimeout: TimeInterval
+    /// Seconds without a single byte before a transfer counts as stalled and is retried.
+    public var stallTimeout: TimeInterval
+    /// Extra request headers, as `Name: value` lines (for example `Authorization: Bearer …`).
+    public var headers: [String]
+    /// Whether TLS certificates are verified (on by default; turn off only for tests).
+    public var verifyTLS: Bool
+
+    public init(maxBytesPerSecond: Int64? = nil, connectTimeout: TimeInterval = 30, stallTimeout: TimeInterval = 30,
+                headers: [String] = [], verifyTLS: Bool = true) {
+        self.maxBytesPerSecond = maxBytesPerSecond
+        self.connectTimeout = connectTimeout
+        self.stallTimeout = stallTimeout
+        self.headers = headers
+        self.verifyTLS = verifyTLS
+    }
+}
+
+/// One HTTP (or file) transfer into a partial file, resuming from what the file already holds.
+struct TransferRequest: Sendable {
+    var id: String
+    var url: URL
+    var file: URL
+    var expectedLength: Int64
+    /// The strong ETag or Last-Modified of the response the partial file came from, for If-Range.
+    var validator: String?
+    /// Start from byte 0 even when the file holds bytes (after a checksum failure of a resumed file).
+    var fromZero: Bool
+    var options: TransferOptions
+}
+
+/// Why a transfer attempt ended without the whole pack.
+struct TransferFailure: Sendable, Hashable {
+    var error: PackDeliveryError
+    /// Worth trying again (network trouble, 5xx, 408, 429, stall).
+    var retryable: Bool
+    /// The server's Retry-After, in seconds.
+    var retryAfter: TimeInterval?
+}
+
+/// How a transfer attempt ended.
+enum TransferOutcome: Sendable, Hashable {
+    /// The file holds `length` bytes whose SHA-256 is `sha256`.
+    case completed(sha256: String, length: Int64, resumedFrom: Int64)
+    case failed(TransferFailure, bytesOnDisk: Int64)
+    /// Stopped on request (pause or cancel).
+    case stopped(bytesOnDisk: Int64)
+}
+
+/// What the engine reports, on its own thread, in order per transfer.
+enum TransferEvent: Sendable {
+    /// Bytes on disk and known good so far (throttled to about 10 a second), and the response's validator.
+    case progress(id: String, bytesOnDisk: Int64, validator: String?)
+    case finished(id: String, outcome: TransferOutcome)
+}

@@ -1,0 +1,67 @@
+import Hummingbird
+import Logging
+import Synchronization
+
+/// Logs one info line per request once its body has been written (or has failed):
+/// method, path, `Range` header, status and the body bytes handed to the connection.
+struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        var response: Response
+        do {
+            response = try await next(request, context)
+        } catch let error as any HTTPResponseError {
+            response = try error.response(from: request, context: context)
+        } catch {
+            Self.log(request, status: 500, bytes: 0, failure: error, logger: context.logger)
+            throw error
+        }
+
+        let status = Int(response.status.code)
+        let logger = context.logger
+        let body = response.body
+        let counter = ByteCounter()
+        response.body = ResponseBody(contentLength: body.contentLength) { writer in
+            do {
+                try await body.write(
+                    writer.map { buffer in
+                        counter.add(buffer.readableBytes)
+                        return buffer
+                    }
+                )
+            } catch {
+                Self.log(request, status: status, bytes: counter.value, failure: error, logger: logger)
+                throw error
+            }
+            Self.log(request, status: status, bytes: counter.value, failure: nil, logger: logger)
+        }
+        return response
+    }
+
+    private static func log(_ request: Request, status: Int, bytes: Int, failure: (any Error)?, logger: Logger) {
+        let range = request.headers[.range] ?? "-"
+        var metadata: Logger.Metadata = [
+            "method": "\(request.method)",
+            "path": "\(request.uri.path)",
+            "range": "\(range)",
+            "status": "\(status)",
+            "bytes": "\(bytes)",
+        ]
+        if let failure {
+            metadata["error"] = "\(failure)"
+        }
+        logger.info("\(request.method) \(request.uri.path) range=\(range) \(status) \(bytes) bytes", metadata: metadata)
+    }
+}
+
+/// Bytes written so far by one response body.
+private final class ByteCounter: Sendable {
+    private let count = Atomic<Int>(0)
+
+    func add(_ bytes: Int) {
+        self.count.add(bytes, ordering: .relaxed)
+    }
+
+    var value: Int {
+        self.count.load(ordering: .relaxed)
+    }
+}

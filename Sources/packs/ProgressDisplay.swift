@@ -1,0 +1,193 @@
+import Foundation
+import PackDelivery
+
+/// Shows downloads as they run: live lines on a terminal, plain lines when piped, JSON lines with --json.
+final class ProgressDisplay {
+    enum Mode {
+        case json, quiet, terminal(color: Bool), plain
+
+        init(global: GlobalOptions) {
+            if global.json { self = .json }
+            else if global.quiet { self = .quiet }
+            else if isatty(STDOUT_FILENO) == 1 { self = .terminal(color: ProcessInfo.processInfo.environment["NO_COLOR"].map(\.isEmpty) ?? true) }
+            else { self = .plain }
+        }
+    }
+
+    private let mode: Mode
+    private var active: [String: Download] = [:]
+    private var order: [String] = []
+    private var drawnLines = 0
+    private var lastDraw = Date.distantPast
+    private var lastPlain: [String: String] = [:]
+
+    init(mode: Mode) { self.mode = mode }
+
+    func show(_ event: DownloadQueueEvent) {
+        switch self.mode {
+        case .quiet: return
+        case .json:
+            switch event {
+            case .transactionUpdated(let transaction): printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction)))
+            case .downloadUpdated(let download): printLine(JSONOutput.encode(JSONOutput.downloadEvent(download)))
+            }
+        case .plain:
+            guard case .downloadUpdated(let download) = event else { return }
+            // One line per state or phase change; progress steps are left out so logs stay short.
+            let key = "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")"
+            guard self.lastPlain[download.id] != key else { return }
+            self.lastPlain[download.id] = key
+            printLine(Self.summary(download))
+        case .terminal(let color):
+            guard case .downloadUpdated(let download) = event else { return }
+            var finishedLines: [String] = []
+            if download.state == .active || download.state == .waiting {
+                if self.active[download.id] == nil { self.order.append(download.id) }
+                let changedPhase = self.active[download.id]?.phase != download.phase || self.active[download.id]?.state != download.state
+                self.active[download.id] = download
+                if !changedPhase && Date().timeIntervalSince(self.lastDraw) < 0.1 { return }
+            } else {
+                self.active[download.id] = nil
+                self.order.removeAll { $0 == download.id }
+                finishedLines.append(Self.summary(download, color: color))
+            }
+            self.draw(finished: finishedLines)
+        }
+    }
+
+    func finished(_ transaction: Transaction) {
+        switch self.mode {
+        case .quiet, .json: return
+        case .plain, .terminal: printLine("finished transaction \(transaction.id) (\(transaction.productIdentifier))")
+        }
+    }
+
+    func end() {
+        if case .terminal = self.mode { self.draw(finished: []) }
+    }
+
+    private func draw(finished: [String]) {
+        var out = ""
+        if self.drawnLines > 0 { out += "\u{1B}[\(self.drawnLines)A" }
+        for line in finished { out += "\r\u{1B}[2K" + line + "\n" }
+        let lines = self.order.compactMap { self.active[$0] }.map(Self.progressLine)
+        for line in lines { out += "\r\u{1B}[2K" + line + "\n" }
+        // Clear lines left over from a taller block.
+        let extra = max(0, self.drawnLines - finished.count - lines.count)
+        for _ in 0..<extra { out += "\r\u{1B}[2K\n" }
+        if extra > 0 { out += "\u{1B}[\(extra)A" }
+        self.drawnLines = lines.count
+        self.lastDraw = Date()
+        FileHandle.standardOutput.write(Data(out.utf8))
+    }
+
+    static func progressLine(_ download: Download) -> String {
+        let width = 24
+        let filled = Int((download.progress * Double(width)).rounded(.down))
+        let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+        let percent = String(format: "%3d%%", Int((download.progress * 100).rounded(.down)))
+        var line = "\(download.contentIdentifier) \(download.contentVersion) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+        if download.timeRemaining > 0 {
+            let speed = Double(download.contentLength - download.bytesReceived) / download.timeRemaining
+            line += " \(ByteFormat.string(Int64(speed)))/s ETA \(ByteFormat.duration(download.timeRemaining))"
+        } else if download.state == .active, download.phase == .downloading {
+            line += " --/s ETA --"
+        }
+        line += "  \(download.state == .waiting ? "waiting" : download.phase?.rawValue ?? download.state.rawValue)"
+        return line
+    }
+
+    static func summary(_ download: Download, color: Bool = false) -> String {
+        let paint: (String, String) -> String = { text, code in color ? "\u{1B}[\(code)m\(text)\u{1B}[0m" : text }
+        switch download.state {
+        case .finished:
+            return "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(ByteFormat.string(download.contentLength))) → \(download.contentURL?.path ?? "?")"
+        case .failed:
+            return "\(paint("failed", "31")) \(download.contentIdentifier) \(download.id): \(download.error?.description ?? "unknown error")"
+        case .paused:
+            return "\(paint("paused", "33")) \(download.contentIdentifier) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+        case .cancelled:
+            return "cancelled \(download.contentIdentifier) \(download.id)"
+        case .waiting:
+            return "waiting \(download.contentIdentifier) \(download.contentVersion) \(download.id)"
+        case .active:
+            return "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+        }
+    }
+}
+
+enum ByteFormat {
+    static func string(_ bytes: Int64) -> String {
+        let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+        var value = Double(bytes)
+        var unit = 0
+        while value >= 1024, unit < units.count - 1 { value /= 1024; unit += 1 }
+        return unit == 0 ? "\(bytes) B" : String(format: "%.1f %@", value, units[unit])
+    }
+
+    static func duration(_ seconds: Double) -> String {
+        let total = Int(seconds.rounded(.up))
+        if total < 60 { return "\(total)s" }
+        if total < 3600 { return "\(total / 60)m\(String(format: "%02d", total % 60))s" }
+        return "\(total / 3600)h\(String(format: "%02d", total % 3600 / 60))m"
+    }
+}
+
+/// The JSON the CLI prints, with the library's field names.
+enum JSONOutput {
+    static func encode(_ object: [String: Any]) -> String {
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else { return "{}" }
+        return String(decoding: data, as: UTF8.self)
+    }
+
+    static func download(_ download: Download) -> [String: Any] {
+        var object: [String: Any] = [
+            "id": download.id, "transactionID": download.transactionID, "productIdentifier": download.productIdentifier,
+            "state": download.state.rawValue, "progress": download.progress, "timeRemaining": download.timeRemaining,
+            "contentLength": download.contentLength, "contentIdentifier": download.contentIdentifier,
+            "contentVersion": download.contentVersion, "bytesReceived": download.bytesReceived,
+            "destination": download.destination.rawValue, "url": download.url.absoluteString,
+        ]
+        object["phase"] = download.phase?.rawValue ?? NSNull()
+        object["pauseReason"] = download.pauseReason?.rawValue ?? NSNull()
+        object["contentURL"] = download.contentURL?.path ?? NSNull()
+        if let error = download.error {
+            var json: [String: Any] = ["kind": error.kind.rawValue, "message": error.message]
+            if let hint = error.hint { json["hint"] = hint }
+            if let subject = error.subject { json["subject"] = subject }
+            if let code = error.code { json["code"] = code }
+            if let needed = error.neededBytes { json["neededBytes"] = needed }
+            if let available = error.availableBytes { json["availableBytes"] = available }
+            object["error"] = json
+        } else {
+            object["error"] = NSNull()
+        }
+        return object
+    }
+
+    static func downloadEvent(_ download: Download) -> [String: Any] {
+        var object = self.download(download)
+        object["event"] = "download"
+        return object
+    }
+
+    static func transaction(_ transaction: Transaction) -> [String: Any] {
+        [
+            "id": transaction.id, "productIdentifier": transaction.productIdentifier,
+            "state": transaction.isFinished ? "finished" : transaction.kind.rawValue,
+            "kind": transaction.kind.rawValue, "finishable": transaction.isFinishable,
+            "downloads": transaction.downloads.map(self.download),
+        ]
+    }
+
+    static func transactionEvent(_ transaction: Transaction) -> [String: Any] {
+        var object = self.transaction(transaction)
+        object["event"] = "transaction"
+        return object
+    }
+
+    static func content(_ content: InstalledContent) -> [String: Any] {
+        ["productIdentifier": content.productIdentifier, "contentIdentifier": content.contentIdentifier,
+         "contentVersion": content.contentVersion, "contentURL": content.contentURL.path, "destination": content.destination.rawValue]
+    }
+}
