@@ -57,7 +57,8 @@ final class ProgressDisplay {
 
     func finished(_ transaction: Transaction) {
         switch self.mode {
-        case .quiet, .json: return
+        case .quiet: return
+        case .json: printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction)))
         case .plain, .terminal: printLine("finished transaction \(transaction.id) (\(transaction.productIdentifier))")
         }
     }
@@ -143,7 +144,7 @@ enum JSONOutput {
     static func download(_ download: Download) -> [String: Any] {
         var object: [String: Any] = [
             "id": download.id, "transactionID": download.transactionID, "productIdentifier": download.productIdentifier,
-            "state": download.state.rawValue, "progress": download.progress, "timeRemaining": download.timeRemaining,
+            "state": download.state.rawValue, "progress": download.progress, "phaseProgress": download.phaseProgress, "timeRemaining": download.timeRemaining,
             "contentLength": download.contentLength, "contentIdentifier": download.contentIdentifier,
             "contentVersion": download.contentVersion, "bytesReceived": download.bytesReceived,
             "destination": download.destination.rawValue, "url": download.url.absoluteString,

@@ -48,7 +48,9 @@ struct RunSession {
         for transaction in try self.queue.transactions() where transaction.autoFinish && transaction.isFinishable
             && transaction.downloads.contains(where: { watched.contains($0.id) }) {
             try self.queue.finish(transaction.id)
-            display.finished(transaction)
+            var finished = transaction
+            finished.finishedAt = Date()
+            display.finished(finished)
         }
 
         let downloads = watched.compactMap { latest[$0] }.sorted { $0.id < $1.id }

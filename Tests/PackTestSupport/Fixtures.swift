@@ -142,6 +142,29 @@ public enum Fixtures {
         return (status, stdout, stderr)
     }
 
+    /// ``run(_:_:environment:currentDirectory:timeout:)`` on a thread of its own, for async code.
+    ///
+    /// Use this from async tests: waiting for a program blocks a thread, and blocking the few
+    /// threads of Swift's cooperative pool (two on a two-core machine) would starve in-process
+    /// servers — such as Hummingbird's — that the program talks to.
+    public static func runAsync(
+        _ executable: String,
+        _ args: [String],
+        environment: [String: String]? = nil,
+        currentDirectory: URL? = nil,
+        timeout: TimeInterval = 120
+    ) async throws -> (status: Int32, stdout: String, stderr: String) {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread.detachNewThread {
+                continuation.resume(
+                    with: Result {
+                        try self.run(executable, args, environment: environment, currentDirectory: currentDirectory, timeout: timeout)
+                    }
+                )
+            }
+        }
+    }
+
     /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
     ///
     /// Another process may take it before the caller binds it; callers that start a server should

@@ -236,6 +236,14 @@ func spawn(_ executable: String, _ arguments: [String], stdout: String, stderr: 
     posix_spawn_file_actions_addopen(&fileActions, 0, "/dev/null", O_RDONLY, 0)
     posix_spawn_file_actions_addopen(&fileActions, 1, stdout, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
     posix_spawn_file_actions_addopen(&fileActions, 2, stderr, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    // Sockets of other test servers in this process must not leak into the child (a leaked copy
+    // keeps a connection open after its owner closes it). Most are close-on-exec already; this also
+    // covers one accepted a moment before its flag was set. glibc ≥ 2.34 has the call, but Swift
+    // cannot see its declaration, so it is looked up at run time.
+    if let symbol = dlsym(nil, "posix_spawn_file_actions_addclosefrom_np") {
+        typealias AddCloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>, Int32) -> Int32
+        _ = unsafeBitCast(symbol, to: AddCloseFrom.self)(&fileActions, 3)
+    }
 
     var attributes = posix_spawnattr_t()
     posix_spawnattr_init(&attributes)

@@ -71,7 +71,7 @@ struct Installer: Sendable {
             throw Self.fileError("move the content into place at", target.path, errno)
         }
         try self.record(download, contentURL: target)
-        if download.destination == .documents { BackupExclusion.mark(folder: target) }
+        if download.destination == .documents { BackupExclusion.mark(folder: target, tag: false) }
         try? Self.removeTree(staging)  // the old version, after a swap
         try? FileManager.default.removeItem(at: self.home.archiveURL(for: download))
         return target

@@ -455,7 +455,18 @@ private final class UnpackRun {
                 progress(self.bytes)
             }
         }
-        if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {  // a sparse file ending in a hole
+        // A sparse file that ends in a hole: libarchive reports no block for it, only the size.
+        if archive_entry_size_is_set(archiveEntry) != 0 {
+            let size = Int64(archive_entry_size(archiveEntry))
+            if size > fileEnd {
+                if size - fileEnd > self.limits.maxBytes - self.bytes {
+                    throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
+                }
+                self.bytes += size - fileEnd
+                fileEnd = size
+            }
+        }
+        if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
         if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }

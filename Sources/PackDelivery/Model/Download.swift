@@ -45,8 +45,10 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var state: DownloadState
     /// What an active download is doing; `nil` in other states.
     public var phase: DownloadPhase?
-    /// 0…1; exactly 1 when finished.
+    /// Bytes known good ÷ `contentLength`, 0…1; exactly 1 when finished.
     public var progress: Double
+    /// 0…1 within the current phase: moves during a long unpack, while `progress` stays at 1.
+    public var phaseProgress: Double = 0
     /// Seconds left, or -1 while unknown.
     public var timeRemaining: Double
     /// Why the download is paused, when it is.

@@ -43,8 +43,6 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var attempt = 0
     private(set) var token = 0
     private(set) var waitingForRetry = false
-    /// Progress within the current phase (moves during a long unpack).
-    private(set) var phaseProgress: Double = 0
     private var rate = RateEstimator()
     let retryPolicy: RetryPolicy
 
@@ -73,7 +71,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.rate = RateEstimator()
         if self.verified {
             self.download.phase = .unpacking
-            self.phaseProgress = 0
+            self.download.phaseProgress = 0
             return [.install(token: self.token)]
         }
         self.download.phase = .downloading
@@ -109,7 +107,7 @@ struct DownloadMachine: Sendable, Hashable {
                 // Hashed while the bytes arrived: verifying is the comparison just made; the installer moves on to unpacking.
                 self.download.phase = .verifying
                 self.download.timeRemaining = -1
-                self.phaseProgress = 0
+                self.download.phaseProgress = 0
                 return [.install(token: self.token)]
             }
             if resumedFrom > 0, !self.retriedFromZero {
@@ -130,7 +128,8 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.bytesReceived = bytes
             self.download.progress = self.fraction(bytes)
             if failure.error.kind == .insufficientStorage {
-                return self.pause(.insufficientStorage, error: failure.error)
+                self.enterPaused(.insufficientStorage, error: failure.error)
+                return []
             }
             if failure.retryable, self.attempt + 1 < self.retryPolicy.maxAttempts {
                 self.attempt += 1
@@ -155,7 +154,7 @@ struct DownloadMachine: Sendable, Hashable {
     mutating func installProgress(token: Int, phase: DownloadPhase, fraction: Double) -> Bool {
         guard token == self.token, self.download.state == .active else { return false }
         self.download.phase = phase
-        self.phaseProgress = max(0, min(1, fraction))
+        self.download.phaseProgress = max(0, min(1, fraction))
         return true
     }
 
@@ -170,11 +169,12 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.timeRemaining = 0
             self.download.contentURL = url
             self.download.error = nil
-            self.phaseProgress = 1
+            self.download.phaseProgress = 1
             self.stagingInode = nil
             return []
         case .failure(let error) where error.kind == .insufficientStorage:
-            return self.pause(.insufficientStorage, error: error)
+            self.enterPaused(.insufficientStorage, error: error)
+            return []
         case .failure(let error) where error.kind == .cancelled:
             return []
         case .failure(let error):
@@ -196,6 +196,11 @@ struct DownloadMachine: Sendable, Hashable {
         case (.paused, _) where reason == .insufficientStorage: stop = []
         case (.paused, _), (.failed, _), (.finished, _), (.cancelled, _): return []
         }
+        self.enterPaused(reason, error: error)
+        return stop
+    }
+
+    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?) {
         self.token += 1
         self.waitingForRetry = false
         self.download.state = .paused
@@ -203,7 +208,6 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.pauseReason = reason
         self.download.error = error
         self.download.timeRemaining = -1
-        return stop
     }
 
     /// Resume a paused or failed download: it waits for a slot and keeps the bytes it has.

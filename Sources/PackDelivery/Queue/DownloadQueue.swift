@@ -497,7 +497,7 @@ public final class DownloadQueue: Sendable {
         let changed = self.state.withLock { state in
             state.owned[id]?.machine.installProgress(token: token, phase: phase, fraction: fraction) ?? false
         }
-        if changed { self.notifyIfChanged(id, phaseProgress: true) }
+        if changed { self.notifyIfChanged(id) }
     }
 
     private func handle(_ event: TransferEvent) {
@@ -599,10 +599,10 @@ public final class DownloadQueue: Sendable {
         }
     }
 
-    private func notifyIfChanged(_ id: String, phaseProgress: Bool = false) {
+    private func notifyIfChanged(_ id: String) {
         guard let download = self.state.withLock({ state -> Download? in
             guard let owned = state.owned[id] else { return nil }
-            if owned.lastNotified == owned.machine.download && !phaseProgress { return nil }
+            if owned.lastNotified == owned.machine.download { return nil }
             state.owned[id]?.lastNotified = owned.machine.download
             return owned.machine.download
         }) else { return }

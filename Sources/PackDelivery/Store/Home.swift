@@ -94,10 +94,11 @@ enum BackupExclusion {
 
         """
 
-    /// Writes `CACHEDIR.TAG` (tar --exclude-caches, borg, restic) and sets `user.xdg.robots.backup=false`; best effort.
-    static func mark(folder: URL) {
+    /// Sets `user.xdg.robots.backup=false` and, with `tag`, writes `CACHEDIR.TAG` (tar --exclude-caches, borg, restic); best effort.
+    /// Installed content folders get only the attribute, so their files stay exactly the pack's.
+    static func mark(folder: URL, tag writeTag: Bool = true) {
         let tag = folder.appending(path: Self.tagName)
-        if !FileManager.default.fileExists(atPath: tag.path) {
+        if writeTag, !FileManager.default.fileExists(atPath: tag.path) {
             try? Data(Self.tagContents.utf8).write(to: tag, options: .atomic)
         }
         _ = "false".withCString { value in setxattr(folder.path, "user.xdg.robots.backup", value, strlen(value), 0) }

@@ -96,7 +96,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var download: Download {
         Download(id: self.id, transactionID: self.transactionID, productIdentifier: self.productIdentifier,
                  contentIdentifier: self.contentIdentifier, contentVersion: self.contentVersion, contentLength: self.contentLength,
-                 state: self.state, phase: self.phase, progress: self.progress, timeRemaining: -1, pauseReason: self.pauseReason,
+                 state: self.state, phase: self.phase, progress: self.progress, phaseProgress: 0, timeRemaining: -1, pauseReason: self.pauseReason,
                  contentURL: self.contentURL.map { URL(filePath: $0) },
                  error: self.error.flatMap { try? JSONDecoder().decode(PackDeliveryError.self, from: Data($0.utf8)) },
                  url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,

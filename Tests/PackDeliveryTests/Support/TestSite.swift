@@ -1,0 +1,112 @@
+import Foundation
+import PackDelivery
+import PackTestSupport
+
+/// The `packs` binary built beside the tests, run as a user would.
+enum CLI {
+    static let binary: String = {
+        if let path = ProcessInfo.processInfo.environment["PACKS_BINARY"] { return path }
+        let beside = URL(filePath: CommandLine.arguments[0]).deletingLastPathComponent().appending(path: "packs")
+        if FileManager.default.isExecutableFile(atPath: beside.path) { return beside.path }
+        return packageRoot.appending(path: ".build/debug/packs").path
+    }()
+
+    static let packageRoot = URL(filePath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .deletingLastPathComponent().deletingLastPathComponent()
+
+    struct Result {
+        var status: Int32
+        var stdout: String
+        var stderr: String
+        /// The `--json` event lines of stdout.
+        var events: [[String: Any]] {
+            self.stdout.split(separator: "\n").compactMap { line in
+                (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
+            }
+        }
+    }
+
+    /// Runs `packs --home HOME ARGS…`.
+    static func run(home: URL, _ arguments: [String], timeout: TimeInterval = 120) throws -> Result {
+        let result = try Fixtures.run(self.binary, ["--home", home.path] + arguments, timeout: timeout)
+        return Result(status: result.status, stdout: result.stdout, stderr: result.stderr)
+    }
+
+    /// Starts `packs --home HOME ARGS…` without waiting (for kill tests).
+    static func start(home: URL, _ arguments: [String]) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(filePath: self.binary)
+        process.arguments = ["--home", home.path] + arguments
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        return process
+    }
+}
+
+/// A folder of packs and their manifest, as a content pipeline publishes it.
+struct TestSite {
+    let folder: URL
+
+    /// Packs every SampleContent folder (formats rotate through zip, tar.gz, tar.xz, tar.zst) and writes manifest.json.
+    static func samples(_ label: String) throws -> TestSite {
+        let folder = try Fixtures.temporaryDirectory(label)
+        let samples = CLI.packageRoot.appending(path: "SampleContent")
+        let formats: [PackFormat] = [.zip, .tarGzip, .tarXz, .tarZstd]
+        for (index, name) in try FileManager.default.contentsOfDirectory(atPath: samples.path).sorted().enumerated() {
+            try PackWriter.write(folder: samples.appending(path: name), to: folder.appending(path: "\(name).\(formats[index % 4].rawValue)"),
+                                 format: formats[index % 4])
+        }
+        try ManifestBuilder.write(folder: folder)
+        return TestSite(folder: folder)
+    }
+
+    /// A site with one pack of random bytes (an uncompressed tar, so its size is about `size`).
+    static func random(_ label: String, product: String = "com.example.big", version: String = "1.0", size: Int) throws -> TestSite {
+        let folder = try Fixtures.temporaryDirectory(label)
+        let content = try Fixtures.temporaryDirectory(label + "-content")
+        try FileManager.default.createDirectory(at: content.appending(path: "Contents"), withIntermediateDirectories: true)
+        try Fixtures.randomFile(at: content.appending(path: "Contents/data.bin"), size: size)
+        try PackWriter.write(folder: content, to: folder.appending(path: "big.tar"), format: .tar,
+                             contentInfo: (productIdentifier: product, contentVersion: version))
+        try ManifestBuilder.write(folder: folder)
+        return TestSite(folder: folder)
+    }
+
+    var manifestURL: URL { self.folder.appending(path: "manifest.json") }
+
+    func manifest() throws -> Manifest {
+        try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: self.manifestURL))
+    }
+
+    /// Rewrites the manifest (for bad-data tests).
+    func editManifest(_ change: (inout Manifest) -> Void) throws {
+        var manifest = try self.manifest()
+        change(&manifest)
+        try JSONEncoder().encode(manifest).write(to: self.manifestURL)
+    }
+}
+
+/// Every regular file under a folder, by relative path, with its bytes.
+func treeContents(_ folder: URL) throws -> [String: Data] {
+    var result: [String: Data] = [:]
+    let enumerator = FileManager.default.enumerator(atPath: folder.path)
+    while let path = enumerator?.nextObject() as? String {
+        let url = folder.appending(path: path)
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: url.path, isDirectory: &isDirectory), !isDirectory.boolValue {
+            result[path] = try Data(contentsOf: url)
+        }
+    }
+    return result
+}
+
+/// Files and folders left in the home's staging and downloads folders (should be none once settled).
+func leftovers(_ home: URL) -> [String] {
+    ["Caches", "Documents"].flatMap { root in
+        ["staging", "downloads"].flatMap { folder in
+            ((try? FileManager.default.contentsOfDirectory(atPath: home.appending(path: "\(root)/.packdelivery/\(folder)").path)) ?? [])
+                .map { "\(root)/.packdelivery/\(folder)/\($0)" }
+        }
+    }
+}
