@@ -74,7 +74,7 @@ extension Packs {
                 let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: self.transfer.configuration(), logger: self.global.logger)
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
-                return try await session.run { () throws(PackDeliveryError) in
+                return try await session.run(finishingAll: self.ids.isEmpty) { () throws(PackDeliveryError) in
                     try queue.resume(self.ids.isEmpty ? nil : self.ids)
                 }
             }

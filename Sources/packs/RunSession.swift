@@ -8,9 +8,12 @@ struct RunSession {
     let queue: DownloadQueue
     let global: GlobalOptions
 
-    /// - Parameter start: starts the downloads and returns the ids to follow.
+    /// - Parameters:
+    ///   - finishingAll: finish every auto-finishing transaction that is finishable, not only those of the followed downloads
+    ///     (`resume`: a fetch killed after its last download finished still gets finished).
+    ///   - start: starts the downloads and returns the ids to follow.
     /// - Returns: the exit code (0, 65, 69, 74, 75 or 130); a stderr line has been printed for non-zero.
-    func run(_ start: () throws(PackDeliveryError) -> [String]) async throws(PackDeliveryError) -> Int32 {
+    func run(finishingAll: Bool = false, _ start: () throws(PackDeliveryError) -> [String]) async throws(PackDeliveryError) -> Int32 {
         let events = self.queue.events()
         let interrupted = Atomic<Bool>(false)
         let queue = self.queue
@@ -46,7 +49,7 @@ struct RunSession {
 
         // Finish what asked to be finished once its content is installed.
         for transaction in try self.queue.transactions() where transaction.autoFinish && transaction.isFinishable
-            && transaction.downloads.contains(where: { watched.contains($0.id) }) {
+            && (finishingAll || transaction.downloads.contains(where: { watched.contains($0.id) })) {
             try self.queue.finish(transaction.id)
             var finished = transaction
             finished.finishedAt = Date()

@@ -109,13 +109,20 @@ public enum Fixtures {
         let stderrHandle = stderrPipe.fileHandleForReading
         // Process closes the parent's copies of the write ends, so the reads see end-of-file.
         try process.run()
-        DispatchQueue.global().async(group: readers) {
+        // Threads of their own, not Dispatch's global queues: on Linux those share a pool as wide
+        // as the machine has cores with Swift concurrency, and a read that blocks for the whole
+        // life of a program there stalls every task in the process.
+        readers.enter()
+        readers.enter()
+        Thread.detachNewThread {
             let data = stdoutHandle.readDataToEndOfFile()
             output.withLock { $0.stdout = data }
+            readers.leave()
         }
-        DispatchQueue.global().async(group: readers) {
+        Thread.detachNewThread {
             let data = stderrHandle.readDataToEndOfFile()
             output.withLock { $0.stderr = data }
+            readers.leave()
         }
 
         var timedOut = false

@@ -352,7 +352,8 @@ public final class DownloadQueue: Sendable {
                         if let request { try self.store.setRequest(request, for: id) }
                         continue
                     }
-                    try self.adopt(record, lock: fd)
+                    // No event for the intermediate state: the change below reports the result.
+                    try self.adopt(record, lock: fd, notify: false)
                     self.apply(id, change)
                 }
                 if let after, let machine = self.state.withLock({ $0.owned[id]?.machine }) { after(id, machine) }
@@ -361,7 +362,7 @@ public final class DownloadQueue: Sendable {
         }
     }
 
-    private func adopt(_ record: DownloadRecord, lock: Int32) throws(PackDeliveryError) {
+    private func adopt(_ record: DownloadRecord, lock: Int32, notify: Bool = true) throws(PackDeliveryError) {
         // Re-read under the lock: the process that held it may have just finished the download.
         guard let fresh = try self.store.downloadRecord(record.id) else { DownloadLock.unlock(lock); return }
         var download = fresh.download
@@ -391,7 +392,7 @@ public final class DownloadQueue: Sendable {
             if !state.order.contains(record.id) { state.order.append(record.id) }
         }
         self.persist(record.id, force: true)
-        self.notifyIfChanged(record.id)
+        if notify { self.notifyIfChanged(record.id) } else { self.state.withLock { $0.owned[record.id]?.lastNotified = machine.download } }
     }
 
     /// On open: downloads left running by a dead process are taken over (and resumed when configured) or marked interrupted.

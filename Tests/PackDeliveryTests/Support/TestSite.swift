@@ -47,6 +47,8 @@ enum CLI {
 /// A folder of packs and their manifest, as a content pipeline publishes it.
 struct TestSite {
     let folder: URL
+    /// For a random site: the SHA-256 of `Contents/data.bin`.
+    var dataSHA256: String?
 
     /// Packs every SampleContent folder (formats rotate through zip, tar.gz, tar.xz, tar.zst) and writes manifest.json.
     static func samples(_ label: String) throws -> TestSite {
@@ -70,7 +72,7 @@ struct TestSite {
         try PackWriter.write(folder: content, to: folder.appending(path: "big.tar"), format: .tar,
                              contentInfo: (productIdentifier: product, contentVersion: version))
         try ManifestBuilder.write(folder: folder)
-        return TestSite(folder: folder)
+        return TestSite(folder: folder, dataSHA256: try Fixtures.sha256Hex(of: content.appending(path: "Contents/data.bin")))
     }
 
     var manifestURL: URL { self.folder.appending(path: "manifest.json") }

@@ -1,0 +1,61 @@
+import Foundation
+import PackTestSupport
+import Synchronization
+
+/// Runs `packs --json …` and SIGKILLs it as soon as an event matches (or after `deadline` seconds).
+/// - Returns: whether the kill happened on a matching event (false: the process ended or the deadline passed first).
+@discardableResult
+func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, when predicate: @escaping @Sendable ([String: Any]) -> Bool) throws -> Bool {
+    let process = Process()
+    process.executableURL = URL(filePath: CLI.binary)
+    process.arguments = ["--home", home.path, "--json"] + arguments
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    process.standardError = FileHandle.nullDevice
+    try process.run()
+    let matched = Atomic<Bool>(false)
+    let pid = process.processIdentifier
+    let reader = Thread {
+        var buffer = Data()
+        let handle = pipe.fileHandleForReading
+        while true {
+            let chunk = handle.availableData
+            if chunk.isEmpty { return }
+            buffer.append(chunk)
+            while let newline = buffer.firstIndex(of: 10) {
+                let line = buffer[buffer.startIndex..<newline]
+                buffer = Data(buffer[(newline + 1)...])
+                if let object = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any], predicate(object) {
+                    if !matched.exchange(true, ordering: .relaxed) { kill(pid, SIGKILL) }
+                }
+            }
+        }
+    }
+    reader.start()
+    let start = Date()
+    while process.isRunning && Date().timeIntervalSince(start) < deadline { usleep(5_000) }
+    if process.isRunning { kill(pid, SIGKILL) }
+    process.waitUntilExit()
+    return matched.load(ordering: .relaxed)
+}
+
+/// Waits until a file grows to at least `bytes`, then returns true; false after `timeout`.
+func waitForFile(_ url: URL, atLeast bytes: Int64, timeout: TimeInterval = 30) -> Bool {
+    let start = Date()
+    while Date().timeIntervalSince(start) < timeout {
+        if let size = try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64, size >= bytes { return true }
+        usleep(10_000)
+    }
+    return false
+}
+
+/// The one partial archive in a home (there is one download in flight in these tests).
+func partialArchive(_ home: URL) -> URL? {
+    for root in ["Caches", "Documents"] {
+        let folder = home.appending(path: "\(root)/.packdelivery/downloads")
+        if let name = (try? FileManager.default.contentsOfDirectory(atPath: folder.path))?.first(where: { $0.hasSuffix(".pack") }) {
+            return folder.appending(path: name)
+        }
+    }
+    return nil
+}
