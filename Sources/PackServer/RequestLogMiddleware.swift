@@ -38,18 +38,12 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     private static func log(_ request: Request, status: Int, bytes: Int, failure: (any Error)?, logger: Logger) {
-        let range = request.headers[.range] ?? "-"
-        var metadata: Logger.Metadata = [
-            "method": "\(request.method)",
-            "path": "\(request.uri.path)",
-            "range": "\(range)",
-            "status": "\(status)",
-            "bytes": "\(bytes)",
-        ]
+        let line: Logger.Message = "\(request.method) \(request.uri.path) range=\(request.headers[.range] ?? "-") \(status) \(bytes) bytes"
         if let failure {
-            metadata["error"] = "\(failure)"
+            logger.info(line, metadata: ["error": "\(failure)"])
+        } else {
+            logger.info(line)
         }
-        logger.info("\(request.method) \(request.uri.path) range=\(range) \(status) \(bytes) bytes", metadata: metadata)
     }
 }
 

@@ -512,6 +512,31 @@ struct UnpackerTests {
         #expect(try unpackTreeListing(staging) == expected)
     }
 
+    @Test("Several unpacks on different threads at once do not disturb each other")
+    func concurrentUnpacks() throws {
+        let fixture = try UnpackFixture()
+        defer { fixture.remove() }
+        let source = try fixture.tree(random: 500_000)
+        let expected = try unpackTreeListing(source)
+        let packs = try ["a.tar.gz", "b.zip", "c.tar.zst", "d.tar"].map { name in
+            let pack = fixture.packs.appendingPathComponent(name)
+            let flags = name.hasSuffix(".zip") ? ["--format", "zip", "-caf"] : ["-caf"]
+            try unpackRunTool(["bsdtar"] + flags + [pack.path, "-C", source.path, "."])
+            return (pack, try fixture.freshStaging(name))
+        }
+        let results = UnpackConcurrentResults(count: packs.count)
+        DispatchQueue.concurrentPerform(iterations: packs.count) { index in
+            let (pack, staging) = packs[index]
+            results.set(index, Result { () throws(PackDeliveryError) in
+                try Unpacker.unpack(archive: pack, into: staging, limits: UnpackLimits(maxBytes: 1 << 30))
+            })
+        }
+        for (index, (pack, staging)) in packs.enumerated() {
+            #expect(throws: Never.self, "\(pack.lastPathComponent)") { try results.get(index)?.get() }
+            #expect(try unpackTreeListing(staging) == expected, "\(pack.lastPathComponent)")
+        }
+    }
+
     @Test("The same pack extracted by bsdtar and by Unpacker gives the same files and bytes")
     func matchesBsdtar() throws {
         let fixture = try UnpackFixture()
@@ -685,6 +710,22 @@ private func unpackSnapshot(_ root: URL) throws -> [String: String] {
         }
     }
     return result
+}
+
+/// Results written from several threads.
+private final class UnpackConcurrentResults: @unchecked Sendable {
+    private let lock = NSLock()
+    private var results: [Result<UnpackSummary, PackDeliveryError>?]
+
+    init(count: Int) { self.results = Array(repeating: nil, count: count) }
+
+    func set(_ index: Int, _ result: Result<UnpackSummary, PackDeliveryError>) {
+        self.lock.withLock { self.results[index] = result }
+    }
+
+    func get(_ index: Int) -> Result<UnpackSummary, PackDeliveryError>? {
+        self.lock.withLock { self.results[index] }
+    }
 }
 
 /// What a user would compare between two extracted trees.

@@ -13,7 +13,8 @@ import Glibc
 /// log records `$request_uri $status $bytes_sent $body_bytes_sent "$http_range"` for each request;
 /// nginx writes a line when a request ends, unbuffered.
 ///
-/// nginx is stopped by ``stop()`` or when the object goes away.
+/// nginx is stopped by ``stop()`` or when the object goes away; the temporary folder (and with it
+/// the logs) is removed when the object goes away.
 public final class NginxServer: Sendable {
     /// The port nginx listens on, on 127.0.0.1.
     public let port: Int
@@ -47,6 +48,10 @@ public final class NginxServer: Sendable {
         }
 
         var lastError = ""
+        var started = false
+        defer {
+            if !started { try? FileManager.default.removeItem(at: directory) }
+        }
         for _ in 0..<3 {
             let port = try Fixtures.freePort()
             let configuration = directory.appendingPathComponent("nginx.conf")
@@ -64,6 +69,7 @@ public final class NginxServer: Sendable {
             case .listening:
                 self.pid = pid
                 self.port = port
+                started = true
                 return
             case .exited:
                 lastError = Self.startupErrors(directory: directory)
@@ -81,6 +87,7 @@ public final class NginxServer: Sendable {
 
     deinit {
         self.stop()
+        try? FileManager.default.removeItem(at: self.directory)
     }
 
     /// `http://127.0.0.1:PORT/`

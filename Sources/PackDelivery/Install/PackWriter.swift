@@ -121,22 +121,11 @@ public enum PackWriter {
         let encoder = PropertyListEncoder()
         encoder.outputFormat = .xml
         do {
-            return try encoder.encode(PackContentInfo(contentVersion: contentVersion, productIdentifier: productIdentifier))
+            return try encoder.encode(ContentInfo(contentVersion: contentVersion, productIdentifier: productIdentifier))
         } catch {
             throw PackDeliveryError(kind: .usage, message: "Could not encode \(Self.contentInfoName): \(error).",
                                     subject: Self.contentInfoName)
         }
-    }
-}
-
-/// The keys of a pack's `ContentInfo.plist`.
-struct PackContentInfo: Codable, Hashable, Sendable {
-    var contentVersion: String
-    var productIdentifier: String
-
-    enum CodingKeys: String, CodingKey {
-        case contentVersion = "ContentVersion"
-        case productIdentifier = "IAPProductIdentifier"
     }
 }
 
@@ -247,12 +236,12 @@ private struct PackFolderScanner {
         let slash = UInt8(ascii: "/")
         for item in items {
             guard case .symlink(let target) = item.kind else { continue }
-            let shown = String(decoding: item.path, as: UTF8.self)
+            let shown = root + "/" + String(decoding: item.path, as: UTF8.self)
             let shownTarget = String(decoding: target, as: UTF8.self)
             func refuse(_ why: String) -> PackDeliveryError {
                 PackDeliveryError(kind: .usage, message: "The symlink '\(shown)' points to '\(shownTarget)', \(why), so it cannot go into a pack.",
                                   hint: "Make it a relative link that stays inside the folder, or replace it with the file.",
-                                  subject: root + "/" + shown)
+                                  subject: shown)
             }
             if target.isEmpty || target.first == slash { throw refuse("an absolute path") }
             var state = Array(item.path.split(separator: slash).dropLast().map { Array($0) })

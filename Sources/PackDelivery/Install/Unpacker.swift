@@ -89,7 +89,8 @@ struct ArchiveThreadLocale {
     private let installed: locale_t?
 
     static func useUTF8() -> ArchiveThreadLocale {
-        guard let utf8 = newlocale(Int32(LC_CTYPE_MASK), "C.UTF-8", nil) else {
+        let names = ["C.UTF-8", "C.utf8", "en_US.UTF-8"]
+        guard let utf8 = names.lazy.compactMap({ newlocale(Int32(LC_CTYPE_MASK), $0, nil) }).first else {
             return ArchiveThreadLocale(previous: nil, installed: nil)
         }
         let previous = uselocale(utf8)
@@ -337,11 +338,11 @@ private final class UnpackRun {
     /// `mkdirat` + `fchmod` through an `O_NOFOLLOW` descriptor, so the mode does not depend on the umask.
     private func createDirectory(in parent: Int32, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String) throws(PackDeliveryError) {
         let last = components[components.count - 1]
-        if Self.withCName(last, { mkdirat(parent, $0, 0o700) }) != 0 {
+        if Self.withComponent(last, { mkdirat(parent, $0, 0o700) }) != 0 {
             throw self.failure("create the folder", components, errno: errno, entry: entry)
         }
         self.nodes[key] = .directory
-        let fd = Self.withCName(last) { openat(parent, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
+        let fd = Self.withComponent(last) { openat(parent, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
         guard fd >= 0 else { throw self.failure("open the folder", components, errno: errno, entry: entry) }
         defer { close(fd) }
         if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
@@ -397,7 +398,7 @@ private final class UnpackRun {
             case .directory:
                 break
             }
-            let next = Self.withCName(component) { openat(fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
+            let next = Self.withComponent(component) { openat(fd, $0, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) }
             let code = errno
             if fd != self.rootFD { close(fd) }
             guard next >= 0 else { throw self.failure("open the folder", here, errno: code, entry: entry) }
@@ -413,7 +414,7 @@ private final class UnpackRun {
         progress: (Int64) -> Void, isCancelled: () -> Bool
     ) throws(PackDeliveryError) {
         let parent = try self.parentDirectory(components, entry: entry)
-        let fd = Self.withCName(components[components.count - 1]) {
+        let fd = Self.withComponent(components[components.count - 1]) {
             openat(parent, $0, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
         }
         guard fd >= 0 else { throw self.failure("create the file", components, errno: errno, entry: entry) }
@@ -456,7 +457,7 @@ private final class UnpackRun {
             }
         }
         // A sparse file that ends in a hole: libarchive reports no block for it, only the size.
-        if archive_entry_size_is_set(archiveEntry) != 0 {
+        if archive_entry_sparse_count(archiveEntry) > 0, archive_entry_size_is_set(archiveEntry) != 0 {
             let size = Int64(archive_entry_size(archiveEntry))
             if size > fileEnd {
                 if size - fileEnd > self.limits.maxBytes - self.bytes {
@@ -528,7 +529,7 @@ private final class UnpackRun {
         }
         let parent = try self.parentDirectory(components, entry: entry)
         let status = Self.withCName(target) { targetName in
-            Self.withCName(components[components.count - 1]) { symlinkat(targetName, parent, $0) }
+            Self.withComponent(components[components.count - 1]) { symlinkat(targetName, parent, $0) }
         }
         if status != 0 { throw self.failure("create the symlink", components, errno: errno, entry: entry) }
         self.nodes[key] = .symlink
@@ -541,7 +542,7 @@ private final class UnpackRun {
         do {
             target = try self.normalize(rawTarget, entry: entry)
         } catch {
-            throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', outside the pack's folder")
+            throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', which lies outside the pack's folder or is not a valid path")
         }
         guard !target.isEmpty, self.nodes[Self.join(target)] == .file else {
             throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', which is not a file extracted earlier from this pack")
@@ -550,8 +551,8 @@ private final class UnpackRun {
         let targetParent = targetParentComponents.isEmpty ? self.rootFD : try self.openDirectory(targetParentComponents, entry: entry)
         defer { if targetParent != self.rootFD { close(targetParent) } }
         let parent = try self.parentDirectory(components, entry: entry)
-        let status = Self.withCName(target[target.count - 1]) { oldName in
-            Self.withCName(components[components.count - 1]) { linkat(targetParent, oldName, parent, $0, 0) }
+        let status = Self.withComponent(target[target.count - 1]) { oldName in
+            Self.withComponent(components[components.count - 1]) { linkat(targetParent, oldName, parent, $0, 0) }
         }
         if status != 0 { throw self.failure("create the hard link", components, errno: errno, entry: entry) }
         self.nodes[key] = .file
@@ -607,6 +608,19 @@ private final class UnpackRun {
     private static func bytes(_ string: UnsafePointer<CChar>?) -> [UInt8]? {
         guard let string else { return nil }
         return Array(UnsafeRawBufferPointer(start: string, count: strlen(string)))
+    }
+
+    /// Calls a `*at` function with one path component. A component that is empty, `.`, `..` or
+    /// holds a `/` never reaches the kernel (it fails with EINVAL): a second line of defence, since
+    /// `O_NOFOLLOW` does not stop `..`.
+    private static func withComponent(_ bytes: [UInt8], _ body: (UnsafePointer<CChar>) -> Int32) -> Int32 {
+        let isDotOrDotDot = bytes.allSatisfy { $0 == dot } && bytes.count <= 2
+        let isSafe = !bytes.isEmpty && !isDotOrDotDot && !bytes.contains(slash) && !bytes.contains(0)
+        guard isSafe else {
+            errno = EINVAL
+            return -1
+        }
+        return Self.withCName(bytes, body)
     }
 
     private static func withCName<R>(_ bytes: [UInt8], _ body: (UnsafePointer<CChar>) -> R) -> R {

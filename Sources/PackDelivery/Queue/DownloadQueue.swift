@@ -35,10 +35,12 @@ public final class DownloadQueue: Sendable {
         public var maxAttempts: Int
         /// Largest delay between retries, in seconds.
         public var maxRetryDelay: TimeInterval
+        /// Writes every byte of downloads and unpacked content (replace it to inject disk-full faults in tests).
+        public var writer: any FileWriting
 
         public init(concurrency: Int = 4, transfer: TransferOptions = TransferOptions(), resumeInterruptedDownloads: Bool = true,
                     resumeWhenSpaceReturns: Bool = true, maxExpansionRatio: Int64 = 100, maxEntries: Int = 100_000,
-                    maxAttempts: Int = 6, maxRetryDelay: TimeInterval = 30) {
+                    maxAttempts: Int = 6, maxRetryDelay: TimeInterval = 30, writer: any FileWriting = SystemFileWriter()) {
             self.concurrency = max(1, concurrency)
             self.transfer = transfer
             self.resumeInterruptedDownloads = resumeInterruptedDownloads
@@ -47,6 +49,7 @@ public final class DownloadQueue: Sendable {
             self.maxEntries = maxEntries
             self.maxAttempts = maxAttempts
             self.maxRetryDelay = maxRetryDelay
+            self.writer = writer
         }
     }
 
@@ -395,10 +398,13 @@ public final class DownloadQueue: Sendable {
         if notify { self.notifyIfChanged(record.id) } else { self.state.withLock { $0.owned[record.id]?.lastNotified = machine.download } }
     }
 
-    /// On open: downloads left running by a dead process are taken over (and resumed when configured) or marked interrupted.
+    /// On open: downloads left running by a dead process, or paused by a shutdown (`interrupted`), are taken over
+    /// and resumed when configured; otherwise they are marked `paused (interrupted)`.
     private func takeOverOrphans() throws(PackDeliveryError) {
+        let resumeInterrupted = self.configuration.resumeInterruptedDownloads
         for transaction in try self.store.transactions() {
-            for download in transaction.downloads where download.state.isRunning || download.phase != nil {
+            for download in transaction.downloads
+            where download.state.isRunning || download.phase != nil || (resumeInterrupted && download.pauseReason == .interrupted) {
                 guard let fd = try DownloadLock.tryLock(self.lockURL(download.id)) else { continue }
                 guard let record = try self.store.downloadRecord(download.id) else { DownloadLock.unlock(fd); continue }
                 try self.adopt(record, lock: fd)
@@ -458,7 +464,7 @@ public final class DownloadQueue: Sendable {
                 if fromZero { try? FileManager.default.removeItem(at: self.home.archiveURL(for: download)) }
                 let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: self.home.archiveURL(for: download),
                                               expectedLength: download.contentLength, validator: owned.machine.validator,
-                                              fromZero: fromZero, options: self.configuration.transfer)
+                                              fromZero: fromZero, options: self.configuration.transfer, writer: self.configuration.writer)
                 self.engineBox.withLock { $0 }?.start(request)
             case .stopTransfer(let token):
                 self.engineBox.withLock { $0 }?.stop("\(id)#\(token)")

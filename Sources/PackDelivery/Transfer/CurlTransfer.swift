@@ -130,7 +130,7 @@ final class CurlTransfer {
         }
         var written = 0
         while written < bytes.count {
-            let result = pwrite(self.fd, bytes.baseAddress! + written, bytes.count - written, off_t(self.offset) + off_t(written))
+            let result = self.request.writer.pwrite(self.fd, bytes.baseAddress! + written, bytes.count - written, self.offset + Int64(written))
             if result < 0 {
                 let code = errno
                 if code == EINTR { continue }

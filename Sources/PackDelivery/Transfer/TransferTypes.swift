@@ -34,6 +34,7 @@ struct TransferRequest: Sendable {
     /// Start from byte 0 even when the file holds bytes (after a checksum failure of a resumed file).
     var fromZero: Bool
     var options: TransferOptions
+    var writer: any FileWriting
 }
 
 /// Why a transfer attempt ended without the whole pack.

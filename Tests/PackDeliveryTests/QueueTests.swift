@@ -1,0 +1,201 @@
+import Foundation
+import PackDelivery
+import PackTestSupport
+import Synchronization
+import Testing
+
+/// A writer that behaves like a filesystem with `space` bytes free: past it, ENOSPC.
+final class DiskFullWriter: FileWriting {
+    private let space: Atomic<Int64>
+
+    init(space: Int64) { self.space = Atomic(space) }
+
+    /// Frees room again (Int64.max: no limit).
+    func setSpace(_ bytes: Int64) { self.space.store(bytes, ordering: .relaxed) }
+
+    func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: Int64) -> Int {
+        let left = self.space.load(ordering: .relaxed)
+        if left <= 0 { errno = ENOSPC; return -1 }
+        let allowed = Int(min(Int64(count), left))
+        let written = Glibc.pwrite(fd, buffer, allowed, off_t(offset))
+        if written > 0 { self.space.subtract(Int64(written), ordering: .relaxed) }
+        return written
+    }
+}
+
+/// An observer in the shape of Apple's "Test an Interrupted Transaction": it records what it is told.
+final class RecordingObserver: DownloadQueueObserver {
+    let transactions = Mutex<[Transaction]>([])
+    let downloads = Mutex<[Download]>([])
+    let finishes: Bool
+
+    init(finishes: Bool) { self.finishes = finishes }
+
+    func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction]) {
+        self.transactions.withLock { $0 += transactions }
+        guard self.finishes else { return }  // the "ignore the update" half of the test
+        for transaction in transactions where transaction.isFinishable && !transaction.isFinished {
+            try? queue.finish(transaction.id)
+        }
+    }
+
+    func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download]) {
+        self.downloads.withLock { $0 += downloads }
+        guard self.finishes else { return }
+        for download in downloads where download.state == .finished {
+            if let transaction = try? queue.transactions().first(where: { $0.id == download.transactionID }), transaction.isFinishable {
+                try? queue.finish(transaction.id)
+            }
+        }
+    }
+}
+
+/// Waits for a download to reach a state the predicate accepts, through the queue's events.
+func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _ predicate: @escaping @Sendable (Download) -> Bool) async -> Download? {
+    await withTaskGroup(of: Download?.self) { group in
+        group.addTask {
+            // The stream starts with the transactions as they are, then every change: no gap to miss one in.
+            for await event in queue.events() {
+                switch event {
+                case .downloadUpdated(let download):
+                    if download.id == id, predicate(download) { return download }
+                case .transactionUpdated(let transaction):
+                    if let download = transaction.downloads.first(where: { $0.id == id }), predicate(download) { return download }
+                }
+            }
+            return nil
+        }
+        group.addTask {
+            try? await Task.sleep(for: .seconds(timeout))
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}
+
+@Suite struct QueueTests {
+    static func options() -> DownloadQueue.Configuration {
+        DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
+    }
+
+    @Test func anInterruptedTransactionIsDeliveredAgainOnTheNextLaunch() async throws {
+        let site = try TestSite.random("relaunch-site", size: 1 << 20)
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let home = Home(folder: try Fixtures.temporaryDirectory("relaunch-home"))
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+
+        // First launch: the observer ignores the update, so the transaction is never finished.
+        var first: DownloadQueue? = try DownloadQueue(home: home, configuration: Self.options())
+        let ignoring = RecordingObserver(finishes: false)
+        first!.add(ignoring)
+        let transaction = try first!.add(product: "com.example.big", from: manifest)
+        let id = try #require(transaction.downloads.first?.id)
+        let done = await waitFor(first!, id) { $0.state == .finished }
+        #expect(done?.progress == 1.0 && done?.contentURL != nil)
+        first!.close()
+        first = nil
+
+        // Second launch: the unfinished transaction arrives as soon as an observer is added.
+        let second = try DownloadQueue(home: home, configuration: Self.options())
+        let finishing = RecordingObserver(finishes: true)
+        second.add(finishing)
+        var delivered: [Transaction] = []
+        for _ in 0..<200 where delivered.isEmpty {
+            delivered = finishing.transactions.withLock { $0 }.filter { $0.id == transaction.id }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        #expect(delivered.first?.downloads.first?.state == .finished)
+        for _ in 0..<200 where (try? second.transactions())?.isEmpty == false { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(try second.transactions().isEmpty, "the observer finished it on the second launch")
+        #expect(second.contentURL(forProductID: "com.example.big") != nil, "content stays findable after finish")
+        #expect(ignoring.downloads.withLock { $0 }.last?.state == .finished)
+        second.close()
+    }
+
+    @Test func aDownloadRunningAtShutdownResumesOnItsOwnAtTheNextLaunch() async throws {
+        let site = try TestSite.random("autoresume-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
+        defer { nginx.stop() }
+        let home = Home(folder: try Fixtures.temporaryDirectory("autoresume-home"))
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        var first: DownloadQueue? = try DownloadQueue(home: home, configuration: Self.options())
+        let id = try #require(try first!.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let partway = await waitFor(first!, id) { $0.progress > 0.2 }
+        #expect(partway != nil)
+        first!.close()
+        first = nil
+
+        let second = try DownloadQueue(home: home, configuration: Self.options())
+        let finished = await waitFor(second, id) { $0.state == .finished }
+        #expect(finished?.progress == 1.0)
+        #expect(nginx.bodyBytesSent(path: "/big.tar") - (4 << 20) <= 1 << 20, "resumed, not restarted")
+        second.close()
+    }
+
+    @Test func diskFullWhileDownloadingPausesKeepsTheBytesAndResumes() async throws {
+        let size = 3 << 20
+        let site = try TestSite.random("enospc-download-site", size: size)
+        // Paced, so that what nginx counts as sent is what reached the client before the disk filled.
+        let nginx = try NginxServer(root: site.folder, limitRate: 4 << 20)
+        defer { nginx.stop() }
+        let home = Home(folder: try Fixtures.temporaryDirectory("enospc-download-home"))
+        let writer = DiskFullWriter(space: 1 << 20)
+        var configuration = Self.options()
+        configuration.writer = writer
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        defer { queue.close() }
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+
+        let paused = try #require(await waitFor(queue, id) { $0.state != .active && $0.state != .waiting })
+        #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage)
+        #expect(paused.error?.kind == .insufficientStorage && paused.error?.code == Int(ENOSPC))
+        let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
+        let kept = try #require(try FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64)
+        // Everything up to the last complete write is kept (a write cut short by the full disk is cut back).
+        #expect(kept <= 1 << 20 && kept > (1 << 20) - (512 << 10), "kept \(kept)")
+        #expect(paused.bytesReceived == kept)
+
+        writer.setSpace(.max)
+        try queue.resume([id])
+        let finished = try #require(await waitFor(queue, id) { $0.state == .finished || $0.state == .failed })
+        #expect(finished.state == .finished)
+        // The resume asked only for the missing bytes, and got them.
+        let requests = nginx.requests().filter { $0.uri == "/big.tar" }
+        #expect(requests.count == 2 && requests.last?.range == "bytes=\(kept)-" && requests.last?.status == 206, "\(requests)")
+        #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
+    }
+
+    @Test func cancelDeletesThePartialDataAndPauseKeepsIt() async throws {
+        let site = try TestSite.random("cancel-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = Home(folder: try Fixtures.temporaryDirectory("cancel-home"))
+        let queue = try DownloadQueue(home: home, configuration: Self.options())
+        defer { queue.close() }
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let transaction = try queue.add(product: "com.example.big", from: manifest)
+        let id = try #require(transaction.downloads.first?.id)
+        #expect(await waitFor(queue, id) { $0.bytesReceived > 0 } != nil)
+
+        // Pause from another thread: data kept.
+        await Task.detached { try? queue.pause([id]) }.value
+        let paused = try #require(await waitFor(queue, id) { $0.state == .paused })
+        let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
+        #expect(FileManager.default.fileExists(atPath: archive.path) && paused.bytesReceived > 0)
+        #expect(throws: PackDeliveryError.self) { try queue.finish(transaction.id) }
+
+        try queue.resume([id])
+        #expect(await waitFor(queue, id) { $0.state == .active && $0.bytesReceived > paused.bytesReceived } != nil)
+        try queue.cancel([id])
+        let cancelled = try #require(await waitFor(queue, id) { $0.state == .cancelled })
+        #expect(cancelled.bytesReceived == 0)
+        #expect(!FileManager.default.fileExists(atPath: archive.path))
+        try queue.finish(transaction.id)
+        #expect(try queue.transactions().isEmpty)
+        #expect(queue.contentURL(forProductID: "com.example.big") == nil)
+    }
+}
