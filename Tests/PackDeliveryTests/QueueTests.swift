@@ -169,6 +169,37 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
     }
 
+    @Test func diskFullWhileUnpackingKeepsTheArchiveAndResumeOnlyUnpacks() async throws {
+        let site = try TestSite.random("enospc-unpack-site", size: 2 << 20)
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let pack = try #require(try site.manifest().products.first?.contents.first)
+        let home = Home(folder: try Fixtures.temporaryDirectory("enospc-unpack-home"))
+        // Room for the whole download and 100 KB of its unpacked content.
+        let writer = DiskFullWriter(space: pack.contentLength + 100_000)
+        var configuration = Self.options()
+        configuration.writer = writer
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        defer { queue.close() }
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+
+        let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused)")
+        let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
+        #expect((try? FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64) == pack.contentLength, "the archive is kept")
+        #expect(leftovers(home.stateFolder) == ["Caches/.packdelivery/downloads/\(id).pack"], "the staging folder is removed")
+        #expect(!FileManager.default.fileExists(atPath: home.cachesFolder.appending(path: "com.example.big").path))
+
+        writer.setSpace(.max)
+        try queue.resume([id])
+        let finished = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        #expect(finished.state == .finished)
+        #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
+        #expect(nginx.requests().filter { $0.uri == "/big.tar" }.count == 1, "resuming only unpacked: no second download")
+        #expect(leftovers(home.stateFolder) == [])
+    }
+
     @Test func cancelDeletesThePartialDataAndPauseKeepsIt() async throws {
         let site = try TestSite.random("cancel-site", size: 4 << 20)
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)

@@ -19,6 +19,7 @@ struct Installer: Sendable {
     var home: Home
     var store: Store
     var limits: UnpackLimitsPolicy
+    var writer: any FileWriting
 
     /// How big a pack may unpack to.
     struct UnpackLimitsPolicy: Sendable, Hashable {
@@ -44,7 +45,7 @@ struct Installer: Sendable {
             _ = try Unpacker.unpack(archive: archive, into: staging,
                                     limits: UnpackLimits(maxBytes: maxBytes, maxEntries: self.limits.maxEntries),
                                     progress: { bytes in progress(.unpacking, min(0.99, Double(bytes) / expected)) },
-                                    isCancelled: { cancel.isCancelled })
+                                    isCancelled: { cancel.isCancelled }, writer: self.writer)
             try Self.checkContentInfo(in: staging, for: download)
             if cancel.isCancelled { throw PackDeliveryError(kind: .cancelled, message: "The install was stopped.") }
             progress(.installing, 0)

@@ -12,9 +12,9 @@ enum PackInspector {
     static func inspect(_ archive: URL) throws(PackDeliveryError) -> Summary {
         guard let reader = archive_read_new() else { throw PackDeliveryError(kind: .io, message: "libarchive could not start (out of memory).") }
         defer { archive_read_free(reader) }
-        archive_read_support_filter_all(reader)
-        archive_read_support_format_zip(reader)
-        archive_read_support_format_tar(reader)
+        if let name = Unpacker.enablePackFormats(reader) {
+            throw .corruptArchive("libarchive cannot read \(name)")
+        }
         guard archive_read_open_filename(reader, archive.path, 1 << 16) == ARCHIVE_OK else {
             throw .corruptArchive(String(cString: archive_error_string(reader)), code: Int(archive_errno(reader)))
         }

@@ -65,6 +65,7 @@ enum Unpacker {
     ///   - limits: the most bytes and entries the pack may unpack to.
     ///   - progress: called with the bytes written so far, about every MiB and once at the end.
     ///   - isCancelled: polled between blocks of data and between entries.
+    ///   - writer: writes the files' bytes (tests pass one that fails like a full disk).
     /// - Returns: the bytes and entries written.
     /// - Throws: `PackDeliveryError` of kind `.badData` for an unsafe entry, a corrupt or truncated
     ///   archive, a file that is not an archive, or a limit exceeded; `.insufficientStorage` when the
@@ -72,12 +73,31 @@ enum Unpacker {
     ///   `isCancelled` returned true. What was written so far stays in `staging`.
     static func unpack(
         archive: URL, into staging: URL, limits: UnpackLimits,
-        progress: (Int64) -> Void = { _ in }, isCancelled: () -> Bool = { false }
+        progress: (Int64) -> Void = { _ in }, isCancelled: () -> Bool = { false }, writer: any FileWriting = SystemFileWriter()
     ) throws(PackDeliveryError) -> UnpackSummary {
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
-        let run = try UnpackRun(archive: archive, staging: staging, limits: limits)
+        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer)
         return try run.run(progress: progress, isCancelled: isCancelled)
+    }
+}
+
+extension Unpacker {
+    /// Enables exactly the formats a pack may be: zip and the tar family (ustar, pax, GNU), plain or
+    /// gzip, bzip2, xz or zstd compressed. Not `raw`, not `empty`, not format_all, so text files,
+    /// empty files and odd formats are refused.
+    /// - Returns: the name of a format libarchive cannot read, or nil.
+    static func enablePackFormats(_ reader: OpaquePointer) -> String? {
+        // ARCHIVE_WARN from a filter means "through an external program": still usable.
+        let setups: [(String, (OpaquePointer) -> Int32)] = [
+            ("gzip", { archive_read_support_filter_gzip($0) }),
+            ("bzip2", { archive_read_support_filter_bzip2($0) }),
+            ("xz", { archive_read_support_filter_xz($0) }),
+            ("zstd", { archive_read_support_filter_zstd($0) }),
+            ("zip", { archive_read_support_format_zip($0) }),
+            ("tar", { archive_read_support_format_tar($0) }),
+        ]
+        return setups.first { $0.1(reader) < ARCHIVE_WARN }?.0
     }
 }
 
@@ -133,6 +153,7 @@ private final class UnpackRun {
     private let archiveURL: URL
     private let stagingPath: String
     private let limits: UnpackLimits
+    private let writer: any FileWriting
     private let archiveFD: Int32
     private let reader: OpaquePointer
     private let rootFD: Int32
@@ -149,7 +170,8 @@ private final class UnpackRun {
     private var lastProgress: Int64 = 0
     private var lastEntryName: String?
 
-    init(archive: URL, staging: URL, limits: UnpackLimits) throws(PackDeliveryError) {
+    init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting) throws(PackDeliveryError) {
+        self.writer = writer
         self.archiveURL = archive
         self.stagingPath = staging.path
         self.limits = limits
@@ -179,18 +201,7 @@ private final class UnpackRun {
         self.archiveFD = archiveFD
         self.reader = reader
 
-        // Only the formats a pack may be: zip and the tar family (ustar, pax, GNU). Not `raw`, not
-        // `empty`, not format_all, so text files, empty files and odd formats are refused.
-        // ARCHIVE_WARN from a filter means "through an external program": still usable.
-        let setups: [(String, (OpaquePointer) -> Int32)] = [
-            ("gzip", { archive_read_support_filter_gzip($0) }),
-            ("bzip2", { archive_read_support_filter_bzip2($0) }),
-            ("xz", { archive_read_support_filter_xz($0) }),
-            ("zstd", { archive_read_support_filter_zstd($0) }),
-            ("zip", { archive_read_support_format_zip($0) }),
-            ("tar", { archive_read_support_format_tar($0) }),
-        ]
-        for (name, setup) in setups where setup(reader) < ARCHIVE_WARN {
+        if let name = Unpacker.enablePackFormats(reader) {
             throw PackDeliveryError.corruptArchive("libarchive cannot read \(name): \(self.libarchiveMessage)",
                                                    code: Int(archive_errno(reader)))
         }
@@ -483,7 +494,7 @@ private final class UnpackRun {
     private func writeAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ size: Int, at offset: Int64, _ components: [[UInt8]], entry: String) throws(PackDeliveryError) {
         var done = 0
         while done < size {
-            let written = pwrite(fd, buffer + done, size - done, off_t(offset) + off_t(done))
+            let written = self.writer.pwrite(fd, buffer + done, size - done, offset + Int64(done))
             if written < 0 {
                 if errno == EINTR { continue }
                 throw self.failure("write", components, errno: errno, entry: entry)

@@ -97,7 +97,8 @@ public final class DownloadQueue: Sendable {
         try home.prepare()
         self.store = try Store(url: home.databaseURL)
         self.installer = Installer(home: home, store: self.store,
-                                   limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries))
+                                   limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
+                                   writer: configuration.writer)
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         let engine = TransferEngine(logger: self.logger) { [weak self] event in
             guard let self else { return }
