@@ -2,10 +2,12 @@ import Foundation
 import PackTestSupport
 import Synchronization
 
-/// Runs `packs --json …` and SIGKILLs it as soon as an event matches (or after `deadline` seconds).
-/// - Returns: whether the kill happened on a matching event (false: the process ended or the deadline passed first).
+/// Runs `packs --json …`, calling `action` (once) with the process id as soon as an event matches.
+/// - Returns: the exit status and whether an event matched.
 @discardableResult
-func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, when predicate: @escaping @Sendable ([String: Any]) -> Bool) throws -> Bool {
+func runWatching(home: URL, _ arguments: [String], deadline: TimeInterval = 90,
+                 when predicate: @escaping @Sendable ([String: Any]) -> Bool,
+                 do action: @escaping @Sendable (Int32) -> Void) throws -> (status: Int32, matched: Bool) {
     let process = Process()
     process.executableURL = URL(filePath: CLI.binary)
     process.arguments = ["--home", home.path, "--json"] + arguments
@@ -26,7 +28,7 @@ func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, w
                 let line = buffer[buffer.startIndex..<newline]
                 buffer = Data(buffer[(newline + 1)...])
                 if let object = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any], predicate(object) {
-                    if !matched.exchange(true, ordering: .relaxed) { kill(pid, SIGKILL) }
+                    if !matched.exchange(true, ordering: .relaxed) { action(pid) }
                 }
             }
         }
@@ -36,7 +38,14 @@ func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, w
     while process.isRunning && Date().timeIntervalSince(start) < deadline { usleep(5_000) }
     if process.isRunning { kill(pid, SIGKILL) }
     process.waitUntilExit()
-    return matched.load(ordering: .relaxed)
+    return (process.terminationStatus, matched.load(ordering: .relaxed))
+}
+
+/// Runs `packs --json …` and SIGKILLs it as soon as an event matches.
+/// - Returns: whether the kill happened on a matching event.
+@discardableResult
+func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, when predicate: @escaping @Sendable ([String: Any]) -> Bool) throws -> Bool {
+    try runWatching(home: home, arguments, deadline: deadline, when: predicate) { pid in kill(pid, SIGKILL) }.matched
 }
 
 /// Waits until a file grows to at least `bytes`, then returns true; false after `timeout`.

@@ -1,0 +1,142 @@
+import Foundation
+import Synchronization
+import Logging
+import PackDelivery
+import PackServer
+import PackTestSupport
+import Testing
+
+/// The CLI as people and scripts use it: signals, another shell, authorisation, authoring, terminals.
+@Suite struct CLITests {
+    @Test(arguments: [SIGINT, SIGTERM])
+    func anInterruptPausesSavesAndExits130(signal: Int32) throws {
+        let site = try TestSite.random("signal-\(signal)-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("signal-\(signal)-home")
+        let result = try runWatching(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
+                                     when: { ($0["progress"] as? Double ?? 0) > 0.1 }, do: { pid in kill(pid, signal) })
+        #expect(result.matched && result.status == 130)
+        let status = try CLI.run(home: home, ["--json", "status"])
+        #expect(status.stdout.contains(#""state":"paused""#) && status.stdout.contains(#""pauseReason":"user""#), "\(status.stdout)")
+        let resume = try CLI.run(home: home, ["resume"])
+        #expect(resume.status == 0, "stderr: \(resume.stderr)")
+        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
+        let ranges = nginx.requests().filter { $0.uri == "/big.tar" }.map(\.range)
+        #expect(ranges.count == 2 && ranges[1]?.hasPrefix("bytes=") == true, "resumed with a range: \(ranges)")
+    }
+
+    @Test func pauseAndCancelFromAnotherShellReachARunningFetchWithinASecond() throws {
+        let site = try TestSite.random("other-shell-site", size: 8 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("other-shell-home")
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        final class When: Sendable { let date = Mutex<Date?>(nil) }
+        let pausedAt = When()
+        let result = try runWatching(home: home, ["fetch", manifestURL, "com.example.big"], when: { ($0["progress"] as? Double ?? 0) > 0.05 }) { _ in
+            let status = try? CLI.run(home: home, ["--json", "status"])
+            let id = status.flatMap { try? JSONSerialization.jsonObject(with: Data($0.stdout.utf8)) as? [String: Any] }
+                .flatMap { ($0["transactions"] as? [[String: Any]])?.first?["downloads"] as? [[String: Any]] }?.first?["id"] as? String
+            pausedAt.date.withLock { $0 = Date() }
+            _ = try? CLI.run(home: home, ["pause", id ?? "missing"])
+        }
+        let ended = Date()
+        #expect(result.matched && result.status == 75, "a fetch that ends with a download paused exits 75")
+        if let pausedAt = pausedAt.date.withLock({ $0 }) { #expect(ended.timeIntervalSince(pausedAt) < 3) }
+        let status = try CLI.run(home: home, ["--json", "status"])
+        #expect(status.stdout.contains(#""pauseReason":"user""#))
+        let id = try #require(((try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])?["transactions"] as? [[String: Any]])?.first.flatMap { ($0["downloads"] as? [[String: Any]])?.first?["id"] as? String })
+        let partial = home.appending(path: "Caches/.packdelivery/downloads/\(id).pack")
+        #expect(FileManager.default.fileExists(atPath: partial.path), "pause keeps the partial data")
+        #expect(try CLI.run(home: home, ["cancel", id]).status == 0)
+        #expect(!FileManager.default.fileExists(atPath: partial.path), "cancel deletes it")
+        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#""state":"cancelled""#))
+    }
+
+    @Test func headersReachAServerThatChecksATokenAndAMissingOneFailsWith69() async throws {
+        let site = try TestSite.samples("token-site")
+        let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0, token: "s3cret"), logger: Logger(label: "test"))
+        let home = try Fixtures.temporaryDirectory("token-home")
+        let manifestURL = server.baseURL.appending(path: "manifest.json").absoluteString
+        let denied = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest"])
+        #expect(denied.status == 69 && denied.stderr.contains("401"), "stderr: \(denied.stderr)")
+        let allowed = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest", "--header", "Authorization: Bearer s3cret"])
+        await server.stop()
+        #expect(allowed.status == 0, "stderr: \(allowed.stderr)")
+    }
+
+    @Test func anUnsafePackExits65NamingTheEntryAndTouchesNothing() throws {
+        let site = try Fixtures.temporaryDirectory("unsafe-site")
+        let canary = site.deletingLastPathComponent().appending(path: "unsafe-canary-\(UUID().uuidString)")
+        let script = """
+            import tarfile, io
+            with tarfile.open('\(site.path)/evil.tar.gz', 'w:gz') as t:
+                data = b'ok'
+                info = tarfile.TarInfo('Contents/good.txt'); info.size = len(data); t.addfile(info, io.BytesIO(data))
+                link = tarfile.TarInfo('Contents/escape'); link.type = tarfile.SYMTYPE; link.linkname = '../../../../\(canary.lastPathComponent)'; t.addfile(link)
+                bad = tarfile.TarInfo('Contents/escape/pwned'); bad.size = len(data); t.addfile(bad, io.BytesIO(data))
+            """
+        #expect(try Fixtures.run("python3", ["-c", script]).status == 0)
+        let pack = site.appending(path: "evil.tar.gz")
+        let manifest = """
+            {"products":[{"productIdentifier":"com.example.evil","contents":[{"contentIdentifier":"com.example.evil","contentVersion":"1",
+            "url":"evil.tar.gz","contentLength":\(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as! Int),"sha256":"\(try Fixtures.sha256Hex(of: pack))"}]}]}
+            """
+        try Data(manifest.utf8).write(to: site.appending(path: "manifest.json"))
+        let home = try Fixtures.temporaryDirectory("unsafe-home")
+        let fetch = try CLI.run(home: home, ["fetch", site.appending(path: "manifest.json").path, "com.example.evil"])
+        #expect(fetch.status == 65)
+        #expect(fetch.stderr.contains("Contents/escape"), "the error names the entry: \(fetch.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: canary.path))
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.evil").path))
+        #expect(leftovers(home) == [])
+        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#""state":"failed""#))
+    }
+
+    @Test func packAndManifestFeedFetch() throws {
+        let work = try Fixtures.temporaryDirectory("authoring")
+        let content = work.appending(path: "content")
+        try FileManager.default.createDirectory(at: content.appending(path: "maps"), withIntermediateDirectories: true)
+        try Data("level one".utf8).write(to: content.appending(path: "maps/one.txt"))
+        try Fixtures.randomFile(at: content.appending(path: "music.bin"), size: 200_000)
+        let site = work.appending(path: "site")
+        try FileManager.default.createDirectory(at: site, withIntermediateDirectories: true)
+        for (format, product) in [("zip", "com.example.a"), ("tar.gz", "com.example.b"), ("tar.xz", "com.example.c"), ("tar.zst", "com.example.d")] {
+            let pack = try Fixtures.run(CLI.binary, ["pack", content.path, "--product", product, "--version", "3.1", "--output", site.appending(path: "\(product).\(format)").path])
+            #expect(pack.status == 0, "pack \(format): \(pack.stderr)")
+        }
+        #expect(try Fixtures.run(CLI.binary, ["manifest", site.path]).status == 0)
+        let manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
+        #expect(manifest.products.count == 4)
+        #expect(manifest.products.allSatisfy { $0.contents.first?.unpackedLength ?? 0 > 200_000 && $0.contents.first?.contentVersion == "3.1" })
+        let home = work.appending(path: "home")
+        let nginx = try NginxServer(root: site)
+        defer { nginx.stop() }
+        let fetch = try CLI.run(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString] + manifest.products.map(\.productIdentifier))
+        #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
+        for product in manifest.products {
+            let path = try CLI.run(home: home, ["content", product.productIdentifier]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            #expect(try treeContents(URL(filePath: path).appending(path: "Contents")) == treeContents(content))
+        }
+        let bad = try Fixtures.run(CLI.binary, ["pack", content.path, "--output", work.appending(path: "x.rar").path])
+        #expect(bad.status == 64 && bad.stderr.contains(".zip"))
+    }
+
+    @Test func aTerminalGetsALiveLineWithPercentSpeedAndTimeLeft() throws {
+        let site = try TestSite.random("tty-site", size: 3 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("tty-home")
+        let transcript = home.appending(path: "typescript")
+        let command = "\(CLI.binary) --home \(home.path) fetch \(nginx.baseURL.appending(path: "manifest.json").absoluteString) com.example.big"
+        // `script` runs the command under a pseudo-terminal and records what the terminal received.
+        let run = try Fixtures.run("script", ["-qfec", command, transcript.path], environment: ["TERM": "xterm", "PATH": "/usr/bin:/bin"])
+        #expect(run.status == 0, "stderr: \(run.stderr)")
+        let screen = try String(decoding: Data(contentsOf: transcript), as: UTF8.self)
+        #expect(screen.contains("\r\u{1B}[2K"), "lines are redrawn in place")
+        #expect(screen.range(of: #"\[#+-*\] +\d+%"#, options: .regularExpression) != nil, "a bar and a percentage")
+        #expect(screen.range(of: #"\d+\.\d (KiB|MiB)/s ETA \d+s"#, options: .regularExpression) != nil, "speed and time left")
+        #expect(screen.contains("installed"))
+    }
+}
