@@ -59,6 +59,12 @@ struct Installer: Sendable {
             return try self.moveIntoPlace(download, staging: staging, target: target)
         } catch {
             try? Self.removeTree(staging)
+            if error.kind == .insufficientStorage, error.neededBytes == nil {
+                // Say how much the unpack needs and how much is free now that staging is gone.
+                let needed = (download.unpackedLength ?? download.contentLength) + SpaceCheck.margin
+                throw .insufficientStorage(path: staging.deletingLastPathComponent().path, needed: needed,
+                                           available: SpaceCheck.available(at: staging.deletingLastPathComponent()), code: error.code)
+            }
             throw error
         }
     }

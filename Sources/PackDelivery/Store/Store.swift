@@ -7,8 +7,14 @@ import GRDB
 /// is one write transaction.
 final class Store: Sendable {
     let pool: DatabasePool
+    /// Space set aside beside the database (`state.reserve`), given back when the disk is full so that
+    /// the state change that reports it (paused, insufficientStorage) can still be written.
+    let reserveURL: URL
+    static let reserveSize: Int64 = 2 << 20
 
     init(url: URL) throws(PackDeliveryError) {
+        self.reserveURL = url.deletingLastPathComponent().appending(path: "state.reserve")
+        Self.makeReserve(self.reserveURL)
         var configuration = Configuration()
         configuration.busyMode = .timeout(15)
         configuration.label = "PackDelivery"
@@ -75,7 +81,23 @@ final class Store: Sendable {
     }
 
     func write<T>(_ body: (Database) throws -> T) throws(PackDeliveryError) -> T {
-        do { return try self.pool.write(body) } catch { throw Self.map(error, self.pool.path) }
+        do { return try self.pool.write(body) } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
+            // Give back the reserve and try once more; the failed write changed nothing.
+            guard unlink(self.reserveURL.path) == 0 else { throw Self.map(error, self.pool.path) }
+            do { return try self.pool.write(body) } catch { throw Self.map(error, self.pool.path) }
+        } catch {
+            throw Self.map(error, self.pool.path)
+        }
+    }
+
+    /// Sets the reserve aside when it is missing and there is room; best effort.
+    static func makeReserve(_ url: URL) {
+        guard access(url.path, F_OK) != 0 else { return }
+        let fd = open(url.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { return }
+        let result = posix_fallocate(fd, 0, off_t(Self.reserveSize))
+        close(fd)
+        if result != 0 { unlink(url.path) }
     }
 
     /// SQLite's disk-full becomes `insufficientStorage`; committed state is untouched by a failed write.

@@ -139,7 +139,8 @@ final class CurlTransfer {
                 let path = self.request.file.path
                 self.writeFailure = TransferFailure(
                     error: code == ENOSPC || code == EDQUOT
-                        ? .insufficientStorage(path: path, needed: self.request.expectedLength - self.offset, available: nil, code: Int(code))
+                        ? .insufficientStorage(path: path, needed: self.request.expectedLength - self.offset,
+                                               available: SpaceCheck.available(at: self.request.file.deletingLastPathComponent()), code: Int(code))
                         : .io("write the partial download", path: path, errno: code),
                     retryable: false)
                 return 0
