@@ -120,6 +120,27 @@ import Testing
         #expect(FileManager.default.fileExists(atPath: data.path))
     }
 
+    @Test func twoResumesOfTheSameDownloadRunItOnce() throws {
+        let site = try TestSite.random("double-resume-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("double-resume-home")
+        try runAndKill(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"]) {
+            ($0["progress"] as? Double ?? 0) > 0.1
+        }
+        let results = Mutex<[Int32]>([])
+        DispatchQueue.concurrentPerform(iterations: 2) { _ in
+            let status = (try? CLI.run(home: home, ["resume"]))?.status ?? -1
+            results.withLock { $0.append(status) }
+        }
+        // One resume runs it; the other finds it owned elsewhere and has nothing to do.
+        #expect(results.withLock { $0 }.allSatisfy { $0 == 0 }, "\(results.withLock { $0 })")
+        let requests = nginx.requests().filter { $0.uri == "/big.tar" }
+        #expect(requests.count == 2, "the killed fetch and exactly one resume: \(requests)")
+        #expect(try CLI.run(home: home, ["--json", "content"]).events.count == 1)
+        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
+    }
+
     @Test func twoProcessesFetchDifferentProductsOnOneHome() throws {
         let site = try TestSite.samples("two-site")
         let nginx = try NginxServer(root: site.folder, limitRate: 64 << 10)

@@ -200,6 +200,35 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(leftovers(home.stateFolder) == [])
     }
 
+    @Test func aBoundedNumberRunAtOnceAndTheRestWaitInOrder() async throws {
+        let site = try TestSite.samples("concurrency-site")
+        let nginx = try NginxServer(root: site.folder, limitRate: 256 << 10)
+        defer { nginx.stop() }
+        let home = Home(folder: try Fixtures.temporaryDirectory("concurrency-home"))
+        var configuration = Self.options()
+        configuration.concurrency = 1
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        defer { queue.close() }
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let stream = queue.events()
+        var ids: [String] = []
+        for product in ["com.example.ocean", "com.example.forest", "com.example.atlas"] {
+            ids += try queue.add(product: product, from: manifest).downloads.map(\.id)
+        }
+        var states: [String: DownloadState] = [:]
+        var startOrder: [String] = []
+        var mostActive = 0
+        for await event in stream {
+            guard case .downloadUpdated(let download) = event else { continue }
+            if download.state == .active, states[download.id] != .active { startOrder.append(download.id) }
+            states[download.id] = download.state
+            mostActive = max(mostActive, states.values.filter { $0 == .active }.count)
+            if ids.allSatisfy({ states[$0] == .finished }) { break }
+        }
+        #expect(mostActive == 1)
+        #expect(startOrder == ids, "waiting downloads start in the order they were added")
+    }
+
     @Test func cancelDeletesThePartialDataAndPauseKeepsIt() async throws {
         let site = try TestSite.random("cancel-site", size: 4 << 20)
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
