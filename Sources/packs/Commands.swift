@@ -75,7 +75,15 @@ extension Packs {
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run(finishingAll: self.ids.isEmpty) { () throws(PackDeliveryError) in
-                    try queue.resume(self.ids.isEmpty ? nil : self.ids)
+                    let resumed = try queue.resume(self.ids.isEmpty ? nil : self.ids)
+                    if !self.global.quiet {
+                        let states = Dictionary(try queue.transactions().flatMap(\.downloads).map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
+                        for id in self.ids where !resumed.contains(id) {
+                            let why = states[id].map { $0.isSettled ? "is \($0.rawValue)" : "is being run by another packs process" } ?? "is not in an open transaction"
+                            FileHandle.standardError.write(Data("packs: \(id) \(why); nothing to resume.\n".utf8))
+                        }
+                    }
+                    return resumed
                 }
             }
             if code != 0 { throw ExitCode(code) }

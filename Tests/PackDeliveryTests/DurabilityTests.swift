@@ -120,6 +120,18 @@ import Testing
         #expect(FileManager.default.fileExists(atPath: data.path))
     }
 
+    @Test func processesOpeningANewHomeAtOnceAllSucceed() throws {
+        for round in 0..<4 {
+            let home = try Fixtures.temporaryDirectory("open-race-\(round)")
+            let results = Mutex<[String]>([])
+            DispatchQueue.concurrentPerform(iterations: 4) { _ in
+                let result = try? CLI.run(home: home, ["--json", "status"])
+                results.withLock { $0.append(result.map { "\($0.status) \($0.stderr)" } ?? "did not run") }
+            }
+            #expect(results.withLock { $0 } == Array(repeating: "0 ", count: 4))
+        }
+    }
+
     @Test func twoResumesOfTheSameDownloadRunItOnce() throws {
         let site = try TestSite.random("double-resume-site", size: 4 << 20)
         let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
@@ -149,11 +161,13 @@ import Testing
         let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
         let results = Mutex<[Int32]>([])
         let products = ["com.example.ocean", "com.example.forest", "com.example.atlas"]
+        let errors = Mutex<[String]>([])
         DispatchQueue.concurrentPerform(iterations: products.count) { index in
-            let status = (try? CLI.run(home: home, ["fetch", manifestURL, products[index]]))?.status ?? -1
-            results.withLock { $0.append(status) }
+            let result = try? CLI.run(home: home, ["fetch", manifestURL, products[index]])
+            results.withLock { $0.append(result?.status ?? -1) }
+            if let result, result.status != 0 { errors.withLock { $0.append(result.stderr) } }
         }
-        #expect(results.withLock { $0 } == [0, 0, 0])
+        #expect(results.withLock { $0 } == [0, 0, 0], "\(errors.withLock { $0 })")
         #expect(try CLI.run(home: home, ["--json", "content"]).events.count == 3)
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
         // Each pack was sent once.

@@ -71,7 +71,10 @@ public enum ManifestBuilder {
                                         hint: "Build it with packs pack FOLDER --product ID --version V --output \(name).", subject: url.path)
             }
             let length = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64) ?? 0
-            let content = Manifest.Content(contentIdentifier: info.productIdentifier, contentVersion: info.contentVersion,
+            // The first pack of a product is named after it; further packs of the same product after their file.
+            let stem = Self.packExtensions.first(where: { name.hasSuffix($0) }).map { String(name.dropLast($0.count)) } ?? name
+            let identifier = products[info.productIdentifier] == nil ? info.productIdentifier : "\(info.productIdentifier).\(stem)"
+            let content = Manifest.Content(contentIdentifier: identifier, contentVersion: info.contentVersion,
                                            url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
                                            contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
                                            unpackedLength: summary.unpackedLength)

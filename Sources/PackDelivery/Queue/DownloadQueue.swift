@@ -224,7 +224,7 @@ public final class DownloadQueue: Sendable {
         let live = self.state.withLock { $0.owned.mapValues(\.machine.download) }
         return try self.store.transactions().map { transaction in
             var transaction = transaction
-            transaction.downloads = transaction.downloads.map { live[$0.id] ?? Self.displayed($0, lockedElsewhere: false) }
+            transaction.downloads = transaction.downloads.map { live[$0.id] ?? $0 }
             return transaction
         }
     }
@@ -649,9 +649,6 @@ public final class DownloadQueue: Sendable {
     }
 
     func lockURL(_ id: String) -> URL { self.home.locksFolder.appending(path: "\(id).lock") }
-
-    /// What another process sees of a download it does not run: running but unowned means interrupted.
-    private static func displayed(_ download: Download, lockedElsewhere: Bool) -> Download { download }
 
     private static func split(_ transferID: String) -> (String, Int) {
         let parts = transferID.split(separator: "#")

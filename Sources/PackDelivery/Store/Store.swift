@@ -18,6 +18,11 @@ final class Store: Sendable {
         var configuration = Configuration()
         configuration.busyMode = .timeout(15)
         configuration.label = "PackDelivery"
+        // Processes opening a new store at the same moment would race to switch it to WAL and to
+        // migrate it (SQLITE_BUSY, "table already exists"): opening is serialised by a file lock.
+        let lock = open(url.path + ".open-lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        if lock >= 0 { flock(lock, LOCK_EX) }
+        defer { if lock >= 0 { close(lock) } }
         do {
             self.pool = try DatabasePool(path: url.path, configuration: configuration)
             try Self.migrator.migrate(self.pool)
