@@ -200,6 +200,27 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(leftovers(home.stateFolder) == [])
     }
 
+    @Test func aDownloadPausedForSpaceResumesOnItsOwnWhenThereIsRoom() async throws {
+        let site = try TestSite.random("autospace-site", size: 2 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 8 << 20)
+        defer { nginx.stop() }
+        let home = Home(folder: try Fixtures.temporaryDirectory("autospace-home"))
+        let writer = DiskFullWriter(space: 512 << 10)
+        var configuration = Self.options()
+        configuration.writer = writer
+        configuration.resumeWhenSpaceReturns = true
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        defer { queue.close() }
+        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let paused = try #require(await waitFor(queue, id) { $0.state == .paused })
+        #expect(paused.pauseReason == .insufficientStorage)
+        // The filesystem (statvfs) has room again; nobody calls resume.
+        writer.setSpace(.max)
+        let finished = try #require(await waitFor(queue, id, timeout: 30) { $0.state == .finished })
+        #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
+    }
+
     @Test func aBoundedNumberRunAtOnceAndTheRestWaitInOrder() async throws {
         let site = try TestSite.samples("concurrency-site")
         let nginx = try NginxServer(root: site.folder, limitRate: 256 << 10)
