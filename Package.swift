@@ -59,6 +59,12 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // A store client's delivery code, as documentation that builds and runs in the tests.
+        .executableTarget(
+            name: "StoreClientExample",
+            dependencies: ["PackDelivery"],
+            path: "Examples/StoreClient"
+        ),
         .target(
             name: "PackTestSupport",
             dependencies: [],

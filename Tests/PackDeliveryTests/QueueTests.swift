@@ -221,6 +221,32 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
     }
 
+    @Test func closingEndsLiveEventStreams() async throws {
+        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("close-home")), configuration: Self.options())
+        let stream = queue.events()
+        queue.close()
+        var count = 0
+        for await _ in stream { count += 1 }
+        #expect(count == 0, "nothing was open; the stream just ends")
+    }
+
+    @Test func aTransactionIsReportedFinishableWhenItsLastDownloadSettles() async throws {
+        let site = try TestSite.samples("finishable-site")
+        let home = Home(folder: try Fixtures.temporaryDirectory("finishable-home"))
+        let queue = try DownloadQueue(home: home, configuration: Self.options())
+        defer { queue.close() }
+        let stream = queue.events()
+        let transaction = try queue.add(product: "com.example.forest", from: try LoadedManifest.load(site.manifestURL.path))
+        for await event in stream {
+            if case .transactionUpdated(let update) = event, update.id == transaction.id, update.isFinishable {
+                try queue.finish(update.id)
+                break
+            }
+        }
+        #expect(try queue.transactions().isEmpty)
+        #expect(queue.contentURL(forProductID: "com.example.forest") != nil)
+    }
+
     @Test func aBoundedNumberRunAtOnceAndTheRestWaitInOrder() async throws {
         let site = try TestSite.samples("concurrency-site")
         let nginx = try NginxServer(root: site.folder, limitRate: 256 << 10)

@@ -117,10 +117,11 @@ public final class DownloadQueue: Sendable {
     deinit {
         self.timer.withLock { $0?.cancel() }
         self.engineBox.withLock { $0 }?.shutdown()
-        self.state.withLock { state in
+        let continuations = self.state.withLock { state in
             for owned in state.owned.values { DownloadLock.unlock(owned.lock) }
-            for continuation in state.continuations.values { continuation.finish() }
+            return state.continuations.values
         }
+        for continuation in continuations { continuation.finish() }
     }
 
     // MARK: Observing
@@ -335,7 +336,9 @@ public final class DownloadQueue: Sendable {
         self.engineBox.withLock { $0 }?.shutdown()
         self.driver.sync {}
         self.delivery.sync {}
-        self.state.withLock { state in for continuation in state.continuations.values { continuation.finish() } }
+        // Finished outside the lock: a stream's onTermination takes it too.
+        let continuations = self.state.withLock { $0.continuations.values }
+        for continuation in continuations { continuation.finish() }
     }
 
     // MARK: Driver (runs on `driver`)
@@ -450,10 +453,22 @@ public final class DownloadQueue: Sendable {
             return (actions, before)
         }) else { return }
         self.run(actions, for: id)
-        let after = self.state.withLock { $0.owned[id]?.machine.state }
+        let (after, transactionID) = self.state.withLock { ($0.owned[id]?.machine.state, $0.owned[id]?.machine.download.transactionID) }
         self.persist(id, force: after != before || !actions.isEmpty)
         self.notifyIfChanged(id)
-        if before != after { self.schedule() }
+        if before != after {
+            // A download that settles may make its transaction finishable: say so where finishing is decided.
+            if let after, after.isSettled, let transactionID { self.emitTransaction(transactionID) }
+            self.schedule()
+        }
+    }
+
+    /// Reports a transaction as it is now (store and live downloads).
+    private func emitTransaction(_ id: String) {
+        guard var transaction = try? self.store.transactions(unfinishedOnly: false, ids: [id]).first else { return }
+        let live = self.state.withLock { $0.owned.mapValues(\.machine.download) }
+        transaction.downloads = transaction.downloads.map { live[$0.id] ?? $0 }
+        self.emit(.transactionUpdated(transaction))
     }
 
     private func run(_ actions: [DownloadMachine.Action], for id: String) {

@@ -1,0 +1,613 @@
+#!/usr/bin/env python3
+"""PackDelivery against curl, aria2c and bsdtar: the measuring half of Benchmarks/run.
+
+Benchmarks/run installs the tools, builds packs, starts nginx over TMP/site and calls this with the
+port. Everything here is written under TMP (random data, homes, outputs). Each measured command runs
+under /usr/bin/time -f "%e %U %S %M" (wall time is taken here with perf_counter); commands of one case
+run alternately, the order rotated each round, and the medians are compared.
+"""
+import argparse
+import glob
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+def log(*parts):
+    print(*parts, file=sys.stderr, flush=True)
+
+
+class Failure(Exception):
+    pass
+
+
+class Run:
+    def __init__(self, wall, user, sys_, rss_kib, code, out, err):
+        self.wall, self.user, self.sys, self.rss_kib, self.code, self.out, self.err = wall, user, sys_, rss_kib, code, out, err
+
+    @property
+    def cpu(self):
+        return self.user + self.sys
+
+
+def timed(cmd, tmp, timeout=900, env=None):
+    """Runs cmd (a list, or a string for bash -c) under /usr/bin/time; returns a Run."""
+    argv = ["bash", "-c", cmd] if isinstance(cmd, str) else cmd
+    time_file = os.path.join(tmp, "time.out")
+    start = time.perf_counter()
+    try:
+        p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", "-o", time_file] + argv,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        raise Failure(f"timed out after {timeout} s: {shlex.join(argv)}\nstdout: {e.stdout!r}\nstderr: {e.stderr!r}")
+    wall = time.perf_counter() - start
+    with open(time_file) as f:
+        fields = f.read().strip().splitlines()[-1].split()
+    return Run(wall, float(fields[1]), float(fields[2]), int(fields[3]), p.returncode,
+               p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+
+
+def content_bytes(folder):
+    """Files and bytes under any Contents/ folder below `folder` (what a pack unpacks to)."""
+    files = total = 0
+    for root, _dirs, names in os.walk(folder):
+        if "/Contents" not in root + "/":
+            continue
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                files += 1
+                total += os.path.getsize(path)
+    return files, total
+
+
+def median(values):
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt_s(seconds):
+    return f"{seconds:.2f} s" if seconds >= 0.995 else f"{seconds * 1000:.0f} ms"
+
+
+def fmt_mib(kib):
+    return f"{kib / 1024:.1f} MiB"
+
+
+class Bench:
+    def __init__(self, args):
+        self.packs = args.packs
+        self.tmp = args.tmp
+        self.site = os.path.join(args.tmp, "site")
+        self.runs = os.path.join(args.tmp, "runs")
+        self.port = args.port
+        self.base = f"http://127.0.0.1:{args.port}"
+        self.access_log = args.access_log
+        self.reps = args.reps
+        self.only = set(args.only.split(",")) if args.only else None
+        self.rows = []      # the summary table
+        self.raw = []       # every run, for the appendix
+        self.notes = []     # anything broken or surprising
+        self.rng = random.Random(8)
+        os.makedirs(self.runs, exist_ok=True)
+
+    def wants(self, case):
+        return self.only is None or str(case) in self.only
+
+    # ---- data ----------------------------------------------------------------------------------
+
+    def random_file(self, path, size):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            left = size
+            while left:
+                n = min(left, 8 * MiB)
+                f.write(self.rng.randbytes(n))
+                left -= n
+
+    def sh(self, argv, **kw):
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+        if p.returncode != 0:
+            raise Failure(f"{shlex.join(argv)} exited {p.returncode}:\n{p.stdout.decode()}{p.stderr.decode()}")
+        return p.stdout.decode()
+
+    def make_pack(self, name, files, product, output_name, version="1"):
+        """files: list of (relative path under Contents/, size). Writes site/NAME/OUTPUT_NAME."""
+        src = os.path.join(self.tmp, "src", name, product)
+        for rel, size in files:
+            self.random_file(os.path.join(src, "Contents", rel), size)
+        os.makedirs(os.path.join(self.site, name), exist_ok=True)
+        out = os.path.join(self.site, name, output_name)
+        self.sh([self.packs, "pack", src, "--output", out, "--product", product, "--version", version])
+        shutil.rmtree(src)
+        return out
+
+    def manifest(self, name):
+        self.sh([self.packs, "manifest", os.path.join(self.site, name)])
+        with open(os.path.join(self.site, name, "manifest.json")) as f:
+            m = json.load(f)
+        return {p["productIdentifier"]: p["contents"][0] for p in m["products"]}
+
+    def make_data(self):
+        t0 = time.time()
+        self.data = {}
+        if self.wants(1) or self.wants(2) or self.wants(3) or self.wants(7):
+            log("data: 1 GiB pack (4 × 256 MiB, tar)…")
+            self.make_pack("big", [(f"part{i}.bin", 256 * MiB) for i in range(4)], "com.bench.big", "big.tar")
+            self.data["big"] = self.manifest("big")["com.bench.big"]
+        if self.wants(3) or self.wants(5):
+            log("data: 256 MiB pack (2 × 128 MiB, tar)…")
+            self.make_pack("mid", [(f"part{i}.bin", 128 * MiB) for i in range(2)], "com.bench.mid", "mid.tar")
+            self.data["mid"] = self.manifest("mid")["com.bench.mid"]
+        if self.wants(4):
+            log("data: 200 small packs (≈60 KiB each, tar.gz)…")
+            for n in range(200):
+                sizes = [self.rng.randint(12, 28) * KiB for _ in range(3)]
+                self.make_pack("small", [(f"f{i}.bin", s) for i, s in enumerate(sizes)],
+                               f"com.bench.small.{n}", f"small-{n:03d}.tar.gz")
+            self.data["small"] = self.manifest("small")
+        if self.wants(6):
+            log("data: 10,000 files of 1–8 KiB (tar.gz), and a one-file pack…")
+            files = [(f"d{i // 100:02d}/f{i % 100:02d}.bin", self.rng.randint(1 * KiB, 8 * KiB)) for i in range(10_000)]
+            self.make_pack("unpack", files, "com.bench.unpack", "unpack.tar.gz")
+            self.data["unpack"] = self.manifest("unpack")["com.bench.unpack"]
+            self.make_pack("tiny", [("one.bin", 1 * KiB)], "com.bench.tiny", "tiny.tar.gz")
+            self.data["tiny"] = self.manifest("tiny")["com.bench.tiny"]
+        if getattr(self, "profile", False):
+            log("data: 64 MiB pack for callgrind…")
+            self.make_pack("prof", [(f"part{i}.bin", 16 * MiB) for i in range(4)], "com.bench.prof", "prof.tar")
+            self.data["prof"] = self.manifest("prof")["com.bench.prof"]
+        shutil.rmtree(os.path.join(self.tmp, "src"), ignore_errors=True)
+        # Every served file is read once now, so that all runs read it from the page cache.
+        for path in glob.glob(os.path.join(self.site, "*", "*")):
+            with open(path, "rb") as f:
+                while f.read(8 * MiB):
+                    pass
+        log(f"data ready in {time.time() - t0:.0f} s")
+
+    # ---- running alternately --------------------------------------------------------------------
+
+    def fresh(self, label):
+        path = os.path.join(self.runs, label)
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        return path
+
+    def alternate(self, case, commands, reps, check=None):
+        """commands: list of (name, make(workdir) -> cmd). Runs them round-robin, reps rounds, the
+        order rotated by one every round. Returns {name: [Run]}."""
+        results = {name: [] for name, _ in commands}
+        for r in range(reps):
+            k = r % len(commands)
+            for index, (name, make) in list(enumerate(commands))[k:] + list(enumerate(commands))[:k]:
+                work = self.fresh(f"c{case}-{index}-{r}")
+                cmd = make(work)
+                run = timed(cmd, self.tmp)
+                if run.code != 0:
+                    raise Failure(f"case {case}, {name}, round {r}: exit {run.code}\ncommand: {cmd if isinstance(cmd, str) else shlex.join(cmd)}\n"
+                                  f"stdout: {run.out[-2000:]}\nstderr: {run.err[-2000:]}")
+                if check:
+                    check(name, work, run)
+                results[name].append(run)
+                self.raw.append((case, name, r, run))
+                log(f"  case {case} round {r} {name:<18} {run.wall:7.3f} s  cpu {run.cpu:6.2f} s  rss {run.rss_kib / 1024:7.1f} MiB")
+                shutil.rmtree(work, ignore_errors=True)
+                os.sync()
+        return results
+
+    def expect_content(self, expected_files, expected_bytes):
+        def check(name, work, run):
+            files, total = content_bytes(work)
+            if (files, total) != (expected_files, expected_bytes):
+                raise Failure(f"{name}: unpacked {files} files / {total} bytes under {work}, expected {expected_files} / {expected_bytes}")
+        return check
+
+    def row(self, case, what, ours, peer_name, peer, target=None, unit="s"):
+        ratio = ours / peer if peer else float("nan")
+        verdict = ""
+        if target is not None:
+            verdict = "pass" if ratio <= target else "**FAIL**"
+        show = fmt_s if unit == "s" else (lambda v: f"{v:.2f}")
+        self.rows.append((str(case), what, show(ours), peer_name, show(peer), f"{ratio:.2f}",
+                          f"≤ {target}" if target is not None else "–", verdict))
+        return ratio
+
+    def packs_cmd(self, home, *rest):
+        return [self.packs, "--home", home, "--quiet", *rest]
+
+    # ---- case 1 (and 2, 3, 7): one 1 GiB pack ----------------------------------------------------
+
+    def case_big(self):
+        big = self.data["big"]
+        url = f"{self.base}/big/{big['url']}"
+        manifest = f"{self.base}/big/manifest.json"
+        sha = big["sha256"]
+        size = big["contentLength"]
+        content = (4, 4 * 256 * MiB)
+        commands = [
+            ("packs", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, "com.bench.big")),
+            ("curl+openssl+bsdtar", lambda w: (
+                f"curl -s -f -o {w}/big.tar {url} && "
+                f"[ \"$(openssl dgst -sha256 -r {w}/big.tar | cut -d' ' -f1)\" = {sha} ] && "
+                f"mkdir {w}/out && bsdtar -xf {w}/big.tar -C {w}/out")),
+            ("aria2c+bsdtar", lambda w: (
+                f"aria2c -q --checksum=sha-256={sha} -d {w} -o big.tar {url} && "
+                f"mkdir {w}/out && bsdtar -xf {w}/big.tar -C {w}/out")),
+        ]
+        log("case 1: 1 GiB pack end to end (one warm-up round, not counted)…")
+        self.alternate(1, commands, 1, check=self.expect_content(*content))
+        self.raw = [r for r in self.raw if r[0] != 1]
+        res = self.alternate(1, commands, self.reps, check=self.expect_content(*content))
+        ours = median([r.wall for r in res["packs"]])
+        curl_pipe = median([r.wall for r in res["curl+openssl+bsdtar"]])
+        aria_pipe = median([r.wall for r in res["aria2c+bsdtar"]])
+        self.row(1, "1 GiB pack, end to end", ours, "curl + openssl dgst + bsdtar -xf", curl_pipe, target=0.8)
+        self.row(1, "1 GiB pack, end to end", ours, "aria2c --checksum + bsdtar -xf", aria_pipe)
+        self.big_results = res
+
+        # case 2: each stage alone
+        log("case 2: each stage alone…")
+        served = os.path.join(self.site, "big", big["url"])
+        stages = [
+            ("curl -o file", lambda w: ["curl", "-s", "-f", "-o", f"{w}/big.tar", url]),
+            ("openssl dgst -sha256", lambda w: ["openssl", "dgst", "-sha256", served]),
+            ("bsdtar -xf", lambda w: f"mkdir {w}/out && bsdtar -xf {served} -C {w}/out"),
+        ]
+        st = self.alternate(2, stages, self.reps)
+        medians = {name: median([r.wall for r in runs]) for name, runs in st.items()}
+        slowest = max(medians, key=medians.get)
+        for name, m in medians.items():
+            self.rows.append(("2", f"stage alone: {name}", "", "", fmt_s(m), "", "", ""))
+        self.row(2, "case 1 ÷ slowest stage alone (the physical limit)", ours, f"{slowest} alone", medians[slowest])
+        self.row(2, "case 1 ÷ sum of the stages (no overlap at all)", ours, "sum of the three stages", sum(medians.values()))
+        self.stage_medians = medians
+        self.stage_results = st
+
+        # case 7: CPU seconds per GiB
+        gib = size / GiB
+        cpu_ours = median([r.cpu for r in res["packs"]]) / gib
+        cpu_curl = median([r.cpu for r in st["curl -o file"]]) / gib
+        cpu_pipe = median([r.cpu for r in res["curl+openssl+bsdtar"]]) / gib
+        cpu_aria = median([r.cpu for r in res["aria2c+bsdtar"]]) / gib
+        self.row(7, "CPU user+sys s/GiB, case 1", cpu_ours, "curl -o file alone", cpu_curl, unit="cpu")
+        self.row(7, "CPU user+sys s/GiB, case 1", cpu_ours, "curl + openssl + bsdtar", cpu_pipe, unit="cpu")
+        self.row(7, "CPU user+sys s/GiB, case 1", cpu_ours, "aria2c + bsdtar", cpu_aria, unit="cpu")
+
+        # Where packs's time goes: one more run with --json, the phase changes time-stamped here.
+        self.phases_big = self.phase_run(manifest, "com.bench.big")
+
+    def phase_run(self, manifest, product):
+        home = os.path.join(self.fresh("phases"), "home")
+        start = time.perf_counter()
+        p = subprocess.Popen([self.packs, "--home", home, "--json", "fetch", manifest, product],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        seen = []
+        for line in p.stdout:
+            t = time.perf_counter() - start
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") != "download":
+                continue
+            key = event.get("phase") or event.get("state")
+            if not seen or seen[-1][0] != key:
+                seen.append((key, t))
+        p.wait()
+        end = time.perf_counter() - start
+        shutil.rmtree(os.path.dirname(home), ignore_errors=True)
+        os.sync()
+        spans = []
+        previous_name, previous_t = "start-up (process start → first download event)", 0.0
+        for name, t in seen:
+            spans.append((previous_name, t - previous_t))
+            previous_name, previous_t = name, t
+        spans.append((f"{previous_name} → exit", end - previous_t))
+        return spans, end
+
+    # ---- case 3: peak memory --------------------------------------------------------------------
+
+    def case_memory(self):
+        mid = self.data["mid"]
+        url = f"{self.base}/mid/{mid['url']}"
+        manifest = f"{self.base}/mid/manifest.json"
+        commands = [
+            ("packs", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, "com.bench.mid")),
+            ("curl+openssl+bsdtar", lambda w: (
+                f"curl -s -f -o {w}/mid.tar {url} && "
+                f"[ \"$(openssl dgst -sha256 -r {w}/mid.tar | cut -d' ' -f1)\" = {mid['sha256']} ] && "
+                f"mkdir {w}/out && bsdtar -xf {w}/mid.tar -C {w}/out")),
+        ]
+        log("case 3: 256 MiB pack (peak memory)…")
+        res = self.alternate(3, commands, self.reps, check=self.expect_content(2, 256 * MiB))
+        rss_mid = max(r.rss_kib for r in res["packs"])
+        rss_big = max(r.rss_kib for r in self.big_results["packs"]) if hasattr(self, "big_results") else float("nan")
+        both = rss_mid <= 64 * 1024 and rss_big <= 64 * 1024
+        spread = abs(rss_big - rss_mid) / max(rss_big, rss_mid)
+        self.rows.append(("3", "packs peak RSS (max of runs): 1 GiB pack", fmt_mib(rss_big), "", "", "", "≤ 64 MiB",
+                          "pass" if rss_big <= 64 * 1024 else "**FAIL**"))
+        self.rows.append(("3", "packs peak RSS (max of runs): 256 MiB pack", fmt_mib(rss_mid), "", "", "", "≤ 64 MiB",
+                          "pass" if rss_mid <= 64 * 1024 else "**FAIL**"))
+        self.rows.append(("3", "peak RSS, 1 GiB vs 256 MiB", f"{spread * 100:.1f} % apart", "", "", "", "within 10 %",
+                          "pass" if spread <= 0.10 else "**FAIL**"))
+        ours = median([r.wall for r in res["packs"]])
+        self.row(3, "256 MiB pack, end to end (for reference)", ours, "curl + openssl dgst + bsdtar -xf",
+                 median([r.wall for r in res["curl+openssl+bsdtar"]]))
+        peer_rss = max(r.rss_kib for r in res["curl+openssl+bsdtar"])
+        self.rows.append(("3", "peak RSS of the largest curl/openssl/bsdtar process, 256 MiB", fmt_mib(peer_rss), "", "", "", "", ""))
+        self.__dict__.pop("big_results", None)
+
+    # ---- case 4: 200 small packs in one fetch ---------------------------------------------------
+
+    def case_small(self):
+        small = self.data["small"]
+        ids = sorted(small, key=lambda p: int(p.rsplit(".", 1)[1]))
+        manifest = f"{self.base}/small/manifest.json"
+        cfg = os.path.join(self.tmp, "small-curl.cfg")
+        with open(cfg, "w") as f:
+            for pid in ids:
+                f.write(f'url = "{self.base}/small/{small[pid]["url"]}"\n')
+        sums = os.path.join(self.tmp, "small.sha256")
+        with open(sums, "w") as f:
+            for pid in ids:
+                f.write(f'{small[pid]["sha256"]}  {small[pid]["url"]}\n')
+        aria_list = os.path.join(self.tmp, "small-aria2.txt")
+        with open(aria_list, "w") as f:
+            for pid in ids:
+                f.write(f'{self.base}/small/{small[pid]["url"]}\n  checksum=sha-256={small[pid]["sha256"]}\n')
+        unpack_all = 'for f in *.tar.gz; do mkdir "../out/${f%.tar.gz}" && bsdtar -xf "$f" -C "../out/${f%.tar.gz}" || exit 1; done'
+        commands = [
+            ("packs -c4", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, *ids)),
+            ("packs -c8", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, *ids, "--concurrency", "8")),
+            ("curl -Z 8", lambda w: (
+                f"mkdir -p {w}/dl {w}/out && cd {w}/dl && "
+                f"curl -s -f --parallel --parallel-max 8 --remote-name-all -K {cfg} && "
+                f"sha256sum -c --quiet {sums} && {unpack_all}")),
+            ("aria2c -j8", lambda w: (
+                f"mkdir -p {w}/dl {w}/out && aria2c -q -j8 -i {aria_list} -d {w}/dl && cd {w}/dl && {unpack_all}")),
+        ]
+        total_files = 3 * len(ids)   # each small pack holds three files
+        log("case 4: 200 small packs in one fetch…")
+
+        def check(name, work, run):
+            files, _ = content_bytes(work)
+            if files != total_files:
+                raise Failure(f"{name}: {files} files unpacked under {work}, expected {total_files}")
+        res = self.alternate(4, commands, self.reps, check=check)
+        m = {name: median([r.wall for r in runs]) for name, runs in res.items()}
+        self.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=1.0)
+        self.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "aria2c -j8 (checksum=) + bsdtar", m["aria2c -j8"], target=1.0)
+        self.row(4, "200 × 60 KiB packs, --concurrency 8", m["packs -c8"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=1.0)
+        self.row(4, "200 × 60 KiB packs, --concurrency 8", m["packs -c8"], "aria2c -j8 (checksum=) + bsdtar", m["aria2c -j8"], target=1.0)
+        cpu = {name: median([r.cpu for r in runs]) for name, runs in res.items()}
+        self.rows.append(("4", "CPU user+sys (median): " + ", ".join(f"{n} {c:.2f} s" for n, c in cpu.items()), "", "", "", "", "", ""))
+
+    # ---- case 5: resume waste -------------------------------------------------------------------
+
+    def log_lines(self):
+        with open(self.access_log) as f:
+            return f.read().splitlines()
+
+    def socket_queues(self):
+        """Bytes queued on the loopback connections to nginx right now: (server send queue, client
+        receive queue), from /proc/net/tcp (hex "tx_queue:rx_queue")."""
+        send = receive = 0
+        try:
+            with open("/proc/net/tcp") as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    local_port = int(fields[1].split(":")[1], 16)
+                    remote_port = int(fields[2].split(":")[1], 16)
+                    tx, rx = (int(x, 16) for x in fields[4].split(":"))
+                    if local_port == self.port:
+                        send += tx
+                    elif remote_port == self.port:
+                        receive += rx
+        except OSError:
+            pass
+        return send, receive
+
+    def kill_at_half(self, argv, partial_glob, size):
+        """Starts argv, SIGKILLs it once a file matching partial_glob holds half of size bytes.
+        Returns (bytes when killed, queued bytes (send, receive) just before, bytes on disk after)."""
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killed_at, queues = None, (0, 0)
+        deadline = time.time() + 120
+        while time.time() < deadline and p.poll() is None:
+            parts = glob.glob(partial_glob)
+            have = 0
+            if parts:
+                try:
+                    have = os.path.getsize(parts[0])
+                except OSError:
+                    pass
+            if have >= size // 2:
+                queues = self.socket_queues()
+                os.kill(p.pid, signal.SIGKILL)
+                killed_at = have
+                break
+            time.sleep(0.002)
+        p.wait()
+        if killed_at is None:
+            raise Failure(f"{shlex.join(argv)} ended (exit {p.returncode}) before half of the file arrived:\n{p.stderr.read().decode()}")
+        parts = glob.glob(partial_glob)
+        return killed_at, queues, (os.path.getsize(parts[0]) if parts else 0)
+
+    def case_resume(self):
+        mid = self.data["mid"]
+        size = mid["contentLength"]
+        manifest = f"{self.base}/slow/manifest.json"
+        path = f"/slow/{mid['url']}"
+        url = self.base + path
+        wastes = {"packs": [], "curl -C -": []}
+        log("case 5: SIGKILL at half of a rate-limited (64 MiB/s) 256 MiB download, then resume…")
+        for r in range(max(self.reps, 5)):
+            order = ["packs", "curl -C -"] if r % 2 == 0 else ["curl -C -", "packs"]
+            for who in order:
+                work = self.fresh(f"c5-{r}-{who[:4]}")
+                before = len(self.log_lines())
+                if who == "packs":
+                    home = os.path.join(work, "home")
+                    killed_at, queues, on_disk = self.kill_at_half(
+                        self.packs_cmd(home, "fetch", manifest, "com.bench.mid"),
+                        os.path.join(home, "Caches", ".packdelivery", "downloads", "*.pack"), size)
+                    run = timed(self.packs_cmd(home, "resume"), self.tmp, timeout=300)
+                    if run.code != 0:
+                        raise Failure(f"case 5 round {r}: packs --home H resume exited {run.code}\nstdout: {run.out}\nstderr: {run.err}")
+                    files, total = content_bytes(os.path.join(home, "Caches"))
+                    if (files, total) != (2, 256 * MiB):
+                        status = subprocess.run([self.packs, "--home", home, "status"], stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT).stdout.decode()
+                        raise Failure(f"case 5 round {r}: after resume {files} files / {total} bytes installed; packs status:\n{status}")
+                else:
+                    target = os.path.join(work, "mid.tar")
+                    killed_at, queues, on_disk = self.kill_at_half(["curl", "-s", "-f", "-o", target, url], target, size)
+                    run = timed(["curl", "-s", "-f", "-C", "-", "-o", target, url], self.tmp, timeout=300)
+                    digest = self.sh(["openssl", "dgst", "-sha256", "-r", target]).split()[0]
+                    if run.code != 0 or digest != mid["sha256"]:
+                        raise Failure(f"case 5 round {r}: curl -C - exited {run.code}, sha256 {digest}\n{run.err}")
+                # nginx logs a request when it ends; the killed one ends when nginx notices the reset.
+                lines = []
+                for _ in range(100):
+                    lines = [l for l in self.log_lines()[before:] if l.split(" ", 1)[0] == path]
+                    if len(lines) >= 2:
+                        break
+                    time.sleep(0.1)
+                sent = sum(int(l.split()[2]) for l in lines)
+                ranges = [l.split('"')[1] for l in lines]
+                waste = sent - size
+                wastes[who].append(waste)
+                detail = (f"killed with {killed_at} B on disk ({on_disk} after exit); queued just before the kill: nginx send "
+                          f"{queues[0]} B, client receive {queues[1]} B; requests {len(lines)}, ranges {ranges}; "
+                          f"nginx sent {sent} B; waste {waste} B")
+                log(f"  case 5 round {r} {who}: {detail}")
+                self.raw.append((5, f"{who} resume — {detail}", r, run))
+                shutil.rmtree(work, ignore_errors=True)
+                os.sync()
+        for who, values in wastes.items():
+            w = median(values)
+            self.rows.append(("5", f"resume waste, {who}: nginx body bytes − pack size (all runs: "
+                              + ", ".join(f"{x / KiB:.0f} KiB" for x in values) + ")",
+                              f"{w / MiB:.2f} MiB" if who == "packs" else "", "" if who == "packs" else "curl, then curl -C -",
+                              "" if who == "packs" else f"{w / MiB:.2f} MiB", "",
+                              "≤ 1 MiB" if who == "packs" else "", ("pass" if w <= MiB else "**FAIL**") if who == "packs" else ""))
+
+    # ---- case 6: unpack only --------------------------------------------------------------------
+
+    def case_unpack(self):
+        unpack = self.data["unpack"]
+        archive = os.path.join(self.site, "unpack", unpack["url"])
+        manifest = "file://" + os.path.join(self.site, "unpack", "manifest.json")
+        tiny_manifest = "file://" + os.path.join(self.site, "tiny", "manifest.json")
+        commands = [
+            ("packs fetch file://", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, "com.bench.unpack")),
+            ("bsdtar -xf", lambda w: f"mkdir {w}/out && bsdtar -xf {archive} -C {w}/out"),
+            ("curl file:// → /dev/null", lambda w: ["curl", "-s", "-o", "/dev/null", "file://" + archive]),
+            ("packs fetch 1-file pack", lambda w: self.packs_cmd(f"{w}/home", "fetch", tiny_manifest, "com.bench.tiny")),
+        ]
+        log("case 6: unpack 10,000 small files…")
+
+        def check(name, work, run):
+            files, _ = content_bytes(work)
+            want = {"packs fetch file://": 10_000, "bsdtar -xf": 10_000, "packs fetch 1-file pack": 1}.get(name)
+            if want is not None and files != want:
+                raise Failure(f"{name}: {files} files unpacked, expected {want}")
+        res = self.alternate(6, commands, max(self.reps, 5), check=check)
+        m = {name: median([r.wall for r in runs]) for name, runs in res.items()}
+        self.row(6, "10,000 files (1–8 KiB), tar.gz: packs fetch of a file:// manifest", m["packs fetch file://"], "bsdtar -xf", m["bsdtar -xf"], target=1.1)
+        adjusted = m["packs fetch file://"] - m["packs fetch 1-file pack"]
+        self.row(6, "… minus packs's fixed cost (fetch of a 1-file pack, file://)", adjusted, "bsdtar -xf", m["bsdtar -xf"])
+        self.rows.append(("6", f"for scale: curl file:// of the {unpack['contentLength'] / MiB:.0f} MiB pack to /dev/null "
+                          f"{fmt_s(m['curl file:// → /dev/null'])}; packs fetch of a 1-file pack {fmt_s(m['packs fetch 1-file pack'])}",
+                          "", "", "", "", "", ""))
+
+    # ---- profile --------------------------------------------------------------------------------
+
+    def profile_run(self):
+        manifest = f"{self.base}/prof/manifest.json"
+        work = self.fresh("profile")
+        out = os.path.join(self.tmp, "callgrind.out")
+        log("profile: packs fetch of a 64 MiB pack under callgrind…")
+        p = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}",
+                            self.packs, "--home", f"{work}/home", "--quiet", "fetch", manifest, "com.bench.prof"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            self.notes.append(f"callgrind run exited {p.returncode}: {p.stderr[-1500:]}")
+            return
+        for inclusive, top in (("no", 30), ("yes", 40)):
+            text = subprocess.run(["callgrind_annotate", f"--inclusive={inclusive}", out],
+                                  stdout=subprocess.PIPE, text=True).stdout.splitlines()
+            title = "exclusive" if inclusive == "no" else "inclusive"
+            print(f"\n## callgrind: packs fetch of a 64 MiB tar pack, {title} instructions (top {top})\n\n```")
+            # The header, then the first `top` function lines.
+            header = next((i for i, l in enumerate(text) if "file:function" in l), 0)
+            print("\n".join(text[:header + 2 + top]))
+            print("```")
+
+    # ---- report ---------------------------------------------------------------------------------
+
+    def report(self):
+        print("\n## Results (medians; ratios are PackDelivery ÷ peer)\n")
+        print("| case | what | PackDelivery | peer | peer | ratio | target | result |")
+        print("|---|---|---:|---|---:|---:|---|---|")
+        for row in self.rows:
+            print("| " + " | ".join(row) + " |")
+        if hasattr(self, "phases_big"):
+            spans, end = self.phases_big
+            print(f"\n### packs fetch of the 1 GiB pack, by phase (one extra run with --json, {end:.2f} s)\n")
+            print("| phase | seconds |")
+            print("|---|---:|")
+            for name, seconds in spans:
+                print(f"| {name} | {seconds:.2f} |")
+        print("\n### Every run\n")
+        print("| case | command | round | wall s | user s | sys s | max RSS MiB |")
+        print("|---|---|---:|---:|---:|---:|---:|")
+        for case, name, r, run in self.raw:
+            print(f"| {case} | {name} | {r} | {run.wall:.3f} | {run.user:.2f} | {run.sys:.2f} | {run.rss_kib / 1024:.1f} |")
+        for note in self.notes:
+            print(f"\nNOTE: {note}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--packs", required=True)
+    ap.add_argument("--tmp", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--access-log", required=True)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--profile", type=int, default=0)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    bench = Bench(args)
+    bench.profile = bool(args.profile)
+    started = time.time()
+    bench.make_data()
+    cases = [((1, 2, 7), bench.case_big), ((3,), bench.case_memory), ((4,), bench.case_small),
+             ((5,), bench.case_resume), ((6,), bench.case_unpack)]
+    for numbers, case in cases:
+        if not any(bench.wants(n) for n in numbers):
+            continue
+        try:
+            case()
+        except Failure as e:
+            # Reported precisely, and the other cases still run.
+            bench.notes.append(f"BROKEN: {e}")
+            log(f"BROKEN: {e}")
+    bench.report()
+    if bench.profile:
+        bench.profile_run()
+    print(f"\n(total {time.time() - started:.0f} s)")
+    return 1 if any(n.startswith("BROKEN") for n in bench.notes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
