@@ -8,7 +8,18 @@ import Synchronization
 /// Register it as soon as the host launches: unfinished transactions from earlier runs are delivered
 /// to it right away, like StoreKit's transaction observer.
 public protocol DownloadQueueObserver: AnyObject, Sendable {
+    /// Transactions were added, delivered again at launch, finished, or one of their downloads settled.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting; calling it from here is allowed.
+    ///   - transactions: the transactions as they are now, with their downloads.
     func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction])
+
+    /// Downloads changed state, phase or progress (progress at most about ten times a second).
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting; calling it from here is allowed.
+    ///   - downloads: the downloads as they are now.
     func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download])
 }
 
@@ -22,6 +33,7 @@ public final class DownloadQueue: Sendable {
     public struct Configuration: Sendable {
         /// Downloads transferring or unpacking at once; the rest wait in order.
         public var concurrency: Int
+        /// Rate limit, timeouts, extra headers and TLS verification for every transfer.
         public var transfer: TransferOptions
         /// Whether downloads that were running when an earlier process died start again on their own when the queue opens.
         public var resumeInterruptedDownloads: Bool
@@ -38,6 +50,7 @@ public final class DownloadQueue: Sendable {
         /// Writes every byte of downloads and unpacked content (replace it to inject disk-full faults in tests).
         public var writer: any FileWriting
 
+        /// A configuration; every parameter has the default a long-running host wants.
         public init(concurrency: Int = 4, transfer: TransferOptions = TransferOptions(), resumeInterruptedDownloads: Bool = true,
                     resumeWhenSpaceReturns: Bool = true, maxExpansionRatio: Int64 = 100, maxEntries: Int = 100_000,
                     maxAttempts: Int = 6, maxRetryDelay: TimeInterval = 30, writer: any FileWriting = SystemFileWriter()) {
@@ -53,7 +66,9 @@ public final class DownloadQueue: Sendable {
         }
     }
 
+    /// Where this queue keeps its state and content.
     public let home: Home
+    /// How this queue runs.
     public let configuration: Configuration
     let store: Store
     private let logger: Logger
@@ -89,6 +104,11 @@ public final class DownloadQueue: Sendable {
     }
 
     /// Opens (or creates) the queue's state under `home` and takes over downloads no live process runs.
+    ///
+    /// - Parameters:
+    ///   - home: where state, partial downloads and installed content live.
+    ///   - configuration: concurrency, transfer options, limits and resume behaviour.
+    ///   - logger: where to log; without one the library logs nothing.
     /// - Throws: ``PackDeliveryError`` when the home folder or the state database cannot be used.
     public init(home: Home, configuration: Configuration = Configuration(), logger: Logger? = nil) throws(PackDeliveryError) {
         self.home = home
@@ -127,17 +147,25 @@ public final class DownloadQueue: Sendable {
     // MARK: Observing
 
     /// Adds an observer (held weakly) and delivers the unfinished transactions to it at once.
+    ///
+    /// - Parameter observer: keep a strong reference to it for as long as it should be called.
     public func add(_ observer: any DownloadQueueObserver) {
         self.state.withLock { $0.observers[ObjectIdentifier(observer)] = WeakObserver(observer: observer) }
         let transactions = (try? self.transactions()) ?? []
         self.delivery.async { if !transactions.isEmpty { observer.downloadQueue(self, updatedTransactions: transactions) } }
     }
 
+    /// Stops calling an observer.
+    ///
+    /// - Parameter observer: an observer added with ``add(_:)``.
     public func remove(_ observer: any DownloadQueueObserver) {
         self.state.withLock { _ = $0.observers.removeValue(forKey: ObjectIdentifier(observer)) }
     }
 
     /// Every change from now on, in order, starting with the unfinished transactions as they are now.
+    ///
+    /// Subscribe before adding a transaction to see all of its changes. The stream ends when the queue closes.
+    /// - Returns: a stream of events; each call returns a stream of its own.
     public func events() -> AsyncStream<DownloadQueueEvent> {
         let (stream, continuation) = AsyncStream.makeStream(of: DownloadQueueEvent.self, bufferingPolicy: .unbounded)
         let id = UUID()
@@ -154,7 +182,16 @@ public final class DownloadQueue: Sendable {
     /// Records a transaction for a product of the manifest, with one download per pack, and starts them.
     ///
     /// Packs whose `contentVersion` is already installed are finished at once without downloading, unless `force`.
-    /// - Throws: `badData` for a product the manifest does not list.
+    ///
+    /// - Parameters:
+    ///   - productIdentifier: a product the manifest lists.
+    ///   - manifest: the loaded manifest, for the packs and their URLs.
+    ///   - kind: a purchase or a restore.
+    ///   - destination: install into caches (may be purged) or documents (kept).
+    ///   - autoFinish: recorded for hosts (such as the `packs` CLI) that finish transactions themselves.
+    ///   - force: download again even when the same version is installed.
+    /// - Returns: the recorded transaction with its downloads.
+    /// - Throws: `badData` for a product the manifest does not list; `io` when the store cannot be written.
     @discardableResult
     public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false) throws(PackDeliveryError) -> Transaction {
@@ -221,6 +258,9 @@ public final class DownloadQueue: Sendable {
     }
 
     /// The unfinished transactions, with their downloads as they are now.
+    ///
+    /// - Returns: unfinished transactions, oldest first.
+    /// - Throws: `io` when the store cannot be read.
     public func transactions() throws(PackDeliveryError) -> [Transaction] {
         let live = self.state.withLock { $0.owned.mapValues(\.machine.download) }
         return try self.store.transactions().map { transaction in
@@ -231,7 +271,10 @@ public final class DownloadQueue: Sendable {
     }
 
     /// Finishes a transaction whose downloads are all finished or cancelled.
-    /// - Throws: `usage` naming the downloads still pending (id and state); nothing changes then.
+    ///
+    /// Its installed content stays, findable with ``contentURL(forProductID:)``.
+    /// - Parameter transactionID: the transaction to finish; finishing a finished one does nothing.
+    /// - Throws: `usage` naming the downloads still pending (id and state), or for an unknown id; nothing changes then.
     public func finish(_ transactionID: String) throws(PackDeliveryError) {
         try self.onDriver { () throws(PackDeliveryError) in
             let transactions = try self.store.transactions(unfinishedOnly: false, ids: [transactionID])
@@ -266,17 +309,26 @@ public final class DownloadQueue: Sendable {
     // MARK: Controlling downloads
 
     /// Pauses downloads, keeping their partial data. Works on downloads another process runs (through the store).
+    ///
+    /// - Parameter ids: download ids; finished or cancelled ones are left alone.
+    /// - Throws: `usage` for an unknown id.
     public func pause(_ ids: [String]) throws(PackDeliveryError) {
         try self.control(ids, request: "pause") { machine in machine.pause(.user) }
     }
 
     /// Cancels downloads: stops them and deletes their partial data and staging.
+    ///
+    /// - Parameter ids: download ids; finished ones and a move into place in progress are left alone.
+    /// - Throws: `usage` for an unknown id.
     public func cancel(_ ids: [String]) throws(PackDeliveryError) {
         try self.control(ids, request: "cancel") { machine in machine.cancel() }
     }
 
     /// Resumes paused or failed downloads (all of them when `ids` is nil); they continue from the bytes on disk.
-    /// - Returns: the ids of the downloads this queue now runs.
+    ///
+    /// - Parameter ids: download ids, or nil for every paused, failed or orphaned download of an open transaction.
+    /// - Returns: the ids of the downloads this queue now runs (not those another process runs).
+    /// - Throws: `usage` for an unknown id.
     @discardableResult
     public func resume(_ ids: [String]? = nil) throws(PackDeliveryError) -> [String] {
         let targets: [String]
@@ -296,6 +348,8 @@ public final class DownloadQueue: Sendable {
     }
 
     /// Pauses every running download of this queue (Ctrl-C, shutdown).
+    ///
+    /// - Parameter reason: `user` for a person's request, `interrupted` for a shutdown (resumed on the next launch).
     public func pauseAll(reason: PauseReason = .user) {
         self.driver.sync {
             let ids = self.state.withLock { state in state.order.filter { state.owned[$0]?.machine.state.isRunning == true } }
@@ -303,18 +357,28 @@ public final class DownloadQueue: Sendable {
         }
     }
 
-    /// Installed content for a product (every pack of it), newest first; empty when nothing is installed.
+    /// Installed content, by product.
+    ///
+    /// - Parameter productIdentifier: a product, or nil for everything installed.
+    /// - Returns: one entry per installed pack; empty when nothing is installed.
+    /// - Throws: `io` when the store cannot be read.
     public func installedContent(forProductID productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstalledContent] {
         try self.store.installed(productIdentifier: productIdentifier).map(\.content)
     }
 
     /// The folder holding a product's installed content, or nil. Unlike StoreKit's, it outlives the transaction.
+    ///
+    /// - Parameter productIdentifier: the product.
+    /// - Returns: the folder of its first pack (see ``installedContent(forProductID:)`` for products with several).
     public func contentURL(forProductID productIdentifier: String) -> URL? {
         (try? self.installedContent(forProductID: productIdentifier))?.first?.contentURL
     }
 
     /// Deletes a product's installed content and its record.
+    ///
+    /// - Parameter productIdentifier: the product.
     /// - Returns: how many packs were removed.
+    /// - Throws: `io` when the store cannot be written.
     @discardableResult
     public func deleteContent(forProductID productIdentifier: String) throws(PackDeliveryError) -> Int {
         let records = try self.store.installed(productIdentifier: productIdentifier)
