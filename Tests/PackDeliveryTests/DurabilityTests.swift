@@ -90,7 +90,8 @@ import Testing
         let resume = try CLI.run(home: home, ["resume", downloadID])
         #expect(resume.status == 0, "stderr: \(resume.stderr)")
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(transactionID))
-        #expect(try CLI.run(home: home, ["finish", transactionID]).status == 0)
+        let finish = try CLI.run(home: home, ["finish", transactionID])
+        #expect(finish.status == 0, "stderr: \(finish.stderr)")
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
         #expect(try CLI.run(home: home, ["content", "com.example.big"]).status == 0, "content outlives its finished transaction")
     }

@@ -1,7 +1,8 @@
 import CCurl
 import Foundation
 
-/// One transfer on the transfer thread: its easy handle, its partial file and its running SHA-256.
+/// One transfer on the transfer thread: its easy handle and its partial file; its SHA-256 runs beside it
+/// in a ``HashFollower``.
 ///
 /// libcurl calls back into it through `Unmanaged` user data; the callbacks return a byte count
 /// (proceed) or 0 (abort) and never throw across the C boundary.
@@ -12,7 +13,7 @@ final class CurlTransfer {
     private(set) var offset: Int64
     private let resumedFrom: Int64
     private let fd: Int32
-    private let hasher = SHA256Hasher()
+    private let follower: HashFollower
     private let onEvent: @Sendable (TransferEvent) -> Void
 
     // The current response, reset at every status line (redirects bring several).
@@ -44,9 +45,16 @@ final class CurlTransfer {
         }
         self.offset = offset
         self.resumedFrom = offset
-        self.easy = try CurlEasy(url: request.url)
+        self.follower = HashFollower(file: request.file)
+        self.follower.advance(to: offset)
         do {
-            try self.hasher.update(fileDescriptor: fd, length: offset)
+            self.easy = try CurlEasy(url: request.url)
+        } catch {
+            self.follower.cancel()
+            close(fd)
+            throw error
+        }
+        do {
             var extra: [String] = []
             if offset > 0, !request.url.isFileURL, let validator = request.validator {
                 extra.append("If-Range: \(validator)")
@@ -70,12 +78,16 @@ final class CurlTransfer {
                     .receiveHeader(UnsafeRawBufferPointer(start: pointer, count: size * count))
             })
         } catch {
+            self.follower.cancel()
             close(fd)
             throw error
         }
     }
 
     deinit { close(self.fd) }
+
+    /// Stops hashing: the transfer was stopped, or it failed.
+    func cancelHashing() { self.follower.cancel() }
 
     private func receiveHeader(_ bytes: UnsafeRawBufferPointer) -> Int {
         let line = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -104,7 +116,7 @@ final class CurlTransfer {
                 if self.offset > 0 {
                     ftruncate(self.fd, 0)
                     self.offset = 0
-                    self.hasher.reset()
+                    self.follower.restart()
                 }
             case .rangeNotSatisfiable, .reject:
                 return 0
@@ -126,6 +138,7 @@ final class CurlTransfer {
                 retryable: false)
             ftruncate(self.fd, 0)
             self.offset = 0
+            self.follower.restart()
             return 0
         }
         var written = 0
@@ -147,8 +160,8 @@ final class CurlTransfer {
             }
             written += result
         }
-        self.hasher.update(bytes)
         self.offset += Int64(bytes.count)
+        self.follower.advance(to: self.offset)
         let now = Date()
         if now.timeIntervalSince(self.lastReport) >= 0.1 {
             self.lastReport = now
@@ -157,8 +170,25 @@ final class CurlTransfer {
         return bytes.count
     }
 
-    /// How the attempt ended, from libcurl's result and what the callbacks saw.
-    func outcome(curlCode: CURLcode) -> TransferOutcome {
+    /// Reports how the attempt ended: at once for a failure, once the hash has caught up for a complete file.
+    /// - Parameters:
+    ///   - curlCode: libcurl's result for the transfer.
+    ///   - report: called once, on this thread (failure) or the hash thread (complete).
+    func complete(curlCode: CURLcode, report: @escaping @Sendable (TransferOutcome) -> Void) {
+        let outcome = self.outcome(curlCode: curlCode)
+        guard case .completed(_, let length, let resumedFrom) = outcome else {
+            self.follower.cancel()
+            report(outcome)
+            return
+        }
+        self.follower.finish(length: length) { sha256 in
+            report(.completed(sha256: sha256, length: length, resumedFrom: resumedFrom))
+        }
+    }
+
+    /// How the attempt ended, from libcurl's result and what the callbacks saw; a complete file's digest
+    /// is filled in by ``complete(curlCode:report:)``.
+    private func outcome(curlCode: CURLcode) -> TransferOutcome {
         if let failure = self.writeFailure { return .failed(failure, bytesOnDisk: self.offset) }
         let url = self.request.url.absoluteString
         // A response with no body never reached the body callback: decide now.
@@ -176,7 +206,7 @@ final class CurlTransfer {
             return .failed(failure, bytesOnDisk: self.offset)
         case .rangeNotSatisfiable:
             if self.offset == self.request.expectedLength {
-                return .completed(sha256: self.hasher.hexDigest(), length: self.offset, resumedFrom: self.resumedFrom)
+                return .completed(sha256: "", length: self.offset, resumedFrom: self.resumedFrom)
             }
             ftruncate(self.fd, 0)
             self.offset = 0
@@ -187,7 +217,7 @@ final class CurlTransfer {
             break
         }
         if curlCode == CURLE_OK, self.offset == self.request.expectedLength {
-            return .completed(sha256: self.hasher.hexDigest(), length: self.offset, resumedFrom: self.resumedFrom)
+            return .completed(sha256: "", length: self.offset, resumedFrom: self.resumedFrom)
         }
         if curlCode == CURLE_OK {
             return .failed(TransferFailure(

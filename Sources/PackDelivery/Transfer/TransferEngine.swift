@@ -84,11 +84,13 @@ private final class TransferLoop {
                     self.start(request)
                 case .stop(let id):
                     if let (easy, transfer) = self.transfers.first(where: { $0.value.request.id == id }) {
+                        transfer.cancelHashing()
                         self.remove(easy)
                         self.onEvent(.finished(id: id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
                 case .shutdown:
                     for (easy, transfer) in self.transfers {
+                        transfer.cancelHashing()
                         self.remove(easy)
                         self.onEvent(.finished(id: transfer.request.id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
@@ -103,9 +105,11 @@ private final class TransferLoop {
                       let transfer = self.transfers[easy] else { continue }
                 let result = message.pointee.data.result
                 self.remove(easy)
-                let outcome = transfer.outcome(curlCode: result)
-                self.logger.debug("transfer ended", metadata: ["download": "\(transfer.request.id)", "outcome": "\(outcome)"])
-                self.onEvent(.finished(id: transfer.request.id, outcome: outcome))
+                let (id, logger, onEvent) = (transfer.request.id, self.logger, self.onEvent)
+                transfer.complete(curlCode: result) { outcome in
+                    logger.debug("transfer ended", metadata: ["download": "\(id)", "outcome": "\(outcome)"])
+                    onEvent(.finished(id: id, outcome: outcome))
+                }
             }
             curl_multi_poll(self.multi, nil, 0, 1000, nil)
         }
