@@ -76,7 +76,9 @@ final class HashFollower: Sendable {
                 let got = pread(fd, buffer.baseAddress, want, off_t(hashed))
                 if got <= 0 {
                     if got < 0 && errno == EINTR { continue }
-                    return  // the file went away (cancel deletes it); nothing to report
+                    // Shorter than the writer said: it truncated the file and a restart() is on its way.
+                    self.wake.wait()
+                    continue
                 }
                 // A restart while reading makes these bytes stale: only count them in the same generation.
                 if self.state.withLock({ $0.generation }) == generation {
