@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 @testable import PackDelivery
@@ -713,18 +714,17 @@ private func unpackSnapshot(_ root: URL) throws -> [String: String] {
 }
 
 /// Results written from several threads.
-private final class UnpackConcurrentResults: @unchecked Sendable {
-    private let lock = NSLock()
-    private var results: [Result<UnpackSummary, PackDeliveryError>?]
+private final class UnpackConcurrentResults: Sendable {
+    private let results: Mutex<[Result<UnpackSummary, PackDeliveryError>?]>
 
-    init(count: Int) { self.results = Array(repeating: nil, count: count) }
+    init(count: Int) { self.results = Mutex(Array(repeating: nil, count: count)) }
 
     func set(_ index: Int, _ result: Result<UnpackSummary, PackDeliveryError>) {
-        self.lock.withLock { self.results[index] = result }
+        self.results.withLock { $0[index] = result }
     }
 
     func get(_ index: Int) -> Result<UnpackSummary, PackDeliveryError>? {
-        self.lock.withLock { self.results[index] }
+        self.results.withLock { $0[index] }
     }
 }
 
