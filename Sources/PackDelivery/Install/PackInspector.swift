@@ -55,7 +55,14 @@ public enum ManifestBuilder {
 
     /// Describes every pack in `folder` (product and version from its `ContentInfo.plist`; length, sha256,
     /// unpackedLength measured), with URLs relative to the folder.
-    /// - Throws: `badData` for a pack without a usable `ContentInfo.plist`.
+    ///
+    /// Packs are the files ending in `.zip`, `.tar`, `.tar.gz`, `.tgz`, `.tar.bz2`, `.tar.xz` or `.tar.zst`,
+    /// read in name order. A product's first pack gets the product identifier as its content identifier;
+    /// further packs of the same product get `<product>.<file name without extension>`.
+    /// - Parameter folder: the folder holding the packs.
+    /// - Returns: one product per product identifier found, in the order first seen.
+    /// - Throws: `usage` when the folder cannot be listed; `badData` for a pack without a usable
+    ///   `ContentInfo.plist` or one that is not a readable archive; `io` when a pack cannot be read.
     public static func build(folder: URL) throws(PackDeliveryError) -> Manifest {
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder.path).sorted() } catch {
@@ -85,6 +92,10 @@ public enum ManifestBuilder {
     }
 
     /// Writes `folder/manifest.json` (atomically) and returns the manifest.
+    ///
+    /// - Parameter folder: the folder holding the packs; the manifest goes into it.
+    /// - Returns: the manifest written, as ``build(folder:)`` makes it.
+    /// - Throws: what ``build(folder:)`` throws; `io` when `manifest.json` cannot be written.
     @discardableResult
     public static func write(folder: URL) throws(PackDeliveryError) -> Manifest {
         let manifest = try self.build(folder: folder)

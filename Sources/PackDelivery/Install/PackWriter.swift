@@ -11,11 +11,17 @@ import Darwin
 
 /// The archive formats a pack can be written in.
 public enum PackFormat: String, Sendable, CaseIterable {
+    /// A zip archive (`.zip`).
     case zip
+    /// An uncompressed tar (`.tar`).
     case tar
+    /// A gzip-compressed tar (`.tar.gz`), written without a gzip timestamp.
     case tarGzip = "tar.gz"
+    /// A bzip2-compressed tar (`.tar.bz2`).
     case tarBzip2 = "tar.bz2"
+    /// An xz-compressed tar (`.tar.xz`).
     case tarXz = "tar.xz"
+    /// A zstd-compressed tar (`.tar.zst`).
     case tarZstd = "tar.zst"
 
     /// The format an output file name asks for.

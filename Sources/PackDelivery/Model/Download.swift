@@ -10,6 +10,9 @@ public enum Destination: String, Sendable, Hashable, Codable, CaseIterable {
 
 /// The state of one download, in StoreKit's vocabulary.
 public enum DownloadState: String, Sendable, Hashable, Codable, CaseIterable {
+    /// `waiting`: queued for a slot; `active`: transferring, verifying, unpacking or installing (see ``Download/phase``);
+    /// `paused`: stopped with its bytes kept (see ``Download/pauseReason``); `finished`: installed at ``Download/contentURL``;
+    /// `failed`: gave up (see ``Download/error``), can be resumed; `cancelled`: stopped and its partial data deleted.
     case waiting, active, paused, finished, failed, cancelled
 
     /// Whether the download can still change without a caller asking (waiting or active).
@@ -20,6 +23,8 @@ public enum DownloadState: String, Sendable, Hashable, Codable, CaseIterable {
 
 /// What an `active` download is doing right now (StoreKit hid this; Play Asset Delivery calls it TRANSFERRING).
 public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
+    /// `downloading`: bytes are arriving; `verifying`: the SHA-256 is being checked; `unpacking`: the archive is being
+    /// extracted into staging; `installing`: the unpacked folder is being moved into place.
     case downloading, verifying, unpacking, installing
 }
 
@@ -35,13 +40,19 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
 
 /// One pack of one transaction — PackDelivery's `SKDownload`.
 public struct Download: Sendable, Hashable, Codable, Identifiable {
+    /// The download's unique id, as ``DownloadQueue/pause(_:)``, ``DownloadQueue/cancel(_:)`` and ``DownloadQueue/resume(_:)`` take it.
     public var id: String
+    /// The id of the ``Transaction`` this download belongs to.
     public var transactionID: String
+    /// The product the pack belongs to.
     public var productIdentifier: String
+    /// The pack's identifier from the manifest, also the name of the folder it installs into.
     public var contentIdentifier: String
+    /// The pack's version from the manifest.
     public var contentVersion: String
     /// The pack's size in bytes, from the manifest.
     public var contentLength: Int64
+    /// Where the download is in its life: waiting, active, paused, finished, failed or cancelled.
     public var state: DownloadState
     /// What an active download is doing; `nil` in other states.
     public var phase: DownloadPhase?
@@ -49,13 +60,13 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var progress: Double
     /// 0…1 within the current phase: moves during a long unpack, while `progress` stays at 1.
     public var phaseProgress: Double = 0
-    /// Seconds left, or -1 while unknown.
+    /// Estimated seconds left to download, or -1 while unknown (and outside the `downloading` phase); 0 once finished.
     public var timeRemaining: Double
     /// Why the download is paused, when it is.
     public var pauseReason: PauseReason?
     /// The installed folder, once finished.
     public var contentURL: URL?
-    /// Why the download failed or paused, when it did.
+    /// Why the download failed or paused, or the error an active download is retrying after; nil otherwise.
     public var error: PackDeliveryError?
     /// The pack's URL on the content server.
     public var url: URL
@@ -63,6 +74,7 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var sha256: String
     /// Unpacked size in bytes, when the manifest gives it.
     public var unpackedLength: Int64?
+    /// Where the pack is installed: caches or documents.
     public var destination: Destination
     /// Bytes of the pack on disk and known good.
     public var bytesReceived: Int64
@@ -70,32 +82,48 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
 
 /// Whether a transaction is a purchase or a restore of an earlier purchase.
 public enum TransactionKind: String, Sendable, Hashable, Codable {
+    /// `purchased`: a new purchase; `restored`: content for an earlier purchase, delivered again.
     case purchased, restored
 }
 
 /// A purchase or restore of one product, holding its downloads; unfinished until ``DownloadQueue/finish(_:)``.
 public struct Transaction: Sendable, Hashable, Codable, Identifiable {
+    /// The transaction's unique id, as ``DownloadQueue/finish(_:)`` takes it.
     public var id: String
+    /// The product bought or restored.
     public var productIdentifier: String
+    /// Whether it is a purchase or a restore.
     public var kind: TransactionKind
+    /// When the transaction was added to the queue.
     public var createdAt: Date
+    /// When the transaction was finished; nil while it is open.
     public var finishedAt: Date?
-    /// Whether the CLI (or host) should finish it on its own once every download is settled.
+    /// A flag for hosts that finish transactions themselves: the `packs` CLI finishes those that have it once they are finishable.
+    ///
+    /// The queue only records it and never acts on it.
     public var autoFinish: Bool
+    /// One download per pack of the product, in the manifest's order.
     public var downloads: [Download]
 
     /// Every download is finished or cancelled, so ``DownloadQueue/finish(_:)`` is allowed.
     public var isFinishable: Bool { self.downloads.allSatisfy { $0.state.isSettled } }
+    /// Whether the transaction has been finished (``finishedAt`` is set).
     public var isFinished: Bool { self.finishedAt != nil }
 }
 
 /// Content installed for a product, findable until removed.
 public struct InstalledContent: Sendable, Hashable, Codable {
+    /// The product the pack belongs to.
     public var productIdentifier: String
+    /// The pack's identifier from the manifest, also the name of its folder.
     public var contentIdentifier: String
+    /// The installed version of the pack.
     public var contentVersion: String
+    /// The folder holding the pack's unpacked content.
     public var contentURL: URL
+    /// Whether the folder is under caches or documents.
     public var destination: Destination
+    /// When the pack was moved into place.
     public var installedAt: Date
 }
 

@@ -2,6 +2,11 @@ import Foundation
 
 extension LoadedManifest {
     /// Reads a manifest from an http(s) URL, a `file://` URL or a local path.
+    ///
+    /// - Parameters:
+    ///   - location: a URL, or a path (relative paths start at the current directory).
+    ///   - options: transfer options for fetching an http(s) manifest.
+    /// - Returns: the checked manifest with the URL it was read from.
     /// - Throws: ``PackDeliveryError``: `badData` when it is missing, unreadable or invalid; `network` when the server fails.
     public static func load(_ location: String, options: TransferOptions = TransferOptions()) throws(PackDeliveryError) -> LoadedManifest {
         let url: URL

@@ -32,10 +32,21 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
     public let subject: String?
     /// The underlying code (errno, libcurl or libarchive code, HTTP status), when there is one.
     public let code: Int?
-    /// For `insufficientStorage`: bytes needed and available, when measured.
+    /// For `insufficientStorage`: bytes needed, when measured.
     public let neededBytes: Int64?
+    /// For `insufficientStorage`: bytes available, when measured.
     public let availableBytes: Int64?
 
+    /// Creates an error; prefer the static factories where one fits.
+    ///
+    /// - Parameters:
+    ///   - kind: the broad class of the error.
+    ///   - message: one human sentence: what happened.
+    ///   - hint: what to do next, if anything useful.
+    ///   - subject: the archive entry, URL or file the error is about.
+    ///   - code: the underlying errno, libcurl, libarchive or HTTP code.
+    ///   - neededBytes: for `insufficientStorage`, the bytes needed.
+    ///   - availableBytes: for `insufficientStorage`, the bytes available.
     public init(kind: Kind, message: String, hint: String? = nil, subject: String? = nil, code: Int? = nil,
                 neededBytes: Int64? = nil, availableBytes: Int64? = nil) {
         self.kind = kind
@@ -47,6 +58,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         self.availableBytes = availableBytes
     }
 
+    /// The message, followed by the hint when there is one.
     public var description: String {
         if let hint { return "\(self.message) \(hint)" }
         return self.message
@@ -55,6 +67,11 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
 
 extension PackDeliveryError {
     /// An archive entry that would escape or abuse the staging folder; the whole pack is rejected.
+    ///
+    /// - Parameters:
+    ///   - path: the entry's path in the archive.
+    ///   - why: what is unsafe about it.
+    /// - Returns: a `badData` error about the entry.
     public static func unsafeEntry(_ path: String, _ why: String) -> Self {
         .init(kind: .badData, message: "The pack holds an unsafe entry '\(path)': \(why).",
               hint: "The pack was rejected and nothing was installed; ask the content provider for a fixed pack.",
@@ -62,6 +79,12 @@ extension PackDeliveryError {
     }
 
     /// libarchive could not read the pack (corrupt, truncated or not an archive).
+    ///
+    /// - Parameters:
+    ///   - detail: libarchive's message.
+    ///   - entry: the entry being read, when the failure is inside one.
+    ///   - code: libarchive's errno, when there is one.
+    /// - Returns: a `badData` error.
     public static func corruptArchive(_ detail: String, entry: String? = nil, code: Int? = nil) -> Self {
         .init(kind: .badData,
               message: entry.map { "The pack is corrupt at entry '\($0)': \(detail)." } ?? "The pack is not a readable archive: \(detail).",
@@ -70,6 +93,12 @@ extension PackDeliveryError {
     }
 
     /// The unpacked content grew past a limit (decompression or entry-count bomb).
+    ///
+    /// - Parameters:
+    ///   - what: the unit of the limit, such as `bytes` or `entries`.
+    ///   - limit: the limit that was exceeded.
+    ///   - entry: the entry being unpacked when it was exceeded, if any.
+    /// - Returns: a `badData` error.
     public static func unpackLimitExceeded(_ what: String, limit: Int64, entry: String?) -> Self {
         .init(kind: .badData, message: "The pack unpacks to more than \(limit) \(what)\(entry.map { " (at entry '\($0)')" } ?? "").",
               hint: "It was rejected as a possible decompression bomb; raise the limit only if you trust the pack.",
@@ -77,6 +106,13 @@ extension PackDeliveryError {
     }
 
     /// The filesystem is full (ENOSPC or EDQUOT) or too small for what remains.
+    ///
+    /// - Parameters:
+    ///   - path: a folder on the filesystem that is short of space.
+    ///   - needed: bytes needed, when measured.
+    ///   - available: bytes available, when measured.
+    ///   - code: the errno, when a write failed.
+    /// - Returns: an `insufficientStorage` error carrying the byte counts.
     public static func insufficientStorage(path: String, needed: Int64?, available: Int64?, code: Int? = nil) -> Self {
         var message = "Not enough free space at \(path)"
         if let needed, let available { message += ": \(needed) bytes needed, \(available) available" }
@@ -86,6 +122,12 @@ extension PackDeliveryError {
     }
 
     /// A local file operation failed.
+    ///
+    /// - Parameters:
+    ///   - operation: what was being done, as a verb phrase (`open`, `create the folder`).
+    ///   - path: the file or folder.
+    ///   - code: the errno; its `strerror` text goes into the message.
+    /// - Returns: an `io` error.
     public static func io(_ operation: String, path: String, errno code: Int32) -> Self {
         .init(kind: .io, message: "Could not \(operation) '\(path)': \(String(cString: strerror(code))).",
               subject: path, code: Int(code))

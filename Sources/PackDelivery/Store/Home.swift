@@ -11,21 +11,35 @@ import Foundation
 public struct Home: Sendable, Hashable {
     /// Where `state.sqlite` and `locks/` live.
     public var stateFolder: URL
+    /// The root for ``Destination/caches``: installed content and its downloads and staging.
     public var cachesFolder: URL
+    /// The root for ``Destination/documents``: installed content and its downloads and staging.
     public var documentsFolder: URL
 
+    /// Creates a home from three folders; nothing is created on disk until a ``DownloadQueue`` opens it.
+    ///
+    /// - Parameters:
+    ///   - stateFolder: where `state.sqlite` and `locks/` go.
+    ///   - cachesFolder: the root for caches content.
+    ///   - documentsFolder: the root for documents content.
     public init(stateFolder: URL, cachesFolder: URL, documentsFolder: URL) {
         self.stateFolder = stateFolder
         self.cachesFolder = cachesFolder
         self.documentsFolder = documentsFolder
     }
 
-    /// Everything under one folder.
+    /// Everything under one folder: the state in it, content in its `Caches/` and `Documents/`.
+    ///
+    /// - Parameter folder: the home folder (`--home DIR` or `PACKS_HOME`).
     public init(folder: URL) {
         self.init(stateFolder: folder, cachesFolder: folder.appending(path: "Caches"), documentsFolder: folder.appending(path: "Documents"))
     }
 
     /// The XDG base directories of the current user.
+    ///
+    /// A variable that is unset or not an absolute path falls back to its XDG default under `HOME`.
+    /// - Parameter environment: where to read `HOME`, `XDG_STATE_HOME`, `XDG_CACHE_HOME` and `XDG_DATA_HOME`.
+    /// - Returns: a home with a `packdelivery` folder in each base directory.
     public static func xdg(environment: [String: String] = ProcessInfo.processInfo.environment) -> Home {
         let home = URL(filePath: environment["HOME"] ?? NSHomeDirectory())
         func base(_ variable: String, _ fallback: String) -> URL {
@@ -37,9 +51,14 @@ public struct Home: Sendable, Hashable {
                     documentsFolder: base("XDG_DATA_HOME", ".local/share").appending(path: "packdelivery"))
     }
 
+    /// The state database, `state.sqlite` in ``stateFolder``.
     public var databaseURL: URL { self.stateFolder.appending(path: "state.sqlite") }
     var locksFolder: URL { self.stateFolder.appending(path: "locks") }
 
+    /// The root folder of a destination.
+    ///
+    /// - Parameter destination: caches or documents.
+    /// - Returns: ``cachesFolder`` or ``documentsFolder``.
     public func root(for destination: Destination) -> URL {
         switch destination {
         case .caches: self.cachesFolder

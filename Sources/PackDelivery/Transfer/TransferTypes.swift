@@ -13,6 +13,14 @@ public struct TransferOptions: Sendable, Hashable {
     /// Whether TLS certificates are verified (on by default; turn off only for tests).
     public var verifyTLS: Bool
 
+    /// Creates transfer options; the defaults suit production use.
+    ///
+    /// - Parameters:
+    ///   - maxBytesPerSecond: bytes per second per download; nil for no limit.
+    ///   - connectTimeout: seconds to wait for a connection.
+    ///   - stallTimeout: seconds without a byte before a transfer is retried.
+    ///   - headers: extra request headers, as `Name: value` lines.
+    ///   - verifyTLS: whether to verify TLS certificates.
     public init(maxBytesPerSecond: Int64? = nil, connectTimeout: TimeInterval = 30, stallTimeout: TimeInterval = 30,
                 headers: [String] = [], verifyTLS: Bool = true) {
         self.maxBytesPerSecond = maxBytesPerSecond
