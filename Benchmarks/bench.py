@@ -2,9 +2,10 @@
 """PackDelivery against curl, aria2c and bsdtar: the measuring half of Benchmarks/run.
 
 Benchmarks/run installs the tools, builds packs, starts nginx over TMP/site and calls this with the
-port. Everything here is written under TMP (random data, homes, outputs). Each measured command runs
-under /usr/bin/time -f "%e %U %S %M" (wall time is taken here with perf_counter); commands of one case
-run alternately, the order rotated each round, and the medians are compared.
+port. Everything here is written under TMP and the --shm folder (random data, homes, outputs). Each
+measured command runs under /usr/bin/time -f "%e %U %S %M" (wall time is taken here with
+perf_counter); the commands of one case run alternately, the order rotated each round, and their
+medians are compared.
 """
 import argparse
 import glob
@@ -33,16 +34,49 @@ class Failure(Exception):
 class Run:
     def __init__(self, wall, user, sys_, rss_kib, code, out, err):
         self.wall, self.user, self.sys, self.rss_kib, self.code, self.out, self.err = wall, user, sys_, rss_kib, code, out, err
+        self.other = float("nan")   # CPU seconds used meanwhile by anything but the run and nginx
 
     @property
     def cpu(self):
         return self.user + self.sys
 
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def busy_seconds():
+    """CPU seconds all CPUs spent busy since boot (/proc/stat: everything but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+def nginx_seconds(tmp):
+    """CPU seconds used so far by nginx's master and workers."""
+    total = 0.0
+    try:
+        with open(os.path.join(tmp, "nginx", "nginx.pid")) as f:
+            master = f.read().strip()
+    except OSError:
+        return 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if pid == master or fields[1] == master:   # fields[1] is the parent pid
+            total += (int(fields[11]) + int(fields[12])) / TICK
+    return total
+
+
 def timed(cmd, tmp, timeout=900, env=None):
     """Runs cmd (a list, or a string for bash -c) under /usr/bin/time; returns a Run."""
     argv = ["bash", "-c", cmd] if isinstance(cmd, str) else cmd
     time_file = os.path.join(tmp, "time.out")
+    busy0, nginx0 = busy_seconds(), nginx_seconds(tmp)
     start = time.perf_counter()
     try:
         p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", "-o", time_file] + argv,
@@ -50,10 +84,13 @@ def timed(cmd, tmp, timeout=900, env=None):
     except subprocess.TimeoutExpired as e:
         raise Failure(f"timed out after {timeout} s: {shlex.join(argv)}\nstdout: {e.stdout!r}\nstderr: {e.stderr!r}")
     wall = time.perf_counter() - start
+    busy1, nginx1 = busy_seconds(), nginx_seconds(tmp)
     with open(time_file) as f:
         fields = f.read().strip().splitlines()[-1].split()
-    return Run(wall, float(fields[1]), float(fields[2]), int(fields[3]), p.returncode,
-               p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+    run = Run(wall, float(fields[1]), float(fields[2]), int(fields[3]), p.returncode,
+              p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
+    run.other = max(0.0, (busy1 - busy0) - run.cpu - (nginx1 - nginx0))
+    return run
 
 
 def content_bytes(folder):
@@ -78,6 +115,15 @@ def fmt_s(seconds):
     return f"{seconds:.2f} s" if seconds >= 0.995 else f"{seconds * 1000:.0f} ms"
 
 
+def fmt_runs(values):
+    """Seconds of several runs: the median, then min–max, in one unit."""
+    if len(values) < 2:
+        return fmt_s(median(values))
+    if median(values) >= 0.995:
+        return f"{median(values):.2f} s ({min(values):.2f}–{max(values):.2f})"
+    return f"{median(values) * 1000:.0f} ms ({min(values) * 1000:.0f}–{max(values) * 1000:.0f})"
+
+
 def fmt_mib(kib):
     return f"{kib / 1024:.1f} MiB"
 
@@ -94,6 +140,11 @@ class Bench:
         self.reps = args.reps
         self.only = set(args.only.split(",")) if args.only else None
         self.warm = args.warm
+        self.shm = args.shm or None
+        # The packs' source folders are made on tmpfs when there is one: deleting tens of thousands of
+        # files on the data filesystem would slow the unpack case down (see keep= in alternate()).
+        self.src_root = os.path.join(self.shm or self.tmp, "src")
+        self.deferred = []   # run folders kept until all cases are done
         self.rows = []      # the summary table
         self.raw = []       # every run, for the appendix
         self.notes = []     # anything broken or surprising
@@ -122,7 +173,7 @@ class Bench:
 
     def make_pack(self, name, files, product, output_name, version="1"):
         """files: list of (relative path under Contents/, size). Writes site/NAME/OUTPUT_NAME."""
-        src = os.path.join(self.tmp, "src", name, product)
+        src = os.path.join(self.src_root, name, product)
         for rel, size in files:
             self.random_file(os.path.join(src, "Contents", rel), size)
         os.makedirs(os.path.join(self.site, name), exist_ok=True)
@@ -166,7 +217,7 @@ class Bench:
             log("data: 64 MiB pack for callgrind…")
             self.make_pack("prof", [(f"part{i}.bin", 16 * MiB) for i in range(4)], "com.bench.prof", "prof.tar")
             self.data["prof"] = self.manifest("prof")["com.bench.prof"]
-        shutil.rmtree(os.path.join(self.tmp, "src"), ignore_errors=True)
+        shutil.rmtree(self.src_root, ignore_errors=True)
         # Every served file is read once now, so that all runs read it from the page cache.
         for path in glob.glob(os.path.join(self.site, "*", "*")):
             with open(path, "rb") as f:
@@ -197,9 +248,15 @@ class Bench:
             block = bytearray(warm_bytes)   # zero-filled: every page is touched
             del block
 
-    def alternate(self, case, commands, reps, check=None, warm_bytes=0, served=()):
+    def alternate(self, case, commands, reps, check=None, warm_bytes=0, served=(), keep=False):
         """commands: list of (name, make(workdir) -> cmd). Runs them round-robin, reps rounds, the
-        order rotated by one every round. Returns {name: [Run]}."""
+        order rotated by one every round. Returns {name: [Run]}.
+
+        keep: leave each run's output in place until every case is done, instead of deleting it
+        before the next run. For outputs of thousands of files: this ext4 has no journal, and without
+        one ext4 will not reuse an inode freed less than 60 s ago (300 s while its inode table block
+        is dirty; ialloc.c, recently_deleted()), checking every such inode on each allocation: right
+        after 10,000 files were deleted, creating 10,000 more took 3–7 s instead of 0.5 s, at random."""
         results = {name: [] for name, _ in commands}
         for r in range(reps):
             k = r % len(commands)
@@ -215,8 +272,12 @@ class Bench:
                     check(name, work, run)
                 results[name].append(run)
                 self.raw.append((case, name, r, run))
-                log(f"  case {case} round {r} {name:<18} {run.wall:7.3f} s  cpu {run.cpu:6.2f} s  rss {run.rss_kib / 1024:7.1f} MiB")
-                shutil.rmtree(work, ignore_errors=True)
+                log(f"  case {case} round {r} {name:<18} {run.wall:7.3f} s  cpu {run.cpu:6.2f} s  rss {run.rss_kib / 1024:7.1f} MiB"
+                    f"  other cpu {run.other:5.2f} s")
+                if keep:
+                    self.deferred.append(work)
+                else:
+                    shutil.rmtree(work, ignore_errors=True)
                 os.sync()
         return results
 
@@ -228,11 +289,21 @@ class Bench:
         return check
 
     def row(self, case, what, ours, peer_name, peer, target=None, unit="s"):
-        ratio = ours / peer if peer else float("nan")
+        """ours and peer: a number, or a list of runs' values (shown as median, then min–max)."""
+        def value(v):
+            return median(v) if isinstance(v, list) else v
+
+        def show(v):
+            one = fmt_s if unit == "s" else (lambda x: f"{x:.2f}")
+            if isinstance(v, list) and len(v) > 1:
+                if unit == "s":
+                    return fmt_runs(v)
+                return f"{one(median(v))} ({one(min(v))}–{one(max(v))})"
+            return one(value(v))
+        ratio = value(ours) / value(peer) if value(peer) else float("nan")
         verdict = ""
         if target is not None:
             verdict = "pass" if ratio <= target else "**FAIL**"
-        show = fmt_s if unit == "s" else (lambda v: f"{v:.2f}")
         self.rows.append((str(case), what, show(ours), peer_name, show(peer), f"{ratio:.2f}",
                           f"≤ {target}" if target is not None else "–", verdict))
         return ratio
@@ -266,10 +337,9 @@ class Bench:
         self.raw = [r for r in self.raw if r[0] != 1]
         res = self.alternate(1, commands, self.reps, check=self.expect_content(*content), warm_bytes=warm, served=served)
         ours = median([r.wall for r in res["packs"]])
-        curl_pipe = median([r.wall for r in res["curl+openssl+bsdtar"]])
-        aria_pipe = median([r.wall for r in res["aria2c+bsdtar"]])
-        self.row(1, "1 GiB pack, end to end", ours, "curl + openssl dgst + bsdtar -xf", curl_pipe, target=0.8)
-        self.row(1, "1 GiB pack, end to end", ours, "aria2c --checksum + bsdtar -xf", aria_pipe)
+        walls = {name: [r.wall for r in runs] for name, runs in res.items()}
+        self.row(1, "1 GiB pack, end to end", walls["packs"], "curl + openssl dgst + bsdtar -xf", walls["curl+openssl+bsdtar"], target=0.8)
+        self.row(1, "1 GiB pack, end to end", walls["packs"], "aria2c --checksum + bsdtar -xf", walls["aria2c+bsdtar"])
         self.big_results = res
 
         # case 2: each stage alone
@@ -280,11 +350,20 @@ class Bench:
             ("openssl dgst -sha256", lambda w: ["openssl", "dgst", "-sha256", archive]),
             ("bsdtar -xf", lambda w: f"mkdir {w}/out && bsdtar -xf {archive} -C {w}/out"),
         ]
-        st = self.alternate(2, stages, self.reps, warm_bytes=size + 256 * MiB, served=served)
-        medians = {name: median([r.wall for r in runs]) for name, runs in st.items()}
+        peers_alone = [
+            ("curl -o /dev/null", lambda w: ["curl", "-s", "-f", "-o", "/dev/null", url]),
+            ("aria2c --checksum alone", lambda w: ["aria2c", "-q", f"--checksum=sha-256={sha}", "-d", w, "-o", "big.tar", url]),
+        ]
+        st = self.alternate(2, stages + peers_alone, self.reps, warm_bytes=size + 256 * MiB, served=served)
+        medians = {name: median([r.wall for r in st[name]]) for name, _ in stages}
         slowest = max(medians, key=medians.get)
-        for name, m in medians.items():
-            self.rows.append(("2", f"stage alone: {name}", "", "", fmt_s(m), "", "", ""))
+        for name, _ in stages:
+            self.rows.append(("2", f"stage alone: {name}", "", "", fmt_runs([r.wall for r in st[name]]), "", "", ""))
+        for name, _ in peers_alone:
+            what = {"curl -o /dev/null": "the network alone, nothing written",
+                    "aria2c --checksum alone": "download + its own hash check"}[name]
+            self.rows.append(("2", f"for reference: {name} ({what})", "", "",
+                              fmt_runs([r.wall for r in st[name]]), "", "", ""))
         self.row(2, "case 1 ÷ slowest stage alone (the physical limit)", ours, f"{slowest} alone", medians[slowest])
         self.row(2, "case 1 ÷ sum of the stages (no overlap at all)", ours, "sum of the three stages", sum(medians.values()))
         self.stage_medians = medians
@@ -352,18 +431,20 @@ class Bench:
         res = self.alternate(3, commands, self.reps, check=self.expect_content(2, 256 * MiB),
                              warm_bytes=mid["contentLength"] * 2 + 128 * MiB, served=[os.path.join(self.site, "mid", mid["url"])])
         rss_mid = max(r.rss_kib for r in res["packs"])
-        rss_big = max(r.rss_kib for r in self.big_results["packs"]) if hasattr(self, "big_results") else float("nan")
-        both = rss_mid <= 64 * 1024 and rss_big <= 64 * 1024
-        spread = abs(rss_big - rss_mid) / max(rss_big, rss_mid)
-        self.rows.append(("3", "packs peak RSS (max of runs): 1 GiB pack", fmt_mib(rss_big), "", "", "", "≤ 64 MiB",
-                          "pass" if rss_big <= 64 * 1024 else "**FAIL**"))
+        big = getattr(self, "big_results", None)
+        if big:
+            rss_big = max(r.rss_kib for r in big["packs"])
+            spread = abs(rss_big - rss_mid) / max(rss_big, rss_mid)
+            self.rows.append(("3", "packs peak RSS (max of runs): 1 GiB pack", fmt_mib(rss_big), "", "", "", "≤ 64 MiB",
+                              "pass" if rss_big <= 64 * 1024 else "**FAIL**"))
         self.rows.append(("3", "packs peak RSS (max of runs): 256 MiB pack", fmt_mib(rss_mid), "", "", "", "≤ 64 MiB",
                           "pass" if rss_mid <= 64 * 1024 else "**FAIL**"))
-        self.rows.append(("3", "peak RSS, 1 GiB vs 256 MiB", f"{spread * 100:.1f} % apart", "", "", "", "within 10 %",
-                          "pass" if spread <= 0.10 else "**FAIL**"))
+        if big:
+            self.rows.append(("3", "peak RSS, 1 GiB vs 256 MiB", f"{spread * 100:.1f} % apart", "", "", "", "within 10 %",
+                              "pass" if spread <= 0.10 else "**FAIL**"))
         ours = median([r.wall for r in res["packs"]])
-        self.row(3, "256 MiB pack, end to end (for reference)", ours, "curl + openssl dgst + bsdtar -xf",
-                 median([r.wall for r in res["curl+openssl+bsdtar"]]))
+        self.row(3, "256 MiB pack, end to end (for reference)", [r.wall for r in res["packs"]], "curl + openssl dgst + bsdtar -xf",
+                 [r.wall for r in res["curl+openssl+bsdtar"]])
         peer_rss = max(r.rss_kib for r in res["curl+openssl+bsdtar"])
         self.rows.append(("3", "peak RSS of the largest curl/openssl/bsdtar process, 256 MiB", fmt_mib(peer_rss), "", "", "", "", ""))
         self.__dict__.pop("big_results", None)
@@ -404,9 +485,9 @@ class Bench:
             files, _ = content_bytes(work)
             if files != total_files:
                 raise Failure(f"{name}: {files} files unpacked under {work}, expected {total_files}")
-        res = self.alternate(4, commands, self.reps, check=check, warm_bytes=128 * MiB,
+        res = self.alternate(4, commands, self.reps, check=check, warm_bytes=128 * MiB, keep=True,
                              served=glob.glob(os.path.join(self.site, "small", "*")))
-        m = {name: median([r.wall for r in runs]) for name, runs in res.items()}
+        m = {name: [r.wall for r in runs] for name, runs in res.items()}
         self.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=1.0)
         self.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "aria2c -j8 (checksum=) + bsdtar", m["aria2c -j8"], target=1.0)
         self.row(4, "200 × 60 KiB packs, --concurrency 8", m["packs -c8"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=1.0)
@@ -532,27 +613,43 @@ class Bench:
         archive = os.path.join(self.site, "unpack", unpack["url"])
         manifest = "file://" + os.path.join(self.site, "unpack", "manifest.json")
         tiny_manifest = "file://" + os.path.join(self.site, "tiny", "manifest.json")
-        commands = [
-            ("packs fetch file://", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, "com.bench.unpack")),
-            ("bsdtar -xf", lambda w: f"mkdir {w}/out && bsdtar -xf {archive} -C {w}/out"),
-            ("curl file:// → /dev/null", lambda w: ["curl", "-s", "-o", "/dev/null", "file://" + archive]),
-            ("packs fetch 1-file pack", lambda w: self.packs_cmd(f"{w}/home", "fetch", tiny_manifest, "com.bench.tiny")),
-        ]
-        log("case 6: unpack 10,000 small files…")
 
-        def check(name, work, run):
-            files, _ = content_bytes(work)
-            want = {"packs fetch file://": 10_000, "bsdtar -xf": 10_000, "packs fetch 1-file pack": 1}.get(name)
-            if want is not None and files != want:
-                raise Failure(f"{name}: {files} files unpacked, expected {want}")
-        res = self.alternate(6, commands, max(self.reps, 5), check=check, warm_bytes=256 * MiB, served=[archive])
-        m = {name: median([r.wall for r in runs]) for name, runs in res.items()}
-        self.row(6, "10,000 files (1–8 KiB), tar.gz: packs fetch of a file:// manifest", m["packs fetch file://"], "bsdtar -xf", m["bsdtar -xf"], target=1.1)
-        adjusted = m["packs fetch file://"] - m["packs fetch 1-file pack"]
-        self.row(6, "… minus packs's fixed cost (fetch of a 1-file pack, file://)", adjusted, "bsdtar -xf", m["bsdtar -xf"])
-        self.rows.append(("6", f"for scale: curl file:// of the {unpack['contentLength'] / MiB:.0f} MiB pack to /dev/null "
-                          f"{fmt_s(m['curl file:// → /dev/null'])}; packs fetch of a 1-file pack {fmt_s(m['packs fetch 1-file pack'])}",
-                          "", "", "", "", "", ""))
+        def commands(where):
+            """where(work) -> the folder the outputs go to (the run folder, or one on tmpfs)."""
+            return [
+                ("packs fetch file://", lambda w: self.packs_cmd(f"{where(w)}/home", "fetch", manifest, "com.bench.unpack")),
+                ("bsdtar -xf", lambda w: f"mkdir -p {where(w)}/out && bsdtar -xf {archive} -C {where(w)}/out"),
+                ("curl file:// → /dev/null", lambda w: ["curl", "-s", "-o", "/dev/null", "file://" + archive]),
+                ("packs fetch 1-file pack", lambda w: self.packs_cmd(f"{where(w)}/home", "fetch", tiny_manifest, "com.bench.tiny")),
+            ]
+
+        def check(where):
+            def run_check(name, work, run):
+                files, _ = content_bytes(where(work))
+                want = {"packs fetch file://": 10_000, "bsdtar -xf": 10_000, "packs fetch 1-file pack": 1}.get(name)
+                if want is not None and files != want:
+                    raise Failure(f"{name}: {files} files unpacked, expected {want}")
+                if where(work) != work:
+                    shutil.rmtree(where(work), ignore_errors=True)
+            return run_check
+
+        variants = [("6", "ext4 (the data's filesystem)", lambda w: w, max(self.reps, 7))]
+        if self.shm:
+            variants.append(("6b", "tmpfs (/dev/shm: the unpacker's own cost, without ext4 and the VM)",
+                             lambda w: os.path.join(self.shm, os.path.basename(w)), max(self.reps, 5)))
+        for case, fs, where, reps in variants:
+            log(f"case {case}: unpack 10,000 small files on {fs.split(' ')[0]}…")
+            res = self.alternate(case, commands(where), reps, check=check(where), warm_bytes=256 * MiB, served=[archive],
+                                 keep=(case == "6"))
+            m = {name: [r.wall for r in runs] for name, runs in res.items()}
+            self.row(case, f"10,000 files (1–8 KiB), tar.gz, on {fs}: packs fetch of a file:// manifest",
+                     m["packs fetch file://"], "bsdtar -xf", m["bsdtar -xf"], target=1.1 if case == "6" else None)
+            adjusted = median(m["packs fetch file://"]) - median(m["packs fetch 1-file pack"])
+            self.row(case, "… minus packs's fixed cost (median fetch of a 1-file pack, file://)", adjusted, "bsdtar -xf",
+                     median(m["bsdtar -xf"]))
+            self.rows.append((case, f"for scale: curl file:// of the {unpack['contentLength'] / MiB:.0f} MiB pack to /dev/null "
+                              f"{fmt_s(median(m['curl file:// → /dev/null']))}; packs fetch of a 1-file pack "
+                              f"{fmt_s(median(m['packs fetch 1-file pack']))}", "", "", "", "", "", ""))
 
     # ---- profile --------------------------------------------------------------------------------
 
@@ -611,21 +708,31 @@ class Bench:
         pack = self.data[name]
         log(f"profile: packs fetch of the {pack['contentLength'] / MiB:.0f} MiB pack under perf record -e cpu-clock…")
         self.prepare(pack["contentLength"] * 2 + 256 * MiB, [os.path.join(self.site, name, pack["url"])])
+        time_file = os.path.join(self.tmp, "perf-time.out")
         p = subprocess.run(["perf", "record", "-q", "-o", data, "-F", "999", "-e", "cpu-clock", "--",
+                            "/usr/bin/time", "-f", "%e %U %S", "-o", time_file,
                             self.packs, "--home", f"{work}/home", "--quiet", "fetch", manifest, product],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if p.returncode != 0:
             print(f"\nNOTE: perf record exited {p.returncode}:\n```\n{p.stderr[-2000:]}\n```")
             return
-        for sort, top in (("comm,dso", 15), ("dso,sym", 25)):
-            text = subprocess.run(["perf", "report", "-i", data, "--no-children", "--sort", sort, "--stdio"],
+        with open(time_file) as f:
+            wall, user, sys_ = (float(x) for x in f.read().split()[-3:])
+        samples = subprocess.run(["perf", "script", "-i", data, "-F", "period"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True).stdout.count("\n")
+        print(f"\nperf run: {wall:.2f} s wall, {user:.2f} s user + {sys_:.2f} s sys by rusage; perf sampled "
+              f"{samples / 999:.2f} CPU-seconds ({samples} samples at 999 Hz). CPU time that rusage counts beyond the sampled "
+              f"seconds is time the guest's perf cannot see (in a VM: the vCPU stalled in the hypervisor, e.g. while it "
+              f"faults in guest pages).")
+        for sort, top in (("dso", 12), ("pid,dso", 12), ("dso,sym", 25)):
+            text = subprocess.run(["perf", "report", "-i", data, "--no-children", "-g", "none", "--sort", sort, "--stdio"],
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
             demangler = shutil.which("swift-demangle")
             if demangler:
                 text = subprocess.run([demangler, "--simplified"], input=text, stdout=subprocess.PIPE, text=True).stdout
             lines = [l for l in text.splitlines() if l.strip() and not l.startswith("#")]
             print(f"\n## perf (cpu-clock, 999 Hz, kernel included): packs fetch of the {pack['contentLength'] / MiB:.0f} MiB pack, "
-                  f"by {sort.replace(',', ' and ')} (top {top})\n\n```")
+                  f"by {sort.replace('pid', 'thread').replace(',', ' and ')} (top {top})\n\n```")
             print("\n".join(lines[:top]))
             print("```")
         shutil.rmtree(work, ignore_errors=True)
@@ -633,7 +740,7 @@ class Bench:
     # ---- report ---------------------------------------------------------------------------------
 
     def report(self):
-        print("\n## Results (medians; ratios are PackDelivery ÷ peer)\n")
+        print("\n## Results (medians, then min–max of the runs; ratios are of the medians, PackDelivery ÷ peer)\n")
         print("| case | what | PackDelivery | peer | peer | ratio | target | result |")
         print("|---|---|---:|---|---:|---:|---|---|")
         for row in self.rows:
@@ -650,10 +757,19 @@ class Bench:
                 print(f"| {name} | " + " | ".join(cells) + " |")
             print("| total | " + " | ".join(f"{r[1]:.2f}" for r in runs) + " |")
         print("\n### Every run\n")
-        print("| case | command | round | wall s | user s | sys s | max RSS MiB |")
-        print("|---|---|---:|---:|---:|---:|---:|")
+        print("Other CPU: CPU seconds the rest of the machine used during the run (all CPUs' busy time minus the "
+              "run's own user+sys and nginx's). Kernel threads working for the run count here too: writeback, and "
+              "(with the memory warm-up) the guest reporting the touched-and-freed memory back to the hypervisor "
+              "while the run leaves it unused. Several seconds with --no-warm means something else was running.\n")
+        print("| case | command | round | wall s | user s | sys s | max RSS MiB | other CPU s |")
+        print("|---|---|---:|---:|---:|---:|---:|---:|")
         for case, name, r, run in self.raw:
-            print(f"| {case} | {name} | {r} | {run.wall:.3f} | {run.user:.2f} | {run.sys:.2f} | {run.rss_kib / 1024:.1f} |")
+            print(f"| {case} | {name} | {r} | {run.wall:.3f} | {run.user:.2f} | {run.sys:.2f} | {run.rss_kib / 1024:.1f} | {run.other:.2f} |")
+        disturbed = [(case, name, r, run) for case, name, r, run in self.raw if run.other > max(0.5, 0.25 * run.wall)]
+        if disturbed:
+            print(f"\nWARNING: {len(disturbed)} of {len(self.raw)} runs had other CPU > max(0.5 s, 25 % of the wall "
+                  f"time) (other work on the machine, or free page reporting after the warm-up): "
+                  + ", ".join(f"case {c} {n} round {r} ({run.other:.1f} s)" for c, n, r, run in disturbed[:12]))
         for note in self.notes:
             print(f"\nNOTE: {note}")
 
@@ -664,10 +780,11 @@ def main():
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--access-log", required=True)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--only", default="")
     ap.add_argument("--warm", type=int, default=1)
+    ap.add_argument("--shm", default="", help="a folder on tmpfs for case 6b (removed by the caller)")
     args = ap.parse_args()
     bench = Bench(args)
     bench.profile = bool(args.profile)
@@ -684,6 +801,8 @@ def main():
             # Reported precisely, and the other cases still run.
             bench.notes.append(f"BROKEN: {e}")
             log(f"BROKEN: {e}")
+    for folder in bench.deferred:
+        shutil.rmtree(folder, ignore_errors=True)
     bench.report()
     if bench.profile:
         bench.profile_run()

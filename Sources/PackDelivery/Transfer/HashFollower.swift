@@ -3,8 +3,7 @@ import Synchronization
 
 /// Hashes a partial file on a thread of its own, following the writer from the page cache.
 ///
-/// The transfer thread only receives and writes; SHA-256 (the slowest stage here, ≈320 MB/s) runs
-/// beside it. The writer reports how far the file is written (``advance(to:)``), restarts it from
+/// The transfer thread only receives and writes; SHA-256 runs beside it. The writer reports how far the file is written (``advance(to:)``), restarts it from
 /// zero (``restart()``), and at the end asks for the digest of the first `length` bytes
 /// (``finish(length:then:)``), which arrives once hashing has caught up.
 final class HashFollower: Sendable {
