@@ -41,7 +41,7 @@ extension Packs {
                 let loaded = try LoadedManifest.load(self.manifest, options: self.transfer.options)
                 for product in self.products where loaded.manifest.product(product) == nil {
                     let known = loaded.manifest.products.map(\.productIdentifier).joined(separator: ", ")
-                    throw PackDeliveryError(kind: .badData, message: "The manifest has no product '\(product)'.",
+                    throw PackDeliveryError(.unknownProduct, message: "The manifest has no product '\(product)'.",
                                             hint: known.isEmpty ? "It lists no products." : "It lists: \(known).", subject: product)
                 }
                 let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: self.transfer.configuration(), logger: self.global.logger)
@@ -176,7 +176,7 @@ extension Packs {
                 defer { queue.close() }
                 let installed = try queue.installedContent(forProductID: self.product)
                 if let product = self.product, installed.isEmpty {
-                    throw PackDeliveryError(kind: .usage, message: "Nothing is installed for \(product).", hint: "Fetch it with packs fetch MANIFEST \(product).", subject: product)
+                    throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(product).", subject: product)
                 }
                 for content in installed {
                     if self.global.json {
@@ -201,7 +201,7 @@ extension Packs {
                 let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
                 defer { queue.close() }
                 if try queue.deleteContent(forProductID: self.product) == 0 {
-                    throw PackDeliveryError(kind: .usage, message: "Nothing is installed for \(self.product).", hint: "See packs content for what is installed.", subject: self.product)
+                    throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(self.product).", hint: "See packs content for what is installed.", subject: self.product)
                 }
             }
         }

@@ -121,38 +121,6 @@ struct TransferFlags: ParsableArguments {
     }
 }
 
-/// The CLI's exit codes (sysexits.h, plus 130 for an interrupt).
-enum ExitStatus {
-    static let usage: Int32 = 64
-    static let badData: Int32 = 65
-    static let network: Int32 = 69
-    static let io: Int32 = 74
-    static let resumable: Int32 = 75
-    static let interrupted: Int32 = 130
-
-    static func code(for error: PackDeliveryError) -> Int32 {
-        switch error.kind {
-        case .usage: Self.usage
-        case .badData: Self.badData
-        case .network: Self.network
-        case .insufficientStorage: Self.resumable
-        case .io: Self.io
-        case .cancelled: Self.interrupted
-        }
-    }
-}
-
-/// Prints the one stderr line every failure gets, and exits with its code.
-func fail(_ error: PackDeliveryError) -> ExitCode {
-    FileHandle.standardError.write(Data("packs: \(error.description)\n".utf8))
-    return ExitCode(ExitStatus.code(for: error))
-}
-
-/// Runs a body that throws PackDeliveryError, mapping it to the documented exit code.
-func mapErrors<T>(_ body: () async throws(PackDeliveryError) -> T) async throws -> T {
-    do throws(PackDeliveryError) { return try await body() } catch { throw fail(error) }
-}
-
 func printLine(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }

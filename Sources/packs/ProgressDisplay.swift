@@ -147,23 +147,26 @@ enum JSONOutput {
             "state": download.state.rawValue, "progress": download.progress, "phaseProgress": download.phaseProgress, "timeRemaining": download.timeRemaining,
             "contentLength": download.contentLength, "contentIdentifier": download.contentIdentifier,
             "contentVersion": download.contentVersion, "bytesReceived": download.bytesReceived,
-            "destination": download.destination.rawValue, "url": download.url.absoluteString,
+            "destination": download.destination.rawValue, "url": download.redactedURL,
         ]
         object["phase"] = download.phase?.rawValue ?? NSNull()
         object["pauseReason"] = download.pauseReason?.rawValue ?? NSNull()
         object["contentURL"] = download.contentURL?.path ?? NSNull()
-        if let error = download.error {
-            var json: [String: Any] = ["kind": error.kind.rawValue, "message": error.message]
-            if let hint = error.hint { json["hint"] = hint }
-            if let subject = error.subject { json["subject"] = subject }
-            if let code = error.code { json["code"] = code }
-            if let needed = error.neededBytes { json["neededBytes"] = needed }
-            if let available = error.availableBytes { json["availableBytes"] = available }
-            object["error"] = json
-        } else {
-            object["error"] = NSNull()
-        }
+        object["error"] = download.error.map(self.error) ?? NSNull()
         return object
+    }
+
+    /// `{"code", "kind", "message", "hint", "subject", "underlying": {"domain", "value"}, "httpStatus", "pendingDownloadIDs", "neededBytes", "availableBytes"}`.
+    static func error(_ error: PackDeliveryError) -> [String: Any] {
+        var json: [String: Any] = ["code": error.code.rawValue, "kind": error.kind.rawValue, "message": error.message]
+        if let hint = error.hint { json["hint"] = hint }
+        if let subject = error.subject { json["subject"] = subject }
+        if let underlying = error.underlying { json["underlying"] = ["domain": underlying.domain.rawValue, "value": underlying.value] }
+        if let status = error.httpStatus { json["httpStatus"] = status }
+        if !error.pendingDownloadIDs.isEmpty { json["pendingDownloadIDs"] = error.pendingDownloadIDs }
+        if let needed = error.neededBytes { json["neededBytes"] = needed }
+        if let available = error.availableBytes { json["availableBytes"] = available }
+        return json
     }
 
     static func downloadEvent(_ download: Download) -> [String: Any] {

@@ -63,8 +63,8 @@ struct RunSession {
             return ExitStatus.interrupted
         }
         if let failed = downloads.first(where: { $0.state == .failed }) {
-            let error = failed.error ?? PackDeliveryError(kind: .network, message: "The download \(failed.id) failed.")
-            FileHandle.standardError.write(Data("packs: \(failed.id) (\(failed.contentIdentifier)) failed: \(error.description) Run packs resume \(failed.id) to retry.\n".utf8))
+            let error = failed.error ?? PackDeliveryError(.internalError, message: "The download \(failed.id) failed for no recorded reason.")
+            FileHandle.standardError.write(Data((ExitStatus.line(for: error, download: failed) + "\n").utf8))
             return ExitStatus.code(for: error)
         }
         if let paused = downloads.first(where: { $0.state == .paused }) {

@@ -20,7 +20,7 @@ extension Packs {
             let folder = URL(filePath: self.directory).absoluteURL
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: folder.path, isDirectory: &isDirectory), isDirectory.boolValue else {
-                throw fail(PackDeliveryError(kind: .usage, message: "\(folder.path) is not a folder.", hint: "Pass the folder holding manifest.json and its packs."))
+                throw fail(PackDeliveryError(.invalidArgument, message: "\(folder.path) is not a folder.", hint: "Pass the folder holding manifest.json and its packs."))
             }
             var logger = Logger(label: "packs.serve", factory: { StreamLogHandler.standardError(label: $0) })
             logger.logLevel = self.quiet ? .error : .info
@@ -30,7 +30,7 @@ extension Packs {
                     printLine("Serving \(folder.path) at http://\(self.host):\(port)/ (Ctrl-C stops)")
                 }
             } catch {
-                throw fail(PackDeliveryError(kind: .network, message: "The server stopped: \(error).", hint: "Is the port free? Try --port 0."))
+                throw fail(PackDeliveryError(.networkFailure, message: "The server stopped: \(error).", hint: "Is the port free? Try --port 0."))
             }
         }
     }
@@ -109,7 +109,7 @@ extension Packs {
                 do {
                     server = try await PackServer.start(PackServerConfiguration(directory: site, port: 0), logger: logger)
                 } catch {
-                    throw PackDeliveryError(kind: .network, message: "The demo server could not start: \(error).")
+                    throw PackDeliveryError(.networkFailure, message: "The demo server could not start: \(error).")
                 }
                 let manifestURL = server.baseURL.appending(path: "manifest.json")
                 if !self.global.quiet && !self.global.json {
@@ -149,7 +149,7 @@ extension Packs {
                 folder = folder.deletingLastPathComponent()
             }
             if let found = candidates.first(where: { FileManager.default.fileExists(atPath: $0.path) }) { return found }
-            throw PackDeliveryError(kind: .usage, message: "Cannot find the SampleContent folder.", hint: "Run packs demo from the package folder, or pass --samples DIR.")
+            throw PackDeliveryError(.invalidArgument, message: "Cannot find the SampleContent folder.", hint: "Run packs demo from the package folder, or pass --samples DIR.")
         }
     }
 }

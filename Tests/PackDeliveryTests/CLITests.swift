@@ -54,13 +54,13 @@ import Testing
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#""state":"cancelled""#))
     }
 
-    @Test func headersReachAServerThatChecksATokenAndAMissingOneFailsWith69() async throws {
+    @Test func headersReachAServerThatChecksATokenAndAMissingOneFailsWith77() async throws {
         let site = try TestSite.samples("token-site")
         let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0, token: "s3cret"), logger: Logger(label: "test"))
         let home = try Fixtures.temporaryDirectory("token-home")
         let manifestURL = server.baseURL.appending(path: "manifest.json").absoluteString
         let denied = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest"])
-        #expect(denied.status == 69 && denied.stderr.contains("401"), "stderr: \(denied.stderr)")
+        #expect(denied.status == 77 && denied.stderr.contains("401"), "stderr: \(denied.stderr)")
         let allowed = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest", "--header", "Authorization: Bearer s3cret"])
         await server.stop()
         #expect(allowed.status == 0, "stderr: \(allowed.stderr)")

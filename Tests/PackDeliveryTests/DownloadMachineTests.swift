@@ -14,7 +14,7 @@ import Testing
                  unpackedLength: nil, destination: .caches, bytesReceived: 0)
     }
 
-    static let networkFailure = TransferFailure(error: PackDeliveryError(kind: .network, message: "reset"), retryable: true)
+    static let networkFailure = TransferFailure(error: PackDeliveryError(.networkFailure, message: "reset"), retryable: true)
 
     @Test func startRunsATransferAndCompletionInstalls() {
         var machine = DownloadMachine(download: Self.download())
@@ -102,7 +102,7 @@ import Testing
         _ = machine.start()
         _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
         #expect(machine.pause(.user) == [.stopInstall])
-        #expect(machine.installFinished(token: 1, result: .failure(PackDeliveryError(kind: .cancelled, message: "stopped"))) == [])
+        #expect(machine.installFinished(token: 1, result: .failure(PackDeliveryError(.cancelled, message: "stopped"))) == [])
         #expect(machine.state == .paused)
         _ = machine.resume()
         #expect(machine.start() == [.install(token: 3)])
@@ -212,7 +212,7 @@ import Testing
         guard case .reject(let failure) = ResponseDecision.decide(status: 404, contentRange: nil, offset: 0, expectedLength: 1, retryAfter: nil, url: self.url) else {
             Issue.record("404 must be rejected"); return
         }
-        #expect(!failure.retryable && failure.error.code == 404 && failure.error.message.contains("404"))
+        #expect(!failure.retryable && failure.error.code == .httpStatus && failure.error.httpStatus == 404 && failure.error.message.contains("404"))
     }
 
     @Test func retryAfterAsAnHTTPDate() {

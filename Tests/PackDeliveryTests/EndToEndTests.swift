@@ -118,7 +118,7 @@ import Testing
         try Data("this is not json".utf8).write(to: garbage)
         let unreadable = try CLI.run(home: home, ["fetch", garbage.path, "com.example.forest"])
         #expect(unreadable.status == 65)
-        #expect(unreadable.stderr.contains("not valid manifest JSON"), "stderr: \(unreadable.stderr)")
+        #expect(unreadable.stderr.contains("it is not JSON"), "stderr: \(unreadable.stderr)")
 
         let missing = try CLI.run(home: home, ["fetch", home.appending(path: "nope.json").path, "com.example.forest"])
         #expect(missing.status == 65)

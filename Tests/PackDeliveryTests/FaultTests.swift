@@ -98,7 +98,7 @@ import Testing
         defer { setup.queue.close(); setup.server.stop() }
         let download = try await setup.run()
         #expect(download.state == .failed)
-        #expect(download.error?.code == 404 && download.error?.message.contains("404") == true)
+        #expect(download.error?.code == .httpStatus && download.error?.httpStatus == 404 && download.error?.message.contains("404") == true)
         #expect(setup.server.requests().count == 1, "no retries for a 404")
     }
 

@@ -152,7 +152,7 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
 
         let paused = try #require(await waitFor(queue, id) { $0.state != .active && $0.state != .waiting })
         #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage)
-        #expect(paused.error?.kind == .insufficientStorage && paused.error?.code == Int(ENOSPC))
+        #expect(paused.error?.code == .insufficientStorage && paused.error?.underlying == .init(.errno, Int(ENOSPC)))
         let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
         let kept = try #require(try FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64)
         // Everything up to the last complete write is kept (a write cut short by the full disk is cut back).

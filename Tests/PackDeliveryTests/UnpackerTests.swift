@@ -312,8 +312,8 @@ struct UnpackerTests {
             _ = try fixture.unpack(fixture.packs.appendingPathComponent("missing.tar"))
             Issue.record("a missing pack was accepted")
         } catch {
-            #expect(error.kind == .io)
-            #expect(error.code == Int(ENOENT))
+            #expect(error.code == .fileSystem)
+            #expect(error.underlying == .init(.errno, Int(ENOENT)))
         }
         let pack = try fixture.tar(#"f("a")"#)
         try Data("x".utf8).write(to: fixture.staging.appendingPathComponent("already-here"))
@@ -475,8 +475,8 @@ struct UnpackerTests {
             _ = try Unpacker.unpack(archive: pack, into: staging, limits: UnpackLimits(maxBytes: 1 << 30))
             Issue.record("3 MiB fit into a 1 MiB filesystem")
         } catch {
-            #expect(error.kind == .insufficientStorage)
-            #expect(error.code == Int(ENOSPC))
+            #expect(error.code == .insufficientStorage)
+            #expect(error.underlying == .init(.errno, Int(ENOSPC)))
             #expect(error.subject == staging.path)
         }
     }

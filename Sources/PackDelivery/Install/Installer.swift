@@ -47,7 +47,7 @@ struct Installer: Sendable {
                                     progress: { bytes in progress(.unpacking, min(0.99, Double(bytes) / expected)) },
                                     isCancelled: { cancel.isCancelled }, writer: self.writer)
             try Self.checkContentInfo(in: staging, for: download)
-            if cancel.isCancelled { throw PackDeliveryError(kind: .cancelled, message: "The install was stopped.") }
+            if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
             progress(.installing, 0)
             var info = stat()
             guard stat(staging.path, &info) == 0 else { throw Self.fileError("inspect", staging.path, errno) }
@@ -63,7 +63,7 @@ struct Installer: Sendable {
                 // Say how much the unpack needs and how much is free now that staging is gone.
                 let needed = (download.unpackedLength ?? download.contentLength) + SpaceCheck.margin
                 throw .insufficientStorage(path: staging.deletingLastPathComponent().path, needed: needed,
-                                           available: SpaceCheck.available(at: staging.deletingLastPathComponent()), code: error.code)
+                                           available: SpaceCheck.available(at: staging.deletingLastPathComponent()), errno: error.underlying.map { Int32($0.value) })
             }
             throw error
         }
@@ -128,19 +128,18 @@ struct Installer: Sendable {
         do {
             info = try PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: url))
         } catch {
-            throw PackDeliveryError(kind: .badData, message: "The pack's ContentInfo.plist cannot be read (it needs the string keys ContentVersion and IAPProductIdentifier).",
-                                    hint: "Nothing was installed; rebuild the pack (packs pack writes a correct one).", subject: "ContentInfo.plist")
+            throw PackDeliveryError(.contentInfoMismatch, message: "The pack's ContentInfo.plist cannot be read (it needs the string keys ContentVersion and IAPProductIdentifier).",
+                                    hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: "ContentInfo.plist")
         }
         guard info.productIdentifier == download.productIdentifier, info.contentVersion == download.contentVersion else {
-            throw PackDeliveryError(kind: .badData,
+            throw PackDeliveryError(.contentInfoMismatch,
                                     message: "The pack's ContentInfo.plist says \(info.productIdentifier) \(info.contentVersion), but the manifest says \(download.productIdentifier) \(download.contentVersion).",
                                     hint: "Nothing was installed; the manifest and the pack disagree — republish one of them.", subject: "ContentInfo.plist")
         }
     }
 
     static func fileError(_ operation: String, _ path: String, _ code: Int32) -> PackDeliveryError {
-        if code == ENOSPC || code == EDQUOT { return .insufficientStorage(path: path, needed: nil, available: nil, code: Int(code)) }
-        return .io(operation, path: path, errno: code)
+        .io(operation, path: path, errno: code)
     }
 
     /// Removes a folder tree (no-op when missing), making read-only folders writable first.

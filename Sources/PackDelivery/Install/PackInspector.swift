@@ -10,7 +10,7 @@ enum PackInspector {
     }
 
     static func inspect(_ archive: URL) throws(PackDeliveryError) -> Summary {
-        guard let reader = archive_read_new() else { throw PackDeliveryError(kind: .io, message: "libarchive could not start (out of memory).") }
+        guard let reader = archive_read_new() else { throw PackDeliveryError.io("start reading the pack", path: archive.path, errno: ENOMEM) }
         defer { archive_read_free(reader) }
         if let name = Unpacker.enablePackFormats(reader) {
             throw .corruptArchive("libarchive cannot read \(name)")
@@ -40,8 +40,8 @@ enum PackInspector {
                 }
                 summary.contentInfo = try? PropertyListDecoder().decode(ContentInfo.self, from: data)
                 if summary.contentInfo == nil {
-                    throw PackDeliveryError(kind: .badData, message: "\(archive.lastPathComponent) has a ContentInfo.plist without the string keys ContentVersion and IAPProductIdentifier.",
-                                            hint: "Rebuild it with packs pack --product ID --version V.", subject: archive.path)
+                    throw PackDeliveryError(.contentInfoMismatch, message: "\(archive.lastPathComponent) has a ContentInfo.plist without the string keys ContentVersion and IAPProductIdentifier.",
+                                            hint: "Rebuild the pack with a ContentInfo.plist that names its product and version.", subject: archive.path)
                 }
             }
         }
@@ -66,7 +66,7 @@ public enum ManifestBuilder {
     public static func build(folder: URL) throws(PackDeliveryError) -> Manifest {
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder.path).sorted() } catch {
-            throw PackDeliveryError(kind: .usage, message: "Cannot list the folder \(folder.path).", hint: "Pass a folder that holds packs.", subject: folder.path)
+            throw PackDeliveryError(.invalidArgument, message: "Cannot list the folder \(folder.path).", hint: "Pass a folder that holds packs.", subject: folder.path)
         }
         var products: [String: [Manifest.Content]] = [:]
         var order: [String] = []
@@ -74,8 +74,8 @@ public enum ManifestBuilder {
             let url = folder.appending(path: name)
             let summary = try PackInspector.inspect(url)
             guard let info = summary.contentInfo else {
-                throw PackDeliveryError(kind: .badData, message: "\(name) has no ContentInfo.plist, so its product and version are unknown.",
-                                        hint: "Build it with packs pack FOLDER --product ID --version V --output \(name).", subject: url.path)
+                throw PackDeliveryError(.contentInfoMismatch, message: "\(name) has no ContentInfo.plist, so its product and version are unknown.",
+                                        hint: "Build the pack with a ContentInfo.plist that names its product and version.", subject: url.path)
             }
             let length = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64) ?? 0
             // The first pack of a product is named after it; further packs of the same product after their file.
@@ -104,7 +104,7 @@ public enum ManifestBuilder {
         do {
             try encoder.encode(manifest).write(to: folder.appending(path: "manifest.json"), options: .atomic)
         } catch {
-            throw PackDeliveryError(kind: .io, message: "Cannot write \(folder.appending(path: "manifest.json").path): \(error.localizedDescription).", subject: folder.path)
+            throw PackDeliveryError(.fileSystem, message: "Cannot write \(folder.appending(path: "manifest.json").path): \(error.localizedDescription).", subject: folder.path)
         }
         return manifest
     }

@@ -129,7 +129,7 @@ public enum PackWriter {
         do {
             return try encoder.encode(ContentInfo(contentVersion: contentVersion, productIdentifier: productIdentifier))
         } catch {
-            throw PackDeliveryError(kind: .usage, message: "Could not encode \(Self.contentInfoName): \(error).",
+            throw PackDeliveryError(.invalidArgument, message: "Could not encode \(Self.contentInfoName): \(error).",
                                     subject: Self.contentInfoName)
         }
     }
@@ -228,7 +228,7 @@ private struct PackFolderScanner {
                 self.items.append(PackItem(path: path, source: path, kind: .symlink(Array(buffer[..<count])), mode: 0o777, size: 0, mtime: mtime))
             default:
                 throw PackDeliveryError(
-                    kind: .usage, message: "'\(self.shown(path))' is not a file, folder or symlink, so it cannot go into a pack.",
+                    .invalidArgument, message: "'\(self.shown(path))' is not a file, folder or symlink, so it cannot go into a pack.",
                     hint: "Remove it from the folder, then pack again.", subject: self.shown(path))
             }
         }
@@ -245,7 +245,7 @@ private struct PackFolderScanner {
             let shown = root + "/" + String(decoding: item.path, as: UTF8.self)
             let shownTarget = String(decoding: target, as: UTF8.self)
             func refuse(_ why: String) -> PackDeliveryError {
-                PackDeliveryError(kind: .usage, message: "The symlink '\(shown)' points to '\(shownTarget)', \(why), so it cannot go into a pack.",
+                PackDeliveryError(.invalidArgument, message: "The symlink '\(shown)' points to '\(shownTarget)', \(why), so it cannot go into a pack.",
                                   hint: "Make it a relative link that stays inside the folder, or replace it with the file.",
                                   subject: shown)
             }
@@ -279,10 +279,7 @@ private struct PackFolderScanner {
 
 private enum PackWriterErrors {
     static func file(_ operation: String, path: String, errno code: Int32) -> PackDeliveryError {
-        if code == ENOSPC || code == EDQUOT {
-            return PackDeliveryError.insufficientStorage(path: path, needed: nil, available: nil, code: Int(code))
-        }
-        return PackDeliveryError.io(operation, path: path, errno: code)
+        PackDeliveryError.io(operation, path: path, errno: code)
     }
 }
 
@@ -442,17 +439,17 @@ private struct PackArchiveWriter {
     }
 
     private static func changed(_ path: String) -> PackDeliveryError {
-        PackDeliveryError(kind: .io, message: "The file '\(path)' changed while it was being packed.",
+        PackDeliveryError(.fileSystem, message: "The file '\(path)' changed while it was being packed.",
                           hint: "Pack again once nothing writes to the folder.", subject: path)
     }
 
     private static func archiveError(_ archive: OpaquePointer, _ operation: String, output: URL) -> PackDeliveryError {
         let code = archive_errno(archive)
         if code == ENOSPC || code == EDQUOT {
-            return PackDeliveryError.insufficientStorage(path: output.deletingLastPathComponent().path, needed: nil, available: nil, code: Int(code))
+            return PackDeliveryError.insufficientStorage(path: output.deletingLastPathComponent().path, needed: nil, available: nil, errno: code)
         }
         let detail = archive_error_string(archive).map { String(cString: $0) } ?? "unknown libarchive error"
-        return PackDeliveryError(kind: .io, message: "Could not \(operation) the pack '\(output.path)': \(detail).",
-                                 subject: output.path, code: Int(code))
+        return PackDeliveryError(.fileSystem, message: "Could not \(operation) the pack '\(output.path)': \(detail).",
+                                 subject: output.path, underlying: .init(.libarchive, Int(code)))
     }
 }

@@ -182,7 +182,7 @@ private final class UnpackRun {
         }
         guard Self.isEmptyDirectory(rootFD) else {
             close(rootFD)
-            throw PackDeliveryError(kind: .usage, message: "The staging folder '\(staging.path)' is not empty.",
+            throw PackDeliveryError(.invalidArgument, message: "The staging folder '\(staging.path)' is not empty.",
                                     hint: "Unpack into a new, empty folder.", subject: staging.path)
         }
 
@@ -572,7 +572,7 @@ private final class UnpackRun {
     // MARK: Errors and helpers
 
     private func cancelled() -> PackDeliveryError {
-        PackDeliveryError(kind: .cancelled, message: "Unpacking '\(self.archiveURL.lastPathComponent)' was cancelled.",
+        PackDeliveryError(.cancelled, message: "Unpacking '\(self.archiveURL.lastPathComponent)' was cancelled.",
                           subject: self.stagingPath)
     }
 
@@ -586,7 +586,7 @@ private final class UnpackRun {
 
     private static func fileError(_ operation: String, path: String, errno code: Int32, stagingPath: String) -> PackDeliveryError {
         if code == ENOSPC || code == EDQUOT {
-            return PackDeliveryError.insufficientStorage(path: stagingPath, needed: nil, available: nil, code: Int(code))
+            return PackDeliveryError.insufficientStorage(path: stagingPath, needed: nil, available: nil, errno: code)
         }
         return PackDeliveryError.io(operation, path: path, errno: code)
     }

@@ -70,6 +70,8 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var error: PackDeliveryError?
     /// The pack's URL on the content server.
     public var url: URL
+    /// ``url`` without credentials (user info dropped, a query shown as `?…`), for display and logs.
+    public var redactedURL: String { self.url.redacted }
     /// Hex SHA-256 of the pack, from the manifest.
     public var sha256: String
     /// Unpacked size in bytes, when the manifest gives it.

@@ -78,63 +78,139 @@ public struct LoadedManifest: Sendable {
 
     /// The absolute URL of a content's pack.
     ///
+    /// A manifest read over http(s) may only name http(s) packs; a local manifest may also name `file://` packs.
     /// - Parameter content: a pack of this manifest.
     /// - Returns: the pack's URL resolved against ``baseURL``.
-    /// - Throws: ``PackDeliveryError`` of kind `badData` when the result is not an http(s) or file URL.
+    /// - Throws: ``PackDeliveryError`` with code `unsupportedURL` when the result's scheme is not allowed.
     public func packURL(for content: Manifest.Content) throws(PackDeliveryError) -> URL {
+        let allowed: Set<String> = self.baseURL.isFileURL ? ["http", "https", "file"] : ["http", "https"]
         guard let url = URL(string: content.url, relativeTo: self.baseURL)?.absoluteURL,
-              let scheme = url.scheme?.lowercased(), ["http", "https", "file"].contains(scheme)
+              let scheme = url.scheme?.lowercased(), allowed.contains(scheme)
         else {
-            throw PackDeliveryError(kind: .badData, message: "The manifest gives '\(content.url)' as the URL of \(content.contentIdentifier), which is not an http(s) or file URL.",
-                                    hint: "Fix the manifest's url field.", subject: content.url)
+            let which = self.baseURL.isFileURL ? "an http(s) or file URL" : "an http(s) URL (a manifest from a server may not name local files)"
+            throw PackDeliveryError(.unsupportedURL,
+                                    message: "The manifest gives '\(PackDeliveryError.printable(Self.redact(content.url)))' as the URL of \(PackDeliveryError.printable(content.contentIdentifier)), which is not \(which).",
+                                    hint: "Fix the manifest's url field.", subject: Self.redact(content.url))
         }
         return url
     }
 
     /// Decodes and checks a manifest's bytes.
     ///
+    /// Every size must lie between 0 and 2^50 bytes, every SHA-256 must be 64 ASCII hex digits, identifiers
+    /// may not hold control characters, `/`, a leading `.` or more than 255 bytes, no two products share an
+    /// identifier, and no two packs share a content identifier.
     /// - Parameters:
     ///   - data: the manifest's JSON.
     ///   - baseURL: where the bytes came from, for relative pack URLs and error messages.
     /// - Returns: the manifest with its base URL.
-    /// - Throws: ``PackDeliveryError`` of kind `badData` naming the location and the first problem.
+    /// - Throws: ``PackDeliveryError`` with code `invalidManifest`, naming the location and the first problem.
     public static func decode(_ data: Data, from baseURL: URL) throws(PackDeliveryError) -> LoadedManifest {
         let manifest: Manifest
+        let place = baseURL.redacted
         do {
             manifest = try JSONDecoder().decode(Manifest.self, from: data)
         } catch {
-            throw PackDeliveryError(kind: .badData, message: "The manifest at \(baseURL.absoluteString) is not valid manifest JSON: \(Self.describe(error)).",
-                                    hint: "Check that the URL points at a manifest.json.", subject: baseURL.absoluteString)
+            throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) cannot be read: \(Self.describe(error, data: data)).",
+                                    hint: "Check that the URL points at a manifest.json.", subject: place)
         }
+        var products: Set<String> = []
+        var contents: [String: String] = [:]
         for product in manifest.products {
+            let productID = PackDeliveryError.printable(product.productIdentifier)
+            if let problem = Self.identifierProblem(product.productIdentifier) {
+                throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) has an unusable productIdentifier '\(productID)': \(problem).",
+                                        hint: "Product identifiers are reverse-DNS names like com.example.forest.", subject: place)
+            }
+            guard products.insert(product.productIdentifier).inserted else {
+                throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) lists the product \(productID) twice.", subject: place)
+            }
             for content in product.contents {
+                let contentID = PackDeliveryError.printable(content.contentIdentifier)
                 let problem: String? =
-                    if content.contentLength < 0 { "a negative contentLength" }
-                    else if content.sha256.count != 64 || !content.sha256.allSatisfy(\.isHexDigit) { "a sha256 that is not 64 hex digits" }
-                    else if content.contentIdentifier.isEmpty || content.contentIdentifier.contains("/") || content.contentIdentifier.hasPrefix(".") { "an unusable contentIdentifier" }
-                    else if (content.unpackedLength ?? 0) < 0 { "a negative unpackedLength" }
+                    if let problem = Self.identifierProblem(content.contentIdentifier) { "an unusable contentIdentifier: \(problem)" }
+                    else if Self.reservedNames.contains(content.contentIdentifier.lowercased()) { "a contentIdentifier that names a file PackDelivery keeps beside installed content" }
+                    else if !(0...Self.maxSize).contains(content.contentLength) { "a contentLength of \(content.contentLength), outside 0…2^50 bytes" }
+                    else if let unpacked = content.unpackedLength, !(0...Self.maxSize).contains(unpacked) { "an unpackedLength of \(unpacked), outside 0…2^50 bytes" }
+                    else if content.sha256.utf8.count != 64 || !content.sha256.utf8.allSatisfy(Self.isASCIIHexDigit) { "a sha256 that is not 64 hex digits (0-9, a-f)" }
+                    else if let problem = Self.textProblem(content.contentVersion, maxBytes: 255) { "a contentVersion with \(problem)" }
+                    else if let problem = Self.textProblem(content.url, maxBytes: 8192) { "a url with \(problem)" }
                     else { nil }
                 if let problem {
-                    throw PackDeliveryError(kind: .badData, message: "The manifest at \(baseURL.absoluteString) gives \(product.productIdentifier)/\(content.contentIdentifier) \(problem).",
-                                            hint: "Fix the manifest (packs manifest DIR writes a correct one).", subject: baseURL.absoluteString)
+                    throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) gives \(productID)/\(contentID) \(problem).",
+                                            hint: "Fix the manifest.", subject: place)
                 }
-            }
-            if product.productIdentifier.isEmpty || product.productIdentifier.contains("/") || product.productIdentifier.hasPrefix(".") {
-                throw PackDeliveryError(kind: .badData, message: "The manifest at \(baseURL.absoluteString) has an unusable productIdentifier '\(product.productIdentifier)'.",
-                                        hint: "Product identifiers are reverse-DNS names like com.example.forest.", subject: baseURL.absoluteString)
+                if let other = contents.updateValue(product.productIdentifier, forKey: content.contentIdentifier) {
+                    throw PackDeliveryError(.invalidManifest,
+                                            message: "The manifest at \(place) gives the contentIdentifier \(contentID) to two packs (of \(PackDeliveryError.printable(other)) and \(productID)).",
+                                            hint: "Every pack needs a contentIdentifier of its own: it names the folder it installs into.", subject: place)
+                }
             }
         }
         return LoadedManifest(manifest: manifest, baseURL: baseURL)
     }
 
-    private static func describe(_ error: any Error) -> String {
+    /// The largest size a manifest may give (1 PiB): sums of a few such sizes never overflow `Int64`.
+    static let maxSize: Int64 = 1 << 50
+    /// Names the home keeps beside installed content (compared in lowercase).
+    static let reservedNames: Set<String> = ["cachedir.tag", "packdelivery", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm",
+                                             "state.reserve", "state.sqlite.open-lock", "locks"]
+
+    static func isASCIIHexDigit(_ byte: UInt8) -> Bool {
+        (0x30...0x39).contains(byte) || (0x41...0x46).contains(byte) || (0x61...0x66).contains(byte)
+    }
+
+    /// Why an identifier cannot name a folder, or nil.
+    static func identifierProblem(_ identifier: String) -> String? {
+        if identifier.isEmpty { return "it is empty" }
+        if let problem = Self.textProblem(identifier, maxBytes: 255) { return "it has \(problem)" }
+        if identifier.contains("/") { return "it holds a '/'" }
+        if identifier.hasPrefix(".") { return "it starts with '.'" }
+        return nil
+    }
+
+    /// Why a text from the manifest cannot be shown or used as is (control characters, too long), or nil.
+    static func textProblem(_ text: String, maxBytes: Int) -> String? {
+        if text.utf8.count > maxBytes { return "more than \(maxBytes) bytes" }
+        if text.unicodeScalars.contains(where: { $0.properties.generalCategory == .control || $0 == "\u{2028}" || $0 == "\u{2029}" }) {
+            return "control characters (such as ESC, CR, LF, TAB or DEL)"
+        }
+        return nil
+    }
+
+    /// A URL from the manifest without its query string or user info, for messages.
+    static func redact(_ url: String) -> String {
+        URL(string: url).map(\.redacted) ?? String(url.prefix { $0 != "?" && $0 != "@" })
+    }
+
+    /// Says what is wrong without calling valid JSON "not JSON".
+    private static func describe(_ error: any Error, data: Data) -> String {
         switch error {
         case DecodingError.keyNotFound(let key, let context):
-            return "missing field '\(key.stringValue)'\(Self.path(context))"
-        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context):
-            return "wrong type\(Self.path(context))"
+            return "the field '\(key.stringValue)' is missing\(Self.path(context))"
+        case DecodingError.typeMismatch(let type, let context):
+            let wanted = type == Int64.self || type == Int.self ? "a whole number" : type == String.self ? "a string" : "another type"
+            return "a value\(Self.path(context)) is not \(wanted)"
+        case DecodingError.valueNotFound(_, let context):
+            return "a value\(Self.path(context)) is null"
         case DecodingError.dataCorrupted(let context):
-            return context.codingPath.isEmpty ? "not JSON" : "bad value\(Self.path(context))"
+            let detail = "\(context.debugDescription) \(context.underlyingError.map { "\($0)" } ?? "")".lowercased()
+            if !context.codingPath.isEmpty {
+                if detail.contains("does not fit") || detail.contains("not representable") || detail.contains("number") {
+                    return "a number\(Self.path(context)) is not a whole number of bytes that fits in 64 bits"
+                }
+                return "a value\(Self.path(context)) is invalid"
+            }
+            if detail.contains("not representable") || detail.contains("number") && detail.contains("fit") {
+                return "it holds a number too large to represent"
+            }
+            if detail.contains("nest") || detail.contains("depth") {
+                return "it nests arrays or objects too deeply"
+            }
+            if (try? JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])) != nil {
+                return "it is JSON, but not a manifest object with a products array"
+            }
+            return "it is not JSON"
         default:
             return "\(error)"
         }
@@ -142,7 +218,7 @@ public struct LoadedManifest: Sendable {
 
     private static func path(_ context: DecodingError.Context) -> String {
         let path = context.codingPath.map { $0.intValue.map(String.init) ?? $0.stringValue }.joined(separator: ".")
-        return path.isEmpty ? "" : " at \(path)"
+        return path.isEmpty ? "" : " at \(PackDeliveryError.printable(path))"
     }
 }
 

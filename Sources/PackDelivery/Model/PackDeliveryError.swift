@@ -1,59 +1,206 @@
 import Foundation
 
-/// An error PackDelivery reports: what happened, on what, and what to do next.
+/// An error PackDelivery reports: a stable ``code`` to match, one sentence for people, and the facts an app needs.
 ///
-/// Errors are a struct around a private code so that new cases do not break the API; match them
-/// with ``kind`` and the static factories' names.
-public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConvertible, Codable {
-    /// The broad class of an error, which also decides the CLI's exit code.
-    public enum Kind: String, Sendable, Hashable, Codable {
-        /// The caller asked for something impossible (bad argument, unknown id, finish refused).
-        case usage
-        /// The data is bad: unreadable manifest, unknown product, length or checksum mismatch,
-        /// unsafe or corrupt archive.
-        case badData
-        /// The server or the network failed, after retries.
-        case network
-        /// Not enough free space on the filesystem being written to.
-        case insufficientStorage
-        /// A local I/O or database failure that is not about free space.
-        case io
-        /// The operation was cancelled or interrupted.
-        case cancelled
+/// Match errors by ``code`` (with `==` or `switch`), never by message text:
+/// ```swift
+/// do { try queue.finish(transaction.id) } catch {
+///     switch error.code {
+///     case .finishRefused: showPending(error.pendingDownloadIDs)
+///     case .unknownTransaction: break
+///     default: report(error)
+///     }
+/// }
+/// ```
+/// New codes may be added in later versions, so a `switch` over codes needs a `default`. The number
+/// behind an error (an errno, a libcurl or libarchive code, an HTTP status, an SQLite result code)
+/// keeps its namespace in ``underlying``. Messages and hints never name a command-line tool and
+/// never show credentials: URLs appear without their query string and user info.
+public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// A stable identifier for each case an app may handle.
+    public struct Code: RawRepresentable, Sendable, Hashable, Codable, CustomStringConvertible {
+        /// The code's name, as stored and printed (`"finishRefused"`).
+        public let rawValue: String
+        /// A code from its name; unknown names are kept as they are.
+        ///
+        /// - Parameter rawValue: the code's name.
+        public init(rawValue: String) { self.rawValue = rawValue }
+        init(_ rawValue: String) { self.rawValue = rawValue }
+        /// The code's name.
+        public var description: String { self.rawValue }
+
+        // Asked for something impossible.
+        /// `finish` was refused: some downloads are neither finished nor cancelled (see ``pendingDownloadIDs``).
+        public static let finishRefused = Code("finishRefused")
+        /// No transaction has this id.
+        public static let unknownTransaction = Code("unknownTransaction")
+        /// No download has this id.
+        public static let unknownDownload = Code("unknownDownload")
+        /// The manifest lists no product with this identifier.
+        public static let unknownProduct = Code("unknownProduct")
+        /// Nothing is installed for this product.
+        public static let notInstalled = Code("notInstalled")
+        /// The queue was closed; open a new one.
+        public static let queueClosed = Code("queueClosed")
+        /// An argument is out of range or malformed.
+        public static let invalidArgument = Code("invalidArgument")
+
+        // The manifest.
+        /// The manifest cannot be read or is not a valid manifest.
+        public static let invalidManifest = Code("invalidManifest")
+        /// The manifest's signature is missing or wrong, it expired, or it is older than one already accepted.
+        public static let untrustedManifest = Code("untrustedManifest")
+        /// The content identifier is already installed for another product, or names a file the home uses.
+        public static let contentIdentifierTaken = Code("contentIdentifierTaken")
+
+        // The server and the network.
+        /// The server answered with an HTTP status that will not change by retrying (see ``httpStatus``).
+        public static let httpStatus = Code("httpStatus")
+        /// The server refused the credentials (401 or 403), even after renewing them.
+        public static let unauthorized = Code("unauthorized")
+        /// The host could not be resolved or reached.
+        public static let networkUnreachable = Code("networkUnreachable")
+        /// No answer, or too slow, for too long (connect timeout, stall, low speed).
+        public static let timedOut = Code("timedOut")
+        /// Another network failure (connection reset, TLS, protocol error, redirect loop).
+        public static let networkFailure = Code("networkFailure")
+        /// The URL's scheme is not allowed (only http and https, and file for a local manifest).
+        public static let unsupportedURL = Code("unsupportedURL")
+        /// The server's file is longer or shorter than the manifest's `contentLength`.
+        public static let lengthMismatch = Code("lengthMismatch")
+        /// The pack's SHA-256 differs from the manifest's.
+        public static let checksumMismatch = Code("checksumMismatch")
+
+        // The pack.
+        /// An entry would escape or abuse the install folder.
+        public static let unsafeEntry = Code("unsafeEntry")
+        /// The pack is not a readable archive, or is damaged.
+        public static let corruptArchive = Code("corruptArchive")
+        /// The pack is encrypted; encrypted packs are not supported.
+        public static let encryptedArchive = Code("encryptedArchive")
+        /// The pack unpacks to more bytes or entries than allowed (a possible decompression bomb).
+        public static let unpackLimitExceeded = Code("unpackLimitExceeded")
+        /// The pack holds no entry, and the manifest does not say it is empty.
+        public static let emptyPack = Code("emptyPack")
+        /// The pack's `ContentInfo.plist` is unreadable or names another product or version.
+        public static let contentInfoMismatch = Code("contentInfoMismatch")
+
+        // This machine.
+        /// Not enough free space (see ``neededBytes`` and ``availableBytes``).
+        public static let insufficientStorage = Code("insufficientStorage")
+        /// A local file operation failed (see ``underlying`` for the errno).
+        public static let fileSystem = Code("fileSystem")
+        /// The process ran out of file descriptors (EMFILE/ENFILE).
+        public static let tooManyOpenFiles = Code("tooManyOpenFiles")
+        /// The state database failed (see ``underlying`` for the SQLite result code).
+        public static let database = Code("database")
+        /// The state database stayed locked by another process for too long.
+        public static let databaseBusy = Code("databaseBusy")
+        /// The state database was damaged; it was moved aside and rebuilt from the installed content.
+        public static let databaseCorrupt = Code("databaseCorrupt")
+        /// An active download made no progress for too long and retrying did not help.
+        public static let stalled = Code("stalled")
+        /// Installed content is missing files or has changed files.
+        public static let contentDamaged = Code("contentDamaged")
+        /// The operation was stopped (pause, cancel, shutdown).
+        public static let cancelled = Code("cancelled")
+        /// An internal failure; please report it.
+        public static let internalError = Code("internalError")
+
+        /// The broad class of the code.
+        public var kind: Kind {
+            switch self {
+            case .finishRefused, .unknownTransaction, .unknownDownload, .notInstalled, .queueClosed, .invalidArgument: .usage
+            case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .lengthMismatch, .checksumMismatch,
+                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
+                 .unsupportedURL, .contentDamaged:
+                .badData
+            case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled: .network
+            case .unauthorized: .unauthorized
+            case .insufficientStorage: .insufficientStorage
+            case .cancelled: .cancelled
+            default: .io
+            }
+        }
     }
 
-    /// What kind of failure this is.
-    public let kind: Kind
+    /// The broad class of an error.
+    public enum Kind: String, Sendable, Hashable, Codable {
+        /// `usage`: the caller asked for something impossible; `badData`: the manifest, the pack or the server's
+        /// file is wrong; `network`: the server or the network failed after retries; `unauthorized`: the server
+        /// refused the credentials; `insufficientStorage`: not enough free space; `io`: a local file or database
+        /// failure; `cancelled`: stopped on request.
+        case usage, badData, network, unauthorized, insufficientStorage, io, cancelled
+    }
+
+    /// The number behind an error, in its own namespace.
+    public struct Underlying: Sendable, Hashable, Codable, CustomStringConvertible {
+        /// Where the number comes from.
+        public enum Domain: String, Sendable, Hashable, Codable {
+            /// `errno`: a C library errno; `curl`: a libcurl `CURLcode`; `libarchive`: libarchive's errno;
+            /// `http`: an HTTP status; `sqlite`: an SQLite extended result code.
+            case errno, curl, libarchive, http, sqlite
+        }
+        /// The namespace of ``value``.
+        public let domain: Domain
+        /// The number.
+        public let value: Int
+        /// Creates an underlying code.
+        ///
+        /// - Parameters:
+        ///   - domain: the namespace.
+        ///   - value: the number.
+        public init(_ domain: Domain, _ value: Int) {
+            self.domain = domain
+            self.value = value
+        }
+        /// `domain value`, for example `errno 28`.
+        public var description: String { "\(self.domain.rawValue) \(self.value)" }
+    }
+
+    /// What went wrong, as a stable code.
+    public let code: Code
     /// One human sentence: what happened.
     public let message: String
-    /// What to do next, when there is a useful hint.
+    /// What to do next, when there is a useful hint (never names a command).
     public let hint: String?
-    /// The archive entry, URL or file the error is about, when there is one.
+    /// The archive entry, URL (without credentials) or file the error is about, when there is one.
     public let subject: String?
-    /// The underlying code (errno, libcurl or libarchive code, HTTP status), when there is one.
-    public let code: Int?
+    /// The number behind the error (errno, libcurl, libarchive, HTTP, SQLite), when there is one.
+    public let underlying: Underlying?
+    /// For `httpStatus` and `unauthorized`: the server's status.
+    public let httpStatus: Int?
+    /// For `finishRefused`: the downloads that are neither finished nor cancelled.
+    public let pendingDownloadIDs: [String]
     /// For `insufficientStorage`: bytes needed, when measured.
     public let neededBytes: Int64?
     /// For `insufficientStorage`: bytes available, when measured.
     public let availableBytes: Int64?
 
-    /// Creates an error; prefer the static factories where one fits.
+    /// The broad class of the error (derived from ``code``).
+    public var kind: Kind { self.code.kind }
+
+    /// Creates an error; the library's own errors come from the static factories.
     ///
     /// - Parameters:
-    ///   - kind: the broad class of the error.
+    ///   - code: what went wrong.
     ///   - message: one human sentence: what happened.
     ///   - hint: what to do next, if anything useful.
     ///   - subject: the archive entry, URL or file the error is about.
-    ///   - code: the underlying errno, libcurl, libarchive or HTTP code.
+    ///   - underlying: the number behind the error.
+    ///   - httpStatus: the HTTP status, for HTTP errors.
+    ///   - pendingDownloadIDs: for a refused finish, the pending downloads.
     ///   - neededBytes: for `insufficientStorage`, the bytes needed.
     ///   - availableBytes: for `insufficientStorage`, the bytes available.
-    public init(kind: Kind, message: String, hint: String? = nil, subject: String? = nil, code: Int? = nil,
-                neededBytes: Int64? = nil, availableBytes: Int64? = nil) {
-        self.kind = kind
-        self.message = message
-        self.hint = hint
-        self.subject = subject
+    public init(_ code: Code, message: String, hint: String? = nil, subject: String? = nil, underlying: Underlying? = nil,
+                httpStatus: Int? = nil, pendingDownloadIDs: [String] = [], neededBytes: Int64? = nil, availableBytes: Int64? = nil) {
         self.code = code
+        self.message = Self.oneLine(message)
+        self.hint = hint.map(Self.oneLine)
+        self.subject = subject
+        self.underlying = underlying
+        self.httpStatus = httpStatus
+        self.pendingDownloadIDs = pendingDownloadIDs
         self.neededBytes = neededBytes
         self.availableBytes = availableBytes
     }
@@ -63,17 +210,94 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         if let hint { return "\(self.message) \(hint)" }
         return self.message
     }
+
+    /// The same error with another hint.
+    func withHint(_ hint: String?) -> Self {
+        Self(self.code, message: self.message, hint: hint, subject: self.subject, underlying: self.underlying, httpStatus: self.httpStatus,
+             pendingDownloadIDs: self.pendingDownloadIDs, neededBytes: self.neededBytes, availableBytes: self.availableBytes)
+    }
+
+    /// Messages are one line: library texts (libarchive's, servers') may end in or hold line breaks and control characters.
+    static func oneLine(_ text: String) -> String {
+        var result = ""
+        result.unicodeScalars.reserveCapacity(text.unicodeScalars.count)
+        var lastWasSpace = false
+        for scalar in text.unicodeScalars {
+            if scalar.properties.generalCategory == .control || scalar == "\u{2028}" || scalar == "\u{2029}" {
+                if !lastWasSpace { result.unicodeScalars.append(" ") }
+                lastWasSpace = true
+            } else {
+                result.unicodeScalars.append(scalar)
+                lastWasSpace = scalar == " "
+            }
+        }
+        return result.trimmingCharacters(in: .whitespaces)
+    }
 }
 
+// MARK: - Codable (stored with downloads, printed as JSON)
+
+extension PackDeliveryError: Codable {
+    private enum CodingKeys: String, CodingKey {
+        case code, kind, message, hint, subject, underlying, httpStatus, pendingDownloadIDs, neededBytes, availableBytes
+    }
+
+    /// Decodes an error; records written by earlier versions (a `kind` and a bare numeric `code`) decode too.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        let message = try container.decode(String.self, forKey: .message)
+        let code: Code
+        if let name = try? container.decode(String.self, forKey: .code) {
+            code = Code(rawValue: name)
+        } else {
+            // Earlier versions: only a kind.
+            let kind = (try? container.decode(Kind.self, forKey: .kind)) ?? .io
+            code = switch kind {
+            case .usage: .invalidArgument
+            case .badData: .corruptArchive
+            case .network: .networkFailure
+            case .unauthorized: .unauthorized
+            case .insufficientStorage: .insufficientStorage
+            case .io: .fileSystem
+            case .cancelled: .cancelled
+            }
+        }
+        self.init(code, message: message, hint: try container.decodeIfPresent(String.self, forKey: .hint),
+                  subject: try container.decodeIfPresent(String.self, forKey: .subject),
+                  underlying: try? container.decodeIfPresent(Underlying.self, forKey: .underlying),
+                  httpStatus: try container.decodeIfPresent(Int.self, forKey: .httpStatus),
+                  pendingDownloadIDs: (try? container.decodeIfPresent([String].self, forKey: .pendingDownloadIDs)) ?? [],
+                  neededBytes: try container.decodeIfPresent(Int64.self, forKey: .neededBytes),
+                  availableBytes: try container.decodeIfPresent(Int64.self, forKey: .availableBytes))
+    }
+
+    /// Encodes the error with its code, kind and fields.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(self.code, forKey: .code)
+        try container.encode(self.kind, forKey: .kind)
+        try container.encode(self.message, forKey: .message)
+        try container.encodeIfPresent(self.hint, forKey: .hint)
+        try container.encodeIfPresent(self.subject, forKey: .subject)
+        try container.encodeIfPresent(self.underlying, forKey: .underlying)
+        try container.encodeIfPresent(self.httpStatus, forKey: .httpStatus)
+        if !self.pendingDownloadIDs.isEmpty { try container.encode(self.pendingDownloadIDs, forKey: .pendingDownloadIDs) }
+        try container.encodeIfPresent(self.neededBytes, forKey: .neededBytes)
+        try container.encodeIfPresent(self.availableBytes, forKey: .availableBytes)
+    }
+}
+
+// MARK: - Factories
+
 extension PackDeliveryError {
-    /// An archive entry that would escape or abuse the staging folder; the whole pack is rejected.
+    /// An archive entry that would escape or abuse the install folder; the whole pack is rejected.
     ///
     /// - Parameters:
     ///   - path: the entry's path in the archive.
     ///   - why: what is unsafe about it.
-    /// - Returns: a `badData` error about the entry.
+    /// - Returns: an `unsafeEntry` error about the entry.
     public static func unsafeEntry(_ path: String, _ why: String) -> Self {
-        .init(kind: .badData, message: "The pack holds an unsafe entry '\(path)': \(why).",
+        .init(.unsafeEntry, message: "The pack holds an unsafe entry '\(Self.printable(path))': \(why).",
               hint: "The pack was rejected and nothing was installed; ask the content provider for a fixed pack.",
               subject: path)
     }
@@ -84,12 +308,20 @@ extension PackDeliveryError {
     ///   - detail: libarchive's message.
     ///   - entry: the entry being read, when the failure is inside one.
     ///   - code: libarchive's errno, when there is one.
-    /// - Returns: a `badData` error.
+    /// - Returns: a `corruptArchive` error (or `encryptedArchive` when libarchive says the pack is encrypted).
     public static func corruptArchive(_ detail: String, entry: String? = nil, code: Int? = nil) -> Self {
-        .init(kind: .badData,
-              message: entry.map { "The pack is corrupt at entry '\($0)': \(detail)." } ?? "The pack is not a readable archive: \(detail).",
-              hint: "Nothing was installed; the pack must be a zip or tar (optionally gzip, bzip2, xz or zstd compressed).",
-              subject: entry, code: code)
+        let detail = Self.oneLine(detail).trimmingCharacters(in: CharacterSet(charactersIn: ". "))
+        let lower = detail.lowercased()
+        if lower.contains("passphrase") || lower.contains("encrypt") || lower.contains("decryption") {
+            return .init(.encryptedArchive,
+                         message: "The pack is encrypted\(entry.map { " (entry '\(Self.printable($0))')" } ?? ""); encrypted packs are not supported.",
+                         hint: "Nothing was installed; ask the content provider for an unencrypted pack.",
+                         subject: entry, underlying: code.map { .init(.libarchive, $0) })
+        }
+        return .init(.corruptArchive,
+                     message: entry.map { "The pack is corrupt at entry '\(Self.printable($0))': \(detail)." } ?? "The pack is not a readable archive: \(detail).",
+                     hint: "Nothing was installed; ask the content provider for a fixed pack (a zip or tar, optionally gzip, bzip2, xz or zstd compressed).",
+                     subject: entry, underlying: code.map { .init(.libarchive, $0) })
     }
 
     /// The unpacked content grew past a limit (decompression or entry-count bomb).
@@ -98,10 +330,10 @@ extension PackDeliveryError {
     ///   - what: the unit of the limit, such as `bytes` or `entries`.
     ///   - limit: the limit that was exceeded.
     ///   - entry: the entry being unpacked when it was exceeded, if any.
-    /// - Returns: a `badData` error.
+    /// - Returns: an `unpackLimitExceeded` error.
     public static func unpackLimitExceeded(_ what: String, limit: Int64, entry: String?) -> Self {
-        .init(kind: .badData, message: "The pack unpacks to more than \(limit) \(what)\(entry.map { " (at entry '\($0)')" } ?? "").",
-              hint: "It was rejected as a possible decompression bomb; raise the limit only if you trust the pack.",
+        .init(.unpackLimitExceeded, message: "The pack unpacks to more than \(limit) \(what)\(entry.map { " (at entry '\(Self.printable($0))')" } ?? "").",
+              hint: "It was rejected as a possible decompression bomb. If the pack is trusted, publish its unpackedLength in the manifest or raise the queue's limits (maxExpansionRatio, maxEntries).",
               subject: entry)
     }
 
@@ -111,14 +343,14 @@ extension PackDeliveryError {
     ///   - path: a folder on the filesystem that is short of space.
     ///   - needed: bytes needed, when measured.
     ///   - available: bytes available, when measured.
-    ///   - code: the errno, when a write failed.
+    ///   - errno: the errno, when a write failed.
     /// - Returns: an `insufficientStorage` error carrying the byte counts.
-    public static func insufficientStorage(path: String, needed: Int64?, available: Int64?, code: Int? = nil) -> Self {
+    public static func insufficientStorage(path: String, needed: Int64?, available: Int64?, errno: Int32? = nil) -> Self {
         var message = "Not enough free space at \(path)"
         if let needed, let available { message += ": \(needed) bytes needed, \(available) available" }
-        return .init(kind: .insufficientStorage, message: message + ".",
+        return .init(.insufficientStorage, message: message + ".",
                      hint: "Free some space, then resume; or cancel to discard the partial download.",
-                     subject: path, code: code, neededBytes: needed, availableBytes: available)
+                     subject: path, underlying: errno.map { .init(.errno, Int($0)) }, neededBytes: needed, availableBytes: available)
     }
 
     /// A local file operation failed.
@@ -127,9 +359,46 @@ extension PackDeliveryError {
     ///   - operation: what was being done, as a verb phrase (`open`, `create the folder`).
     ///   - path: the file or folder.
     ///   - code: the errno; its `strerror` text goes into the message.
-    /// - Returns: an `io` error.
+    /// - Returns: `insufficientStorage` for ENOSPC/EDQUOT, `tooManyOpenFiles` for EMFILE/ENFILE, else `fileSystem`.
     public static func io(_ operation: String, path: String, errno code: Int32) -> Self {
-        .init(kind: .io, message: "Could not \(operation) '\(path)': \(String(cString: strerror(code))).",
-              subject: path, code: Int(code))
+        if code == ENOSPC || code == EDQUOT { return .insufficientStorage(path: path, needed: nil, available: nil, errno: code) }
+        let text = String(cString: strerror(code))
+        if code == EMFILE || code == ENFILE {
+            return .init(.tooManyOpenFiles, message: "Could not \(operation) '\(path)': \(text).",
+                         hint: "The process ran out of file descriptors; raise its limit (ulimit -n) or lower the concurrency.",
+                         subject: path, underlying: .init(.errno, Int(code)))
+        }
+        return .init(.fileSystem, message: "Could not \(operation) '\(path)': \(text).", subject: path, underlying: .init(.errno, Int(code)))
+    }
+
+    /// A download stopped on request.
+    static func stopped(_ what: String) -> Self { .init(.cancelled, message: what) }
+
+    /// An identifier or text from outside, with control characters shown as escapes so it cannot move the cursor or forge lines.
+    static func printable(_ text: String) -> String {
+        var result = ""
+        for scalar in text.unicodeScalars {
+            if scalar.properties.generalCategory == .control || scalar.properties.generalCategory == .format && scalar.value >= 0x202A && scalar.value <= 0x202E
+                || scalar == "\u{2028}" || scalar == "\u{2029}" {
+                result += scalar.value <= 0xFF ? String(format: "\\x%02X", scalar.value) : String(format: "\\u{%X}", scalar.value)
+            } else {
+                result.unicodeScalars.append(scalar)
+            }
+        }
+        return result
+    }
+}
+
+extension URL {
+    /// The URL without credentials, for messages, events and logs: user info dropped, a query shown as `?…`.
+    var redacted: String {
+        guard var components = URLComponents(url: self, resolvingAgainstBaseURL: false) else { return "(a URL)" }
+        components.user = nil
+        components.password = nil
+        let hadQuery = components.query != nil
+        components.query = nil
+        components.fragment = nil
+        let base = components.string ?? "(a URL)"
+        return PackDeliveryError.printable(hadQuery ? base + "?…" : base)
     }
 }

@@ -121,9 +121,9 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.bytesReceived = 0
             self.download.progress = 0
             return self.fail(PackDeliveryError(
-                kind: .badData,
-                message: "The pack \(self.download.contentIdentifier) from \(self.download.url.absoluteString) has SHA-256 \(sha256), but the manifest says \(self.download.sha256).",
-                hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.absoluteString)) + [.deleteFiles]
+                .checksumMismatch,
+                message: "The pack \(self.download.contentIdentifier) from \(self.download.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.download.sha256).",
+                hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.redacted)) + [.deleteFiles]
         case .failed(let failure, let bytes):
             self.download.bytesReceived = bytes
             self.download.progress = self.fraction(bytes)

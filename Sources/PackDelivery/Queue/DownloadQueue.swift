@@ -197,8 +197,8 @@ public final class DownloadQueue: Sendable {
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false) throws(PackDeliveryError) -> Transaction {
         guard let product = manifest.manifest.product(productIdentifier) else {
             let known = manifest.manifest.products.map(\.productIdentifier).joined(separator: ", ")
-            throw PackDeliveryError(kind: .badData, message: "The manifest at \(manifest.baseURL.absoluteString) has no product '\(productIdentifier)'.",
-                                    hint: known.isEmpty ? "The manifest lists no products." : "It lists: \(known).", subject: productIdentifier)
+            throw PackDeliveryError(.unknownProduct, message: "The manifest at \(manifest.baseURL.redacted) has no product '\(PackDeliveryError.printable(productIdentifier))'.",
+                                    hint: known.isEmpty ? "The manifest lists no products." : "It lists: \(PackDeliveryError.printable(known)).", subject: productIdentifier)
         }
         let transactionID = Self.newID("t")
         let installed = Dictionary((try self.store.installed(productIdentifier: productIdentifier)).map { ($0.contentIdentifier, $0) }, uniquingKeysWith: { a, _ in a })
@@ -279,7 +279,7 @@ public final class DownloadQueue: Sendable {
         try self.onDriver { () throws(PackDeliveryError) in
             let transactions = try self.store.transactions(unfinishedOnly: false, ids: [transactionID])
             guard var transaction = transactions.first else {
-                throw PackDeliveryError(kind: .usage, message: "There is no transaction '\(transactionID)'.", hint: "See packs status for the open ones.", subject: transactionID)
+                throw PackDeliveryError(.unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(transactionID))'.", subject: transactionID)
             }
             if transaction.isFinished { return }
             let live = self.state.withLock { $0.owned.mapValues(\.machine.download) }
@@ -287,8 +287,9 @@ public final class DownloadQueue: Sendable {
             let pending = transaction.downloads.filter { !$0.state.isSettled }
             guard pending.isEmpty else {
                 let list = pending.map { "\($0.id) (\($0.state.rawValue))" }.joined(separator: ", ")
-                throw PackDeliveryError(kind: .usage, message: "Transaction \(transactionID) cannot finish: \(list) not finished or cancelled.",
-                                        hint: "Resume or cancel \(pending.count == 1 ? "it" : "them") first.", subject: transactionID)
+                throw PackDeliveryError(.finishRefused, message: "Transaction \(transactionID) cannot finish: \(list) not finished or cancelled.",
+                                        hint: "Resume or cancel \(pending.count == 1 ? "it" : "them") first.", subject: transactionID,
+                                        pendingDownloadIDs: pending.map(\.id))
             }
             let now = Date()
             try self.store.write { db in
@@ -415,7 +416,7 @@ public final class DownloadQueue: Sendable {
                     self.apply(id, change)
                 } else {
                     guard let record = try self.store.downloadRecord(id) else {
-                        throw PackDeliveryError(kind: .usage, message: "There is no download '\(id)'.", hint: "See packs status for the open ones.", subject: id)
+                        throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
                     }
                     if record.download.state.isSettled { continue }
                     guard let fd = try DownloadLock.tryLock(self.lockURL(id)) else {

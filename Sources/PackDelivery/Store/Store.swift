@@ -110,12 +110,18 @@ final class Store: Sendable {
         if let error = error as? PackDeliveryError { return error }
         if let error = error as? DatabaseError {
             if error.resultCode == .SQLITE_FULL {
-                return .insufficientStorage(path: path, needed: nil, available: nil, code: Int(ENOSPC))
+                return .insufficientStorage(path: path, needed: nil, available: nil, errno: ENOSPC)
             }
-            return PackDeliveryError(kind: .io, message: "The state database \(path) failed: \(error.message ?? "\(error.resultCode)").",
-                                     hint: "Check the home folder's permissions and free space.", subject: path, code: Int(error.extendedResultCode.rawValue))
+            let code: PackDeliveryError.Code = switch error.resultCode {
+            case .SQLITE_BUSY, .SQLITE_LOCKED: .databaseBusy
+            case .SQLITE_CORRUPT, .SQLITE_NOTADB: .databaseCorrupt
+            default: .database
+            }
+            return PackDeliveryError(code, message: "The state database \(path) failed: \(error.message ?? "\(error.resultCode)").",
+                                     hint: code == .databaseBusy ? "Another process held it locked for too long; try again." : "Check the home folder's permissions and free space.",
+                                     subject: path, underlying: .init(.sqlite, Int(error.extendedResultCode.rawValue)))
         }
-        return PackDeliveryError(kind: .io, message: "The state database \(path) failed: \(error).", subject: path)
+        return PackDeliveryError(.database, message: "The state database \(path) failed: \(error).", subject: path)
     }
 
     // MARK: Queries

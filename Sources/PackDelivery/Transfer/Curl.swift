@@ -10,6 +10,17 @@ enum Curl {
 
     static func globalInit() { _ = Self.initialized }
 
+    /// The error code for a failed transfer's libcurl result.
+    static func errorCode(for code: CURLcode) -> PackDeliveryError.Code {
+        switch code {
+        case CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_CONNECT: .networkUnreachable
+        case CURLE_OPERATION_TIMEDOUT: .timedOut
+        case CURLE_UNSUPPORTED_PROTOCOL: .unsupportedURL
+        case CURLE_FILE_COULDNT_READ_FILE, CURLE_READ_ERROR: .fileSystem
+        default: .networkFailure
+        }
+    }
+
     /// The text libcurl gives for a code.
     static func describe(_ code: CURLcode) -> String { String(cString: curl_easy_strerror(code)) }
 
@@ -32,18 +43,18 @@ enum Curl {
         })
         let code = withExtendedLifetime(sink) { curl_easy_perform(easy.handle) }
         if sink.overflow {
-            throw PackDeliveryError(kind: .badData, message: "\(url.absoluteString) is larger than \(maxBytes) bytes, too large for a manifest.", subject: url.absoluteString)
+            throw PackDeliveryError(.invalidManifest, message: "\(url.redacted) is larger than \(maxBytes) bytes, too large for a manifest.", subject: url.redacted)
         }
         guard code == CURLE_OK else {
-            throw PackDeliveryError(kind: .network, message: "Could not fetch \(url.absoluteString): \(easy.errorMessage(code)).",
-                                    hint: "Check the URL and that the server is reachable.", subject: url.absoluteString, code: Int(code.rawValue))
+            throw PackDeliveryError(Self.errorCode(for: code), message: "Could not fetch \(url.redacted): \(easy.errorMessage(code)).",
+                                    hint: "Check the URL and that the server is reachable.", subject: url.redacted, underlying: .init(.curl, Int(code.rawValue)))
         }
         let status = easy.responseCode
         if url.isFileURL == false, !(200..<300).contains(status) {
-            throw PackDeliveryError(kind: status == 404 || status == 410 ? .badData : .network,
-                                    message: "The server answered \(status) for \(url.absoluteString).",
-                                    hint: status == 401 || status == 403 ? "Pass credentials with --header 'Authorization: …'." : "Check the URL.",
-                                    subject: url.absoluteString, code: status)
+            throw PackDeliveryError(status == 401 || status == 403 ? .unauthorized : .httpStatus,
+                                    message: "The server answered \(status) for \(url.redacted).",
+                                    hint: status == 401 || status == 403 ? "The server refused the credentials sent with the request." : "Check the URL.",
+                                    subject: url.redacted, underlying: .init(.http, status), httpStatus: status)
         }
         return sink.data
     }
@@ -58,7 +69,7 @@ final class CurlEasy {
 
     init(url: URL) throws(PackDeliveryError) {
         guard let handle = curl_easy_init() else {
-            throw PackDeliveryError(kind: .io, message: "libcurl could not create a handle (out of memory).")
+            throw PackDeliveryError(.internalError, message: "libcurl could not create a handle (out of memory).")
         }
         self.handle = handle
         self.url = url
@@ -90,7 +101,7 @@ final class CurlEasy {
         try self.set(CURLOPT_SSL_VERIFYHOST, long: options.verifyTLS ? 2 : 0)
         for line in options.headers + extraHeaders {
             guard let list = curl_slist_append(self.headerList, line) else {
-                throw PackDeliveryError(kind: .io, message: "libcurl could not add the header '\(line)' (out of memory).")
+                throw PackDeliveryError(.internalError, message: "libcurl could not add a request header (out of memory).")
             }
             self.headerList = list
         }
@@ -134,8 +145,9 @@ final class CurlEasy {
 
     private func check(_ code: CURLcode, _ what: String) throws(PackDeliveryError) {
         guard code == CURLE_OK else {
-            throw PackDeliveryError(kind: .io, message: "libcurl refused \(what) for \(self.url.absoluteString): \(Curl.describe(code)).",
-                                    subject: self.url.absoluteString, code: Int(code.rawValue))
+            throw PackDeliveryError(code == CURLE_UNSUPPORTED_PROTOCOL ? .unsupportedURL : .internalError,
+                                    message: "libcurl refused \(what) for \(self.url.redacted): \(Curl.describe(code)).",
+                                    subject: self.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
         }
     }
 }

@@ -31,7 +31,7 @@ final class CurlTransfer {
         guard fd >= 0 else {
             let code = errno
             if code == ENOSPC || code == EDQUOT {
-                throw .insufficientStorage(path: request.file.path, needed: request.expectedLength, available: nil, code: Int(code))
+                throw .insufficientStorage(path: request.file.path, needed: request.expectedLength, available: nil, errno: code)
             }
             throw .io("open the partial download", path: request.file.path, errno: code)
         }
@@ -107,7 +107,7 @@ final class CurlTransfer {
             let decision = ResponseDecision.decide(
                 status: self.request.url.isFileURL ? 0 : self.status, contentRange: self.headers["content-range"],
                 offset: self.offset, expectedLength: self.request.expectedLength,
-                retryAfter: self.headers["retry-after"], url: self.request.url.absoluteString)
+                retryAfter: self.headers["retry-after"], url: self.request.url.redacted)
             self.decision = decision
             switch decision {
             case .append:
@@ -132,9 +132,9 @@ final class CurlTransfer {
     private func write(_ bytes: UnsafeRawBufferPointer) -> Int {
         guard self.offset + Int64(bytes.count) <= self.request.expectedLength else {
             self.writeFailure = TransferFailure(
-                error: PackDeliveryError(kind: .badData, message: "The server sent more than the manifest's contentLength of \(self.request.expectedLength) bytes for \(self.request.url.absoluteString).",
+                error: PackDeliveryError(.lengthMismatch, message: "The server sent more than the manifest's contentLength of \(self.request.expectedLength) bytes for \(self.request.url.redacted).",
                                          hint: "The manifest or the server is out of date; the partial download was discarded.",
-                                         subject: self.request.url.absoluteString),
+                                         subject: self.request.url.redacted),
                 retryable: false)
             ftruncate(self.fd, 0)
             self.offset = 0
@@ -153,7 +153,7 @@ final class CurlTransfer {
                 self.writeFailure = TransferFailure(
                     error: code == ENOSPC || code == EDQUOT
                         ? .insufficientStorage(path: path, needed: self.request.expectedLength - self.offset,
-                                               available: SpaceCheck.available(at: self.request.file.deletingLastPathComponent()), code: Int(code))
+                                               available: SpaceCheck.available(at: self.request.file.deletingLastPathComponent()), errno: code)
                         : .io("write the partial download", path: path, errno: code),
                     retryable: false)
                 return 0
@@ -190,7 +190,7 @@ final class CurlTransfer {
     /// is filled in by ``complete(curlCode:report:)``.
     private func outcome(curlCode: CURLcode) -> TransferOutcome {
         if let failure = self.writeFailure { return .failed(failure, bytesOnDisk: self.offset) }
-        let url = self.request.url.absoluteString
+        let url = self.request.url.redacted
         // A response with no body never reached the body callback: decide now.
         let decision = self.decision ?? ResponseDecision.decide(
             status: self.request.url.isFileURL ? 0 : self.easy.responseCode, contentRange: self.headers["content-range"],
@@ -198,7 +198,7 @@ final class CurlTransfer {
             retryAfter: self.headers["retry-after"], url: url)
         switch decision {
         case .reject(let failure):
-            if failure.retryable, failure.error.code == 206 {
+            if failure.retryable, failure.error.httpStatus == 206 {
                 // A range we did not ask for: the partial is suspect, start over.
                 ftruncate(self.fd, 0)
                 self.offset = 0
@@ -211,7 +211,8 @@ final class CurlTransfer {
             ftruncate(self.fd, 0)
             self.offset = 0
             return .failed(TransferFailure(
-                error: PackDeliveryError(kind: .network, message: "The server said the range is not satisfiable for \(url).", subject: url, code: 416),
+                error: PackDeliveryError(.httpStatus, message: "The server said the range is not satisfiable for \(url).", subject: url,
+                                         underlying: .init(.http, 416), httpStatus: 416),
                 retryable: true), bytesOnDisk: 0)
         case .append, .restartFromZero:
             break
@@ -221,7 +222,7 @@ final class CurlTransfer {
         }
         if curlCode == CURLE_OK {
             return .failed(TransferFailure(
-                error: PackDeliveryError(kind: .network, message: "The server ended \(url) after \(self.offset) of \(self.request.expectedLength) bytes.",
+                error: PackDeliveryError(.networkFailure, message: "The server ended \(url) after \(self.offset) of \(self.request.expectedLength) bytes.",
                                          hint: "It will be resumed from there.", subject: url),
                 retryable: true), bytesOnDisk: self.offset)
         }
@@ -237,8 +238,8 @@ final class CurlTransfer {
             ? "No data arrived from \(url) for \(Int(self.request.options.stallTimeout)) seconds (\(self.easy.errorMessage(curlCode)))."
             : "The transfer of \(url) failed: \(self.easy.errorMessage(curlCode))."
         return .failed(TransferFailure(
-            error: PackDeliveryError(kind: self.request.url.isFileURL ? .badData : .network, message: message,
-                                     hint: "The partial download is kept; resume to continue.", subject: url, code: Int(curlCode.rawValue)),
+            error: PackDeliveryError(Curl.errorCode(for: curlCode), message: message,
+                                     hint: "The partial download is kept; resume to continue.", subject: url, underlying: .init(.curl, Int(curlCode.rawValue))),
             retryable: retryable), bytesOnDisk: self.offset)
     }
 

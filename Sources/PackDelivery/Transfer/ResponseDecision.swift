@@ -30,8 +30,8 @@ enum ResponseDecision: Equatable, Sendable {
                   range.total == nil || range.total == expectedLength
             else {
                 return .reject(TransferFailure(
-                    error: PackDeliveryError(kind: .network, message: "The server answered bytes '\(contentRange ?? "(none)")' for a request from byte \(offset) of \(url).",
-                                             hint: "It will be fetched again from the start.", subject: url, code: 206),
+                    error: PackDeliveryError(.networkFailure, message: "The server answered bytes '\(PackDeliveryError.printable(contentRange ?? "(none)"))' for a request from byte \(offset) of \(url).",
+                                             hint: "It will be fetched again from the start.", subject: url, underlying: .init(.http, 206), httpStatus: 206),
                     retryable: true))
             }
             return .append
@@ -39,18 +39,19 @@ enum ResponseDecision: Equatable, Sendable {
             return .rangeNotSatisfiable
         case 408, 429, 500...599:
             return .reject(TransferFailure(
-                error: PackDeliveryError(kind: .network, message: "The server answered \(status) for \(url).",
-                                         hint: "Try again later; the partial download is kept.", subject: url, code: status),
+                error: PackDeliveryError(.httpStatus, message: "The server answered \(status) for \(url).",
+                                         hint: "Try again later; the partial download is kept.", subject: url, underlying: .init(.http, status), httpStatus: status),
                 retryable: true, retryAfter: Self.retryAfterSeconds(retryAfter, now: now)))
         default:
             let hint = switch status {
-            case 401, 403: "The server refused access; pass credentials with --header 'Authorization: …'."
-            case 404, 410: "The pack is not on the server; check the manifest."
+            case 401, 403: "The server refused the credentials sent with the request."
+            case 404, 410: "The pack is not on the server; the manifest may be out of date."
             default: "Check the manifest and the server."
             }
             return .reject(TransferFailure(
-                error: PackDeliveryError(kind: status == 404 || status == 410 ? .badData : .network,
-                                         message: "The server answered \(status) for \(url).", hint: hint, subject: url, code: status),
+                error: PackDeliveryError(status == 401 || status == 403 ? .unauthorized : .httpStatus,
+                                         message: "The server answered \(status) for \(url).", hint: hint, subject: url,
+                                         underlying: .init(.http, status), httpStatus: status),
                 retryable: false))
         }
     }

@@ -1,0 +1,102 @@
+import ArgumentParser
+import Foundation
+import PackDelivery
+
+/// The CLI's exit codes (sysexits.h, plus 130 for an interrupt), and the one table from error codes to them.
+enum ExitStatus {
+    static let usage: Int32 = 64
+    static let badData: Int32 = 65
+    static let network: Int32 = 69
+    static let io: Int32 = 74
+    static let resumable: Int32 = 75
+    static let noPermission: Int32 = 77
+    static let interrupted: Int32 = 130
+
+    /// The exit code for an error, by its code.
+    static func code(for error: PackDeliveryError) -> Int32 {
+        switch error.code {
+        case .finishRefused, .unknownTransaction, .unknownDownload, .notInstalled, .queueClosed, .invalidArgument:
+            Self.usage
+        case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .unsupportedURL, .lengthMismatch,
+             .checksumMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack,
+             .contentInfoMismatch, .contentDamaged:
+            Self.badData
+        case .httpStatus where error.httpStatus == 404 || error.httpStatus == 410:
+            Self.badData  // nothing at that URL: the manifest (or the URL given) is wrong
+        case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled:
+            Self.network
+        case .unauthorized:
+            Self.noPermission
+        case .insufficientStorage:
+            Self.resumable
+        case .cancelled:
+            Self.interrupted
+        case .fileSystem, .tooManyOpenFiles, .database, .databaseBusy, .databaseCorrupt, .internalError:
+            Self.io
+        default:
+            switch error.kind {
+            case .usage: Self.usage
+            case .badData: Self.badData
+            case .network: Self.network
+            case .unauthorized: Self.noPermission
+            case .insufficientStorage: Self.resumable
+            case .io: Self.io
+            case .cancelled: Self.interrupted
+            }
+        }
+    }
+
+    /// What to do next, naming `packs` commands, by code; nil keeps the library's hint.
+    /// - Parameter download: the download the error ended, when there is one.
+    static func hint(for error: PackDeliveryError, download: Download? = nil) -> String? {
+        switch error.code {
+        case .finishRefused:
+            let ids = error.pendingDownloadIDs.joined(separator: " ")
+            return "Run packs resume \(ids) to complete \(error.pendingDownloadIDs.count == 1 ? "it" : "them"), or packs cancel \(ids)."
+        case .unknownTransaction, .unknownDownload:
+            return "See packs status for the open ones."
+        case .notInstalled:
+            return "Fetch it with packs fetch MANIFEST \(error.subject ?? "PRODUCT_ID")."
+        case .invalidManifest:
+            return download == nil ? "Check that it is a manifest.json (packs manifest DIR writes one)." : nil
+        case .unauthorized:
+            return "The server refused the credentials: pass them with --header 'Authorization: …' or renew them\(download.map { ", then run packs resume \($0.id)" } ?? "")."
+        case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled:
+            return download.map { "The partial download is kept; run packs resume \($0.id) to retry." }
+        case .insufficientStorage:
+            return download.map { "Free some space, then run packs resume \($0.id); or packs cancel \($0.id) to discard the partial download." }
+        case .checksumMismatch, .lengthMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .emptyPack, .contentInfoMismatch,
+             .contentIdentifierTaken, .unsupportedURL:
+            return error.hint ?? "Nothing was installed; ask the content provider for a fixed pack or manifest."
+        case .unpackLimitExceeded:
+            return "Nothing was installed. If you trust the pack, fetch it with --max-expansion-ratio N or --max-entries N, or publish its unpackedLength in the manifest."
+        case .contentDamaged:
+            return "Run packs verify --repair \(error.subject ?? "PRODUCT_ID") to deliver it again."
+        case .databaseCorrupt:
+            return error.hint
+        case .tooManyOpenFiles:
+            return "The process ran out of file descriptors: raise the limit (ulimit -n) or lower --concurrency\(download.map { ", then run packs resume \($0.id)" } ?? "")."
+        default:
+            return nil
+        }
+    }
+
+    /// The one line printed on stderr for an error.
+    static func line(for error: PackDeliveryError, download: Download? = nil) -> String {
+        let hint = Self.hint(for: error, download: download) ?? error.hint
+        let message = error.message
+        let prefix = download.map { "\($0.id) (\($0.contentIdentifier)) \($0.state == .paused ? "paused" : "failed"): " } ?? ""
+        return "packs: " + prefix + (hint.map { "\(message) \($0)" } ?? message)
+    }
+}
+
+/// Prints the one stderr line every failure gets, and exits with its code.
+func fail(_ error: PackDeliveryError) -> ExitCode {
+    FileHandle.standardError.write(Data((ExitStatus.line(for: error) + "\n").utf8))
+    return ExitCode(ExitStatus.code(for: error))
+}
+
+/// Runs a body that throws PackDeliveryError, mapping it to the documented exit code.
+func mapErrors<T>(_ body: () async throws(PackDeliveryError) -> T) async throws -> T {
+    do throws(PackDeliveryError) { return try await body() } catch { throw fail(error) }
+}
