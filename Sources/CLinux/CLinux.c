@@ -5,3 +5,5 @@
 
 int clinux_rename_exchange(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
 int clinux_rename_noreplace(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE); }
+#include <unistd.h>
+int clinux_syncfs(int fd) { return syncfs(fd); }

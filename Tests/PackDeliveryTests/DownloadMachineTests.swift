@@ -41,22 +41,93 @@ import Testing
         #expect(machine.state == .active && machine.download.bytesReceived == 0)
     }
 
-    @Test func retryableFailuresBackOffAndTheBudgetRestartsWhenBytesArrive() {
+    @Test func retryableFailuresBackOffAndTheBudgetRestartsWhenMoreBytesAreKept() {
         var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8))
         _ = machine.start()
         var actions = machine.transferFinished(token: 1, outcome: .failed(Self.networkFailure, bytesOnDisk: 100), jitter: 1)
         #expect(actions == [.scheduleRetry(token: 2, after: 1)])
+        #expect(machine.download.retryDate != nil, "the wait is visible")
         #expect(machine.retryDue(token: 2) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.download.retryDate == nil)
         actions = machine.transferFinished(token: 2, outcome: .failed(Self.networkFailure, bytesOnDisk: 100), jitter: 1)
         #expect(actions == [.scheduleRetry(token: 3, after: 2)])
         _ = machine.retryDue(token: 3)
-        // Bytes arrived: the budget starts again.
+        // Bytes received do not reset the count by themselves…
         let arrived = machine.progress(token: 3, bytesOnDisk: 200, validator: nil)
         #expect(arrived)
-        #expect(machine.attempt == 0)
+        #expect(machine.attempt == 2)
+        // …an attempt that ends with more bytes kept than ever does.
         actions = machine.transferFinished(token: 3, outcome: .failed(Self.networkFailure, bytesOnDisk: 200), jitter: 1)
         #expect(actions == [.scheduleRetry(token: 4, after: 1)])
         #expect(machine.download.bytesReceived == 200)
+    }
+
+    @Test func aServerThatSendsTheSameBytesAgainAndThrowsThemAwayRunsOutOfAttempts() {
+        // Issue 19, item 3: a 200 of the whole (short) file, then a 416 that empties it, again and again.
+        var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 4, baseDelay: 1, maxDelay: 8))
+        _ = machine.start()
+        var token = 1
+        var attempts = 0
+        while machine.state == .active, attempts < 20 {
+            attempts += 1
+            _ = machine.progress(token: token, bytesOnDisk: 999, validator: nil)
+            let kept: Int64 = attempts % 2 == 1 ? 999 : 0  // the 416 attempt truncates the file
+            let failure = TransferFailure(error: PackDeliveryError(.lengthMismatch, message: "1 byte shorter"), retryable: true)
+            if machine.transferFinished(token: token, outcome: .failed(failure, bytesOnDisk: kept), jitter: 0).isEmpty { break }
+            token += 1
+            _ = machine.retryDue(token: token)
+        }
+        #expect(machine.state == .failed && machine.download.error?.code == .lengthMismatch)
+        #expect(attempts <= 5, "ended after the retry limit, not after \(attempts) attempts")
+    }
+
+    @Test func failuresThatAlwaysCountEndEvenWhileBytesTrickleIn() {
+        // Issue 19, item 4: a server slower than the low-speed limit keeps adding a few bytes per attempt.
+        var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8))
+        _ = machine.start()
+        let slow = TransferFailure(error: PackDeliveryError(.timedOut, message: "too slow"), retryable: true, countsAlways: true)
+        #expect(machine.transferFinished(token: 1, outcome: .failed(slow, bytesOnDisk: 10), jitter: 0) == [.scheduleRetry(token: 2, after: 0.5)])
+        _ = machine.retryDue(token: 2)
+        #expect(machine.transferFinished(token: 2, outcome: .failed(slow, bytesOnDisk: 20), jitter: 0) == [.scheduleRetry(token: 3, after: 1)])
+        _ = machine.retryDue(token: 3)
+        #expect(machine.transferFinished(token: 3, outcome: .failed(slow, bytesOnDisk: 30), jitter: 0) == [])
+        #expect(machine.state == .failed && machine.download.error?.code == .timedOut && machine.download.bytesReceived == 30)
+    }
+
+    @Test func theWatchdogRetriesAStuckDownloadThenFailsNamingThePhase() {
+        var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 2, baseDelay: 1, maxDelay: 8, watchdog: 10))
+        let t0 = Date(timeIntervalSince1970: 1000)
+        _ = machine.start(now: t0)
+        _ = machine.progress(token: 1, bytesOnDisk: 100, validator: nil, now: t0.addingTimeInterval(1))
+        #expect(machine.tick(now: t0.addingTimeInterval(10)) == [], "moved 9 s ago")
+        #expect(machine.tick(now: t0.addingTimeInterval(12)) == [.stopTransfer(token: 1), .scheduleRetry(token: 2, after: 0.75)])
+        #expect(machine.download.error?.code == .stalled && machine.state == .active)
+        #expect(machine.retryDue(token: 2, now: t0.addingTimeInterval(13)) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.tick(now: t0.addingTimeInterval(24)) == [.stopTransfer(token: 2)])
+        #expect(machine.state == .failed && machine.download.error?.code == .stalled)
+        #expect(machine.download.error?.message.contains("downloading") == true)
+    }
+
+    @Test func theWatchdogRestartsAStuckUnpackOnlyOnceTheStoppedOneHasReturned() {
+        var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8, watchdog: 10))
+        let t0 = Date(timeIntervalSince1970: 1000)
+        _ = machine.start(now: t0)
+        _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0), now: t0)
+        _ = machine.installProgress(token: 1, phase: .unpacking, fraction: 0.1, now: t0.addingTimeInterval(1))
+        #expect(machine.tick(now: t0.addingTimeInterval(12)) == [.stopInstall, .scheduleRetry(token: 2, after: 0.75)])
+        #expect(machine.retryDue(token: 2, now: t0.addingTimeInterval(13)) == [], "the stuck unpack still owns the staging folder")
+        #expect(machine.installFinished(token: 1, result: .failure(.stopped("stopped")), now: t0.addingTimeInterval(14)) == [.install(token: 2)])
+        #expect(machine.installFinished(token: 2, result: .success(URL(filePath: "/c/p"))) == [])
+        #expect(machine.state == .finished)
+    }
+
+    @Test func anInstallThatCompletedBeforeTheStopReachedItCountsAsFinished() {
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
+        _ = machine.pause(.user)
+        #expect(machine.installFinished(token: 1, result: .success(URL(filePath: "/c/p"))) == [])
+        #expect(machine.state == .finished && machine.download.contentURL?.path == "/c/p" && machine.download.pauseReason == nil)
     }
 
     @Test func retriesRunOutIntoFailedWhichResumesKeepingBytes() {
@@ -94,7 +165,19 @@ import Testing
         _ = machine.progress(token: 1, bytesOnDisk: 400, validator: nil)
         #expect(machine.pause(.user) == [.stopTransfer(token: 1)])
         #expect(machine.transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 420)) == [])
-        #expect(machine.state == .paused && machine.download.bytesReceived == 400)
+        // Issue 18, bug 4: the paused download reports every byte it keeps, not the last progress step.
+        #expect(machine.state == .paused && machine.download.bytesReceived == 420 && machine.download.progress == 0.42)
+    }
+
+    @Test func cancellingADownloadPausedForSpaceDropsTheSpaceError() {
+        // Issue 18, bug 1: the cancelled event still carried the insufficientStorage error.
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        let full = TransferFailure(error: .insufficientStorage(path: "/x", needed: 600, available: 10), retryable: false)
+        _ = machine.transferFinished(token: 1, outcome: .failed(full, bytesOnDisk: 400))
+        #expect(machine.download.error?.code == .insufficientStorage)
+        _ = machine.cancel()
+        #expect(machine.state == .cancelled && machine.download.error == nil && machine.download.pauseReason == nil)
     }
 
     @Test func pauseWhileUnpackingStopsTheInstallAndResumeOnlyUnpacks() {
@@ -110,7 +193,7 @@ import Testing
 
     @Test func cancelWhileWaitingDeletesFiles() {
         var machine = DownloadMachine(download: Self.download())
-        #expect(machine.cancel() == [.deleteFiles])
+        #expect(machine.cancel() == [.deleteFiles(staging: true)])
         #expect(machine.state == .cancelled)
         #expect(machine.start() == [])
         #expect(machine.resume() == [])
@@ -119,7 +202,7 @@ import Testing
     @Test func cancelWhileDownloadingStopsAndDeletes() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()
-        #expect(machine.cancel() == [.stopTransfer(token: 1), .deleteFiles])
+        #expect(machine.cancel() == [.stopTransfer(token: 1), .deleteFiles(staging: true)])
         #expect(machine.state == .cancelled && machine.download.bytesReceived == 0)
     }
 
@@ -138,7 +221,7 @@ import Testing
         let wrong = String(repeating: "cd", count: 32)
         #expect(machine.transferFinished(token: 1, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 600)) == [.startTransfer(token: 2, fromZero: true)])
         #expect(machine.retriedFromZero)
-        #expect(machine.transferFinished(token: 2, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 0)) == [.deleteFiles])
+        #expect(machine.transferFinished(token: 2, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 0)) == [.deleteFiles(staging: true)])
         #expect(machine.state == .failed && machine.download.error?.kind == .badData)
         #expect(machine.download.error?.message.contains(wrong) == true)
     }
@@ -146,7 +229,7 @@ import Testing
     @Test func aFreshFileWithTheWrongChecksumFailsAtOnce() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()
-        #expect(machine.transferFinished(token: 1, outcome: .completed(sha256: String(repeating: "0", count: 64), length: 1000, resumedFrom: 0)) == [.deleteFiles])
+        #expect(machine.transferFinished(token: 1, outcome: .completed(sha256: String(repeating: "0", count: 64), length: 1000, resumedFrom: 0)) == [.deleteFiles(staging: true)])
         #expect(machine.state == .failed)
     }
 
@@ -169,7 +252,7 @@ import Testing
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()
         _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
-        #expect(machine.installFinished(token: 1, result: .failure(.unsafeEntry("../x", "escapes"))) == [.deleteFiles])
+        #expect(machine.installFinished(token: 1, result: .failure(.unsafeEntry("../x", "escapes"))) == [.deleteFiles(staging: true)])
         #expect(machine.state == .failed && !machine.verified && machine.download.error?.subject == "../x")
     }
 

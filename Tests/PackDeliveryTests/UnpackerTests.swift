@@ -1,4 +1,5 @@
 import Foundation
+import PackTestSupport
 import Synchronization
 import Testing
 
@@ -154,7 +155,11 @@ struct UnpackerTests {
         defer { fixture.remove() }
         let pack = try fixture.tar(#"f("dir/a.txt", b"shared"); h("b.txt", "dir/a.txt")"#)
         let summary = try fixture.unpack(pack)
-        #expect(summary == UnpackSummary(bytes: 6, entries: 2))
+        #expect(summary.bytes == 6 && summary.entries == 2)
+        // Both names are recorded with the content's SHA-256 (of "shared"), computed while unpacking.
+        #expect(summary.files.map(\.path) == ["b.txt", "dir/a.txt"])
+        #expect(Set(summary.files.map(\.sha256)).count == 1 && summary.files.allSatisfy { $0.size == 6 && $0.kind == .file })
+        #expect(summary.files[0].sha256 == (try Fixtures.sha256Hex(of: fixture.staging.appending(path: "dir/a.txt"))))
         let a = try unpackStat(fixture.staging.path + "/dir/a.txt")
         let b = try unpackStat(fixture.staging.path + "/b.txt")
         #expect(a.st_ino == b.st_ino)
@@ -209,7 +214,8 @@ struct UnpackerTests {
         defer { fixture.remove() }
         let pack = try fixture.tar(#"d("."); d("./"); f("./a//b/c.txt", b"c"); d("a"); d("a/b/")"#)
         let summary = try fixture.unpack(pack)
-        #expect(summary == UnpackSummary(bytes: 1, entries: 5))
+        #expect(summary.bytes == 1 && summary.entries == 5)
+        #expect(summary.directories == ["", "a", "a/b"] && summary.files.map(\.path) == ["a/b/c.txt"])
         #expect(try String(contentsOfFile: fixture.staging.path + "/a/b/c.txt", encoding: .utf8) == "c")
     }
 

@@ -6,6 +6,8 @@
 int clinux_rename_exchange(const char *from, const char *to);
 /// renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE). Returns 0 or -1 with errno.
 int clinux_rename_noreplace(const char *from, const char *to);
+/// syncfs(fd): writes out the whole filesystem holding fd. Returns 0 or -1 with errno.
+int clinux_syncfs(int fd);
 // setxattr: to mark folders as not for backup (user.xdg.robots.backup).
 #include <sys/xattr.h>
 #endif

@@ -10,16 +10,31 @@ final class CancelFlag: Sendable {
     var isCancelled: Bool { self.flag.load(ordering: .relaxed) }
 }
 
-/// Unpacks a verified archive into a private staging folder, checks it, moves it into place with one
-/// rename and records the install — or leaves everything as it was.
+/// A step of an install, for test-only pause points (the power-cut tests stop a process there).
+@_spi(Testing) public enum InstallStep: String, Sendable {
+    /// The first megabyte of the pack is unpacked.
+    case unpacking = "mid-unpack"
+    /// The unpacked tree is durable and the move is journaled; the rename is next.
+    case beforeRename = "before-rename"
+    /// The content is in place; the install record is next.
+    case afterRename = "after-rename"
+}
+
+/// Unpacks a verified archive into a private staging folder, makes it durable, moves it into place with
+/// one rename and records the install — or leaves everything as it was.
 ///
-/// The move is journaled through the staging folder's inode: it is written to the store before the
-/// rename, so after a crash ``recover(_:home:store:)`` can tell whether the rename happened.
+/// The order (after the ALICE study): unpack; sync the files and folders; journal the move (the staging
+/// folder's inode, durably); rename; sync the parent folder; record the install, its files and the
+/// finished download in one durable commit. Only then is the download reported finished. After a crash,
+/// ``recover(_:stagingInode:)`` uses the journal to tell whether the rename happened.
 struct Installer: Sendable {
     var home: Home
     var store: Store
     var limits: UnpackLimitsPolicy
     var writer: any FileWriting
+    var hook: (@Sendable (InstallStep) -> Void)?
+    /// Deletes what an install leaves behind (the archive, an old version) off the critical path.
+    var janitor: DispatchQueue
 
     /// How big a pack may unpack to.
     struct UnpackLimitsPolicy: Sendable, Hashable {
@@ -28,74 +43,105 @@ struct Installer: Sendable {
         var maxEntries = 100_000
     }
 
-    /// Runs unpack, check, move and record for one download.
+    /// Extended attributes that name the product an install folder belongs to.
+    static let productAttribute = "user.packdelivery.product"
+
+    /// Runs check, unpack, sync, move and record for one download.
+    /// - Parameter recheck: hash the archive first (its verification was recorded by an earlier process,
+    ///   and a crash may have damaged it since).
     /// - Returns: the installed folder (the download's `contentURL`).
-    func install(_ download: Download, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) -> URL {
+    func install(_ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) -> URL {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
         let target = self.home.contentURL(for: download)
+        try self.checkOwnership(download)
         try Self.removeTree(staging)
         if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
         do throws(PackDeliveryError) {
-            let packLength = (try? FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64) ?? download.contentLength
+            var info = stat()
+            guard stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
+            let packLength = Int64(info.st_size)
+            if recheck {
+                progress(.verifying, 0)
+                try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
+            }
             try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
-            let maxBytes = download.unpackedLength ?? max(packLength, 1) * self.limits.maxExpansionRatio
+            let (maxBytes, overflow) = max(packLength, 1).multipliedReportingOverflow(by: max(1, self.limits.maxExpansionRatio))
+            let limit = download.unpackedLength ?? (overflow ? Int64.max : maxBytes)
             let expected = Double(download.unpackedLength ?? max(packLength, 1))
             progress(.unpacking, 0)
-            _ = try Unpacker.unpack(archive: archive, into: staging,
-                                    limits: UnpackLimits(maxBytes: maxBytes, maxEntries: self.limits.maxEntries),
-                                    progress: { bytes in progress(.unpacking, min(0.99, Double(bytes) / expected)) },
-                                    isCancelled: { cancel.isCancelled }, writer: self.writer)
+            var hooked = false
+            let summary = try Unpacker.unpack(archive: archive, into: staging,
+                                              limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+                                              progress: { bytes in
+                                                  progress(.unpacking, min(0.99, Double(bytes) / expected))
+                                                  if !hooked, bytes > 0 { hooked = true; self.hook?(.unpacking) }
+                                              },
+                                              isCancelled: { cancel.isCancelled }, writer: self.writer)
+            if summary.entries == 0, download.unpackedLength != 0 {
+                throw PackDeliveryError(.emptyPack, message: "The pack \(download.contentIdentifier) holds no files at all, and the manifest does not say it is empty.",
+                                        hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: download.redactedURL)
+            }
             try Self.checkContentInfo(in: staging, for: download)
             if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
             progress(.installing, 0)
-            var info = stat()
+            Self.setAttribute(Self.productAttribute, download.productIdentifier, on: staging)
+            try Durability.syncTree(staging, files: summary.files, directories: summary.directories)
+            // The journal of the move: after a crash, the inode tells whether the rename below happened.
             guard stat(staging.path, &info) == 0 else { throw Self.fileError("inspect", staging.path, errno) }
             let inode = Int64(info.st_ino)
-            try self.store.write { db in
+            try self.store.write(durable: true) { db in
                 try db.execute(sql: "UPDATE downloads SET phase = ?, stagingInode = ? WHERE id = ?",
                                arguments: [DownloadPhase.installing, inode, download.id])
             }
-            return try self.moveIntoPlace(download, staging: staging, target: target)
+            self.hook?(.beforeRename)
+            return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
         } catch {
             try? Self.removeTree(staging)
-            if error.kind == .insufficientStorage, error.neededBytes == nil {
+            if error.code == .insufficientStorage, error.neededBytes == nil {
                 // Say how much the unpack needs and how much is free now that staging is gone.
                 let needed = (download.unpackedLength ?? download.contentLength) + SpaceCheck.margin
                 throw .insufficientStorage(path: staging.deletingLastPathComponent().path, needed: needed,
-                                           available: SpaceCheck.available(at: staging.deletingLastPathComponent()), errno: error.underlying.map { Int32($0.value) })
+                                           available: SpaceCheck.available(at: staging.deletingLastPathComponent()),
+                                           errno: error.underlying.map { Int32($0.value) })
             }
             throw error
         }
     }
 
-    /// The rename and the record, shared by a fresh install and crash recovery.
-    private func moveIntoPlace(_ download: Download, staging: URL, target: URL) throws(PackDeliveryError) -> URL {
-        if FileManager.default.fileExists(atPath: target.path) {
+    /// The rename, the sync of the parent and the record, shared by a fresh install and crash recovery.
+    private func moveIntoPlace(_ download: Download, staging: URL, target: URL, files: [InstalledFile]) throws(PackDeliveryError) -> URL {
+        let exchanged = FileManager.default.fileExists(atPath: target.path)
+        if exchanged {
             // The old version stays usable until this single atomic swap.
             if clinux_rename_exchange(staging.path, target.path) != 0 { throw Self.fileError("move the content into place at", target.path, errno) }
         } else if rename(staging.path, target.path) != 0 {
             throw Self.fileError("move the content into place at", target.path, errno)
         }
-        try self.record(download, contentURL: target)
+        try Durability.syncFolder(target.deletingLastPathComponent())
+        if exchanged { try? Durability.syncFolder(staging.deletingLastPathComponent()) }
+        self.hook?(.afterRename)
+        try self.record(download, contentURL: target, files: files)
         if download.destination == .documents { BackupExclusion.mark(folder: target, tag: false) }
-        try? Self.removeTree(staging)  // the old version, after a swap
-        try? FileManager.default.removeItem(at: self.home.archiveURL(for: download))
+        let archive = self.home.archiveURL(for: download)
+        self.janitor.async {
+            try? Self.removeTree(staging)  // the old version, after a swap
+            unlink(archive.path)
+        }
         return target
     }
 
-    /// Records the installed content and the finished download in one write.
-    private func record(_ download: Download, contentURL: URL) throws(PackDeliveryError) {
-        try self.store.write { db in
-            try InstalledContentRecord(contentIdentifier: download.contentIdentifier, productIdentifier: download.productIdentifier,
-                                       contentVersion: download.contentVersion, contentURL: contentURL.path,
-                                       destination: download.destination, installedAt: Date(), downloadID: download.id).save(db)
-            try db.execute(sql: """
-                UPDATE downloads SET state = ?, phase = NULL, progress = 1, contentURL = ?, stagingInode = NULL,
-                       verified = 0, partialPath = NULL, error = NULL, pauseReason = NULL, bytesReceived = contentLength
-                WHERE id = ?
-                """, arguments: [DownloadState.finished, contentURL.path, download.id])
+    /// Records the installed content, its files and the finished download in one durable write.
+    private func record(_ download: Download, contentURL: URL, files: [InstalledFile]) throws(PackDeliveryError) {
+        let install = InstallRecord(destination: download.destination, contentIdentifier: download.contentIdentifier,
+                                    productIdentifier: download.productIdentifier, contentVersion: download.contentVersion,
+                                    contentURL: contentURL.path, installedAt: Date(), downloadID: download.id,
+                                    fileCount: files.count, byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
+        let records = files.map { file in
+            InstalledFileRecord(destination: download.destination, contentIdentifier: download.contentIdentifier,
+                                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256)
         }
+        try self.store.recordInstall(install, files: records)
     }
 
     /// After a crash: finish or roll back an install that had reached the move.
@@ -106,19 +152,103 @@ struct Installer: Sendable {
         if let stagingInode {
             var info = stat()
             if stat(target.path, &info) == 0, Int64(info.st_ino) == stagingInode {
-                // The rename happened; only the record is missing.
-                try self.record(download, contentURL: target)
-                try? Self.removeTree(staging)
-                try? FileManager.default.removeItem(at: self.home.archiveURL(for: download))
+                // The rename happened; only the record is missing. The hashes made while unpacking died with
+                // the process: read the files once more. The parent is synced again, in case the rename was not.
+                try Durability.syncFolder(target.deletingLastPathComponent())
+                try self.record(download, contentURL: target, files: try Durability.scan(target))
+                let archive = self.home.archiveURL(for: download)
+                self.janitor.async {
+                    try? Self.removeTree(staging)
+                    unlink(archive.path)
+                }
                 return target
             }
             if stat(staging.path, &info) == 0, Int64(info.st_ino) == stagingInode {
-                // Unpacked and checked, not yet moved: move it now.
-                return try self.moveIntoPlace(download, staging: staging, target: target)
+                // Unpacked, synced and checked, not yet moved: move it now.
+                try self.checkOwnership(download)
+                return try self.moveIntoPlace(download, staging: staging, target: target, files: try Durability.scan(staging))
             }
         }
         try? Self.removeTree(staging)
         return nil
+    }
+
+    /// Hashes the archive again and compares it with the manifest's SHA-256.
+    private func recheck(_ download: Download, archive: URL, length: Int64, progress: (Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) {
+        guard length == download.contentLength else {
+            throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) is \(length) bytes, not \(download.contentLength): it was damaged since it was verified.",
+                                    subject: archive.path)
+        }
+        let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw Self.fileError("open the pack", archive.path, errno) }
+        defer { close(fd) }
+        let hasher = SHA256Hasher()
+        let chunk = 1 << 20
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunk, alignment: 16)
+        defer { buffer.deallocate() }
+        var offset: Int64 = 0
+        while offset < length {
+            if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+            let got = pread(fd, buffer.baseAddress, Int(min(Int64(chunk), length - offset)), off_t(offset))
+            if got < 0, errno == EINTR { continue }
+            guard got > 0 else { throw Self.fileError("read the pack", archive.path, got < 0 ? errno : EIO) }
+            hasher.update(UnsafeRawBufferPointer(rebasing: buffer[0..<got]))
+            offset += Int64(got)
+            progress(Double(offset) / Double(max(1, length)))
+        }
+        let digest = hasher.hexDigest()
+        guard digest == download.sha256.lowercased() else {
+            throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) no longer matches its SHA-256: it was damaged since it was verified.",
+                                    subject: archive.path)
+        }
+    }
+
+    // MARK: Who owns an install path
+
+    /// Refuses to install where another product's content is, where the home keeps its own files, or over a
+    /// folder that PackDelivery did not install for this product.
+    func checkOwnership(_ download: Download) throws(PackDeliveryError) {
+        let target = self.home.contentURL(for: download)
+        let product = PackDeliveryError.printable(download.productIdentifier)
+        let content = PackDeliveryError.printable(download.contentIdentifier)
+        if let used = self.home.reservedPaths.first(where: { Self.isSameOrInside($0, target) }) {
+            throw PackDeliveryError(.contentIdentifierTaken,
+                                    message: "The content identifier \(content) of \(product) names \(used.path), which the home uses for its own files.",
+                                    hint: "Nothing was installed; the manifest must give the pack another contentIdentifier.", subject: download.contentIdentifier)
+        }
+        let installs = try self.store.installs(contentIdentifier: download.contentIdentifier)
+        if let other = installs.first(where: { $0.productIdentifier != download.productIdentifier }) {
+            throw PackDeliveryError(.contentIdentifierTaken,
+                                    message: "The content identifier \(content) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(product) cannot install into it.",
+                                    hint: "Nothing was installed and the installed content was left as it is; one of the two manifests must use another contentIdentifier.",
+                                    subject: download.contentIdentifier)
+        }
+        if installs.contains(where: { $0.destination == download.destination }) { return }
+        var info = stat()
+        guard lstat(target.path, &info) == 0 else { return }
+        // Something is at the path with no record: ours only if it says it belongs to this product.
+        let owner = Self.attribute(Self.productAttribute, of: target)
+            ?? (try? PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: target.appending(path: "ContentInfo.plist"))))?.productIdentifier
+        if (info.st_mode & S_IFMT) == S_IFDIR, owner == download.productIdentifier { return }
+        throw PackDeliveryError(.contentIdentifierTaken,
+                                message: "Something that PackDelivery did not install for \(product) is already at \(target.path)\(owner.map { " (it belongs to \(PackDeliveryError.printable($0)))" } ?? "").",
+                                hint: "Nothing was installed and it was left as it is; move it away, then try again.", subject: target.path)
+    }
+
+    private static func isSameOrInside(_ path: URL, _ folder: URL) -> Bool {
+        let a = path.standardizedFileURL.path, b = folder.standardizedFileURL.path
+        return a == b || a.hasPrefix(b.hasSuffix("/") ? b : b + "/")
+    }
+
+    static func setAttribute(_ name: String, _ value: String, on url: URL) {
+        _ = value.withCString { setxattr(url.path, name, $0, strlen($0), 0) }
+    }
+
+    static func attribute(_ name: String, of url: URL) -> String? {
+        var buffer = [UInt8](repeating: 0, count: 1024)
+        let count = buffer.withUnsafeMutableBytes { getxattr(url.path, name, $0.baseAddress, $0.count) }
+        guard count > 0 else { return nil }
+        return String(decoding: buffer[0..<count], as: UTF8.self)
     }
 
     static func checkContentInfo(in staging: URL, for download: Download) throws(PackDeliveryError) {

@@ -28,6 +28,10 @@ struct UnpackSummary: Sendable, Hashable {
     var bytes: Int64
     /// Archive entries read, whatever their type (implicitly created folders are not counted).
     var entries: Int
+    /// Every regular file (hard links included) and symlink, with its size and SHA-256 computed while it was written.
+    var files: [InstalledFile] = []
+    /// Every folder created, implicit ones included, relative to the staging folder (`""` is the staging folder).
+    var directories: [String] = []
 }
 
 /// Unpacks a pack from an untrusted server into a private staging folder.
@@ -160,6 +164,8 @@ private final class UnpackRun {
 
     /// Every path created so far (components joined by `/`), including implicit folders.
     private var nodes: [[UInt8]: Node] = [:]
+    /// Size and SHA-256 of every file and symlink created, by path.
+    private var records: [[UInt8]: (kind: InstalledFile.Kind, size: Int64, sha256: String)] = [:]
     /// Paths that some symlink's target passes through as a folder; no symlink may be created there.
     private var traversedBySymlinks: Set<[UInt8]> = []
     /// The last parent folder opened, kept open because entries usually come folder by folder.
@@ -238,7 +244,12 @@ private final class UnpackRun {
             try self.extract(entry, progress: progress, isCancelled: isCancelled)
         }
         progress(self.bytes)
-        return UnpackSummary(bytes: self.bytes, entries: self.entries)
+        var summary = UnpackSummary(bytes: self.bytes, entries: self.entries)
+        summary.files = self.records.map { path, record in
+            InstalledFile(path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256)
+        }.sorted { $0.path < $1.path }
+        summary.directories = [""] + self.nodes.compactMap { path, node in node == .directory ? String(decoding: path, as: UTF8.self) : nil }.sorted()
+        return summary
     }
 
     private func extract(_ entry: OpaquePointer, progress: (Int64) -> Void, isCancelled: () -> Bool) throws(PackDeliveryError) {
@@ -290,6 +301,7 @@ private final class UnpackRun {
     /// Splits an entry name into checked components: leading `./` stripped, empty and `.` components
     /// dropped. An empty result is the staging folder itself.
     private func normalize(_ raw: [UInt8], entry: String) throws(PackDeliveryError) -> [[UInt8]] {
+        if raw.isEmpty { throw PackDeliveryError.corruptArchive("entry \(self.entries) has an empty name") }
         var start = 0
         while raw.count - start >= 2, raw[start] == dot, raw[start + 1] == slash { start += 2 }
         if start < raw.count, raw[start] == slash {
@@ -435,6 +447,9 @@ private final class UnpackRun {
 
         var fileEnd: Int64 = 0  // logical end so far, holes included
         var dataEnd: Int64 = 0  // end of the last bytes actually written
+        let hasher = SHA256Hasher()
+        var hashedEnd: Int64 = 0  // the hash covers [0, hashedEnd); holes hash as zeros
+        var inOrder = true        // blocks arrived in order, so the hash needs no second read
         while true {
             if isCancelled() { throw self.cancelled() }
             var buffer: UnsafeRawPointer?
@@ -459,6 +474,13 @@ private final class UnpackRun {
             if size > 0, let buffer {
                 try self.writeAll(fd, buffer, size, at: offset, components, entry: entry)
                 dataEnd = max(dataEnd, end)
+                if inOrder, offset >= hashedEnd {
+                    Self.hashZeros(hasher, count: offset - hashedEnd)
+                    hasher.update(UnsafeRawBufferPointer(start: buffer, count: size))
+                    hashedEnd = end
+                } else {
+                    inOrder = false
+                }
             }
             fileEnd = max(fileEnd, end)
             self.bytes += charge
@@ -481,6 +503,16 @@ private final class UnpackRun {
         if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
+        if inOrder {
+            Self.hashZeros(hasher, count: fileEnd - hashedEnd)
+        } else {
+            // Blocks out of order (rare sparse layouts): hash what was written, once.
+            hasher.reset()
+            do throws(PackDeliveryError) { try hasher.update(fileDescriptor: fd, length: fileEnd) } catch {
+                throw self.failure("read back", components, errno: Int32(error.underlying?.value ?? Int(EIO)), entry: entry)
+            }
+        }
+        self.records[key] = (.file, fileEnd, hasher.hexDigest())
         if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
         if archive_entry_mtime_is_set(archiveEntry) != 0 {
             let mtime = timespec(tv_sec: time_t(archive_entry_mtime(archiveEntry)), tv_nsec: Int(archive_entry_mtime_nsec(archiveEntry)))
@@ -544,6 +576,9 @@ private final class UnpackRun {
         }
         if status != 0 { throw self.failure("create the symlink", components, errno: errno, entry: entry) }
         self.nodes[key] = .symlink
+        let hasher = SHA256Hasher()
+        target.withUnsafeBytes { hasher.update($0) }
+        self.records[key] = (.symlink, Int64(target.count), hasher.hexDigest())
         self.traversedBySymlinks.formUnion(passedThrough)
     }
 
@@ -567,6 +602,7 @@ private final class UnpackRun {
         }
         if status != 0 { throw self.failure("create the hard link", components, errno: errno, entry: entry) }
         self.nodes[key] = .file
+        self.records[key] = self.records[Self.join(target)]
     }
 
     // MARK: Errors and helpers
@@ -605,6 +641,18 @@ private final class UnpackRun {
             if !isDotOrDotDot { return false }
         }
         return true
+    }
+
+    private static let zeros = [UInt8](repeating: 0, count: 64 << 10)
+
+    /// Feeds `count` zero bytes (a hole) to the hasher.
+    private static func hashZeros(_ hasher: SHA256Hasher, count: Int64) {
+        var left = count
+        while left > 0 {
+            let step = Int(min(left, Int64(Self.zeros.count)))
+            Self.zeros.withUnsafeBytes { hasher.update(UnsafeRawBufferPointer(rebasing: $0[0..<step])) }
+            left -= Int64(step)
+        }
     }
 
     private static func join(_ components: [[UInt8]]) -> [UInt8] {

@@ -68,6 +68,9 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var contentURL: URL?
     /// Why the download failed or paused, or the error an active download is retrying after; nil otherwise.
     public var error: PackDeliveryError?
+    /// While an active download waits to try again after ``error``: when the next attempt starts (for example
+    /// after a server's `503` with `Retry-After`). Nil otherwise.
+    public var retryDate: Date? = nil
     /// The pack's URL on the content server.
     public var url: URL
     /// ``url`` without credentials (user info dropped, a query shown as `?…`), for display and logs.
@@ -135,4 +138,64 @@ public enum DownloadQueueEvent: Sendable, Hashable {
     case transactionUpdated(Transaction)
     /// A download changed state, phase or progress.
     case downloadUpdated(Download)
+}
+
+/// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)`` compares against.
+public struct InstalledFile: Sendable, Hashable, Codable {
+    /// What the entry is.
+    public enum Kind: String, Sendable, Hashable, Codable {
+        /// `file`: a regular file; `symlink`: a symbolic link (its size and SHA-256 are those of its target text).
+        case file, symlink
+    }
+    /// The path inside the install folder, `/`-separated.
+    public var path: String
+    /// A regular file or a symlink.
+    public var kind: Kind
+    /// Bytes of the file, or of the symlink's target text.
+    public var size: Int64
+    /// Hex SHA-256 of the file's bytes, or of the symlink's target text.
+    public var sha256: String
+
+    /// Creates a file record.
+    ///
+    /// - Parameters:
+    ///   - path: the path inside the install folder.
+    ///   - kind: a regular file or a symlink.
+    ///   - size: bytes of the file or of the link's target text.
+    ///   - sha256: hex SHA-256 of the same bytes.
+    public init(path: String, kind: Kind, size: Int64, sha256: String) {
+        self.path = path
+        self.kind = kind
+        self.size = size
+        self.sha256 = sha256
+    }
+}
+
+/// What ``DownloadQueue/verify(productIDs:)`` found in one installed pack.
+public struct VerifyResult: Sendable, Hashable {
+    /// One difference between the folder and the record made at install.
+    public struct Damage: Sendable, Hashable {
+        /// How a file differs.
+        public enum Problem: String, Sendable, Hashable, Codable {
+            /// `missing`: recorded but gone; `truncated`: shorter than recorded; `changed`: same size or longer but
+            /// other bytes, or another kind of file; `extra`: present but not recorded.
+            case missing, truncated, changed, extra
+        }
+        /// The path inside the install folder.
+        public var path: String
+        /// How it differs.
+        public var problem: Problem
+    }
+
+    /// The installed pack.
+    public var content: InstalledContent
+    /// Every difference found, by path; empty when intact.
+    public var damage: [Damage]
+    /// Whether the install folder itself is missing.
+    public var folderMissing: Bool
+    /// Whether the files were recorded at install (installs made by versions before 0.2 only get a presence check).
+    public var filesRecorded: Bool
+
+    /// Whether the content is exactly as installed.
+    public var isIntact: Bool { self.damage.isEmpty && !self.folderMissing }
 }

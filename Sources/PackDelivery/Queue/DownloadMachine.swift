@@ -14,16 +14,19 @@ struct DownloadMachine: Sendable, Hashable {
         /// Unpack the verified archive and move it into place.
         case install(token: Int)
         case stopInstall
-        /// Delete the partial archive and any staging folder.
-        case deleteFiles
+        /// Delete the partial archive, and the staging folder unless an install that owns it is still running.
+        case deleteFiles(staging: Bool)
     }
 
-    /// How retries back off.
+    /// How retries back off, and when an attempt counts as stalled.
     struct RetryPolicy: Sendable, Hashable {
-        /// Failed attempts in a row (without any byte arriving) before the download fails.
+        /// Failed attempts in a row (without new bytes kept) before the download fails.
         var maxAttempts = 6
         var baseDelay: TimeInterval = 0.5
         var maxDelay: TimeInterval = 30
+        /// An active download whose bytes and phase progress do not move for this long is stopped and retried
+        /// (the watchdog). Longer than the transfer's own stall timeout, so that a network stall is caught there first.
+        var watchdog: TimeInterval = 45
 
         /// Capped exponential backoff with full jitter in its upper half.
         func delay(attempt: Int, retryAfter: TimeInterval?, jitter: Double) -> TimeInterval {
@@ -38,11 +41,24 @@ struct DownloadMachine: Sendable, Hashable {
     var retriedFromZero: Bool
     /// The archive is complete and matched its SHA-256; resuming only unpacks.
     var verified: Bool
+    /// The verification was recorded by an earlier process: hash the archive again before unpacking it
+    /// (a power cut may have damaged what the record calls verified).
+    var recheckArchive = false
     var stagingInode: Int64?
-    /// Failed attempts since bytes last arrived.
+    /// Failed attempts since bytes kept last reached a new high.
     private(set) var attempt = 0
     private(set) var token = 0
     private(set) var waitingForRetry = false
+    /// The most bytes the partial file ever held: an attempt that ends below it made no progress, whatever it received.
+    private(set) var mostBytesKept: Int64 = 0
+    /// When bytes or phase progress last moved (for the watchdog).
+    private(set) var lastMovement = Date.distantPast
+    /// The token of a transfer stopped by a pause: its final byte count still counts.
+    private var stoppedTransfer: Int?
+    /// An install stopped by the watchdog: start it again once it has returned.
+    private var restartInstall = false
+    /// Whether an install (which owns the staging folder) may still be running.
+    private(set) var installRunning = false
     private var rate = RateEstimator()
     let retryPolicy: RetryPolicy
 
@@ -54,6 +70,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.verified = verified
         self.stagingInode = stagingInode
         self.retryPolicy = retryPolicy
+        self.mostBytesKept = download.bytesReceived
     }
 
     var state: DownloadState { self.download.state }
@@ -66,24 +83,27 @@ struct DownloadMachine: Sendable, Hashable {
         self.token += 1
         self.download.state = .active
         self.download.error = nil
+        self.download.retryDate = nil
         self.download.pauseReason = nil
         self.download.timeRemaining = -1
         self.rate = RateEstimator()
+        self.attempt = 0
+        self.waitingForRetry = false
+        self.lastMovement = now
         if self.verified {
             self.download.phase = .unpacking
             self.download.phaseProgress = 0
+            self.installRunning = true
             return [.install(token: self.token)]
         }
         self.download.phase = .downloading
-        self.attempt = 0
-        self.waitingForRetry = false
         return [.startTransfer(token: self.token, fromZero: false)]
     }
 
     /// Bytes known good on disk, from the running transfer.
     mutating func progress(token: Int, bytesOnDisk: Int64, validator: String?, now: Date = Date()) -> Bool {
         guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return false }
-        if bytesOnDisk > self.download.bytesReceived { self.attempt = 0 }
+        if bytesOnDisk != self.download.bytesReceived { self.lastMovement = now }
         self.rate.add(bytes: bytesOnDisk, at: now)
         self.download.bytesReceived = bytesOnDisk
         self.validator = validator ?? self.validator
@@ -93,8 +113,16 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     /// A transfer attempt ended.
-    mutating func transferFinished(token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1)) -> [Action] {
+    mutating func transferFinished(token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1), now: Date = Date()) -> [Action] {
+        if case .stopped(let bytes) = outcome, token == self.stoppedTransfer {
+            // The transfer a pause stopped: its last bytes are kept, so say so.
+            self.stoppedTransfer = nil
+            self.download.bytesReceived = bytes
+            self.download.progress = self.fraction(bytes)
+            return []
+        }
         guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return [] }
+        self.lastMovement = now
         switch outcome {
         case .stopped(let bytes):
             self.download.bytesReceived = bytes
@@ -103,11 +131,13 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.bytesReceived = length
             if length == self.download.contentLength, sha256.lowercased() == self.download.sha256.lowercased() {
                 self.verified = true
+                self.recheckArchive = false
                 self.download.progress = 1
                 // Hashed while the bytes arrived: verifying is the comparison just made; the installer moves on to unpacking.
                 self.download.phase = .verifying
                 self.download.timeRemaining = -1
                 self.download.phaseProgress = 0
+                self.installRunning = true
                 return [.install(token: self.token)]
             }
             if resumedFrom > 0, !self.retriedFromZero {
@@ -116,82 +146,147 @@ struct DownloadMachine: Sendable, Hashable {
                 self.token += 1
                 self.download.bytesReceived = 0
                 self.download.progress = 0
+                self.mostBytesKept = 0
                 return [.startTransfer(token: self.token, fromZero: true)]
             }
             self.download.bytesReceived = 0
             self.download.progress = 0
+            self.mostBytesKept = 0
             return self.fail(PackDeliveryError(
                 .checksumMismatch,
                 message: "The pack \(self.download.contentIdentifier) from \(self.download.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.download.sha256).",
-                hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.redacted)) + [.deleteFiles]
+                hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.redacted)) + [.deleteFiles(staging: true)]
         case .failed(let failure, let bytes):
             self.download.bytesReceived = bytes
             self.download.progress = self.fraction(bytes)
-            if failure.error.kind == .insufficientStorage {
+            if failure.error.code == .insufficientStorage {
                 self.enterPaused(.insufficientStorage, error: failure.error)
                 return []
             }
-            if failure.retryable, self.attempt + 1 < self.retryPolicy.maxAttempts {
-                self.attempt += 1
-                self.waitingForRetry = true
-                self.download.error = failure.error
-                self.download.timeRemaining = -1
-                self.token += 1
-                return [.scheduleRetry(token: self.token, after: self.retryPolicy.delay(attempt: self.attempt, retryAfter: failure.retryAfter, jitter: jitter))]
-            }
-            return self.fail(failure.error)
+            // Only new bytes kept reset the count: a server that sends the same bytes again and again
+            // (then throws them away) or trickles them too slowly still runs out of attempts.
+            if bytes > self.mostBytesKept, !failure.countsAlways { self.attempt = 0 }
+            self.mostBytesKept = max(self.mostBytesKept, bytes)
+            return self.retryOrFail(failure.error, retryable: failure.retryable, retryAfter: failure.retryAfter, jitter: jitter, now: now)
         }
     }
 
     /// The backoff delay of a retry has passed.
-    mutating func retryDue(token: Int) -> [Action] {
+    mutating func retryDue(token: Int, now: Date = Date()) -> [Action] {
         guard token == self.token, self.waitingForRetry, self.download.state == .active else { return [] }
         self.waitingForRetry = false
+        self.download.retryDate = nil
+        self.lastMovement = now
+        if self.verified {
+            self.download.phase = .unpacking
+            self.download.phaseProgress = 0
+            if self.installRunning {
+                // The stopped install has not returned yet: start again when it does.
+                self.restartInstall = true
+                return []
+            }
+            self.installRunning = true
+            return [.install(token: self.token)]
+        }
+        self.download.phase = .downloading
         return [.startTransfer(token: self.token, fromZero: false)]
     }
 
     /// The installer moved on to a phase, or along it.
-    mutating func installProgress(token: Int, phase: DownloadPhase, fraction: Double) -> Bool {
-        guard token == self.token, self.download.state == .active else { return false }
+    mutating func installProgress(token: Int, phase: DownloadPhase, fraction: Double, now: Date = Date()) -> Bool {
+        guard token == self.token, self.download.state == .active, !self.waitingForRetry else { return false }
+        self.lastMovement = now
         self.download.phase = phase
         self.download.phaseProgress = max(0, min(1, fraction))
         return true
     }
 
     /// The installer is done: content in place (and recorded), or an error.
-    mutating func installFinished(token: Int, result: Result<URL, PackDeliveryError>) -> [Action] {
-        guard token == self.token, self.download.state == .active else { return [] }
+    mutating func installFinished(token: Int, result: Result<URL, PackDeliveryError>, now: Date = Date()) -> [Action] {
+        if token != self.token || self.download.state != .active {
+            // An install that was stopped has returned: the staging folder is free again.
+            self.installRunning = false
+            if case .success(let url) = result, self.download.state != .finished {
+                // It completed before the stop reached it: the content is in place and recorded, so it is finished.
+                self.token += 1
+                self.waitingForRetry = false
+                self.restartInstall = false
+                self.finish(at: url)
+                return []
+            }
+            if self.restartInstall, self.download.state == .active, self.verified, !self.waitingForRetry {
+                self.restartInstall = false
+                self.installRunning = true
+                self.lastMovement = now
+                return [.install(token: self.token)]
+            }
+            if self.download.state == .cancelled { return [.deleteFiles(staging: true)] }
+            return []
+        }
+        self.installRunning = false
         switch result {
         case .success(let url):
-            self.download.state = .finished
-            self.download.phase = nil
-            self.download.progress = 1
-            self.download.timeRemaining = 0
-            self.download.contentURL = url
-            self.download.error = nil
-            self.download.phaseProgress = 1
-            self.stagingInode = nil
+            self.finish(at: url)
             return []
-        case .failure(let error) where error.kind == .insufficientStorage:
+        case .failure(let error) where error.code == .insufficientStorage:
             self.enterPaused(.insufficientStorage, error: error)
             return []
-        case .failure(let error) where error.kind == .cancelled:
+        case .failure(let error) where error.code == .cancelled:
             return []
+        case .failure(let error) where error.code == .fileSystem && error.underlying == .init(.errno, Int(ENOENT)) && self.verified:
+            // The archive went missing under the queue's feet: fetch it again rather than fail for good.
+            self.verified = false
+            self.download.bytesReceived = 0
+            self.download.progress = 0
+            self.mostBytesKept = 0
+            return self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
+        case .failure(let error) where error.kind == .io:
+            // A local failure (descriptors, database busy): the archive stays verified; retry, then fail with the cause.
+            return self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
         case .failure(let error):
             self.verified = false
             self.download.bytesReceived = 0
             self.download.progress = 0
-            return self.fail(error) + [.deleteFiles]
+            self.mostBytesKept = 0
+            return self.fail(error) + [.deleteFiles(staging: true)]
         }
     }
 
-    /// Pause, by the user or because the disk is full. Moving into place is too short to interrupt.
+    /// Twice a second: an active download whose bytes and phase progress have not moved for the
+    /// watchdog's time is stopped and retried, and fails once the attempts run out.
+    mutating func tick(now: Date) -> [Action] {
+        guard self.download.state == .active, !self.waitingForRetry,
+              now.timeIntervalSince(self.lastMovement) > self.retryPolicy.watchdog else { return [] }
+        let phase = self.download.phase ?? .downloading
+        let error = PackDeliveryError(.stalled,
+                                      message: "The download of \(self.download.contentIdentifier) made no progress for \(Int(self.retryPolicy.watchdog)) seconds while \(phase.rawValue).",
+                                      hint: "It was stopped and tried again; if this goes on, check the disk and the network.")
+        let stop: [Action]
+        switch phase {
+        case .downloading: stop = [.stopTransfer(token: self.token)]
+        case .verifying, .unpacking: stop = [.stopInstall]
+        case .installing:
+            // The move and the record are short and not interruptible; keep waiting, but say so.
+            self.lastMovement = now
+            self.download.error = error
+            return []
+        }
+        return stop + self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
+    }
+
+    /// Pause, by the user, a shutdown or because the disk is full. Moving into place is too short to interrupt.
     mutating func pause(_ reason: PauseReason, error: PackDeliveryError? = nil) -> [Action] {
         let stop: [Action]
         switch (self.download.state, self.download.phase) {
         case (.waiting, _): stop = []
-        case (.active, .downloading?): stop = self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
-        case (.active, .verifying?), (.active, .unpacking?): stop = [.stopInstall]
+        case (.active, .downloading?):
+            if self.waitingForRetry {
+                stop = []
+            } else {
+                self.stoppedTransfer = self.token
+                stop = [.stopTransfer(token: self.token)]
+            }
+        case (.active, .verifying?), (.active, .unpacking?): stop = self.installRunning ? [.stopInstall] : []
         case (.active, _): return []
         case (.paused, _) where reason == .insufficientStorage: stop = []
         case (.paused, _), (.failed, _), (.finished, _), (.cancelled, _): return []
@@ -203,10 +298,12 @@ struct DownloadMachine: Sendable, Hashable {
     private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?) {
         self.token += 1
         self.waitingForRetry = false
+        self.restartInstall = false
         self.download.state = .paused
         self.download.phase = nil
         self.download.pauseReason = reason
         self.download.error = error
+        self.download.retryDate = nil
         self.download.timeRemaining = -1
     }
 
@@ -226,30 +323,75 @@ struct DownloadMachine: Sendable, Hashable {
         switch (self.download.state, self.download.phase) {
         case (.finished, _), (.cancelled, _), (.active, .installing?): return []
         case (.active, .downloading?): actions = self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
-        case (.active, _): actions = [.stopInstall]
+        case (.active, _): actions = self.installRunning ? [.stopInstall] : []
         case (.waiting, _), (.paused, _), (.failed, _): actions = []
         }
-        actions.append(.deleteFiles)
+        // A running install owns the staging folder until it returns; it is removed then.
+        actions.append(.deleteFiles(staging: !self.installRunning))
         self.token += 1
         self.waitingForRetry = false
+        self.restartInstall = false
         self.verified = false
+        self.mostBytesKept = 0
         self.download.state = .cancelled
         self.download.phase = nil
         self.download.pauseReason = nil
+        self.download.error = nil
+        self.download.retryDate = nil
         self.download.bytesReceived = 0
         self.download.progress = 0
         self.download.timeRemaining = -1
         return actions
     }
 
+    /// Ends the download as failed with an error from outside the machine (the store could not record it).
+    mutating func abort(_ error: PackDeliveryError) -> [Action] {
+        let stop: [Action] = switch (self.download.state, self.download.phase) {
+        case (.active, .downloading?): self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
+        case (.active, .verifying?), (.active, .unpacking?): self.installRunning ? [.stopInstall] : []
+        default: []
+        }
+        guard self.download.state == .active || self.download.state == .waiting else { return [] }
+        return stop + self.fail(error)
+    }
+
     // MARK: Helpers
+
+    private mutating func finish(at url: URL) {
+        self.download.state = .finished
+        self.download.phase = nil
+        self.download.pauseReason = nil
+        self.download.progress = 1
+        self.download.bytesReceived = self.download.contentLength
+        self.download.timeRemaining = 0
+        self.download.contentURL = url
+        self.download.error = nil
+        self.download.retryDate = nil
+        self.download.phaseProgress = 1
+        self.stagingInode = nil
+        self.verified = false
+    }
+
+    private mutating func retryOrFail(_ error: PackDeliveryError, retryable: Bool, retryAfter: TimeInterval?, jitter: Double, now: Date) -> [Action] {
+        guard retryable, self.attempt + 1 < self.retryPolicy.maxAttempts else { return self.fail(error) }
+        self.attempt += 1
+        self.waitingForRetry = true
+        self.download.error = error
+        self.download.timeRemaining = -1
+        self.token += 1
+        let delay = self.retryPolicy.delay(attempt: self.attempt, retryAfter: retryAfter, jitter: jitter)
+        self.download.retryDate = now.addingTimeInterval(delay)
+        return [.scheduleRetry(token: self.token, after: delay)]
+    }
 
     private mutating func fail(_ error: PackDeliveryError) -> [Action] {
         self.token += 1
         self.waitingForRetry = false
+        self.restartInstall = false
         self.download.state = .failed
         self.download.phase = nil
         self.download.error = error
+        self.download.retryDate = nil
         self.download.timeRemaining = -1
         return []
     }

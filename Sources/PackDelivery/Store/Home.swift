@@ -66,6 +66,12 @@ public struct Home: Sendable, Hashable {
         }
     }
 
+    /// Folders and files the home uses for itself; no install may take them or a folder holding them.
+    var reservedPaths: [URL] {
+        [self.stateFolder, self.databaseURL, self.locksFolder, self.cachesFolder, self.documentsFolder]
+            + Destination.allCases.flatMap { [self.workFolder(for: $0), self.root(for: $0).appending(path: BackupExclusion.tagName)] }
+    }
+
     func workFolder(for destination: Destination) -> URL { self.root(for: destination).appending(path: ".packdelivery") }
     func archiveURL(for download: Download) -> URL {
         self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).pack")

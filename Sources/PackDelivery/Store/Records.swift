@@ -57,6 +57,10 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var verified: Bool
     /// A pause or cancel asked for by another process, for the process running the download.
     var request: String?
+    /// The process (and queue in it) that runs the download; nil when none does. See ``QueueOwner``.
+    var ownerPID: Int32?
+    var ownerStart: Int64?
+    var ownerQueue: String?
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -64,6 +68,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         static let position = Column(CodingKeys.position)
         static let state = Column(CodingKeys.state)
         static let request = Column(CodingKeys.request)
+        static let ownerQueue = Column(CodingKeys.ownerQueue)
     }
 
     init(_ download: Download, position: Int, validator: String?, partialPath: String?, stagingInode: Int64?, retriedFromZero: Bool, verified: Bool) {
@@ -93,6 +98,11 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.request = nil
     }
 
+    var owner: QueueOwner? {
+        guard let ownerPID, let ownerStart, let ownerQueue else { return nil }
+        return QueueOwner(pid: ownerPID, start: ownerStart, queue: ownerQueue)
+    }
+
     var download: Download {
         Download(id: self.id, transactionID: self.transactionID, productIdentifier: self.productIdentifier,
                  contentIdentifier: self.contentIdentifier, contentVersion: self.contentVersion, contentLength: self.contentLength,
@@ -104,20 +114,27 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     }
 }
 
-/// A row of `installedContent`: what is installed, found by product until removed.
-struct InstalledContentRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
-    static let databaseTableName = "installedContent"
+/// A row of `installs`: a pack installed at `<root of destination>/<contentIdentifier>`, found by product until removed.
+///
+/// One row per install path: a content identifier belongs to one product at a time.
+struct InstallRecord: Codable, FetchableRecord, PersistableRecord, Sendable, Hashable {
+    static let databaseTableName = "installs"
+    var destination: Destination
     var contentIdentifier: String
     var productIdentifier: String
     var contentVersion: String
     var contentURL: String
-    var destination: Destination
     var installedAt: Date
     var downloadID: String
+    /// Regular files and symlinks recorded in `installedFiles`; -1 for installs made before files were recorded.
+    var fileCount: Int
+    var byteCount: Int64
 
     enum Columns {
+        static let destination = Column(CodingKeys.destination)
         static let productIdentifier = Column(CodingKeys.productIdentifier)
         static let contentIdentifier = Column(CodingKeys.contentIdentifier)
+        static let installedAt = Column(CodingKeys.installedAt)
     }
 
     var content: InstalledContent {
@@ -126,3 +143,24 @@ struct InstalledContentRecord: Codable, FetchableRecord, PersistableRecord, Send
                          destination: self.destination, installedAt: self.installedAt)
     }
 }
+
+/// A row of `installedFiles`: one regular file or symlink of an install, as unpacked.
+struct InstalledFileRecord: Codable, FetchableRecord, PersistableRecord, Sendable, Hashable {
+    static let databaseTableName = "installedFiles"
+    var destination: Destination
+    var contentIdentifier: String
+    /// Relative to the install folder, `/`-separated.
+    var path: String
+    var kind: InstalledFile.Kind
+    /// Bytes of a regular file (holes included); bytes of a symlink's target text.
+    var size: Int64
+    /// Hex SHA-256 of a regular file's bytes, or of a symlink's target text.
+    var sha256: String
+
+    enum Columns {
+        static let destination = Column(CodingKeys.destination)
+        static let contentIdentifier = Column(CodingKeys.contentIdentifier)
+    }
+}
+
+extension InstalledFile.Kind: DatabaseValueConvertible {}

@@ -5,6 +5,12 @@ import GRDB
 ///
 /// Several processes may open the same store; SQLite serialises their writes and each logical change
 /// is one write transaction.
+///
+/// Durability: the connection runs with `synchronous = NORMAL`, so routine commits (progress
+/// checkpoints, state changes) are atomic and survive a crash of the process, but a power cut may undo
+/// the last ones. The commits that report something as done — a new transaction, an install, a
+/// finished transaction — go through ``write(durable:_:)`` with `durable: true`, which runs them with
+/// `synchronous = FULL`: SQLite syncs the WAL before the commit returns, and with it every earlier commit.
 final class Store: Sendable {
     let pool: DatabasePool
     /// Space set aside beside the database (`state.reserve`), given back when the disk is full so that
@@ -12,23 +18,55 @@ final class Store: Sendable {
     let reserveURL: URL
     static let reserveSize: Int64 = 2 << 20
 
-    init(url: URL) throws(PackDeliveryError) {
+    /// Opens (or creates) the store and checks it.
+    ///
+    /// - Parameters:
+    ///   - url: the database file.
+    ///   - busyTimeout: how long to wait for another process's write lock before failing with `databaseBusy`.
+    /// - Throws: `databaseCorrupt` when the file is damaged (see ``quarantine(_:)``); other database or file errors.
+    init(url: URL, busyTimeout: TimeInterval = 15) throws(PackDeliveryError) {
         self.reserveURL = url.deletingLastPathComponent().appending(path: "state.reserve")
         Self.makeReserve(self.reserveURL)
         var configuration = Configuration()
-        configuration.busyMode = .timeout(15)
+        configuration.busyMode = .timeout(busyTimeout)
         configuration.label = "PackDelivery"
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = NORMAL")
+        }
         // Processes opening a new store at the same moment would race to switch it to WAL and to
         // migrate it (SQLITE_BUSY, "table already exists"): opening is serialised by a file lock.
         let lock = open(url.path + ".open-lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        if lock >= 0 { flock(lock, LOCK_EX) }
-        defer { if lock >= 0 { close(lock) } }
+        guard lock >= 0 else { throw .io("open", path: url.path + ".open-lock", errno: errno) }
+        flock(lock, LOCK_EX)
+        defer { close(lock) }
         do {
             self.pool = try DatabasePool(path: url.path, configuration: configuration)
+            // A damaged file (garbage, truncated) may open and fail only on a later read: check it now.
+            let check = try self.pool.read { db in try String.fetchOne(db, sql: "PRAGMA quick_check(1)") }
+            if let check, check != "ok" {
+                throw DatabaseError(resultCode: .SQLITE_CORRUPT, message: check)
+            }
             try Self.migrator.migrate(self.pool)
         } catch {
             throw Self.map(error, url.path)
         }
+    }
+
+    /// Moves a damaged database (and its WAL and shared-memory files) aside, so a new one can be made.
+    ///
+    /// - Parameter url: the database file.
+    /// - Returns: where the damaged file now is.
+    /// - Throws: `fileSystem` when it cannot be moved.
+    static func quarantine(_ url: URL) throws(PackDeliveryError) -> URL {
+        let stamp = Int(Date().timeIntervalSince1970)
+        let aside = url.deletingLastPathComponent().appending(path: "\(url.lastPathComponent).damaged-\(stamp)")
+        for suffix in ["", "-wal", "-shm"] {
+            let from = url.path + suffix
+            guard access(from, F_OK) == 0 else { continue }
+            if rename(from, aside.path + suffix) != 0 { throw .io("move the damaged state database aside", path: from, errno: errno) }
+        }
+        try? Durability.syncFolder(url.deletingLastPathComponent())
+        return aside
     }
 
     static var migrator: DatabaseMigrator {
@@ -78,6 +116,44 @@ final class Store: Sendable {
                 t.column("downloadID", .text).notNull()
             }
         }
+        migrator.registerMigration("v2: owners instead of lock files, installs by path, installed files") { db in
+            try db.alter(table: "downloads") { t in
+                t.add(column: "ownerPID", .integer)
+                t.add(column: "ownerStart", .integer)
+                t.add(column: "ownerQueue", .text)
+            }
+            // Pause and cancel requests from other processes, found without scanning every download.
+            try db.execute(sql: "CREATE INDEX downloads_request ON downloads(request) WHERE request IS NOT NULL")
+            // Downloads that may need a runner at launch.
+            try db.execute(sql: "CREATE INDEX downloads_unsettled ON downloads(state) WHERE state NOT IN ('finished', 'cancelled')")
+            try db.create(index: "transactions_open", on: "transactions", columns: ["finishedAt"])
+            try db.create(table: "installs") { t in
+                t.column("destination", .text).notNull()
+                t.column("contentIdentifier", .text).notNull()
+                t.column("productIdentifier", .text).notNull().indexed()
+                t.column("contentVersion", .text).notNull()
+                t.column("contentURL", .text).notNull()
+                t.column("installedAt", .datetime).notNull().indexed()
+                t.column("downloadID", .text).notNull()
+                t.column("fileCount", .integer).notNull()
+                t.column("byteCount", .integer).notNull()
+                t.primaryKey(["destination", "contentIdentifier"])
+            }
+            try db.execute(sql: """
+                INSERT INTO installs (destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, fileCount, byteCount)
+                SELECT destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, -1, 0 FROM installedContent
+                """)
+            try db.drop(table: "installedContent")
+            try db.create(table: "installedFiles", options: .withoutRowID) { t in
+                t.column("destination", .text).notNull()
+                t.column("contentIdentifier", .text).notNull()
+                t.column("path", .text).notNull()
+                t.column("kind", .text).notNull()
+                t.column("size", .integer).notNull()
+                t.column("sha256", .text).notNull()
+                t.primaryKey(["destination", "contentIdentifier", "path"])
+            }
+        }
         return migrator
     }
 
@@ -85,11 +161,29 @@ final class Store: Sendable {
         do { return try self.pool.read(body) } catch { throw Self.map(error, self.pool.path) }
     }
 
-    func write<T>(_ body: (Database) throws -> T) throws(PackDeliveryError) -> T {
-        do { return try self.pool.write(body) } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
+    /// One write transaction.
+    ///
+    /// - Parameters:
+    ///   - durable: sync the WAL before returning (`synchronous = FULL` for this commit), for commits that report something as done.
+    ///   - body: the changes.
+    func write<T>(durable: Bool = false, _ body: (Database) throws -> T) throws(PackDeliveryError) -> T {
+        func attempt() throws -> T {
+            guard durable else { return try self.pool.write(body) }
+            return try self.pool.writeWithoutTransaction { db in
+                try db.execute(sql: "PRAGMA synchronous = FULL")
+                defer { try? db.execute(sql: "PRAGMA synchronous = NORMAL") }
+                var result: T?
+                try db.inTransaction(.immediate) {
+                    result = try body(db)
+                    return .commit
+                }
+                return result!
+            }
+        }
+        do { return try attempt() } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
             // Give back the reserve and try once more; the failed write changed nothing.
             guard unlink(self.reserveURL.path) == 0 else { throw Self.map(error, self.pool.path) }
-            do { return try self.pool.write(body) } catch { throw Self.map(error, self.pool.path) }
+            do { return try attempt() } catch { throw Self.map(error, self.pool.path) }
         } catch {
             throw Self.map(error, self.pool.path)
         }
@@ -124,49 +218,6 @@ final class Store: Sendable {
         return PackDeliveryError(.database, message: "The state database \(path) failed: \(error).", subject: path)
     }
 
-    // MARK: Queries
-
-    func transactions(unfinishedOnly: Bool = true, ids: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
-        try self.read { db in
-            var request = TransactionRecord.order(TransactionRecord.Columns.createdAt, TransactionRecord.Columns.id)
-            if unfinishedOnly { request = request.filter(TransactionRecord.Columns.finishedAt == nil) }
-            if let ids { request = request.filter(ids.contains(TransactionRecord.Columns.id)) }
-            return try request.fetchAll(db).map { record in
-                let downloads = try DownloadRecord.filter(DownloadRecord.Columns.transactionID == record.id)
-                    .order(DownloadRecord.Columns.position).fetchAll(db).map(\.download)
-                return Transaction(id: record.id, productIdentifier: record.productIdentifier, kind: record.kind,
-                                   createdAt: record.createdAt, finishedAt: record.finishedAt, autoFinish: record.autoFinish,
-                                   downloads: downloads)
-            }
-        }
-    }
-
-    func downloadRecord(_ id: String) throws(PackDeliveryError) -> DownloadRecord? {
-        try self.read { db in try DownloadRecord.fetchOne(db, key: id) }
-    }
-
-    func installed(productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstalledContentRecord] {
-        try self.read { db in
-            var request = InstalledContentRecord.order(InstalledContentRecord.Columns.productIdentifier, InstalledContentRecord.Columns.contentIdentifier)
-            if let productIdentifier { request = request.filter(InstalledContentRecord.Columns.productIdentifier == productIdentifier) }
-            return try request.fetchAll(db)
-        }
-    }
-
-    /// Pause or cancel requests other processes left for these downloads.
-    func requests(for ids: [String]) throws(PackDeliveryError) -> [String: String] {
-        guard !ids.isEmpty else { return [:] }
-        return try self.read { db in
-            let rows = try DownloadRecord.filter(ids.contains(DownloadRecord.Columns.id) && DownloadRecord.Columns.request != nil).fetchAll(db)
-            return Dictionary(uniqueKeysWithValues: rows.compactMap { row in row.request.map { (row.id, $0) } })
-        }
-    }
-
-    func setRequest(_ request: String?, for id: String) throws(PackDeliveryError) {
-        try self.write { db in
-            try db.execute(sql: "UPDATE downloads SET request = ? WHERE id = ?", arguments: [request, id])
-        }
-    }
 }
 
 extension DownloadRecord {

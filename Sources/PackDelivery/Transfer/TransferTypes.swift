@@ -51,7 +51,9 @@ struct TransferFailure: Sendable, Hashable {
     /// Worth trying again (network trouble, 5xx, 408, 429, stall).
     var retryable: Bool
     /// The server's Retry-After, in seconds.
-    var retryAfter: TimeInterval?
+    var retryAfter: TimeInterval? = nil
+    /// Counts against the retry limit even when bytes were kept (a stall, a server too slow, a length that disagrees with the manifest).
+    var countsAlways = false
 }
 
 /// How a transfer attempt ended.

@@ -1,0 +1,286 @@
+import Foundation
+
+// The driver: runs what the machines decide. Everything here runs on `driver`, one call at a time.
+extension DownloadQueue {
+    /// Changes the machine under the lock, then runs the actions it returned (and those they lead to) after unlocking.
+    func change(_ body: (inout QueueMachine) -> [QueueMachine.Action]) {
+        var work = self.state.withLock { body(&$0.machine) }
+        var index = 0
+        var save = false
+        var settled: [String] = []
+        while index < work.count {
+            let action = work[index]
+            index += 1
+            switch action {
+            case .run(let id, let action):
+                work += self.perform(action, for: id)
+            case .measureSpace(let id, let destination):
+                let folder = self.home.workFolder(for: destination)
+                let available = SpaceCheck.available(at: folder)
+                work += self.state.withLock { $0.machine.admit(id, available: available, path: folder.path) }
+            case .notify(let id):
+                if let download = self.state.withLock({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
+            case .settled(let transactionID):
+                if !settled.contains(transactionID) { settled.append(transactionID) }
+            case .save:
+                save = true
+            }
+        }
+        if save { self.scheduleSave() }
+        // A download that settles may make its transaction finishable: say so where finishing is decided.
+        for transactionID in settled { self.emitTransaction(transactionID) }
+    }
+
+    /// Runs one download's action; returns the machine's actions when running it failed at once.
+    private func perform(_ action: DownloadMachine.Action, for id: String) -> [QueueMachine.Action] {
+        guard let machine = self.state.withLock({ $0.machine.machine(id) }) else { return [] }
+        let download = machine.download
+        switch action {
+        case .startTransfer(let token, let fromZero):
+            let archive = self.home.archiveURL(for: download)
+            if fromZero { self.discard(archive) }
+            let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: archive,
+                                          expectedLength: download.contentLength, validator: machine.validator,
+                                          fromZero: fromZero, options: self.configuration.transfer, writer: self.configuration.writer)
+            self.engineBox.withLock { $0 }?.start(request)
+        case .stopTransfer(let token):
+            self.engineBox.withLock { $0 }?.stop("\(id)#\(token)")
+        case .scheduleRetry(let token, let delay):
+            self.logger.info("retrying", metadata: ["download": "\(id)", "after": "\(delay)", "error": "\(download.error?.message ?? "")"])
+            self.driver.asyncAfter(deadline: .now() + delay) { [weak self] in
+                self?.change { $0.handle(id, .retryDue(token: token)) }
+            }
+        case .install(let token):
+            let flag = CancelFlag()
+            self.state.withLock { $0.cancelFlags[id] = flag }
+            let installer = self.installer
+            let recheck = machine.recheckArchive
+            DispatchQueue.global().async { [weak self] in
+                let progress: (DownloadPhase, Double) -> Void = { phase, fraction in
+                    guard let self else { return }
+                    self.driver.async { self.change { $0.handle(id, .installProgress(token: token, phase: phase, fraction: fraction)) } }
+                }
+                let result: Result<URL, PackDeliveryError>
+                do throws(PackDeliveryError) {
+                    result = .success(try installer.install(download, recheck: recheck, progress: progress, cancel: flag))
+                } catch { result = .failure(error) }
+                guard let self else { return }
+                self.driver.async {
+                    self.state.withLock { state in if state.cancelFlags[id] === flag { state.cancelFlags[id] = nil } }
+                    self.change { $0.handle(id, .installFinished(token: token, result: result)) }
+                }
+            }
+        case .stopInstall:
+            self.state.withLock { $0.cancelFlags[id] }?.cancel()
+        case .deleteFiles(let staging):
+            self.discard(self.home.archiveURL(for: download))
+            if staging { self.discard(self.home.stagingURL(for: download)) }
+        }
+        return []
+    }
+
+    /// Removes a file or folder: moved aside at once (so a new attempt never meets it), deleted by the janitor.
+    func discard(_ url: URL) {
+        var info = stat()
+        guard lstat(url.path, &info) == 0 else { return }
+        let folder = url.deletingLastPathComponent()
+        let aside = folder.appending(path: "removed-\(UUID().uuidString)")
+        if rename(url.path, aside.path) == 0 {
+            self.janitor.async { try? Installer.removeTree(aside) }
+        } else {
+            try? Installer.removeTree(url)
+        }
+    }
+
+    /// An event from the transfer thread.
+    func handle(_ event: TransferEvent) {
+        switch event {
+        case .progress(let transferID, let bytes, let validator):
+            let (id, token) = Self.split(transferID)
+            self.change { $0.handle(id, .transferProgress(token: token, bytes: bytes, validator: validator)) }
+        case .finished(let transferID, let outcome):
+            let (id, token) = Self.split(transferID)
+            self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
+        }
+    }
+
+    /// Twice a second: requests from other processes, the watchdog, progress checkpoints, and every few
+    /// seconds the space of downloads paused for it.
+    func tick() {
+        let ticks = self.state.withLock { state -> Int in state.ticks += 1; return state.ticks }
+        do {
+            for (id, request) in try self.store.takeRequests(owner: self.owner) {
+                switch request {
+                case "pause": self.change { $0.handle(id, .pause(.user, nil)) }
+                case "cancel": self.change { $0.handle(id, .cancel) }
+                default: break
+                }
+            }
+        } catch {
+            self.logger.warning("could not read requests from other processes", metadata: ["error": "\(error)"])
+        }
+        var available: [Destination: Int64?]?
+        if ticks % 10 == 0, self.configuration.resumeWhenSpaceReturns {
+            available = Dictionary(uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
+        }
+        self.change { $0.tick(now: Date(), available: available) }
+        if ticks % 2 == 0 { self.save(includingProgress: true) }
+    }
+
+    // MARK: Saving
+
+    /// Saves state changes soon: changes that arrive before then are saved in the same write.
+    func scheduleSave() {
+        let schedule = self.state.withLock { state -> Bool in
+            defer { state.saveScheduled = true }
+            return !state.saveScheduled
+        }
+        if schedule { self.driver.async { self.save(includingProgress: false) } }
+    }
+
+    /// Writes changed downloads in one transaction. A store that cannot be written ends those downloads
+    /// as failed, naming why: nothing runs on without its state being kept.
+    func save(includingProgress: Bool) {
+        let changes = self.state.withLock { state in
+            state.saveScheduled = false
+            return state.machine.takeChanges(includingProgress: includingProgress)
+        }
+        // The installer records a finished download itself, with its install.
+        let records = changes.filter { $0.machine.state != .finished }.map { self.record($0.machine, position: $0.position) }
+        let settled = changes.filter { $0.machine.state.isSettled }.map(\.machine.download.id)
+        guard !records.isEmpty || !settled.isEmpty else { return }
+        do {
+            try self.store.save(records)
+            try self.store.release(settled, owner: self.owner)
+        } catch {
+            self.logger.error("could not save download state", metadata: ["error": "\(error)"])
+            for record in records where !record.state.isSettled {
+                self.change { $0.handle(record.id, .abort(error)) }
+            }
+        }
+    }
+
+    func record(_ machine: DownloadMachine, position: Int) -> DownloadRecord {
+        let download = machine.download
+        return DownloadRecord(download, position: position, validator: machine.validator,
+                              partialPath: self.home.archiveURL(for: download).path, stagingInode: machine.stagingInode,
+                              retriedFromZero: machine.retriedFromZero, verified: machine.verified)
+    }
+
+    // MARK: Transactions on the driver
+
+    /// Records new transactions (one durable write) and takes their waiting downloads.
+    func record(_ transactions: [Transaction]) throws(PackDeliveryError) {
+        try self.onDriver { () throws(PackDeliveryError) in
+            try self.requireOpen()
+            try self.store.insert(transactions, owner: self.owner) { self.home.archiveURL(for: $0).path }
+            for transaction in transactions { self.emit(.transactionUpdated(transaction)) }
+            let policy = self.configuration.retryPolicy
+            self.change { machine in
+                var actions: [QueueMachine.Action] = []
+                for transaction in transactions {
+                    for (position, download) in transaction.downloads.enumerated() where download.state == .waiting {
+                        actions += machine.own(DownloadMachine(download: download, retryPolicy: policy), position: position)
+                    }
+                }
+                return actions
+            }
+        }
+    }
+
+    /// Unfinished transactions from the store, with the downloads this queue runs as they are now.
+    func liveTransactions(ids: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
+        let transactions = try self.store.transactions(unfinishedOnly: ids == nil, ids: ids)
+        return self.state.withLock { state in
+            transactions.map { transaction in
+                var transaction = transaction
+                transaction.downloads = transaction.downloads.map { state.machine.download($0.id) ?? $0 }
+                return transaction
+            }
+        }
+    }
+
+    func finishOnDriver(_ transactionIDs: [String]) throws(PackDeliveryError) {
+        guard !transactionIDs.isEmpty else { return }
+        let transactions = try self.liveTransactions(ids: transactionIDs)
+        let known = Set(transactions.map(\.id))
+        if let missing = transactionIDs.first(where: { !known.contains($0) }) {
+            throw PackDeliveryError(.unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(missing))'.", subject: missing)
+        }
+        let open = transactions.filter { !$0.isFinished }
+        for transaction in open {
+            let pending = transaction.downloads.filter { !$0.state.isSettled }
+            guard pending.isEmpty else {
+                let list = pending.map { "\($0.id) (\($0.state.rawValue))" }.joined(separator: ", ")
+                throw PackDeliveryError(.finishRefused, message: "Transaction \(transaction.id) cannot finish: \(list) not finished or cancelled.",
+                                        hint: "Resume or cancel \(pending.count == 1 ? "it" : "them") first.", subject: transaction.id,
+                                        pendingDownloadIDs: pending.map(\.id))
+            }
+        }
+        guard !open.isEmpty else { return }
+        // Anything not yet saved goes first, so the finished record never points at stale downloads.
+        self.save(includingProgress: true)
+        let now = Date()
+        try self.store.finish(open.map(\.id), at: now)
+        self.state.withLock { state in
+            for transaction in open { for download in transaction.downloads { state.machine.forget(download.id) } }
+        }
+        for var transaction in open {
+            transaction.finishedAt = now
+            self.emit(.transactionUpdated(transaction))
+        }
+    }
+
+    /// Pause or cancel (`event`) downloads: those this queue runs at once; others are taken over when no
+    /// live process runs them, or asked of the process that does (through the store).
+    func control(_ ids: [String], request: String, event: QueueMachine.Event) throws(PackDeliveryError) {
+        try self.onDriver { () throws(PackDeliveryError) in
+            for id in ids {
+                if self.state.withLock({ $0.machine.machine(id) != nil }) {
+                    self.change { $0.handle(id, event) }
+                    continue
+                }
+                guard let record = try self.store.downloadRecord(id) else {
+                    throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                }
+                if record.download.state.isSettled { continue }
+                if try self.take([id]).isEmpty {
+                    // Another process runs it: it acts on the request within a second.
+                    try self.store.setRequest(request, for: id)
+                    continue
+                }
+                self.change { $0.handle(id, event) }
+            }
+            self.save(includingProgress: false)
+            if self.state.withLock({ $0.closed }) {
+                let ids = self.state.withLock { Array($0.machine.entries.keys) }
+                try self.store.release(ids, owner: self.owner)
+            }
+        }
+    }
+
+    func resumeOnDriver(_ ids: [String]?) throws(PackDeliveryError) -> [String] {
+        if let ids {
+            for id in ids where self.state.withLock({ $0.machine.machine(id) == nil }) {
+                guard let record = try self.store.downloadRecord(id) else {
+                    throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                }
+                if !record.download.state.isSettled { _ = try self.take([id]) }
+            }
+        } else {
+            _ = try self.take(nil)
+        }
+        let targets = ids ?? self.state.withLock { Array($0.machine.entries.keys) }
+        var resumed: [String] = []
+        for id in targets {
+            self.change { $0.handle(id, .resume) }
+            if let state = self.state.withLock({ $0.machine.download(id)?.state }), state.isRunning { resumed.append(id) }
+        }
+        return resumed
+    }
+
+    private static func split(_ transferID: String) -> (String, Int) {
+        let parts = transferID.split(separator: "#")
+        return (String(parts[0]), parts.count > 1 ? Int(parts[1]) ?? -1 : -1)
+    }
+}

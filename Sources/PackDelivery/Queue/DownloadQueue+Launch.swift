@@ -1,0 +1,309 @@
+import Foundation
+import Logging
+
+// Launch and recovery: the store (rebuilt when damaged), downloads no live process runs, leftovers,
+// recent installs checked, verify and repair.
+extension DownloadQueue {
+    /// Opens the store; a damaged one is moved aside and a new one made (the installs are recorded again by ``rebuildInstalls()``).
+    static func openStore(home: Home, busyTimeout: TimeInterval, logger: Logger) throws(PackDeliveryError) -> (Store, StoreRecovery?) {
+        do {
+            return (try Store(url: home.databaseURL, busyTimeout: busyTimeout), nil)
+        } catch where error.code == .databaseCorrupt {
+            let aside = try Store.quarantine(home.databaseURL)
+            logger.error("the state database was damaged; moved aside and rebuilt", metadata: ["moved to": "\(aside.path)"])
+            let store = try Store(url: home.databaseURL, busyTimeout: busyTimeout)
+            return (store, StoreRecovery(damagedDatabase: aside, installsRecovered: 0, foldersNotRecognised: []))
+        }
+    }
+
+    /// On open: leftovers cleaned, recent installs checked, downloads left running by a dead process (or
+    /// paused by a shutdown) taken over and resumed when configured, otherwise marked `paused (interrupted)`.
+    func launch() throws(PackDeliveryError) {
+        self.cleanLeftovers()
+        if self.configuration.launchCheckWindow > 0 { try self.checkRecentInstalls() }
+        let resumeInterrupted = self.configuration.resumeInterruptedDownloads
+        let taken = try self.take(nil) { record in
+            record.state.isRunning || record.phase != nil || (resumeInterrupted && record.pauseReason == .interrupted)
+        }
+        if resumeInterrupted {
+            for id in taken where self.state.withLock({ $0.machine.download(id)?.pauseReason == .interrupted }) {
+                self.change { $0.handle(id, .resume) }
+            }
+        }
+        self.save(includingProgress: false)
+        if !resumeInterrupted {
+            // Recorded as paused (interrupted); they wait for a resume, by this queue or another.
+            let ids = self.state.withLock { Array($0.machine.entries.keys) }
+            try self.store.release(ids, owner: self.owner)
+            self.state.withLock { state in for id in ids { state.machine.forget(id) } }
+        }
+    }
+
+    /// Takes over downloads no live queue owns (`ids`, or every unsettled download of an open transaction
+    /// that `wanted` accepts), finishing or rolling back a move into place a crash interrupted.
+    /// - Returns: the ids taken.
+    @discardableResult
+    func take(_ ids: [String]?, wanted: @escaping (DownloadRecord) -> Bool = { _ in true }) throws(PackDeliveryError) -> [String] {
+        let records = try self.store.claim(ids, owner: self.owner, wanted: wanted)
+        var taken: [String] = []
+        for record in records {
+            guard let machine = try self.adopt(record) else { continue }
+            taken.append(record.id)
+            if machine.state.isSettled {
+                // The crash came after the move: the install is now recorded, and its transaction may finish.
+                self.emitTransaction(record.transactionID)
+                try self.store.release([record.id], owner: self.owner)
+                continue
+            }
+            self.change { $0.own(machine, position: record.position) }
+        }
+        return taken
+    }
+
+    /// The machine for a download taken over from an earlier process.
+    private func adopt(_ record: DownloadRecord) throws(PackDeliveryError) -> DownloadMachine? {
+        var download = record.download
+        var verified = record.verified
+        if download.state.isRunning || record.phase != nil {
+            if record.phase == .installing || record.stagingInode != nil {
+                if let url = try self.installer.recover(download, stagingInode: record.stagingInode) {
+                    download.state = .finished
+                    download.contentURL = url
+                    download.progress = 1
+                    download.phase = nil
+                    return DownloadMachine(download: download, retryPolicy: self.configuration.retryPolicy)
+                }
+            } else {
+                self.discard(self.home.stagingURL(for: download))
+            }
+            download.state = .paused
+            download.pauseReason = .interrupted
+            download.phase = nil
+        }
+        let onDisk = Self.fileSize(self.home.archiveURL(for: download)) ?? 0
+        // A verification recorded by an earlier process holds only for a complete archive, and is checked again before use.
+        if verified, onDisk != download.contentLength { verified = false }
+        download.bytesReceived = min(onDisk, download.contentLength)
+        download.progress = download.contentLength > 0 ? min(1, Double(download.bytesReceived) / Double(download.contentLength)) : 0
+        download.retryDate = nil
+        var machine = DownloadMachine(download: download, validator: record.validator, retriedFromZero: record.retriedFromZero,
+                                      verified: verified, stagingInode: nil, retryPolicy: self.configuration.retryPolicy)
+        machine.recheckArchive = verified
+        return machine
+    }
+
+    /// Removes staging folders and archives that nothing will use: no record, a settled download, or no
+    /// live owner (a staging folder that a crash left mid-move stays for recovery).
+    private func cleanLeftovers() {
+        for destination in Destination.allCases {
+            let work = self.home.workFolder(for: destination)
+            for folder in ["staging", "downloads"] {
+                let url = work.appending(path: folder)
+                // List first, then read the records: a record is always written before its files exist.
+                let names = (try? FileManager.default.contentsOfDirectory(atPath: url.path)) ?? []
+                for name in names {
+                    let item = url.appending(path: name)
+                    if name.hasPrefix("removed-") {
+                        self.janitor.async { try? Installer.removeTree(item) }
+                        continue
+                    }
+                    let id = folder == "downloads" ? String(name.dropLast(name.hasSuffix(".pack") ? 5 : 0)) : name
+                    let record: DownloadRecord?
+                    do { record = try self.store.downloadRecord(id) } catch { continue }  // the store cannot be read: leave it
+                    if let record {
+                        if let owner = record.owner, owner.isAlive { continue }
+                        if !record.state.isSettled, folder == "downloads" { continue }
+                        if folder == "staging", record.stagingInode != nil, !record.state.isSettled { continue }
+                    }
+                    self.discard(item)
+                }
+            }
+        }
+    }
+
+    // MARK: Recent installs, verify and repair
+
+    /// Checks, cheaply (presence and sizes), the installs recorded in the last minutes before the newest one,
+    /// and delivers again those found damaged.
+    private func checkRecentInstalls() throws(PackDeliveryError) {
+        let recent = try self.store.recentInstalls(window: self.configuration.launchCheckWindow)
+        var damaged: [InstallRecord] = []
+        for install in recent {
+            let files = try self.store.files(of: install)
+            if !Self.looksIntact(install, files: files) { damaged.append(install) }
+        }
+        guard !damaged.isEmpty else { return }
+        self.logger.warning("installed content found damaged at launch; delivering it again",
+                            metadata: ["content": "\(damaged.map(\.contentIdentifier))"])
+        _ = try self.redeliver(damaged)
+    }
+
+    private static func looksIntact(_ install: InstallRecord, files: [InstalledFileRecord]) -> Bool {
+        var info = stat()
+        guard lstat(install.contentURL, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return false }
+        for file in files {
+            let path = install.contentURL + "/" + file.path
+            guard lstat(path, &info) == 0 else { return false }
+            switch file.kind {
+            case .file: if (info.st_mode & S_IFMT) != S_IFREG || Int64(info.st_size) != file.size { return false }
+            case .symlink: if (info.st_mode & S_IFMT) != S_IFLNK { return false }
+            }
+        }
+        return true
+    }
+
+    /// Compares installed content with the record made at install: every file's presence, kind, size and
+    /// SHA-256, and files that were not installed.
+    ///
+    /// - Parameter productIDs: products to check, or nil for everything installed.
+    /// - Returns: one result per installed pack.
+    /// - Throws: a database error when the store cannot be read.
+    public func verify(productIDs: [String]? = nil) throws(PackDeliveryError) -> [VerifyResult] {
+        var installs = try self.store.installs()
+        if let productIDs {
+            let wanted = Set(productIDs)
+            installs = installs.filter { wanted.contains($0.productIdentifier) }
+        }
+        var results: [VerifyResult] = []
+        for install in installs {
+            results.append(try self.verify(install))
+        }
+        return results
+    }
+
+    private func verify(_ install: InstallRecord) throws(PackDeliveryError) -> VerifyResult {
+        let files = try self.store.files(of: install)
+        let root = URL(filePath: install.contentURL)
+        var info = stat()
+        guard lstat(root.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else {
+            return VerifyResult(content: install.content, damage: [], folderMissing: true, filesRecorded: install.fileCount >= 0)
+        }
+        guard install.fileCount >= 0 else {
+            return VerifyResult(content: install.content, damage: [], folderMissing: false, filesRecorded: false)
+        }
+        var damage: [VerifyResult.Damage] = []
+        var recorded = Set<String>()
+        for file in files {
+            recorded.insert(file.path)
+            let url = root.appending(path: file.path)
+            guard lstat(url.path, &info) == 0 else {
+                damage.append(.init(path: file.path, problem: .missing))
+                continue
+            }
+            switch file.kind {
+            case .file:
+                guard (info.st_mode & S_IFMT) == S_IFREG else { damage.append(.init(path: file.path, problem: .changed)); continue }
+                if Int64(info.st_size) < file.size { damage.append(.init(path: file.path, problem: .truncated)); continue }
+                let digest = try? SHA256Hasher.hexDigest(ofFile: url)
+                if Int64(info.st_size) != file.size || digest != file.sha256 { damage.append(.init(path: file.path, problem: .changed)) }
+            case .symlink:
+                let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: url.path)) ?? ""
+                let hasher = SHA256Hasher()
+                Array(target.utf8).withUnsafeBytes { hasher.update($0) }
+                if (info.st_mode & S_IFMT) != S_IFLNK || hasher.hexDigest() != file.sha256 {
+                    damage.append(.init(path: file.path, problem: .changed))
+                }
+            }
+        }
+        let enumerator = FileManager.default.enumerator(atPath: root.path)
+        while let relative = enumerator?.nextObject() as? String {
+            guard lstat(root.appending(path: relative).path, &info) == 0, (info.st_mode & S_IFMT) != S_IFDIR else { continue }
+            if !recorded.contains(relative) { damage.append(.init(path: relative, problem: .extra)) }
+        }
+        return VerifyResult(content: install.content, damage: damage.sorted { $0.path < $1.path }, folderMissing: false, filesRecorded: true)
+    }
+
+    /// Verifies products and delivers the damaged ones again, through one restore transaction per product
+    /// (from the URLs recorded at install: no manifest is needed). Intact packs of the product finish at once.
+    ///
+    /// - Parameter productIDs: products to check, or nil for everything installed.
+    /// - Returns: the restore transactions started; empty when everything is intact.
+    /// - Throws: a database error; `queueClosed` after ``close()``.
+    @discardableResult
+    public func repair(productIDs: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
+        try self.requireOpen()
+        let damaged = try self.verify(productIDs: productIDs).filter { !$0.isIntact }
+        guard !damaged.isEmpty else { return [] }
+        let wanted = Set(damaged.map { "\($0.content.destination.rawValue)/\($0.content.contentIdentifier)" })
+        let installs = try self.store.installs().filter { wanted.contains("\($0.destination.rawValue)/\($0.contentIdentifier)") }
+        return try self.onDriver { () throws(PackDeliveryError) in try self.redeliver(installs) }
+    }
+
+    /// One restore transaction per product of `damaged`: its damaged packs download again from the URL
+    /// recorded with the download that installed them; its other packs finish at once.
+    private func redeliver(_ damaged: [InstallRecord]) throws(PackDeliveryError) -> [Transaction] {
+        var transactions: [Transaction] = []
+        for (product, broken) in Dictionary(grouping: damaged, by: \.productIdentifier).sorted(by: { $0.key < $1.key }) {
+            let brokenKeys = Set(broken.map { "\($0.destination.rawValue)/\($0.contentIdentifier)" })
+            let transactionID = Self.newID("t")
+            var downloads: [Download] = []
+            for install in try self.store.installs(productIdentifier: product) {
+                guard let record = try self.store.downloadRecord(install.downloadID) else { continue }
+                var download = record.download
+                download.id = Self.newID("d")
+                download.transactionID = transactionID
+                download.error = nil
+                download.pauseReason = nil
+                download.phase = nil
+                download.retryDate = nil
+                download.destination = install.destination
+                if brokenKeys.contains("\(install.destination.rawValue)/\(install.contentIdentifier)") {
+                    download.state = .waiting
+                    download.progress = 0
+                    download.bytesReceived = 0
+                    download.contentURL = nil
+                } else {
+                    download.state = .finished
+                    download.progress = 1
+                    download.bytesReceived = download.contentLength
+                    download.contentURL = URL(filePath: install.contentURL)
+                }
+                downloads.append(download)
+            }
+            guard downloads.contains(where: { $0.state == .waiting }) else {
+                self.logger.error("cannot deliver damaged content again: the download that installed it is not recorded",
+                                  metadata: ["product": "\(product)"])
+                continue
+            }
+            transactions.append(Transaction(id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
+                                            finishedAt: nil, autoFinish: true, downloads: downloads))
+        }
+        if !transactions.isEmpty { try self.record(transactions) }
+        return transactions
+    }
+
+    // MARK: A damaged store
+
+    /// Records again what the destination folders hold, after the state database was found damaged and
+    /// replaced: every install folder is kept; those whose product can be read (from the folder's
+    /// `user.packdelivery.product` attribute or its `ContentInfo.plist`) are recorded with their files.
+    func rebuildInstalls() throws(PackDeliveryError) -> (Int, [URL]) {
+        var count = 0
+        var unknown: [URL] = []
+        for destination in Destination.allCases {
+            let root = self.home.root(for: destination)
+            for name in ((try? FileManager.default.contentsOfDirectory(atPath: root.path)) ?? []).sorted() {
+                guard !name.hasPrefix("."), name != BackupExclusion.tagName else { continue }
+                let folder = root.appending(path: name)
+                var info = stat()
+                guard lstat(folder.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { continue }
+                let plist = try? PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: folder.appending(path: "ContentInfo.plist")))
+                guard let product = Installer.attribute(Installer.productAttribute, of: folder) ?? plist?.productIdentifier else {
+                    unknown.append(folder)
+                    continue
+                }
+                let files = try Durability.scan(folder)
+                let install = InstallRecord(destination: destination, contentIdentifier: name, productIdentifier: product,
+                                            contentVersion: plist?.contentVersion ?? "unknown", contentURL: folder.path,
+                                            installedAt: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
+                                            downloadID: "recovered", fileCount: files.count,
+                                            byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
+                try self.store.recordInstall(install, files: files.map {
+                    InstalledFileRecord(destination: destination, contentIdentifier: name, path: $0.path, kind: $0.kind, size: $0.size, sha256: $0.sha256)
+                })
+                count += 1
+            }
+        }
+        return (count, unknown)
+    }
+}

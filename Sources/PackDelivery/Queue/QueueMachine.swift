@@ -1,0 +1,257 @@
+import Foundation
+import HeapModule
+
+/// The queue's decisions, as a value type: which download runs next, whether it fits on the disk,
+/// when a download paused for space may go on, which changes to save and report. No I/O.
+///
+/// It holds a ``DownloadMachine`` per unsettled download this queue owns, the waiting ones in a heap
+/// (the next to start in O(log n), whatever the queue's length), and the set of those holding a slot,
+/// so no decision scans the whole queue. The driver (``DownloadQueue``) feeds it events and runs the
+/// actions it returns, in order.
+struct QueueMachine: Sendable {
+    enum Action: Sendable, Hashable {
+        /// Run a download's own action.
+        case run(id: String, DownloadMachine.Action)
+        /// Measure the free space for a download about to start, then call ``admit(_:available:path:)``.
+        case measureSpace(id: String, destination: Destination)
+        /// Report the download as it is now.
+        case notify(id: String)
+        /// A download settled: report its transaction, which may now be finishable.
+        case settled(transactionID: String)
+        /// State changed: save the changed downloads soon (``takeChanges(includingProgress:)``).
+        case save
+    }
+
+    /// What happens to one download.
+    enum Event: Sendable {
+        case transferProgress(token: Int, bytes: Int64, validator: String?)
+        case transferFinished(token: Int, outcome: TransferOutcome)
+        case retryDue(token: Int)
+        case installProgress(token: Int, phase: DownloadPhase, fraction: Double)
+        case installFinished(token: Int, result: Result<URL, PackDeliveryError>)
+        case pause(PauseReason, PackDeliveryError?)
+        case resume
+        case cancel
+        /// End it as failed: the store could not record its state, or another failure from outside.
+        case abort(PackDeliveryError)
+    }
+
+    struct Entry: Sendable {
+        var machine: DownloadMachine
+        /// Position of the download in its transaction (saved with it).
+        var position: Int
+        /// Scheduling order: first added, first started; kept across pauses.
+        var sequence: Int
+        var inHeap = false
+    }
+
+    enum Change: Int, Sendable, Comparable {
+        case none, progress, state
+        static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
+    }
+
+    private struct Waiting: Comparable, Sendable {
+        var sequence: Int
+        var id: String
+        static func < (a: Self, b: Self) -> Bool { a.sequence < b.sequence }
+    }
+
+    private(set) var entries: [String: Entry] = [:]
+    /// Unsaved changes, by download: state changes are saved at once, progress at most once a second.
+    private var changed: [String: Change] = [:]
+    private var waiting = Heap<Waiting>()
+    /// Downloads holding a slot: active, or being admitted.
+    private(set) var running: Set<String> = []
+    private var pausedForSpace: Set<String> = []
+    private var nextSequence = 0
+    let concurrency: Int
+    /// Headroom kept free beyond what a pack needs.
+    let spaceMargin: Int64
+    private(set) var closed = false
+
+    init(concurrency: Int, spaceMargin: Int64 = SpaceCheck.margin) {
+        self.concurrency = max(1, concurrency)
+        self.spaceMargin = spaceMargin
+    }
+
+    // MARK: Events
+
+    /// Takes downloads this queue now owns (added, adopted at launch, taken over for a request).
+    mutating func own(_ machine: DownloadMachine, position: Int) -> [Action] {
+        let id = machine.download.id
+        guard self.entries[id] == nil, !machine.state.isSettled else { return [] }
+        self.entries[id] = Entry(machine: machine, position: position, sequence: self.nextSequence)
+        self.changed[id] = .state
+        self.nextSequence += 1
+        // Taking a download over is not a change to report: only what it does next is.
+        var actions: [Action] = [.save]
+        self.track(id, before: machine.download, into: &actions, acted: false)
+        self.schedule(into: &actions)
+        return actions
+    }
+
+    /// Applies an event to one owned download; events for other downloads change nothing.
+    mutating func handle(_ id: String, _ event: Event, now: Date = Date(), jitter: Double = Double.random(in: 0...1)) -> [Action] {
+        self.update(id) { machine in
+            switch event {
+            case .transferProgress(let token, let bytes, let validator):
+                _ = machine.progress(token: token, bytesOnDisk: bytes, validator: validator, now: now)
+                return []
+            case .transferFinished(let token, let outcome):
+                return machine.transferFinished(token: token, outcome: outcome, jitter: jitter, now: now)
+            case .retryDue(let token):
+                return machine.retryDue(token: token, now: now)
+            case .installProgress(let token, let phase, let fraction):
+                _ = machine.installProgress(token: token, phase: phase, fraction: fraction, now: now)
+                return []
+            case .installFinished(let token, let result):
+                return machine.installFinished(token: token, result: result, now: now)
+            case .pause(let reason, let error):
+                return machine.pause(reason, error: error)
+            case .resume:
+                return machine.resume()
+            case .cancel:
+                return machine.cancel()
+            case .abort(let error):
+                return machine.abort(error)
+            }
+        }
+    }
+
+    /// The free space measured for a download about to start: it starts when the rest of its pack and
+    /// its unpacked content fit with the margin, and otherwise pauses for space saying how much is needed.
+    mutating func admit(_ id: String, available: Int64?, path: String, now: Date = Date()) -> [Action] {
+        guard let entry = self.entries[id], entry.machine.state == .waiting, self.running.contains(id) else {
+            self.running.remove(id)
+            var actions: [Action] = []
+            self.schedule(into: &actions)
+            return actions
+        }
+        let needed = self.needed(entry.machine.download)
+        if let available, needed > available {
+            return self.update(id) { $0.pause(.insufficientStorage, error: .insufficientStorage(path: path, needed: needed, available: available)) }
+        }
+        return self.update(id) { $0.start(now: now) }
+    }
+
+    /// Twice a second: the watchdog over active downloads; with `available` (every few seconds, when
+    /// the queue resumes on its own), downloads paused for space that now fit wait for a slot again.
+    mutating func tick(now: Date, available: [Destination: Int64?]? = nil) -> [Action] {
+        var actions: [Action] = []
+        for id in self.running where self.entries[id]?.machine.state == .active {
+            actions += self.update(id) { $0.tick(now: now) }
+        }
+        if let available {
+            for id in self.pausedForSpace {
+                guard let download = self.entries[id]?.machine.download, let free = available[download.destination] else { continue }
+                if free.map({ self.needed(download) <= $0 }) ?? true {
+                    actions += self.update(id) { $0.resume() }
+                }
+            }
+        }
+        return actions
+    }
+
+    /// Pauses every running download (a shutdown, Ctrl-C) and, with `closing`, starts nothing more.
+    mutating func pauseAll(_ reason: PauseReason, closing: Bool) -> [Action] {
+        if closing { self.closed = true }
+        var actions: [Action] = []
+        let ids = self.entries.values.filter { $0.machine.state.isRunning }.sorted { $0.sequence < $1.sequence }.map(\.machine.download.id)
+        for id in ids { actions += self.update(id) { $0.pause(reason) } }
+        return actions
+    }
+
+    /// The changes to save, oldest first; settled downloads leave the machine once taken.
+    /// - Parameter includingProgress: also progress-only changes (at most once a second).
+    mutating func takeChanges(includingProgress: Bool) -> [(machine: DownloadMachine, position: Int)] {
+        let threshold: Change = includingProgress ? .progress : .state
+        var taken: [(machine: DownloadMachine, position: Int, sequence: Int)] = []
+        for (id, change) in self.changed where change >= threshold {
+            self.changed[id] = nil
+            guard let entry = self.entries[id] else { continue }
+            taken.append((entry.machine, entry.position, entry.sequence))
+            if entry.machine.state.isSettled && !entry.machine.installRunning { self.forget(id) }
+        }
+        return taken.sorted { $0.sequence < $1.sequence }.map { ($0.machine, $0.position) }
+    }
+
+    /// Stops tracking downloads (their transaction finished, or another queue took them).
+    mutating func forget(_ id: String) {
+        self.entries[id] = nil
+        self.changed[id] = nil
+        self.running.remove(id)
+        self.pausedForSpace.remove(id)
+    }
+
+    func download(_ id: String) -> Download? { self.entries[id]?.machine.download }
+    func machine(_ id: String) -> DownloadMachine? { self.entries[id]?.machine }
+
+    /// Bytes still to download, plus the unpacked size, plus the margin; never overflows.
+    func needed(_ download: Download) -> Int64 {
+        let remaining = max(0, download.contentLength &- download.bytesReceived)
+        let unpacked = max(0, download.unpackedLength ?? download.contentLength)
+        let (sum, overflow1) = remaining.addingReportingOverflow(unpacked)
+        let (total, overflow2) = sum.addingReportingOverflow(self.spaceMargin)
+        return overflow1 || overflow2 ? .max : total
+    }
+
+    // MARK: Bookkeeping
+
+    private mutating func update(_ id: String, _ change: (inout DownloadMachine) -> [DownloadMachine.Action]) -> [Action] {
+        guard var entry = self.entries[id] else { return [] }
+        let before = entry.machine.download
+        let downloadActions = change(&entry.machine)
+        self.entries[id] = entry
+        var actions = downloadActions.map { Action.run(id: id, $0) }
+        self.track(id, before: before, into: &actions, acted: !downloadActions.isEmpty)
+        self.schedule(into: &actions)
+        return actions
+    }
+
+    /// Derived sets, change flags and reports after a download changed.
+    private mutating func track(_ id: String, before: Download?, into actions: inout [Action], acted: Bool = true) {
+        guard var entry = self.entries[id] else { return }
+        let after = entry.machine.download
+        let stateChanged = before == nil || before?.state != after.state || before?.phase != after.phase
+            || before?.pauseReason != after.pauseReason || before?.error != after.error || before?.retryDate != after.retryDate
+        if stateChanged || acted {
+            self.changed[id] = .state
+            actions.append(.save)
+        } else if before != after {
+            self.changed[id] = max(self.changed[id] ?? .none, .progress)
+        }
+        if before != after { actions.append(.notify(id: id)) }
+        // A slot is held while active, and while waiting to be admitted.
+        if after.state != .active, after.state != .waiting { self.running.remove(id) }
+        if after.state == .waiting, !entry.inHeap {
+            entry.inHeap = true
+            self.waiting.insert(Waiting(sequence: entry.sequence, id: id))
+        }
+        if after.state == .paused, after.pauseReason == .insufficientStorage {
+            self.pausedForSpace.insert(id)
+        } else {
+            self.pausedForSpace.remove(id)
+        }
+        if after.state.isSettled, before?.state.isSettled != true { actions.append(.settled(transactionID: after.transactionID)) }
+        self.entries[id] = entry
+    }
+
+    /// Gives free slots to the next waiting downloads, in order: each is admitted once its space is measured.
+    private mutating func schedule(into actions: inout [Action]) {
+        while !self.closed, self.running.count < self.concurrency, let id = self.popWaiting() {
+            guard let destination = self.entries[id]?.machine.download.destination else { continue }
+            self.running.insert(id)
+            actions.append(.measureSpace(id: id, destination: destination))
+        }
+    }
+
+    private mutating func popWaiting() -> String? {
+        while let next = self.waiting.popMin() {
+            guard var entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence else { continue }
+            entry.inHeap = false
+            self.entries[next.id] = entry
+            if entry.machine.state == .waiting { return next.id }
+        }
+        return nil
+    }
+}

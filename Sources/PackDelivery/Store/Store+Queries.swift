@@ -1,0 +1,194 @@
+import Foundation
+import GRDB
+
+extension Store {
+    // MARK: Transactions and downloads
+
+    /// Records new transactions with their downloads in one durable write, owned by `owner` where `owned` says so.
+    func insert(_ transactions: [Transaction], owner: QueueOwner, partialPath: (Download) -> String) throws(PackDeliveryError) {
+        try self.write(durable: true) { db in
+            for transaction in transactions {
+                try TransactionRecord(id: transaction.id, productIdentifier: transaction.productIdentifier, kind: transaction.kind,
+                                      createdAt: transaction.createdAt, finishedAt: nil, autoFinish: transaction.autoFinish).insert(db)
+                for (position, download) in transaction.downloads.enumerated() {
+                    var record = DownloadRecord(download, position: position, validator: nil, partialPath: partialPath(download),
+                                                stagingInode: nil, retriedFromZero: false, verified: false)
+                    if !download.state.isSettled {
+                        (record.ownerPID, record.ownerStart, record.ownerQueue) = (owner.pid, owner.start, owner.queue)
+                    }
+                    try record.insert(db)
+                }
+            }
+        }
+    }
+
+    /// Transactions with their downloads, oldest first, in two queries whatever their number.
+    func transactions(unfinishedOnly: Bool = true, ids: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
+        try self.read { db in
+            var request = TransactionRecord.order(TransactionRecord.Columns.createdAt, TransactionRecord.Columns.id)
+            if unfinishedOnly { request = request.filter(TransactionRecord.Columns.finishedAt == nil) }
+            if let ids { request = request.filter(ids.contains(TransactionRecord.Columns.id)) }
+            let records = try request.fetchAll(db)
+            guard !records.isEmpty else { return [] }
+            let downloads: [DownloadRecord]
+            if let ids {
+                downloads = try DownloadRecord.filter(ids.contains(DownloadRecord.Columns.transactionID)).fetchAll(db)
+            } else if unfinishedOnly {
+                downloads = try DownloadRecord.fetchAll(db, sql: """
+                    SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                    WHERE transactions.finishedAt IS NULL
+                    """)
+            } else {
+                downloads = try DownloadRecord.fetchAll(db)
+            }
+            var byTransaction: [String: [DownloadRecord]] = [:]
+            for download in downloads { byTransaction[download.transactionID, default: []].append(download) }
+            return records.map { record in
+                Transaction(id: record.id, productIdentifier: record.productIdentifier, kind: record.kind,
+                            createdAt: record.createdAt, finishedAt: record.finishedAt, autoFinish: record.autoFinish,
+                            downloads: (byTransaction[record.id] ?? []).sorted { $0.position < $1.position }.map(\.download))
+            }
+        }
+    }
+
+    func downloadRecord(_ id: String) throws(PackDeliveryError) -> DownloadRecord? {
+        try self.read { db in try DownloadRecord.fetchOne(db, key: id) }
+    }
+
+    /// Takes over the downloads among `ids` (or, with nil, every download of an open transaction that
+    /// `wanted` accepts) that no live queue owns, in one write; returns their rows as they are now.
+    func claim(_ ids: [String]?, owner: QueueOwner, wanted: (DownloadRecord) -> Bool = { _ in true }) throws(PackDeliveryError) -> [DownloadRecord] {
+        try self.write { db in
+            let candidates: [DownloadRecord]
+            if let ids {
+                candidates = try DownloadRecord.filter(keys: ids).fetchAll(db)
+            } else {
+                candidates = try DownloadRecord.fetchAll(db, sql: """
+                    SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                    WHERE transactions.finishedAt IS NULL AND downloads.state NOT IN ('finished', 'cancelled')
+                    """)
+            }
+            var claimed: [DownloadRecord] = []
+            for var record in candidates where wanted(record) {
+                if let current = record.owner, current.queue == owner.queue || current.isAlive { continue }
+                (record.ownerPID, record.ownerStart, record.ownerQueue) = (owner.pid, owner.start, owner.queue)
+                try db.execute(sql: "UPDATE downloads SET ownerPID = ?, ownerStart = ?, ownerQueue = ? WHERE id = ?",
+                               arguments: [owner.pid, owner.start, owner.queue, record.id])
+                claimed.append(record)
+            }
+            return claimed
+        }
+    }
+
+    /// Gives up ownership of downloads (closing, finishing).
+    func release(_ ids: [String], owner: QueueOwner) throws(PackDeliveryError) {
+        guard !ids.isEmpty else { return }
+        try self.write { db in
+            for chunk in ids.chunked(500) {
+                try db.execute(sql: "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE ownerQueue = ? AND id IN (\(databaseQuestionMarks(count: chunk.count)))",
+                               arguments: StatementArguments([owner.queue] + chunk))
+            }
+        }
+    }
+
+    /// Saves downloads' own columns (not `request` or the owner) in one write.
+    func save(_ records: [DownloadRecord]) throws(PackDeliveryError) {
+        guard !records.isEmpty else { return }
+        try self.write { db in
+            for record in records { try record.update(db, columns: DownloadRecord.ownColumns) }
+        }
+    }
+
+    /// Pause or cancel requests that other processes left for this owner's downloads; taken (cleared) as they are read.
+    func takeRequests(owner: QueueOwner) throws(PackDeliveryError) -> [(id: String, request: String)] {
+        // A read first: almost always there is nothing, and a read takes no write lock.
+        let pending = try self.read { db in
+            try Row.fetchAll(db, sql: "SELECT id, request FROM downloads WHERE request IS NOT NULL AND ownerQueue = ?", arguments: [owner.queue])
+                .map { (id: $0["id"] as String, request: $0["request"] as String) }
+        }
+        guard !pending.isEmpty else { return [] }
+        try self.write { db in
+            for item in pending { try db.execute(sql: "UPDATE downloads SET request = NULL WHERE id = ?", arguments: [item.id]) }
+        }
+        return pending
+    }
+
+    func setRequest(_ request: String?, for id: String) throws(PackDeliveryError) {
+        try self.write { db in
+            try db.execute(sql: "UPDATE downloads SET request = ? WHERE id = ?", arguments: [request, id])
+        }
+    }
+
+    /// Marks transactions finished in one durable write; returns those that were open.
+    func finish(_ ids: [String], at date: Date) throws(PackDeliveryError) {
+        try self.write(durable: true) { db in
+            for chunk in ids.chunked(500) {
+                try db.execute(sql: "UPDATE transactions SET finishedAt = ? WHERE finishedAt IS NULL AND id IN (\(databaseQuestionMarks(count: chunk.count)))",
+                               arguments: StatementArguments([date as any DatabaseValueConvertible] + chunk.map { $0 as any DatabaseValueConvertible }))
+                try db.execute(sql: "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count)))",
+                               arguments: StatementArguments(chunk))
+            }
+        }
+    }
+
+    // MARK: Installs
+
+    func installs(productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstallRecord] {
+        try self.read { db in
+            var request = InstallRecord.order(InstallRecord.Columns.productIdentifier, InstallRecord.Columns.installedAt, InstallRecord.Columns.contentIdentifier)
+            if let productIdentifier { request = request.filter(InstallRecord.Columns.productIdentifier == productIdentifier) }
+            return try request.fetchAll(db)
+        }
+    }
+
+    /// Installs of a content identifier, in any destination.
+    func installs(contentIdentifier: String) throws(PackDeliveryError) -> [InstallRecord] {
+        try self.read { db in try InstallRecord.filter(InstallRecord.Columns.contentIdentifier == contentIdentifier).fetchAll(db) }
+    }
+
+    /// Installs recorded in the `window` before the newest one.
+    func recentInstalls(window: TimeInterval) throws(PackDeliveryError) -> [InstallRecord] {
+        try self.read { db in
+            guard let newest = try Date.fetchOne(db, sql: "SELECT MAX(installedAt) FROM installs") else { return [] }
+            return try InstallRecord.filter(InstallRecord.Columns.installedAt >= newest.addingTimeInterval(-window)).fetchAll(db)
+        }
+    }
+
+    func files(of install: InstallRecord) throws(PackDeliveryError) -> [InstalledFileRecord] {
+        try self.read { db in
+            try InstalledFileRecord.filter(InstalledFileRecord.Columns.destination == install.destination
+                && InstalledFileRecord.Columns.contentIdentifier == install.contentIdentifier).fetchAll(db)
+        }
+    }
+
+    /// Records an install with its files and the finished download, in one durable write: once this
+    /// returns, the install survives a power cut (its files and folders were synced before).
+    func recordInstall(_ install: InstallRecord, files: [InstalledFileRecord]) throws(PackDeliveryError) {
+        try self.write(durable: true) { db in
+            try db.execute(sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
+                           arguments: [install.destination, install.contentIdentifier])
+            try install.save(db)
+            for file in files { try file.insert(db) }
+            try db.execute(sql: """
+                UPDATE downloads SET state = ?, phase = NULL, progress = 1, contentURL = ?, stagingInode = NULL,
+                       verified = 0, partialPath = NULL, error = NULL, pauseReason = NULL, bytesReceived = contentLength
+                WHERE id = ?
+                """, arguments: [DownloadState.finished, install.contentURL, install.downloadID])
+        }
+    }
+
+    func deleteInstall(_ install: InstallRecord) throws(PackDeliveryError) {
+        try self.write { db in
+            try db.execute(sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
+                           arguments: [install.destination, install.contentIdentifier])
+            _ = try InstallRecord.deleteOne(db, key: ["destination": install.destination.rawValue, "contentIdentifier": install.contentIdentifier])
+        }
+    }
+}
+
+extension Array {
+    /// Slices of at most `size` elements (SQLite limits the number of bound parameters).
+    func chunked(_ size: Int) -> [ArraySlice<Element>] {
+        stride(from: 0, to: self.count, by: size).map { self[$0..<Swift.min($0 + size, self.count)] }
+    }
+}

@@ -1,0 +1,167 @@
+import Foundation
+import Testing
+
+@testable import PackDelivery
+
+/// The queue's own decisions (slots, order, space, watchdog, saving), driven with event sequences: no sockets, no sleeps.
+@Suite struct QueueMachineTests {
+    static let sha = String(repeating: "ab", count: 32)
+    static let big: Int64 = 1 << 40
+
+    static func machine(_ n: Int, length: Int64 = 1000, unpacked: Int64? = nil) -> DownloadMachine {
+        DownloadMachine(download: Download(
+            id: "d-\(n)", transactionID: "t-\(n)", productIdentifier: "p\(n)", contentIdentifier: "p\(n)", contentVersion: "1",
+            contentLength: length, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+            contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p\(n).zip")!, sha256: Self.sha,
+            unpackedLength: unpacked, destination: .caches, bytesReceived: 0))
+    }
+
+    /// The ids the actions ask to measure space for (the next downloads to start), in order.
+    static func admitted(_ actions: [QueueMachine.Action]) -> [String] {
+        actions.compactMap { if case .measureSpace(let id, _) = $0 { return id } else { return nil } }
+    }
+
+    /// Admits every download the actions ask about with plenty of space; returns the ids that started.
+    static func admitAll(_ queue: inout QueueMachine, _ actions: [QueueMachine.Action]) -> [String] {
+        var started: [String] = []
+        var pending = Self.admitted(actions)
+        while !pending.isEmpty {
+            let id = pending.removeFirst()
+            let more = queue.admit(id, available: Self.big, path: "/home")
+            if more.contains(where: { if case .run(id, .startTransfer) = $0 { return true } else { return false } }) { started.append(id) }
+            pending += Self.admitted(more)
+        }
+        return started
+    }
+
+    /// Runs a started download to finished.
+    static func complete(_ queue: inout QueueMachine, _ id: String) -> [QueueMachine.Action] {
+        _ = queue.handle(id, .transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0)))
+        return queue.handle(id, .installFinished(token: 1, result: .success(URL(filePath: "/c/\(id)"))))
+    }
+
+    @Test func slotsAreBoundedAndTheRestWaitInOrder() {
+        var queue = QueueMachine(concurrency: 2)
+        var actions: [QueueMachine.Action] = []
+        for n in 0..<5 { actions += queue.own(Self.machine(n), position: 0) }
+        #expect(Self.admitAll(&queue, actions) == ["d-0", "d-1"])
+        #expect(queue.running == ["d-0", "d-1"])
+        let after = Self.complete(&queue, "d-0")
+        #expect(after.contains(.settled(transactionID: "t-0")))
+        #expect(Self.admitAll(&queue, after) == ["d-2"], "a finished download frees its slot for the next in line")
+        #expect(queue.running == ["d-1", "d-2"])
+    }
+
+    @Test func aDownloadThatDoesNotFitPausesForSpaceAndTheNextStarts() {
+        var queue = QueueMachine(concurrency: 1, spaceMargin: 100)
+        let actions = queue.own(Self.machine(0, length: 1000, unpacked: 5000), position: 0) + queue.own(Self.machine(1, length: 10), position: 0)
+        #expect(Self.admitted(actions) == ["d-0"])
+        let refused = queue.admit("d-0", available: 5000, path: "/home")
+        let paused = queue.download("d-0")
+        #expect(paused?.state == .paused && paused?.pauseReason == .insufficientStorage)
+        #expect(paused?.error?.neededBytes == 6100 && paused?.error?.availableBytes == 5000 && paused?.error?.code == .insufficientStorage)
+        #expect(Self.admitted(refused) == ["d-1"], "the slot goes to the next download")
+        #expect(queue.admit("d-1", available: 5000, path: "/home").contains(.run(id: "d-1", .startTransfer(token: 1, fromZero: false))))
+    }
+
+    @Test func aDownloadPausedForSpaceWaitsAgainOnceATickSeesRoom() {
+        var queue = QueueMachine(concurrency: 1, spaceMargin: 0)
+        _ = queue.own(Self.machine(0, length: 1000, unpacked: 1000), position: 0)
+        _ = queue.admit("d-0", available: 10, path: "/home")
+        #expect(queue.tick(now: Date(), available: [.caches: 1999]).isEmpty, "still too small")
+        #expect(queue.download("d-0")?.state == .paused)
+        let actions = queue.tick(now: Date(), available: [.caches: 2000])
+        #expect(Self.admitted(actions) == ["d-0"])
+        #expect(queue.admit("d-0", available: 2000, path: "/home").contains(.run(id: "d-0", .startTransfer(token: 2, fromZero: false))))
+    }
+
+    @Test func sizesFromOutsideNeverOverflowTheSpaceCheck() {
+        // Issue 19, item 2: contentLength 2^63-1 trapped in the space check.
+        var queue = QueueMachine(concurrency: 1)
+        let huge = Self.machine(0, length: .max, unpacked: .max)
+        #expect(queue.needed(huge.download) == .max)
+        _ = queue.own(huge, position: 0)
+        _ = queue.admit("d-0", available: Self.big, path: "/home")
+        #expect(queue.download("d-0")?.state == .paused && queue.download("d-0")?.pauseReason == .insufficientStorage)
+    }
+
+    @Test func aResumedDownloadKeepsItsPlaceInLine() {
+        var queue = QueueMachine(concurrency: 1)
+        var actions: [QueueMachine.Action] = []
+        for n in 0..<3 { actions += queue.own(Self.machine(n), position: 0) }
+        #expect(Self.admitAll(&queue, actions) == ["d-0"])
+        _ = queue.handle("d-1", .pause(.user, nil))
+        #expect(queue.download("d-1")?.state == .paused)
+        #expect(Self.admitted(queue.handle("d-1", .resume)).isEmpty, "no free slot yet")
+        #expect(Self.admitAll(&queue, Self.complete(&queue, "d-0")) == ["d-1"], "d-1 was added before d-2, so it goes first")
+    }
+
+    @Test func progressIsSavedAtMostAtTheTickAndStateChangesAtOnce() {
+        var queue = QueueMachine(concurrency: 1)
+        _ = Self.admitAll(&queue, queue.own(Self.machine(0), position: 3))
+        _ = queue.takeChanges(includingProgress: true)
+        let actions = queue.handle("d-0", .transferProgress(token: 1, bytes: 500, validator: nil))
+        #expect(actions == [.notify(id: "d-0")], "progress is reported, not saved at once")
+        #expect(queue.takeChanges(includingProgress: false).isEmpty)
+        let taken = queue.takeChanges(includingProgress: true)
+        #expect(taken.count == 1 && taken[0].machine.download.bytesReceived == 500 && taken[0].position == 3)
+        #expect(queue.handle("d-0", .pause(.user, nil)).contains(.save))
+        #expect(queue.takeChanges(includingProgress: false).map(\.machine.state) == [.paused])
+    }
+
+    @Test func settledDownloadsLeaveTheMachineOnceSaved() {
+        var queue = QueueMachine(concurrency: 1)
+        _ = Self.admitAll(&queue, queue.own(Self.machine(0), position: 0) + queue.own(Self.machine(1), position: 0))
+        _ = queue.handle("d-1", .cancel)
+        _ = Self.complete(&queue, "d-0")
+        let taken = queue.takeChanges(includingProgress: false)
+        #expect(Set(taken.map(\.machine.state)) == [.finished, .cancelled])
+        #expect(queue.entries.isEmpty && queue.running.isEmpty)
+    }
+
+    @Test func theWatchdogTicksOnlyActiveDownloads() {
+        var queue = QueueMachine(concurrency: 1)
+        var stuck = Self.machine(0)
+        stuck = DownloadMachine(download: stuck.download, retryPolicy: .init(maxAttempts: 1, watchdog: 5))
+        _ = Self.admitAll(&queue, queue.own(stuck, position: 0) + queue.own(Self.machine(1), position: 0))
+        let actions = queue.tick(now: Date().addingTimeInterval(60))
+        #expect(actions.contains(.run(id: "d-0", .stopTransfer(token: 1))))
+        #expect(queue.download("d-0")?.state == .failed && queue.download("d-0")?.error?.code == .stalled)
+        #expect(Self.admitted(actions) == ["d-1"], "the failed download's slot goes to the next")
+        #expect(queue.download("d-1")?.state == .waiting || queue.download("d-1")?.state == .active)
+    }
+
+    @Test func closingPausesEverythingAndStartsNothingMore() {
+        var queue = QueueMachine(concurrency: 1)
+        _ = Self.admitAll(&queue, queue.own(Self.machine(0), position: 0) + queue.own(Self.machine(1), position: 0))
+        let actions = queue.pauseAll(.interrupted, closing: true)
+        #expect(actions.contains(.run(id: "d-0", .stopTransfer(token: 1))))
+        #expect(Self.admitted(actions).isEmpty)
+        #expect(queue.download("d-0")?.pauseReason == .interrupted && queue.download("d-1")?.pauseReason == .interrupted)
+        #expect(Self.admitted(queue.handle("d-1", .resume)).isEmpty, "a closed queue starts nothing")
+    }
+
+    @Test func eventsForDownloadsItDoesNotOwnChangeNothing() {
+        var queue = QueueMachine(concurrency: 1)
+        #expect(queue.handle("d-9", .cancel).isEmpty)
+        #expect(queue.admit("d-9", available: 0, path: "/home").isEmpty)
+    }
+
+    @Test func tenThousandDownloadsEachStartOnceInOrder() {
+        var queue = QueueMachine(concurrency: 4)
+        var pending: [String] = []
+        var actions: [QueueMachine.Action] = []
+        for n in 0..<10_000 { actions += queue.own(Self.machine(n), position: 0) }
+        var started: [String] = []
+        while true {
+            let now = Self.admitAll(&queue, actions)
+            started += now
+            pending += now
+            guard !pending.isEmpty else { break }
+            actions = Self.complete(&queue, pending.removeFirst())
+            _ = queue.takeChanges(includingProgress: false)
+        }
+        #expect(started == (0..<10_000).map { "d-\($0)" })
+        #expect(queue.entries.isEmpty)
+    }
+}
