@@ -16,3 +16,4 @@ CURLcode ccurl_easy_getinfo_pointer(CURL *handle, CURLINFO info, void **value) {
 CURLMcode ccurl_multi_setopt_long(CURLM *handle, CURLMoption option, long value) { return curl_multi_setopt(handle, option, value); }
 
 size_t ccurl_writefunc_pause(void) { return CURL_WRITEFUNC_PAUSE; }
+const char *ccurl_version_number(void) { return curl_version_info(CURLVERSION_NOW)->version; }

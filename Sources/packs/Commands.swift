@@ -7,8 +7,13 @@ extension Packs {
         static let configuration = CommandConfiguration(
             abstract: "Record a purchase of products, download their packs and install them.",
             discussion: """
-                Example:
+                Products are named as arguments, read one per line from a file (--products-from FILE, - for \
+                standard input), or taken from the whole manifest (--all).
+
+                Examples:
                   packs --home ./store fetch http://127.0.0.1:8080/manifest.json com.example.forest --to documents
+                  packs fetch https://cdn.example.com/manifest.json --all --concurrency 8
+                  cut -f1 purchases.tsv | packs fetch manifest.json --products-from -
                 """)
 
         @OptionGroup var global: GlobalOptions
@@ -18,7 +23,13 @@ extension Packs {
         var manifest: String
 
         @Argument(help: "Product identifiers to fetch.")
-        var products: [String]
+        var products: [String] = []
+
+        @Flag(help: "Fetch every product the manifest lists.")
+        var all = false
+
+        @Option(name: .customLong("products-from"), help: ArgumentHelp("Read product identifiers from a file, one per line (- for standard input).", valueName: "file"))
+        var productsFrom: String?
 
         @Option(help: "Where to install: caches (may be purged) or documents (kept).")
         var to: Destination = .caches
@@ -33,28 +44,60 @@ extension Packs {
         var force = false
 
         func validate() throws {
-            if self.products.isEmpty { throw ValidationError("Name at least one product identifier to fetch.") }
+            let sources = (self.products.isEmpty ? 0 : 1) + (self.all ? 1 : 0) + (self.productsFrom == nil ? 0 : 1)
+            if sources == 0 { throw ValidationError("Name the products to fetch, or pass --all or --products-from FILE.") }
+            if sources > 1 { throw ValidationError("Give products as arguments, --all or --products-from, not several of them.") }
         }
 
         func run() async throws {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 let loaded = try LoadedManifest.load(self.manifest, options: self.transfer.options)
-                for product in self.products where loaded.manifest.product(product) == nil {
-                    let known = loaded.manifest.products.map(\.productIdentifier).joined(separator: ", ")
-                    throw PackDeliveryError(.unknownProduct, message: "The manifest has no product '\(product)'.",
-                                            hint: known.isEmpty ? "It lists no products." : "It lists: \(known).", subject: product)
-                }
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: self.transfer.configuration(), logger: self.global.logger)
+                let products = try self.wanted(loaded)
+                let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
-                    try self.products.map { product throws(PackDeliveryError) in
-                        try queue.add(product: product, from: loaded, kind: self.restore ? .restored : .purchased,
-                                      destination: self.to, autoFinish: !self.noFinish, force: self.force)
-                    }.flatMap(\.downloads).map(\.id)
+                    try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,
+                                  destination: self.to, autoFinish: !self.noFinish, force: self.force).flatMap(\.downloads).map(\.id)
                 }
             }
             if code != 0 { throw ExitCode(code) }
+        }
+
+        /// The products asked for, checked against the manifest; duplicates and blank lines dropped.
+        private func wanted(_ loaded: LoadedManifest) throws(PackDeliveryError) -> [String] {
+            var list: [String]
+            if self.all {
+                list = loaded.manifest.products.map(\.productIdentifier)
+            } else if let file = self.productsFrom {
+                let data: Data?
+                if file == "-" {
+                    data = FileHandle.standardInput.readDataToEndOfFile()
+                } else {
+                    data = FileManager.default.contents(atPath: file)
+                }
+                guard let data, let text = String(data: data, encoding: .utf8) else {
+                    throw PackDeliveryError(.invalidArgument, message: "Cannot read product identifiers from \(file == "-" ? "standard input" : file).",
+                                            hint: "Pass a UTF-8 text file with one product identifier per line.", subject: file)
+                }
+                list = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
+                    .filter { !$0.isEmpty && !$0.hasPrefix("#") }
+            } else {
+                list = self.products
+            }
+            var seen = Set<String>()
+            list = list.filter { seen.insert($0).inserted }
+            if list.isEmpty {
+                throw PackDeliveryError(.invalidArgument, message: self.all ? "The manifest lists no products." : "No product identifiers were given.", subject: self.productsFrom)
+            }
+            let known = Set(loaded.manifest.products.map(\.productIdentifier))
+            if let product = list.first(where: { !known.contains($0) }) {
+                let names = loaded.manifest.products.prefix(20).map(\.productIdentifier).joined(separator: ", ")
+                throw PackDeliveryError(.unknownProduct, message: "The manifest has no product '\(PackDeliveryError.printable(product))'.",
+                                        hint: known.isEmpty ? "It lists no products." : "It lists: \(PackDeliveryError.printable(names))\(known.count > 20 ? ", …" : "").",
+                                        subject: product)
+            }
+            return list
         }
     }
 
@@ -71,7 +114,7 @@ extension Packs {
 
         func run() async throws {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: self.transfer.configuration(), logger: self.global.logger)
+                let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run(finishingAll: self.ids.isEmpty) { () throws(PackDeliveryError) in
@@ -80,7 +123,7 @@ extension Packs {
                         let states = Dictionary(try queue.transactions().flatMap(\.downloads).map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
                         for id in self.ids where !resumed.contains(id) {
                             let why = states[id].map { $0.isSettled ? "is \($0.rawValue)" : "is being run by another packs process" } ?? "is not in an open transaction"
-                            FileHandle.standardError.write(Data("packs: \(id) \(why); nothing to resume.\n".utf8))
+                            printError("packs: \(id) \(why); nothing to resume.")
                         }
                     }
                     return resumed
@@ -99,7 +142,7 @@ extension Packs {
 
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
+                let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 let transactions = try queue.transactions()
                 if self.global.json {
@@ -129,7 +172,7 @@ extension Packs {
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to pause (see packs status).") } }
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
+                let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 try queue.pause(self.ids)
             }
@@ -144,7 +187,7 @@ extension Packs {
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to cancel (see packs status).") } }
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
+                let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 try queue.cancel(self.ids)
             }
@@ -158,7 +201,7 @@ extension Packs {
         @Argument(help: "The transaction id.") var transaction: String
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
+                let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 try queue.finish(self.transaction)
             }
@@ -166,27 +209,123 @@ extension Packs {
     }
 
     struct Content: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Print where installed content is (all of it when no product is named).",
-                                                        discussion: "Example:\n  ls \"$(packs content com.example.forest)\"/Contents")
+        static let configuration = CommandConfiguration(
+            abstract: "Print where installed content is (all of it when no product is named).",
+            discussion: """
+                With a product, prints the folder of each of its packs (one line each, oldest install first); \
+                with --json, one object per pack. A folder that is missing is reported (exit 65).
+
+                Example:
+                  ls "$(packs content com.example.forest)"/Contents
+                """)
         @OptionGroup var global: GlobalOptions
         @Argument(help: "A product identifier.") var product: String?
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
+                let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 let installed = try queue.installedContent(forProductID: self.product)
-                if let product = self.product, installed.isEmpty {
-                    throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(product).", subject: product)
+                if installed.isEmpty {
+                    throw PackDeliveryError(.notInstalled, message: self.product.map { "Nothing is installed for \(PackDeliveryError.printable($0))." } ?? "Nothing is installed.",
+                                            subject: self.product)
                 }
+                var missing: [InstalledContent] = []
                 for content in installed {
+                    var isDirectory: ObjCBool = false
+                    if !FileManager.default.fileExists(atPath: content.contentURL.path, isDirectory: &isDirectory) || !isDirectory.boolValue {
+                        missing.append(content)
+                        if self.product != nil { continue }
+                    }
                     if self.global.json {
-                        printLine(JSONOutput.encode(JSONOutput.content(content)))
+                        var object = JSONOutput.content(content)
+                        object["missing"] = missing.last == content
+                        printLine(JSONOutput.encode(object))
                     } else if self.product != nil {
                         printLine(content.contentURL.path)
                     } else {
-                        printLine("\(content.productIdentifier)\t\(content.contentVersion)\t\(content.contentURL.path)")
+                        printLine("\(content.productIdentifier)\t\(content.contentVersion)\t\(content.contentURL.path)\(missing.last == content ? "\t(missing)" : "")")
                     }
                 }
+                if let first = missing.first {
+                    throw PackDeliveryError(.contentDamaged, message: "The installed folder \(first.contentURL.path) of \(PackDeliveryError.printable(first.productIdentifier)) is missing\(missing.count > 1 ? " (and \(missing.count - 1) more)" : "").",
+                                            subject: first.productIdentifier)
+                }
+            }
+        }
+    }
+
+    struct Verify: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Check installed content against what was installed; with --repair, deliver damaged products again.",
+            discussion: """
+                Every file's presence, size and SHA-256 is compared with the record made at install, and files \
+                that were not installed are listed. Exit 0 when everything is intact, 65 when something is \
+                damaged (each difference is listed). --repair delivers the damaged products again through \
+                restore transactions (from the URLs recorded at install), then verifies again.
+
+                Examples:
+                  packs verify
+                  packs verify com.example.forest --repair
+                """)
+        @OptionGroup var global: GlobalOptions
+        @OptionGroup var transfer: TransferFlags
+        @Argument(help: "Products to check (all installed ones when none is named).") var products: [String] = []
+        @Flag(help: "Deliver damaged products again, then verify again.") var repair = false
+
+        func run() async throws {
+            let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
+                let queue = try openQueue(self.global, self.transfer.configuration())
+                defer { queue.close() }
+                let ids = self.products.isEmpty ? nil : self.products
+                if let ids {
+                    let installed = Set(try queue.installedContent().map(\.productIdentifier))
+                    if let missing = ids.first(where: { !installed.contains($0) }) {
+                        throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(PackDeliveryError.printable(missing)).", subject: missing)
+                    }
+                }
+                var results = try queue.verify(productIDs: ids)
+                if self.repair, results.contains(where: { !$0.isIntact }) {
+                    self.report(results, final: false)
+                    let session = RunSession(queue: queue, global: self.global)
+                    let code = try await session.run(finishingAll: false) { () throws(PackDeliveryError) in
+                        try queue.repair(productIDs: ids).flatMap(\.downloads).filter { !$0.state.isSettled }.map(\.id)
+                    }
+                    if code != 0 { return code }
+                    results = try queue.verify(productIDs: ids)
+                }
+                self.report(results, final: true)
+                return results.allSatisfy(\.isIntact) ? 0 : ExitStatus.badData
+            }
+            if code != 0 { throw ExitCode(code) }
+        }
+
+        private func report(_ results: [VerifyResult], final: Bool) {
+            if self.global.json {
+                guard final else { return }
+                let items: [[String: Any]] = results.map { result in
+                    var object = JSONOutput.content(result.content)
+                    object["intact"] = result.isIntact
+                    object["folderMissing"] = result.folderMissing
+                    object["filesRecorded"] = result.filesRecorded
+                    object["damage"] = result.damage.map { ["path": $0.path, "problem": $0.problem.rawValue] }
+                    return object
+                }
+                printLine(JSONOutput.encode(["intact": results.allSatisfy(\.isIntact), "contents": items]))
+                return
+            }
+            for result in results {
+                let name = "\(result.content.productIdentifier) \(result.content.contentIdentifier) \(result.content.contentVersion)"
+                if result.folderMissing {
+                    printLine("damaged \(name): the folder \(result.content.contentURL.path) is missing")
+                } else if result.damage.isEmpty {
+                    if !self.global.quiet { printLine("intact \(name)\(result.filesRecorded ? "" : " (installed before files were recorded: only its folder was checked)")") }
+                } else {
+                    printLine("damaged \(name): \(result.damage.count) file\(result.damage.count == 1 ? "" : "s")")
+                    for damage in result.damage { printLine("  \(damage.problem.rawValue)  \(damage.path)") }
+                }
+            }
+            if final, let bad = results.first(where: { !$0.isIntact }) {
+                printError("packs: Installed content is damaged (\(results.filter { !$0.isIntact }.count) of \(results.count) packs). Run packs verify --repair \(bad.content.productIdentifier) to deliver it again.")
             }
         }
     }
@@ -198,7 +337,7 @@ extension Packs {
         @Argument(help: "A product identifier.") var product: String
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try DownloadQueue(home: self.global.resolvedHome, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false))
+                let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 if try queue.deleteContent(forProductID: self.product) == 0 {
                     throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(self.product).", hint: "See packs content for what is installed.", subject: self.product)
@@ -209,3 +348,17 @@ extension Packs {
 }
 
 extension Destination: ExpressibleByArgument {}
+
+/// Opens the queue for a command; says on stderr when the state database had to be rebuilt.
+func openQueue(_ global: GlobalOptions, _ configuration: DownloadQueue.Configuration) throws(PackDeliveryError) -> DownloadQueue {
+    let queue = try DownloadQueue(home: global.resolvedHome, configuration: configuration, logger: global.logger)
+    if let recovery = queue.storeRecovery {
+        var line = "packs: The state database was damaged; it was moved aside to \(recovery.damagedDatabase.path) and rebuilt from the installed content (\(recovery.installsRecovered) installed pack\(recovery.installsRecovered == 1 ? "" : "s") found)."
+        if !recovery.foldersNotRecognised.isEmpty {
+            line += " \(recovery.foldersNotRecognised.count) folder\(recovery.foldersNotRecognised.count == 1 ? " was" : "s were") kept but not recognised: \(recovery.foldersNotRecognised.prefix(5).map(\.path).joined(separator: ", "))."
+        }
+        line += " Open transactions were lost; fetch unfinished purchases again."
+        printError(line)
+    }
+    return queue
+}

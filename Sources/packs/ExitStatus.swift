@@ -92,7 +92,7 @@ enum ExitStatus {
 
 /// Prints the one stderr line every failure gets, and exits with its code.
 func fail(_ error: PackDeliveryError) -> ExitCode {
-    FileHandle.standardError.write(Data((ExitStatus.line(for: error) + "\n").utf8))
+    printError(ExitStatus.line(for: error))
     return ExitCode(ExitStatus.code(for: error))
 }
 

@@ -1,7 +1,8 @@
 import ArgumentParser
 import Foundation
 import Logging
-import PackDelivery
+@_spi(Testing) import PackDelivery
+import Synchronization
 
 @main
 struct Packs: AsyncParsableCommand {
@@ -19,12 +20,14 @@ struct Packs: AsyncParsableCommand {
               packs --home ~/packs fetch https://cdn.example.com/manifest.json com.example.forest
             """,
         version: Packs.version,
-        subcommands: [Fetch.self, Resume.self, Status.self, Pause.self, Cancel.self, Finish.self, Content.self, Remove.self,
+        subcommands: [Fetch.self, Resume.self, Status.self, Pause.self, Cancel.self, Finish.self, Content.self, Verify.self, Remove.self,
                       Serve.self, Pack.self, MakeManifest.self, Demo.self]
     )
 
     /// Parses `packs [--home DIR] [--json] COMMAND …`: global options may come before the subcommand.
     static func main() async {
+        // A reader that goes away must not kill the process: writes fail with EPIPE instead (see Output).
+        signal(SIGPIPE, SIG_IGN)
         let arguments = Self.movingGlobalOptions(Array(CommandLine.arguments.dropFirst()))
         do {
             var command = try Self.parseAsRoot(arguments)
@@ -88,10 +91,36 @@ struct GlobalOptions: ParsableArguments {
     }
 }
 
-/// Options for commands that transfer (`fetch`, `resume`).
+/// A byte count as curl writes it: `500000`, `500K`, `2M`, `1G` (powers of 1024).
+struct ByteCount: ExpressibleByArgument, Sendable {
+    var bytes: Int64
+
+    init?(argument: String) {
+        let text = argument.trimmingCharacters(in: .whitespaces)
+        let units: [Character: Int64] = ["k": 1 << 10, "m": 1 << 20, "g": 1 << 30]
+        var digits = Substring(text)
+        var multiplier: Int64 = 1
+        if let last = text.last?.lowercased().first, let unit = units[last] {
+            multiplier = unit
+            digits = text.dropLast()
+        }
+        guard !digits.isEmpty, digits.allSatisfy(\.isASCII), let value = Int64(digits), value > 0 else { return nil }
+        let (bytes, overflow) = value.multipliedReportingOverflow(by: multiplier)
+        guard !overflow else { return nil }
+        self.bytes = bytes
+    }
+}
+
+/// Options for commands that transfer (`fetch`, `resume`, `verify --repair`).
 struct TransferFlags: ParsableArguments {
-    @Option(name: .customLong("max-rate"), help: ArgumentHelp("Limit each download to this many bytes per second.", valueName: "bytes-per-second"))
-    var maxRate: Int64?
+    @Option(name: .customLong("max-rate"), help: ArgumentHelp("Limit each download to this many bytes per second (500K, 2M: powers of 1024, as curl).", valueName: "rate"))
+    var maxRate: ByteCount?
+
+    @Option(name: .customLong("max-expansion-ratio"), help: ArgumentHelp("Refuse packs that unpack to more than N times their size, unless the manifest gives unpackedLength.", valueName: "n"))
+    var maxExpansionRatio: Int64 = 100
+
+    @Option(name: .customLong("max-entries"), help: ArgumentHelp("Refuse packs with more entries than this.", valueName: "n"))
+    var maxEntries = 100_000
 
     @Option(help: "How many downloads run at once.")
     var concurrency = 4
@@ -103,7 +132,8 @@ struct TransferFlags: ParsableArguments {
     var headers: [String] = []
 
     func validate() throws {
-        if let maxRate, maxRate <= 0 { throw ValidationError("--max-rate must be a positive number of bytes per second.") }
+        if self.maxExpansionRatio < 1 { throw ValidationError("--max-expansion-ratio must be at least 1.") }
+        if self.maxEntries < 1 { throw ValidationError("--max-entries must be at least 1.") }
         if self.concurrency < 1 || self.concurrency > 64 { throw ValidationError("--concurrency must be between 1 and 64.") }
         if self.stallTimeout <= 0 { throw ValidationError("--stall-timeout must be a positive number of seconds.") }
         for header in self.headers where !header.contains(":") || header.hasPrefix(":") {
@@ -112,15 +142,63 @@ struct TransferFlags: ParsableArguments {
     }
 
     var options: TransferOptions {
-        TransferOptions(maxBytesPerSecond: self.maxRate, stallTimeout: self.stallTimeout, headers: self.headers)
+        TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, headers: self.headers)
     }
 
     func configuration(resumeInterrupted: Bool = false) -> DownloadQueue.Configuration {
-        DownloadQueue.Configuration(concurrency: self.concurrency, transfer: self.options, resumeInterruptedDownloads: resumeInterrupted,
-                                    resumeWhenSpaceReturns: false)
+        var configuration = DownloadQueue.Configuration(concurrency: self.concurrency, transfer: self.options, resumeInterruptedDownloads: resumeInterrupted,
+                                                        resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
+                                                        maxEntries: self.maxEntries)
+        configuration.installHook = TestPausePoint.hook
+        return configuration
+    }
+}
+
+/// The configuration of commands that only look at the home (status, content, pause, …).
+func lookingConfiguration() -> DownloadQueue.Configuration {
+    var configuration = DownloadQueue.Configuration(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false)
+    configuration.installHook = TestPausePoint.hook
+    return configuration
+}
+
+/// Test-only pause points for the power-cut tests: with `PACKS_TEST_PAUSE_AT=after-rename` (or
+/// `before-rename`, `mid-unpack`), an install that reaches the step prints `paused at STEP` on stderr
+/// and sleeps until the process is killed.
+enum TestPausePoint {
+    static let hook: (@Sendable (InstallStep) -> Void)? = {
+        guard let wanted = ProcessInfo.processInfo.environment["PACKS_TEST_PAUSE_AT"].flatMap(InstallStep.init(rawValue:)) else { return nil }
+        return { step in
+            guard step == wanted else { return }
+            printError("packs: paused at \(step.rawValue) (PACKS_TEST_PAUSE_AT)")
+            while true { sleep(60) }
+        }
+    }()
+}
+
+/// Standard output that survives a reader that went away (`packs fetch … | head -1`): a write that
+/// fails with EPIPE marks the run as interrupted instead of killing the process.
+enum Output {
+    static let broken = Atomic<Bool>(false)
+
+    static func write(_ text: String, to fd: Int32 = STDOUT_FILENO) {
+        var bytes = Array(text.utf8)[...]
+        while !bytes.isEmpty {
+            let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            if written < 0 {
+                if errno == EINTR { continue }
+                if errno == EPIPE, fd == STDOUT_FILENO { Self.broken.store(true, ordering: .relaxed) }
+                return
+            }
+            bytes = bytes.dropFirst(written)
+        }
     }
 }
 
 func printLine(_ line: String) {
-    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+    guard !Output.broken.load(ordering: .relaxed) else { return }
+    Output.write(line + "\n")
+}
+
+func printError(_ line: String) {
+    Output.write(line + "\n", to: STDERR_FILENO)
 }

@@ -79,7 +79,8 @@ final class ProgressDisplay {
         if extra > 0 { out += "\u{1B}[\(extra)A" }
         self.drawnLines = lines.count
         self.lastDraw = Date()
-        FileHandle.standardOutput.write(Data(out.utf8))
+        guard !Output.broken.load(ordering: .relaxed) else { return }
+        Output.write(out)
     }
 
     static func progressLine(_ download: Download) -> String {

@@ -269,41 +269,84 @@ import Testing
 @Suite struct ResponseDecisionTests {
     let url = "http://h/p"
 
-    @Test func a206MustStartWhereWeAsked() {
-        #expect(ResponseDecision.decide(status: 206, contentRange: "bytes 100-999/1000", offset: 100, expectedLength: 1000, retryAfter: nil, url: self.url) == .append)
-        guard case .reject(let failure) = ResponseDecision.decide(status: 206, contentRange: "bytes 0-999/1000", offset: 100, expectedLength: 1000, retryAfter: nil, url: self.url) else {
-            Issue.record("a mismatched Content-Range must be rejected"); return
-        }
-        #expect(failure.retryable)
-        guard case .reject = ResponseDecision.decide(status: 206, contentRange: "bytes 100-999/2000", offset: 100, expectedLength: 1000, retryAfter: nil, url: self.url) else {
-            Issue.record("a different total must be rejected"); return
-        }
+    func decide(_ status: Int, range: String? = nil, length: String? = nil, retryAfter: String? = nil, offset: Int64, expected: Int64) -> ResponseDecision {
+        ResponseDecision.decide(status: status, headers: .init(contentRange: range, contentLength: length, retryAfter: retryAfter),
+                                offset: offset, expectedLength: expected, url: self.url)
     }
 
-    @Test func a200RestartsFromZeroAnd416ChecksTheFile() {
-        #expect(ResponseDecision.decide(status: 200, contentRange: nil, offset: 500, expectedLength: 1000, retryAfter: nil, url: self.url) == .restartFromZero)
-        #expect(ResponseDecision.decide(status: 416, contentRange: "bytes */1000", offset: 1000, expectedLength: 1000, retryAfter: nil, url: self.url) == .rangeNotSatisfiable)
+    @Test func a206MustStartWhereWeAsked() {
+        #expect(self.decide(206, range: "bytes 100-999/1000", offset: 100, expected: 1000) == .append)
+        guard case .reject(let failure, let discard) = self.decide(206, range: "bytes 0-999/1000", offset: 100, expected: 1000) else {
+            Issue.record("a mismatched Content-Range must be rejected"); return
+        }
+        #expect(failure.retryable && failure.countsAlways && discard)
+    }
+
+    @Test func aTotalThatDiffersFromTheManifestMeansTheFileChanged() {
+        // Issue 19, item 6: the partial is from another version; start over, and say how the lengths differ.
+        guard case .reject(let failure, let discard) = self.decide(206, range: "bytes 100-999/2000", offset: 100, expected: 1000) else {
+            Issue.record("a different total must be rejected"); return
+        }
+        #expect(discard && failure.error.code == .lengthMismatch && failure.countsAlways)
+        #expect(failure.error.message.contains("1000 bytes longer"))
+    }
+
+    @Test func a200RestartsFromZeroUnlessItsLengthDisagreesWithTheManifest() {
+        #expect(self.decide(200, offset: 500, expected: 1000) == .restartFromZero)
+        #expect(self.decide(200, length: "1000", offset: 500, expected: 1000) == .restartFromZero)
+        // Issue 19, item 3: a stale manifest one byte longer than the file is said at once, without downloading the body.
+        guard case .reject(let failure, let discard) = self.decide(200, length: "999", offset: 0, expected: 1000) else {
+            Issue.record("a 200 of another length must be rejected"); return
+        }
+        #expect(!discard && failure.retryable && failure.countsAlways && failure.error.code == .lengthMismatch)
+        #expect(failure.error.message.contains("1 byte shorter than the manifest says"))
+    }
+
+    @Test func a416IsCompleteOnlyForAWholeFileOfTheRightLength() {
+        #expect(self.decide(416, range: "bytes */1000", offset: 1000, expected: 1000) == .complete)
+        #expect(self.decide(416, offset: 1000, expected: 1000) == .complete)
+        guard case .reject(let short, _) = self.decide(416, range: "bytes */999", offset: 999, expected: 1000) else {
+            Issue.record("a 416 that says the file is shorter must be rejected"); return
+        }
+        #expect(short.error.code == .lengthMismatch && short.countsAlways)
+        guard case .reject(let odd, let discard) = self.decide(416, range: "bytes */1000", offset: 500, expected: 1000) else {
+            Issue.record("a 416 in the middle must be rejected"); return
+        }
+        #expect(discard && odd.retryable && odd.countsAlways)
     }
 
     @Test func serverErrorsAreRetriedAndOther4xxAreNot() {
         for status in [408, 429, 500, 502, 503] {
-            guard case .reject(let failure) = ResponseDecision.decide(status: status, contentRange: nil, offset: 0, expectedLength: 1, retryAfter: "3", url: self.url) else {
+            guard case .reject(let failure, _) = self.decide(status, retryAfter: "3", offset: 0, expected: 1) else {
                 Issue.record("\(status) must be rejected"); continue
             }
-            #expect(failure.retryable && failure.retryAfter == 3)
+            #expect(failure.retryable && failure.retryAfter == 3 && !failure.countsAlways)
         }
-        guard case .reject(let failure) = ResponseDecision.decide(status: 404, contentRange: nil, offset: 0, expectedLength: 1, retryAfter: nil, url: self.url) else {
+        guard case .reject(let wait, _) = self.decide(503, retryAfter: "300", offset: 0, expected: 1) else { return }
+        #expect(wait.error.message.contains("503") && wait.error.message.contains("5 min"), "issue 19, item 5: the wait is said")
+        guard case .reject(let failure, _) = self.decide(404, offset: 0, expected: 1) else {
             Issue.record("404 must be rejected"); return
         }
         #expect(!failure.retryable && failure.error.code == .httpStatus && failure.error.httpStatus == 404 && failure.error.message.contains("404"))
+        guard case .reject(let refused, _) = self.decide(403, offset: 0, expected: 1) else { return }
+        #expect(refused.error.code == .unauthorized && refused.error.kind == .unauthorized)
     }
 
     @Test func retryAfterAsAnHTTPDate() {
         let now = Date(timeIntervalSince1970: 1_700_000_000)
         let seconds = ResponseDecision.retryAfterSeconds("Tue, 14 Nov 2023 22:13:30 GMT", now: now)
         #expect(seconds == 10)
+        #expect(ResponseDecision.retryAfterSeconds("inf", now: now) == nil)
         #expect(ContentRange("bytes 5-9/*")?.total == nil)
         #expect(ContentRange("bytes 9-5/10") == nil)
+        #expect(ContentRange.unsatisfiedTotal("bytes */1234") == 1234)
+    }
+
+    @Test func whatTheServerSaidIsShortAndPrintable() {
+        let s3 = Data("<?xml version=\"1.0\"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>".utf8)
+        #expect(CurlTransfer.excerpt(s3) == "Request has expired")
+        #expect(CurlTransfer.excerpt(Data("\n\nforbidden\u{1B}]0;pwned\u{07}\nmore".utf8)) == "forbidden\\x1B]0;pwned\\x07")
+        #expect(CurlTransfer.excerpt(Data()) == nil)
     }
 }
 

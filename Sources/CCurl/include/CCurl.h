@@ -24,6 +24,9 @@ CURLcode ccurl_easy_getinfo_pointer(CURL *handle, CURLINFO info, void **value);
 
 CURLMcode ccurl_multi_setopt_long(CURLM *handle, CURLMoption option, long value);
 
+// curl_version_info(CURLVERSION_NOW)->version: CURLVERSION_NOW is a macro Swift does not import.
+const char *ccurl_version_number(void);
+
 // CURL_WRITEFUNC_PAUSE and CURL_READFUNC_ABORT are macros of casts Swift does not import.
 size_t ccurl_writefunc_pause(void);
 #endif

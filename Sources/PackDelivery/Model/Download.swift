@@ -199,3 +199,9 @@ public struct VerifyResult: Sendable, Hashable {
     /// Whether the content is exactly as installed.
     public var isIntact: Bool { self.damage.isEmpty && !self.folderMissing }
 }
+
+/// The library's version, as sent in the `User-Agent` header.
+public enum PackDeliveryVersion {
+    /// `MAJOR.MINOR.PATCH`.
+    public static let current = "0.2.0"
+}

@@ -374,8 +374,13 @@ extension PackDeliveryError {
     /// A download stopped on request.
     static func stopped(_ what: String) -> Self { .init(.cancelled, message: what) }
 
-    /// An identifier or text from outside, with control characters shown as escapes so it cannot move the cursor or forge lines.
-    static func printable(_ text: String) -> String {
+    /// A text from outside (an identifier, a server's words) made safe to print: control characters, line
+    /// separators and bidirectional overrides are shown as escapes (`\x1B`), so it cannot move the cursor,
+    /// set a terminal's title or forge lines.
+    ///
+    /// - Parameter text: the text to show.
+    /// - Returns: the text with those characters escaped.
+    public static func printable(_ text: String) -> String {
         var result = ""
         for scalar in text.unicodeScalars {
             if scalar.properties.generalCategory == .control || scalar.properties.generalCategory == .format && scalar.value >= 0x202A && scalar.value <= 0x202E

@@ -51,6 +51,8 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var waitingForRetry = false
     /// The most bytes the partial file ever held: an attempt that ends below it made no progress, whatever it received.
     private(set) var mostBytesKept: Int64 = 0
+    /// Bytes of the partial file known to be on disk (synced): what a checkpoint records.
+    private(set) var durableBytes: Int64
     /// When bytes or phase progress last moved (for the watchdog).
     private(set) var lastMovement = Date.distantPast
     /// The token of a transfer stopped by a pause: its final byte count still counts.
@@ -71,6 +73,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.stagingInode = stagingInode
         self.retryPolicy = retryPolicy
         self.mostBytesKept = download.bytesReceived
+        self.durableBytes = download.bytesReceived
     }
 
     var state: DownloadState { self.download.state }
@@ -112,12 +115,19 @@ struct DownloadMachine: Sendable, Hashable {
         return true
     }
 
+    /// The hash thread synced the partial file up to `bytes`.
+    mutating func durable(token: Int, bytes: Int64) {
+        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
+        self.durableBytes = min(bytes, self.download.bytesReceived)
+    }
+
     /// A transfer attempt ended.
     mutating func transferFinished(token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1), now: Date = Date()) -> [Action] {
         if case .stopped(let bytes) = outcome, token == self.stoppedTransfer {
             // The transfer a pause stopped: its last bytes are kept, so say so.
             self.stoppedTransfer = nil
             self.download.bytesReceived = bytes
+            self.durableBytes = bytes
             self.download.progress = self.fraction(bytes)
             return []
         }
@@ -126,6 +136,7 @@ struct DownloadMachine: Sendable, Hashable {
         switch outcome {
         case .stopped(let bytes):
             self.download.bytesReceived = bytes
+            self.durableBytes = bytes
             return []
         case .completed(let sha256, let length, let resumedFrom):
             self.download.bytesReceived = length

@@ -98,6 +98,9 @@ extension DownloadQueue {
         case .progress(let transferID, let bytes, let validator):
             let (id, token) = Self.split(transferID)
             self.change { $0.handle(id, .transferProgress(token: token, bytes: bytes, validator: validator)) }
+        case .durable(let transferID, let bytes):
+            let (id, token) = Self.split(transferID)
+            self.change { $0.handle(id, .transferDurable(token: token, bytes: bytes)) }
         case .finished(let transferID, let outcome):
             let (id, token) = Self.split(transferID)
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
@@ -161,7 +164,9 @@ extension DownloadQueue {
     }
 
     func record(_ machine: DownloadMachine, position: Int) -> DownloadRecord {
-        let download = machine.download
+        var download = machine.download
+        // A checkpoint records no more of the partial file than has been synced to disk.
+        if !machine.verified, download.state != .finished { download.bytesReceived = min(download.bytesReceived, machine.durableBytes) }
         return DownloadRecord(download, position: position, validator: machine.validator,
                               partialPath: self.home.archiveURL(for: download).path, stagingInode: machine.stagingInode,
                               retriedFromZero: machine.retriedFromZero, verified: machine.verified)

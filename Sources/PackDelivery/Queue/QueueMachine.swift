@@ -25,6 +25,7 @@ struct QueueMachine: Sendable {
     /// What happens to one download.
     enum Event: Sendable {
         case transferProgress(token: Int, bytes: Int64, validator: String?)
+        case transferDurable(token: Int, bytes: Int64)
         case transferFinished(token: Int, outcome: TransferOutcome)
         case retryDue(token: Int)
         case installProgress(token: Int, phase: DownloadPhase, fraction: Double)
@@ -96,6 +97,9 @@ struct QueueMachine: Sendable {
             switch event {
             case .transferProgress(let token, let bytes, let validator):
                 _ = machine.progress(token: token, bytesOnDisk: bytes, validator: validator, now: now)
+                return []
+            case .transferDurable(let token, let bytes):
+                machine.durable(token: token, bytes: bytes)
                 return []
             case .transferFinished(let token, let outcome):
                 return machine.transferFinished(token: token, outcome: outcome, jitter: jitter, now: now)

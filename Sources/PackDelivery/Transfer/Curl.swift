@@ -21,6 +21,12 @@ enum Curl {
         }
     }
 
+    /// `PackDelivery/VERSION libcurl/VERSION`, sent with every request.
+    static let userAgent: String = {
+        let libcurl = ccurl_version_number().map { String(cString: $0) } ?? "unknown"
+        return "PackDelivery/\(PackDeliveryVersion.current) libcurl/\(libcurl)"
+    }()
+
     /// The text libcurl gives for a code.
     static func describe(_ code: CURLcode) -> String { String(cString: curl_easy_strerror(code)) }
 
@@ -33,6 +39,7 @@ enum Curl {
         let sink = Sink()
         sink.limit = maxBytes
         try easy.apply(options)
+        try easy.restrictProtocols(allowingFile: false)
         try easy.set(CURLOPT_WRITEDATA, pointer: Unmanaged.passUnretained(sink).toOpaque())
         try easy.set(CURLOPT_WRITEFUNCTION, callback: { pointer, size, count, user in
             let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
@@ -46,7 +53,10 @@ enum Curl {
             throw PackDeliveryError(.invalidManifest, message: "\(url.redacted) is larger than \(maxBytes) bytes, too large for a manifest.", subject: url.redacted)
         }
         guard code == CURLE_OK else {
-            throw PackDeliveryError(Self.errorCode(for: code), message: "Could not fetch \(url.redacted): \(easy.errorMessage(code)).",
+            let detail = code == CURLE_TOO_MANY_REDIRECTS ? "the server redirected it too many times (a redirect loop?)"
+                : code == CURLE_UNSUPPORTED_PROTOCOL ? "it was redirected to a URL that is not http or https"
+                : PackDeliveryError.printable(easy.errorMessage(code))
+            throw PackDeliveryError(Self.errorCode(for: code), message: "Could not fetch \(url.redacted): \(detail).",
                                     hint: "Check the URL and that the server is reachable.", subject: url.redacted, underlying: .init(.curl, Int(code.rawValue)))
         }
         let status = easy.responseCode
@@ -80,6 +90,13 @@ final class CurlEasy {
         try self.set(CURLOPT_FOLLOWLOCATION, long: 1)
         try self.set(CURLOPT_MAXREDIRS, long: 10)
         try self.set(CURLOPT_FAILONERROR, long: 0)
+        try self.set(CURLOPT_USERAGENT, string: Curl.userAgent)
+    }
+
+    /// Allows http and https (and `file` for a local pack), and only http and https for redirects.
+    func restrictProtocols(allowingFile: Bool) throws(PackDeliveryError) {
+        try self.set(CURLOPT_PROTOCOLS_STR, string: allowingFile ? "file" : "http,https")
+        try self.set(CURLOPT_REDIR_PROTOCOLS_STR, string: "http,https")
     }
 
     deinit {
@@ -91,9 +108,13 @@ final class CurlEasy {
     /// Applies timeouts, rate limit, TLS verification and extra headers.
     func apply(_ options: TransferOptions, extraHeaders: [String] = []) throws(PackDeliveryError) {
         try self.set(CURLOPT_CONNECTTIMEOUT_MS, long: Int(options.connectTimeout * 1000))
-        // A stall: less than 1 byte/s for stallTimeout seconds ends the attempt with CURLE_OPERATION_TIMEDOUT.
-        try self.set(CURLOPT_LOW_SPEED_LIMIT, long: 1)
-        try self.set(CURLOPT_LOW_SPEED_TIME, long: max(1, Int(options.stallTimeout.rounded(.up))))
+        // Too slow: less than the low-speed limit on average for lowSpeedTime seconds ends the attempt with
+        // CURLE_OPERATION_TIMEDOUT. (No byte at all for the stall timeout is caught by the transfer loop.)
+        let lowSpeed = options.effectiveLowSpeedLimit
+        if lowSpeed > 0 {
+            try self.set(CURLOPT_LOW_SPEED_LIMIT, long: Int(lowSpeed))
+            try self.set(CURLOPT_LOW_SPEED_TIME, long: max(1, Int(options.lowSpeedTime.rounded(.up))))
+        }
         if let rate = options.maxBytesPerSecond, rate > 0 {
             try self.set(CURLOPT_MAX_RECV_SPEED_LARGE, offset: rate)
         }

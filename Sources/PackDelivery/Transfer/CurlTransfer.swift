@@ -4,9 +4,18 @@ import Foundation
 /// One transfer on the transfer thread: its easy handle and its partial file; its SHA-256 runs beside it
 /// in a ``HashFollower``.
 ///
+/// libcurl hands the body over 16 KiB at a time; the pieces are gathered into writes of up to
+/// ``writeSize`` (or whatever arrived within a tenth of a second, for slow transfers), so a 1 GiB pack
+/// costs a few thousand `pwrite` calls rather than sixty thousand. Bytes count as kept once written.
+///
 /// libcurl calls back into it through `Unmanaged` user data; the callbacks return a byte count
 /// (proceed) or 0 (abort) and never throw across the C boundary.
 final class CurlTransfer {
+    /// The most bytes gathered before one `pwrite`.
+    static let writeSize = 512 << 10
+    /// The most of an error response's body kept, to show what the server said.
+    static let errorBodyLimit = 1024
+
     let request: TransferRequest
     let easy: CurlEasy
     /// Bytes in the file that belong to the current response's body (known good so far).
@@ -16,17 +25,34 @@ final class CurlTransfer {
     private let follower: HashFollower
     private let onEvent: @Sendable (TransferEvent) -> Void
 
+    /// Body bytes received but not yet written (at most `writeSize`), to be written at `offset`.
+    private let pending: UnsafeMutableRawBufferPointer
+    private var pendingCount = 0
+    private var lastFlush = Date()
+
     // The current response, reset at every status line (redirects bring several).
     private var status = 0
     private var headers: [String: String] = [:]
+    private var headerBytes = 0
     private var decision: ResponseDecision?
     private var validator: String?
     private var writeFailure: TransferFailure?
     private var lastReport = Date.distantPast
+    private var serverSaid = Data()
+    /// When a byte (header or body) last arrived; the transfer loop stops a transfer silent for the stall timeout.
+    private(set) var lastActivity = Date()
 
     init(request: TransferRequest, onEvent: @escaping @Sendable (TransferEvent) -> Void) throws(PackDeliveryError) {
         self.request = request
         self.onEvent = onEvent
+        if request.url.isFileURL {
+            // A FIFO or a device would block the transfer thread forever; only regular files are packs.
+            var info = stat()
+            if stat(request.url.path, &info) == 0, (info.st_mode & S_IFMT) != S_IFREG {
+                throw PackDeliveryError(.unsupportedURL, message: "The pack \(request.url.redacted) is not a regular file.",
+                                        hint: "A pack URL must name an archive file.", subject: request.url.redacted)
+            }
+        }
         let fd = open(request.file.path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard fd >= 0 else {
             let code = errno
@@ -45,12 +71,15 @@ final class CurlTransfer {
         }
         self.offset = offset
         self.resumedFrom = offset
-        self.follower = HashFollower(file: request.file)
+        self.pending = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.writeSize, alignment: 16)
+        let (id, report) = (request.id, onEvent)
+        self.follower = HashFollower(file: request.file) { durable in report(.durable(id: id, bytes: durable)) }
         self.follower.advance(to: offset)
         do {
             self.easy = try CurlEasy(url: request.url)
         } catch {
             self.follower.cancel()
+            self.pending.deallocate()
             close(fd)
             throw error
         }
@@ -60,6 +89,7 @@ final class CurlTransfer {
                 extra.append("If-Range: \(validator)")
             }
             try self.easy.apply(request.options, extraHeaders: extra)
+            try self.easy.restrictProtocols(allowingFile: request.url.isFileURL)
             if offset > 0 {
                 try self.easy.set(CURLOPT_RANGE, string: "\(offset)-")
             }
@@ -79,76 +109,119 @@ final class CurlTransfer {
             })
         } catch {
             self.follower.cancel()
+            self.pending.deallocate()
             close(fd)
             throw error
         }
     }
 
-    deinit { close(self.fd) }
+    deinit {
+        self.pending.deallocate()
+        close(self.fd)
+    }
 
-    /// Stops hashing: the transfer was stopped, or it failed.
+    /// Stops the transfer (pause, cancel, shutdown): writes what was received, makes the kept bytes
+    /// durable, and stops hashing.
+    func stop() {
+        if case .append? = self.decision { _ = self.flush() } else if case .restartFromZero? = self.decision { _ = self.flush() }
+        _ = Durability.syncData(self.fd)
+        self.follower.cancel()
+        self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
+    }
+
+    /// Stops hashing: the transfer failed.
     func cancelHashing() { self.follower.cancel() }
 
+    // MARK: Callbacks
+
     private func receiveHeader(_ bytes: UnsafeRawBufferPointer) -> Int {
+        self.lastActivity = Date()
         let line = String(decoding: bytes, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
         if line.hasPrefix("HTTP/") {
             let fields = line.split(separator: " ")
             self.status = fields.count > 1 ? Int(fields[1]) ?? 0 : 0
             self.headers = [:]
+            self.headerBytes = 0
         } else if let colon = line.firstIndex(of: ":") {
             let name = line[..<colon].lowercased()
             self.headers[name] = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
         }
+        self.headerBytes += bytes.count
         return bytes.count
     }
 
     private func receiveBody(_ bytes: UnsafeRawBufferPointer) -> Int {
+        self.lastActivity = Date()
         if self.decision == nil {
             let decision = ResponseDecision.decide(
-                status: self.request.url.isFileURL ? 0 : self.status, contentRange: self.headers["content-range"],
-                offset: self.offset, expectedLength: self.request.expectedLength,
-                retryAfter: self.headers["retry-after"], url: self.request.url.redacted)
+                status: self.request.url.isFileURL ? 0 : self.status, headers: .init(self.headers),
+                offset: self.offset, expectedLength: self.request.expectedLength, url: self.request.url.redacted)
             self.decision = decision
-            switch decision {
-            case .append:
-                break
-            case .restartFromZero:
-                if self.offset > 0 {
-                    ftruncate(self.fd, 0)
-                    self.offset = 0
-                    self.follower.restart()
-                }
-            case .rangeNotSatisfiable, .reject:
-                return 0
+            if case .restartFromZero = decision, self.offset > 0 {
+                ftruncate(self.fd, 0)
+                self.offset = 0
+                self.follower.restart()
             }
             self.validator = Self.validator(from: self.headers) ?? self.request.validator
         }
         switch self.decision {
-        case .append, .restartFromZero: return self.write(bytes)
-        default: return 0
+        case .append, .restartFromZero:
+            return self.gather(bytes)
+        case .reject:
+            // Keep the start of an error body: what the server said goes into the message.
+            let room = Self.errorBodyLimit - self.serverSaid.count
+            if room > 0 { self.serverSaid.append(contentsOf: bytes.prefix(room)) }
+            return self.serverSaid.count < Self.errorBodyLimit ? bytes.count : 0
+        case .complete, nil:
+            return bytes.count
         }
     }
 
-    private func write(_ bytes: UnsafeRawBufferPointer) -> Int {
-        guard self.offset + Int64(bytes.count) <= self.request.expectedLength else {
+    /// Adds received bytes to the pending write; writes when it is full or a tenth of a second passed.
+    private func gather(_ bytes: UnsafeRawBufferPointer) -> Int {
+        let (end, overflow) = self.offset.addingReportingOverflow(Int64(self.pendingCount + bytes.count))
+        guard !overflow, end <= self.request.expectedLength else {
+            _ = self.flush()
             self.writeFailure = TransferFailure(
                 error: PackDeliveryError(.lengthMismatch, message: "The server sent more than the manifest's contentLength of \(self.request.expectedLength) bytes for \(self.request.url.redacted).",
                                          hint: "The manifest or the server is out of date; the partial download was discarded.",
                                          subject: self.request.url.redacted),
-                retryable: false)
+                retryable: true, countsAlways: true)
             ftruncate(self.fd, 0)
             self.offset = 0
             self.follower.restart()
             return 0
         }
+        var remaining = bytes[...]
+        while !remaining.isEmpty {
+            let take = min(remaining.count, Self.writeSize - self.pendingCount)
+            UnsafeMutableRawBufferPointer(rebasing: self.pending[self.pendingCount..<(self.pendingCount + take)])
+                .copyMemory(from: UnsafeRawBufferPointer(rebasing: remaining.prefix(take)))
+            self.pendingCount += take
+            remaining = remaining.dropFirst(take)
+            if self.pendingCount == Self.writeSize, !self.flush() { return 0 }
+        }
+        if Date().timeIntervalSince(self.lastFlush) >= 0.1, !self.flush() { return 0 }
+        return bytes.count
+    }
+
+    /// Writes the pending bytes at `offset`. - Returns: false when the write failed (recorded in `writeFailure`).
+    private func flush() -> Bool {
+        self.lastFlush = Date()
+        guard self.pendingCount > 0, self.writeFailure == nil else { return self.writeFailure == nil }
         var written = 0
-        while written < bytes.count {
-            let result = self.request.writer.pwrite(self.fd, bytes.baseAddress! + written, bytes.count - written, self.offset + Int64(written))
+        while written < self.pendingCount {
+            let result = self.request.writer.pwrite(self.fd, self.pending.baseAddress! + written, self.pendingCount - written, self.offset + Int64(written))
             if result < 0 {
                 let code = errno
                 if code == EINTR { continue }
-                // Cut back to the last complete write, so the file and the hash agree.
+                // Keep what reached the file; cut anything after it, so the file and the hash agree.
+                self.offset += Int64(written)
                 ftruncate(self.fd, off_t(self.offset))
+                self.follower.advance(to: self.offset)
+                self.pendingCount = 0
+                // The kept bytes and the validator they came with, before the failure is reported.
+                self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
                 let path = self.request.file.path
                 self.writeFailure = TransferFailure(
                     error: code == ENOSPC || code == EDQUOT
@@ -156,64 +229,74 @@ final class CurlTransfer {
                                                available: SpaceCheck.available(at: self.request.file.deletingLastPathComponent()), errno: code)
                         : .io("write the partial download", path: path, errno: code),
                     retryable: false)
-                return 0
+                return false
             }
             written += result
         }
-        self.offset += Int64(bytes.count)
+        self.offset += Int64(self.pendingCount)
+        self.pendingCount = 0
         self.follower.advance(to: self.offset)
         let now = Date()
         if now.timeIntervalSince(self.lastReport) >= 0.1 {
             self.lastReport = now
             self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
         }
-        return bytes.count
+        return true
     }
+
+    // MARK: Outcome
 
     /// Reports how the attempt ended: at once for a failure, once the hash has caught up for a complete file.
     /// - Parameters:
     ///   - curlCode: libcurl's result for the transfer.
+    ///   - stalled: the transfer loop stopped it after the stall timeout without a byte.
     ///   - report: called once, on this thread (failure) or the hash thread (complete).
-    func complete(curlCode: CURLcode, report: @escaping @Sendable (TransferOutcome) -> Void) {
-        let outcome = self.outcome(curlCode: curlCode)
+    func complete(curlCode: CURLcode, stalled: Bool = false, report: @escaping @Sendable (TransferOutcome) -> Void) {
+        if case .append? = self.decision { _ = self.flush() } else if case .restartFromZero? = self.decision { _ = self.flush() }
+        if self.validator != nil { self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator)) }
+        let outcome = stalled ? self.stalledOutcome() : self.outcome(curlCode: curlCode)
         guard case .completed(_, let length, let resumedFrom) = outcome else {
             self.follower.cancel()
             report(outcome)
             return
         }
-        self.follower.finish(length: length) { sha256 in
-            report(.completed(sha256: sha256, length: length, resumedFrom: resumedFrom))
+        let bytes = self.offset
+        self.follower.finish(length: length) { result in
+            switch result {
+            case .success(let sha256):
+                report(.completed(sha256: sha256, length: length, resumedFrom: resumedFrom))
+            case .failure(let error):
+                report(.failed(TransferFailure(error: error, retryable: true, countsAlways: true), bytesOnDisk: bytes))
+            }
         }
     }
 
+    private func stalledOutcome() -> TransferOutcome {
+        let url = self.request.url.redacted
+        return .failed(TransferFailure(
+            error: PackDeliveryError(.timedOut, message: "No data arrived from \(url) for \(Int(self.request.options.stallTimeout)) seconds.",
+                                     hint: "It is tried again; the partial download is kept.", subject: url),
+            retryable: true, countsAlways: true), bytesOnDisk: self.offset)
+    }
+
     /// How the attempt ended, from libcurl's result and what the callbacks saw; a complete file's digest
-    /// is filled in by ``complete(curlCode:report:)``.
+    /// is filled in by ``complete(curlCode:stalled:report:)``.
     private func outcome(curlCode: CURLcode) -> TransferOutcome {
         if let failure = self.writeFailure { return .failed(failure, bytesOnDisk: self.offset) }
         let url = self.request.url.redacted
         // A response with no body never reached the body callback: decide now.
-        let decision = self.decision ?? ResponseDecision.decide(
-            status: self.request.url.isFileURL ? 0 : self.easy.responseCode, contentRange: self.headers["content-range"],
-            offset: self.offset, expectedLength: self.request.expectedLength,
-            retryAfter: self.headers["retry-after"], url: url)
+        let decision = self.decision ?? (curlCode == CURLE_OK || self.status >= 400 ? ResponseDecision.decide(
+            status: self.request.url.isFileURL ? 0 : self.easy.responseCode, headers: .init(self.headers),
+            offset: self.offset, expectedLength: self.request.expectedLength, url: url) : .append)
         switch decision {
-        case .reject(let failure):
-            if failure.retryable, failure.error.httpStatus == 206 {
-                // A range we did not ask for: the partial is suspect, start over.
+        case .reject(let failure, let discardPartial):
+            if discardPartial {
                 ftruncate(self.fd, 0)
                 self.offset = 0
             }
-            return .failed(failure, bytesOnDisk: self.offset)
-        case .rangeNotSatisfiable:
-            if self.offset == self.request.expectedLength {
-                return .completed(sha256: "", length: self.offset, resumedFrom: self.resumedFrom)
-            }
-            ftruncate(self.fd, 0)
-            self.offset = 0
-            return .failed(TransferFailure(
-                error: PackDeliveryError(.httpStatus, message: "The server said the range is not satisfiable for \(url).", subject: url,
-                                         underlying: .init(.http, 416), httpStatus: 416),
-                retryable: true), bytesOnDisk: 0)
+            return .failed(self.withServerSaid(failure), bytesOnDisk: self.offset)
+        case .complete:
+            return .completed(sha256: "", length: self.offset, resumedFrom: self.resumedFrom)
         case .append, .restartFromZero:
             break
         }
@@ -221,26 +304,77 @@ final class CurlTransfer {
             return .completed(sha256: "", length: self.offset, resumedFrom: self.resumedFrom)
         }
         if curlCode == CURLE_OK {
+            if self.request.url.isFileURL {
+                return .failed(TransferFailure(error: PackDeliveryError(
+                    .lengthMismatch, message: "The file \(url) is \(self.offset) bytes long, but the manifest says \(self.request.expectedLength).",
+                    hint: "The manifest and the file disagree; one of them is out of date.", subject: url), retryable: false), bytesOnDisk: self.offset)
+            }
             return .failed(TransferFailure(
                 error: PackDeliveryError(.networkFailure, message: "The server ended \(url) after \(self.offset) of \(self.request.expectedLength) bytes.",
-                                         hint: "It will be resumed from there.", subject: url),
+                                         hint: "It is resumed from there.", subject: url),
                 retryable: true), bytesOnDisk: self.offset)
         }
-        let retryable: Bool = switch curlCode {
-        case CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT, CURLE_PARTIAL_FILE,
-             CURLE_OPERATION_TIMEDOUT, CURLE_SEND_ERROR, CURLE_RECV_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2,
-             CURLE_HTTP2_STREAM, CURLE_SSL_CONNECT_ERROR:
-            true
-        default:
-            false
+        return .failed(self.curlFailure(curlCode, url: url), bytesOnDisk: self.offset)
+    }
+
+    /// A libcurl failure, said in the words a person needs.
+    private func curlFailure(_ curlCode: CURLcode, url: String) -> TransferFailure {
+        let detail = self.easy.errorMessage(curlCode)
+        let underlying = PackDeliveryError.Underlying(.curl, Int(curlCode.rawValue))
+        func failure(_ code: PackDeliveryError.Code, _ message: String, retryable: Bool, countsAlways: Bool = false) -> TransferFailure {
+            TransferFailure(error: PackDeliveryError(code, message: message, hint: retryable ? "It is tried again; the partial download is kept." : nil,
+                                                     subject: url, underlying: underlying),
+                            retryable: retryable, countsAlways: countsAlways)
         }
-        let message = curlCode == CURLE_OPERATION_TIMEDOUT
-            ? "No data arrived from \(url) for \(Int(self.request.options.stallTimeout)) seconds (\(self.easy.errorMessage(curlCode)))."
-            : "The transfer of \(url) failed: \(self.easy.errorMessage(curlCode))."
-        return .failed(TransferFailure(
-            error: PackDeliveryError(Curl.errorCode(for: curlCode), message: message,
-                                     hint: "The partial download is kept; resume to continue.", subject: url, underlying: .init(.curl, Int(curlCode.rawValue))),
-            retryable: retryable), bytesOnDisk: self.offset)
+        switch curlCode {
+        case CURLE_OPERATION_TIMEDOUT:
+            if detail.lowercased().contains("low speed") || detail.lowercased().contains("less than") {
+                let options = self.request.options
+                return failure(.timedOut, "The transfer of \(url) was slower than \(options.effectiveLowSpeedLimit) bytes per second for \(Int(options.lowSpeedTime)) seconds.",
+                               retryable: true, countsAlways: true)
+            }
+            return failure(.timedOut, "The transfer of \(url) timed out (\(detail)).", retryable: true, countsAlways: true)
+        case CURLE_TOO_MANY_REDIRECTS:
+            return failure(.networkFailure, "The server redirected \(url) too many times (a redirect loop?).", retryable: false)
+        case CURLE_UNSUPPORTED_PROTOCOL:
+            return failure(.unsupportedURL, "\(url) was redirected to a URL that is not http or https (\(detail)).", retryable: false)
+        case CURLE_OUT_OF_MEMORY where self.headerBytes > 64 << 10 || detail.lowercased().contains("header"),
+             CURLE_RECV_ERROR where detail.lowercased().contains("header"):
+            return failure(.networkFailure, "The server sent a response header for \(url) larger than libcurl accepts (\(PackDeliveryError.printable(detail))).", retryable: false)
+        case CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT:
+            return failure(.networkUnreachable, "Could not reach the server of \(url): \(PackDeliveryError.printable(detail)).", retryable: true)
+        case CURLE_PARTIAL_FILE, CURLE_SEND_ERROR, CURLE_RECV_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2, CURLE_HTTP2_STREAM, CURLE_SSL_CONNECT_ERROR:
+            return failure(.networkFailure, "The transfer of \(url) failed: \(PackDeliveryError.printable(detail)).", retryable: true)
+        default:
+            return failure(Curl.errorCode(for: curlCode), "The transfer of \(url) failed: \(PackDeliveryError.printable(detail)).", retryable: false)
+        }
+    }
+
+    /// The failure with a short piece of the server's own error text (S3's `<Message>`, or its first line).
+    private func withServerSaid(_ failure: TransferFailure) -> TransferFailure {
+        guard let said = Self.excerpt(self.serverSaid) else { return failure }
+        var failure = failure
+        let error = failure.error
+        failure.error = PackDeliveryError(error.code, message: "\(error.message) The server said: “\(said)”.", hint: error.hint, subject: error.subject,
+                                          underlying: error.underlying, httpStatus: error.httpStatus)
+        return failure
+    }
+
+    /// A short, printable excerpt of an error body: the text of an XML `<Message>` element, else the first non-empty line.
+    static func excerpt(_ body: Data) -> String? {
+        let text = String(decoding: body, as: UTF8.self)
+        var candidate: Substring?
+        if let start = text.range(of: "<Message>"), let end = text.range(of: "</Message>", range: start.upperBound..<text.endIndex) {
+            candidate = text[start.upperBound..<end.lowerBound]
+        } else {
+            let stripped = text.replacingOccurrences(of: "<[^>]*>", with: " ", options: .regularExpression)
+            candidate = stripped.split(whereSeparator: \.isNewline).first { !$0.trimmingCharacters(in: .whitespaces).isEmpty }
+        }
+        guard let candidate else { return nil }
+        let line = candidate.trimmingCharacters(in: .whitespaces)
+        guard !line.isEmpty else { return nil }
+        let short = line.count > 120 ? String(line.prefix(117)) + "…" : line
+        return PackDeliveryError.printable(short)
     }
 
     /// The strong ETag, else Last-Modified: what If-Range may carry.

@@ -6,42 +6,81 @@ enum ResponseDecision: Equatable, Sendable {
     case append
     /// Discard the partial file and write the body from byte 0 (a 200: the range was ignored or the validator changed).
     case restartFromZero
-    /// The server says the range starts past its end: check the file on disk before deciding.
-    case rangeNotSatisfiable
-    /// Do not write the body; the attempt fails with this.
-    case reject(TransferFailure)
+    /// The file already holds the whole pack (a 416 for a range that starts at its end).
+    case complete
+    /// Do not write the body; the attempt fails with this. With `discardPartial`, the partial file is from
+    /// another version of the pack and is emptied.
+    case reject(TransferFailure, discardPartial: Bool)
+
+    /// The response headers a decision needs.
+    struct Headers: Equatable, Sendable {
+        var contentRange: String?
+        var contentLength: String?
+        var retryAfter: String?
+        var contentEncoding: String?
+
+        init(_ fields: [String: String]) {
+            self.contentRange = fields["content-range"]
+            self.contentLength = fields["content-length"]
+            self.retryAfter = fields["retry-after"]
+            self.contentEncoding = fields["content-encoding"]
+        }
+
+        init(contentRange: String? = nil, contentLength: String? = nil, retryAfter: String? = nil) {
+            self.contentRange = contentRange
+            self.contentLength = contentLength
+            self.retryAfter = retryAfter
+        }
+    }
 
     /// Decides for an HTTP response.
     /// - Parameters:
     ///   - status: the final response's status (after redirects); 0 for file:// URLs.
-    ///   - contentRange: the Content-Range header, if any.
+    ///   - headers: its Content-Range, Content-Length and Retry-After.
     ///   - offset: bytes already in the file (what was asked for with `Range: bytes=offset-`).
-    ///   - retryAfter: the Retry-After header, if any.
-    static func decide(status: Int, contentRange: String?, offset: Int64, expectedLength: Int64,
-                       retryAfter: String?, url: String, now: Date = Date()) -> ResponseDecision {
+    ///   - expectedLength: the manifest's `contentLength`.
+    ///   - url: the URL without credentials, for messages.
+    static func decide(status: Int, headers: Headers, offset: Int64, expectedLength: Int64, url: String, now: Date = Date()) -> ResponseDecision {
         switch status {
         case 0:
-            // file:// has no status; libcurl honours the range for it.
+            // file:// has no status; libcurl honours the range for it. Its length is checked at the end.
             return .append
         case 200:
+            if headers.contentEncoding == nil, let length = headers.contentLength.flatMap({ Int64($0.trimmingCharacters(in: .whitespaces)) }),
+               length != expectedLength {
+                return .reject(Self.lengthMismatch(serverLength: length, expectedLength: expectedLength, url: url), discardPartial: false)
+            }
             return .restartFromZero
         case 206:
-            guard let range = ContentRange(contentRange), range.start == offset,
-                  range.total == nil || range.total == expectedLength
-            else {
-                return .reject(TransferFailure(
-                    error: PackDeliveryError(.networkFailure, message: "The server answered bytes '\(PackDeliveryError.printable(contentRange ?? "(none)"))' for a request from byte \(offset) of \(url).",
-                                             hint: "It will be fetched again from the start.", subject: url, underlying: .init(.http, 206), httpStatus: 206),
-                    retryable: true))
+            guard let range = ContentRange(headers.contentRange) else {
+                return .reject(Self.unexpectedRange(headers.contentRange, offset: offset, url: url), discardPartial: true)
+            }
+            if let total = range.total, total != expectedLength {
+                // The file on the server has another length now: what we hold is from another version.
+                return .reject(Self.lengthMismatch(serverLength: total, expectedLength: expectedLength, url: url), discardPartial: true)
+            }
+            guard range.start == offset else {
+                return .reject(Self.unexpectedRange(headers.contentRange, offset: offset, url: url), discardPartial: true)
             }
             return .append
         case 416:
-            return .rangeNotSatisfiable
-        case 408, 429, 500...599:
+            // RFC 9110: a 416 should say the file's length as `bytes */LENGTH`.
+            let total = ContentRange.unsatisfiedTotal(headers.contentRange)
+            if let total, total != expectedLength {
+                return .reject(Self.lengthMismatch(serverLength: total, expectedLength: expectedLength, url: url), discardPartial: true)
+            }
+            if offset == expectedLength { return .complete }
             return .reject(TransferFailure(
-                error: PackDeliveryError(.httpStatus, message: "The server answered \(status) for \(url).",
-                                         hint: "Try again later; the partial download is kept.", subject: url, underlying: .init(.http, status), httpStatus: status),
-                retryable: true, retryAfter: Self.retryAfterSeconds(retryAfter, now: now)))
+                error: PackDeliveryError(.httpStatus, message: "The server said the range from byte \(offset) is not satisfiable for \(url).", subject: url,
+                                         underlying: .init(.http, 416), httpStatus: 416),
+                retryable: true, countsAlways: true), discardPartial: true)
+        case 408, 429, 500...599:
+            let retryAfter = Self.retryAfterSeconds(headers.retryAfter, now: now)
+            let wait = retryAfter.map { " and asked to wait \(Self.duration($0))" } ?? ""
+            return .reject(TransferFailure(
+                error: PackDeliveryError(.httpStatus, message: "The server answered \(status)\(wait) for \(url).",
+                                         hint: "It is tried again; the partial download is kept.", subject: url, underlying: .init(.http, status), httpStatus: status),
+                retryable: true, retryAfter: retryAfter), discardPartial: false)
         default:
             let hint = switch status {
             case 401, 403: "The server refused the credentials sent with the request."
@@ -52,20 +91,47 @@ enum ResponseDecision: Equatable, Sendable {
                 error: PackDeliveryError(status == 401 || status == 403 ? .unauthorized : .httpStatus,
                                          message: "The server answered \(status) for \(url).", hint: hint, subject: url,
                                          underlying: .init(.http, status), httpStatus: status),
-                retryable: false))
+                retryable: false), discardPartial: false)
         }
+    }
+
+    /// The server's file is not as long as the manifest says: tried again (the server may be mid-deployment),
+    /// but every attempt counts.
+    static func lengthMismatch(serverLength: Int64, expectedLength: Int64, url: String) -> TransferFailure {
+        let difference = serverLength - expectedLength
+        let how = difference < 0 ? "\(-difference) byte\(difference == -1 ? "" : "s") shorter" : "\(difference) byte\(difference == 1 ? "" : "s") longer"
+        return TransferFailure(
+            error: PackDeliveryError(.lengthMismatch,
+                                     message: "The server's file \(url) is \(how) than the manifest says (\(serverLength) bytes, not \(expectedLength)).",
+                                     hint: "The manifest and the server disagree; one of them is out of date.", subject: url),
+            retryable: true, countsAlways: true)
+    }
+
+    private static func unexpectedRange(_ contentRange: String?, offset: Int64, url: String) -> TransferFailure {
+        TransferFailure(
+            error: PackDeliveryError(.networkFailure,
+                                     message: "The server answered bytes '\(PackDeliveryError.printable(String((contentRange ?? "(none)").prefix(100))))' for a request from byte \(offset) of \(url).",
+                                     hint: "It will be fetched again from the start.", subject: url, underlying: .init(.http, 206), httpStatus: 206),
+            retryable: true, countsAlways: true)
     }
 
     /// Retry-After in seconds: either delta-seconds or an HTTP date.
     static func retryAfterSeconds(_ value: String?, now: Date) -> TimeInterval? {
         guard let value = value?.trimmingCharacters(in: .whitespaces), !value.isEmpty else { return nil }
-        if let seconds = TimeInterval(value) { return max(0, seconds) }
+        if let seconds = TimeInterval(value), seconds.isFinite { return max(0, seconds) }
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.timeZone = TimeZone(identifier: "GMT")
         formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
         guard let date = formatter.date(from: value) else { return nil }
         return max(0, date.timeIntervalSince(now))
+    }
+
+    static func duration(_ seconds: TimeInterval) -> String {
+        let whole = Int(seconds.rounded())
+        if whole < 120 { return "\(whole) s" }
+        if whole < 7200 { return "\(whole / 60) min" }
+        return "\(whole / 3600) h"
     }
 }
 
@@ -81,12 +147,18 @@ struct ContentRange: Equatable, Sendable {
         let parts = spec.split(separator: "/", maxSplits: 1)
         guard parts.count == 2 else { return nil }
         let bounds = parts[0].split(separator: "-", maxSplits: 1)
-        guard bounds.count == 2, let start = Int64(bounds[0]), let end = Int64(bounds[1]), start <= end else { return nil }
+        guard bounds.count == 2, let start = Int64(bounds[0]), let end = Int64(bounds[1]), start >= 0, start <= end else { return nil }
         self.start = start
         self.end = end
         if parts[1] == "*" { self.total = nil } else {
             guard let total = Int64(parts[1]), total > end else { return nil }
             self.total = total
         }
+    }
+
+    /// The length in a 416's `Content-Range: bytes */LENGTH`, if any.
+    static func unsatisfiedTotal(_ header: String?) -> Int64? {
+        guard let header = header?.trimmingCharacters(in: .whitespaces).lowercased(), header.hasPrefix("bytes */") else { return nil }
+        return Int64(header.dropFirst(8))
     }
 }

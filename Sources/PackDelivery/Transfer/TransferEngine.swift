@@ -84,14 +84,14 @@ private final class TransferLoop {
                     self.start(request)
                 case .stop(let id):
                     if let (easy, transfer) = self.transfers.first(where: { $0.value.request.id == id }) {
-                        transfer.cancelHashing()
                         self.remove(easy)
+                        transfer.stop()
                         self.onEvent(.finished(id: id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
                 case .shutdown:
                     for (easy, transfer) in self.transfers {
-                        transfer.cancelHashing()
                         self.remove(easy)
+                        transfer.stop()
                         self.onEvent(.finished(id: transfer.request.id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
                     return
@@ -105,13 +105,24 @@ private final class TransferLoop {
                       let transfer = self.transfers[easy] else { continue }
                 let result = message.pointee.data.result
                 self.remove(easy)
-                let (id, logger, onEvent) = (transfer.request.id, self.logger, self.onEvent)
-                transfer.complete(curlCode: result) { outcome in
-                    logger.debug("transfer ended", metadata: ["download": "\(id)", "outcome": "\(outcome)"])
-                    onEvent(.finished(id: id, outcome: outcome))
-                }
+                self.complete(transfer, curlCode: result, stalled: false)
+            }
+            // No byte at all (not even a header) for the stall timeout: stop it here; libcurl's low-speed
+            // limit only catches transfers that are slow on average.
+            let now = Date()
+            for (easy, transfer) in self.transfers where now.timeIntervalSince(transfer.lastActivity) > transfer.request.options.stallTimeout {
+                self.remove(easy)
+                self.complete(transfer, curlCode: CURLE_OPERATION_TIMEDOUT, stalled: true)
             }
             curl_multi_poll(self.multi, nil, 0, 1000, nil)
+        }
+    }
+
+    private func complete(_ transfer: CurlTransfer, curlCode: CURLcode, stalled: Bool) {
+        let (id, logger, onEvent) = (transfer.request.id, self.logger, self.onEvent)
+        transfer.complete(curlCode: curlCode, stalled: stalled) { outcome in
+            logger.debug("transfer ended", metadata: ["download": "\(id)", "outcome": "\(outcome)"])
+            onEvent(.finished(id: id, outcome: outcome))
         }
     }
 
@@ -120,10 +131,20 @@ private final class TransferLoop {
             let transfer = try CurlTransfer(request: request, onEvent: self.onEvent)
             let easy = transfer.easy.handle
             self.transfers[easy] = transfer
-            curl_multi_add_handle(self.multi, easy)
-            self.logger.debug("transfer started", metadata: ["download": "\(request.id)", "offset": "\(transfer.offset)", "url": "\(request.url)"])
+            let code = curl_multi_add_handle(self.multi, easy)
+            guard code == CURLM_OK else {
+                self.transfers[easy] = nil
+                transfer.cancelHashing()
+                let error = PackDeliveryError(.internalError, message: "libcurl could not start the transfer of \(request.url.redacted): \(String(cString: curl_multi_strerror(code))).",
+                                              subject: request.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
+                self.onEvent(.finished(id: request.id, outcome: .failed(TransferFailure(error: error, retryable: true, countsAlways: true), bytesOnDisk: transfer.offset)))
+                return
+            }
+            self.logger.debug("transfer started", metadata: ["download": "\(request.id)", "offset": "\(transfer.offset)", "url": "\(request.url.redacted)"])
         } catch {
-            self.onEvent(.finished(id: request.id, outcome: .failed(TransferFailure(error: error, retryable: false), bytesOnDisk: 0)))
+            // A local failure (no descriptor left, a file that cannot be opened) may pass: retried, then failed naming it.
+            let failure = TransferFailure(error: error, retryable: error.kind == .io, countsAlways: true)
+            self.onEvent(.finished(id: request.id, outcome: .failed(failure, bytesOnDisk: 0)))
         }
     }
 

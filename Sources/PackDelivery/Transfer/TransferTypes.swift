@@ -8,6 +8,12 @@ public struct TransferOptions: Sendable, Hashable {
     public var connectTimeout: TimeInterval
     /// Seconds without a single byte before a transfer counts as stalled and is retried.
     public var stallTimeout: TimeInterval
+    /// Bytes per second below which a transfer counts as too slow (averaged over ``lowSpeedTime``) and is
+    /// retried; such retries always count against the limit. 0 turns the check off. Kept below half of
+    /// ``maxBytesPerSecond`` when that is set.
+    public var lowSpeedLimit: Int64
+    /// Seconds over which ``lowSpeedLimit`` is measured.
+    public var lowSpeedTime: TimeInterval
     /// Extra request headers, as `Name: value` lines (for example `Authorization: Bearer …`).
     public var headers: [String]
     /// Whether TLS certificates are verified (on by default; turn off only for tests).
@@ -21,13 +27,26 @@ public struct TransferOptions: Sendable, Hashable {
     ///   - stallTimeout: seconds without a byte before a transfer is retried.
     ///   - headers: extra request headers, as `Name: value` lines.
     ///   - verifyTLS: whether to verify TLS certificates.
+    ///   - lowSpeedLimit: bytes per second below which a transfer is too slow; 0 for no limit.
+    ///   - lowSpeedTime: seconds over which the low-speed limit is measured.
     public init(maxBytesPerSecond: Int64? = nil, connectTimeout: TimeInterval = 30, stallTimeout: TimeInterval = 30,
+                lowSpeedLimit: Int64 = 1024, lowSpeedTime: TimeInterval = 60,
                 headers: [String] = [], verifyTLS: Bool = true) {
         self.maxBytesPerSecond = maxBytesPerSecond
         self.connectTimeout = connectTimeout
         self.stallTimeout = stallTimeout
+        self.lowSpeedLimit = max(0, lowSpeedLimit)
+        self.lowSpeedTime = max(1, lowSpeedTime)
         self.headers = headers
         self.verifyTLS = verifyTLS
+    }
+}
+
+extension TransferOptions {
+    /// The low-speed limit in force: below half of the rate limit, so a throttled transfer never trips it.
+    var effectiveLowSpeedLimit: Int64 {
+        guard let rate = self.maxBytesPerSecond else { return self.lowSpeedLimit }
+        return min(self.lowSpeedLimit, rate / 2)
     }
 }
 
@@ -61,7 +80,7 @@ enum TransferOutcome: Sendable, Hashable {
     /// The file holds `length` bytes whose SHA-256 is `sha256`.
     case completed(sha256: String, length: Int64, resumedFrom: Int64)
     case failed(TransferFailure, bytesOnDisk: Int64)
-    /// Stopped on request (pause or cancel).
+    /// Stopped on request (pause or cancel); the bytes kept were synced to disk.
     case stopped(bytesOnDisk: Int64)
 }
 
@@ -69,5 +88,7 @@ enum TransferOutcome: Sendable, Hashable {
 enum TransferEvent: Sendable {
     /// Bytes on disk and known good so far (throttled to about 10 a second), and the response's validator.
     case progress(id: String, bytesOnDisk: Int64, validator: String?)
+    /// The first `bytes` of the partial file were synced to disk (from the hash thread).
+    case durable(id: String, bytes: Int64)
     case finished(id: String, outcome: TransferOutcome)
 }
