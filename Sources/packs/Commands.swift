@@ -57,8 +57,10 @@ extension Packs {
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
-                    try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,
-                                  destination: self.to, autoFinish: !self.noFinish, force: self.force).flatMap(\.downloads).map(\.id)
+                    let transactions = try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,
+                                                     destination: self.to, autoFinish: !self.noFinish, force: self.force)
+                    return RunSession.Follow(downloads: transactions.flatMap(\.downloads),
+                                             finishing: self.noFinish ? [] : Set(transactions.map(\.id)))
                 }
             }
             if code != 0 { throw ExitCode(code) }
@@ -117,16 +119,17 @@ extension Packs {
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
-                return try await session.run(finishingAll: self.ids.isEmpty) { () throws(PackDeliveryError) in
-                    let resumed = try queue.resume(self.ids.isEmpty ? nil : self.ids)
+                return try await session.run { () throws(PackDeliveryError) in
+                    let resumed = Set(try queue.resume(self.ids.isEmpty ? nil : self.ids))
+                    let downloads = try queue.transactions().flatMap(\.downloads)
                     if !self.global.quiet {
-                        let states = Dictionary(try queue.transactions().flatMap(\.downloads).map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
+                        let states = Dictionary(downloads.map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
                         for id in self.ids where !resumed.contains(id) {
                             let why = states[id].map { $0.isSettled ? "is \($0.rawValue)" : "is being run by another packs process" } ?? "is not in an open transaction"
-                            printError("packs: \(id) \(why); nothing to resume.")
+                            printError("packs: \(PackDeliveryError.printable(id)) \(why); nothing to resume.")
                         }
                     }
-                    return resumed
+                    return RunSession.Follow(downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty)
                 }
             }
             if code != 0 { throw ExitCode(code) }
@@ -287,8 +290,9 @@ extension Packs {
                 if self.repair, results.contains(where: { !$0.isIntact }) {
                     self.report(results, final: false)
                     let session = RunSession(queue: queue, global: self.global)
-                    let code = try await session.run(finishingAll: false) { () throws(PackDeliveryError) in
-                        try queue.repair(productIDs: ids).flatMap(\.downloads).filter { !$0.state.isSettled }.map(\.id)
+                    let code = try await session.run { () throws(PackDeliveryError) in
+                        let transactions = try queue.repair(productIDs: ids)
+                        return RunSession.Follow(downloads: transactions.flatMap(\.downloads), finishing: Set(transactions.map(\.id)))
                     }
                     if code != 0 { return code }
                     results = try queue.verify(productIDs: ids)

@@ -55,11 +55,17 @@ final class ProgressDisplay {
         }
     }
 
-    func finished(_ transaction: Transaction) {
+    /// Transactions were finished.
+    func finished(_ transactions: [Transaction]) {
         switch self.mode {
         case .quiet: return
-        case .json: printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction)))
-        case .plain, .terminal: printLine("finished transaction \(transaction.id) (\(transaction.productIdentifier))")
+        case .json: for transaction in transactions { printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction))) }
+        case .plain, .terminal:
+            if transactions.count == 1, let transaction = transactions.first {
+                printLine("finished transaction \(transaction.id) (\(transaction.productIdentifier))")
+            } else {
+                printLine("finished \(transactions.count) transactions")
+            }
         }
     }
 

@@ -5,19 +5,29 @@ import Synchronization
 /// Runs downloads to the end for `fetch`, `resume`, `verify --repair` and `demo`: shows progress, handles
 /// Ctrl-C, SIGTERM, SIGHUP and a closed output pipe, finishes the transactions that asked for it, and
 /// decides the exit code.
+///
+/// It keeps, whatever the number of downloads, only what it needs: the ids still running, a count of
+/// unsettled downloads per transaction, and the downloads that ended other than finished.
 struct RunSession {
     let queue: DownloadQueue
     let global: GlobalOptions
 
+    /// What a run follows: its downloads, and which transactions to finish once their downloads settle.
+    struct Follow {
+        var downloads: [Download]
+        /// Transactions to finish when all their followed downloads are finished or cancelled.
+        var finishing: Set<String> = []
+        /// Also finish every other open transaction that asked for it (`resume`: a fetch killed after its
+        /// last download finished still gets finished).
+        var finishingAllFinishable = false
+    }
+
     /// Signals that stop a run: each pauses the downloads, saves them and exits 130 with one line.
     static let stopSignals = [SIGINT, SIGTERM, SIGHUP, SIGPIPE]
 
-    /// - Parameters:
-    ///   - finishingAll: finish every auto-finishing transaction that is finishable, not only those of the followed downloads
-    ///     (`resume`: a fetch killed after its last download finished still gets finished).
-    ///   - start: starts the downloads and returns the ids to follow.
+    /// - Parameter start: starts the downloads and says what to follow.
     /// - Returns: the exit code (0, 65, 69, 74, 75, 77 or 130); a stderr line has been printed for non-zero.
-    func run(finishingAll: Bool = false, _ start: () throws(PackDeliveryError) -> [String]) async throws(PackDeliveryError) -> Int32 {
+    func run(_ start: () throws(PackDeliveryError) -> Follow) async throws(PackDeliveryError) -> Int32 {
         let events = self.queue.events()
         let interrupted = Atomic<Bool>(false)
         let queue = self.queue
@@ -34,20 +44,27 @@ struct RunSession {
         defer { signals.forEach { $0.cancel() } }
 
         let display = ProgressDisplay(mode: .init(global: self.global))
-        let watched = Set(try start())
-        var latest: [String: Download] = [:]
-        latest.reserveCapacity(watched.count)
-        for transaction in try self.queue.transactions() {
-            for download in transaction.downloads where watched.contains(download.id) { latest[download.id] = download }
+        let follow = try start()
+        var transactionOf: [String: String] = [:]
+        var running = Set<String>()
+        var unsettled = Set<String>()
+        /// Downloads that ended failed, paused or cancelled, by id (running and finished ones are not kept).
+        var notFinished: [String: Download] = [:]
+        transactionOf.reserveCapacity(follow.downloads.count)
+        func record(_ download: Download) {
+            if download.state.isRunning { running.insert(download.id) } else { running.remove(download.id) }
+            if download.state.isSettled { unsettled.remove(download.id) } else { unsettled.insert(download.id) }
+            if download.state == .finished || download.state.isRunning { notFinished[download.id] = nil } else { notFinished[download.id] = download }
         }
-        // Downloads still running: counted as they settle, so the wait costs nothing per event whatever their number.
-        var running = Set(watched.filter { latest[$0]?.state.isRunning ?? false })
+        for download in follow.downloads {
+            transactionOf[download.id] = download.transactionID
+            record(download)
+        }
         if !running.isEmpty {
             for await event in events {
                 display.show(event)
-                if case .downloadUpdated(let download) = event, watched.contains(download.id) {
-                    latest[download.id] = download
-                    if download.state.isRunning { running.insert(download.id) } else { running.remove(download.id) }
+                if case .downloadUpdated(let download) = event, transactionOf[download.id] != nil {
+                    record(download)
                     if running.isEmpty { break }
                 }
                 if Output.broken.load(ordering: .relaxed), !interrupted.exchange(true, ordering: .relaxed) {
@@ -59,33 +76,32 @@ struct RunSession {
         display.end()
 
         // Finish what asked to be finished once its content is installed, in one durable write.
-        let finishable = try self.queue.transactions().filter { transaction in
-            transaction.autoFinish && transaction.isFinishable
-                && (finishingAll || transaction.downloads.contains(where: { watched.contains($0.id) }))
-        }
-        if !finishable.isEmpty {
-            try self.queue.finish(finishable.map(\.id))
-            for var transaction in finishable {
-                transaction.finishedAt = Date()
-                display.finished(transaction)
+        let blocked = Set(unsettled.compactMap { transactionOf[$0] })
+        var finishable = follow.finishing.subtracting(blocked)
+        if follow.finishingAllFinishable {
+            for transaction in try self.queue.transactions() where transaction.autoFinish && transaction.isFinishable {
+                finishable.insert(transaction.id)
             }
         }
+        if !finishable.isEmpty {
+            display.finished(try self.queue.finish(finishable.sorted()))
+        }
 
-        let downloads = watched.compactMap { latest[$0] }.sorted { $0.id < $1.id }
+        let leftOver = notFinished.values.sorted { $0.id < $1.id }
         if interrupted.load(ordering: .relaxed) {
-            let paused = downloads.filter { $0.state == .paused }.map(\.id)
+            let paused = leftOver.filter { $0.state == .paused }.map(\.id)
             let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
             printError("packs: Interrupted; the downloads are paused with their data kept. Run packs resume\(paused.isEmpty ? "" : " " + shown) to continue.")
             return ExitStatus.interrupted
         }
-        let failed = downloads.filter { $0.state == .failed }
+        let failed = leftOver.filter { $0.state == .failed }
         if let first = failed.first {
             let error = first.error ?? PackDeliveryError(.internalError, message: "The download \(first.id) failed for no recorded reason.")
             let more = failed.count > 1 ? " (and \(failed.count - 1) more failed downloads; see packs status)" : ""
             printError(ExitStatus.line(for: error, download: first) + more)
             return ExitStatus.code(for: error)
         }
-        if let paused = downloads.first(where: { $0.state == .paused }) {
+        if let paused = leftOver.first(where: { $0.state == .paused }) {
             if let error = paused.error {
                 printError(ExitStatus.line(for: error, download: paused))
                 return ExitStatus.code(for: error) == ExitStatus.noPermission ? ExitStatus.noPermission : ExitStatus.resumable

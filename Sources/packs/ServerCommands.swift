@@ -120,9 +120,8 @@ extension Packs {
                 let queue = try DownloadQueue(home: home, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false),
                                               logger: self.global.logger)
                 let code = try await RunSession(queue: queue, global: self.global).run { () throws(PackDeliveryError) in
-                    try manifest.products.map { product throws(PackDeliveryError) in
-                        try queue.add(product: product.productIdentifier, from: loaded, autoFinish: true, force: true)
-                    }.flatMap(\.downloads).map(\.id)
+                    let transactions = try queue.add(products: manifest.products.map(\.productIdentifier), from: loaded, autoFinish: true, force: true)
+                    return RunSession.Follow(downloads: transactions.flatMap(\.downloads), finishing: Set(transactions.map(\.id)))
                 }
                 if code == 0 && !self.global.quiet && !self.global.json {
                     printLine("\nContent landed in:")

@@ -4,6 +4,7 @@ import Synchronization
 import Testing
 
 @testable import PackDelivery
+import CArchive
 
 #if canImport(Glibc)
 import Glibc
@@ -798,4 +799,54 @@ struct UnpackToolError: Error, CustomStringConvertible {
     var status: Int32
     var message: String
     var description: String { "\(self.command) exited with \(self.status): \(self.message)" }
+}
+
+/// Issue 19, item 14: libarchive's reading is bounded and cancellable inside one call.
+@Suite struct ArchiveReaderBoundsTests {
+    /// A tar.gz whose first file holds 32 MiB of a repeating pattern (a few hundred KiB compressed), then a second file.
+    static func pack() throws -> URL {
+        let folder = try Fixtures.temporaryDirectory("archive-bounds")
+        let url = folder.appending(path: "pack.tar.gz")
+        let result = try Fixtures.run("python3", ["-c", """
+            import gzip, io, sys, tarfile
+            raw = io.BytesIO()
+            with tarfile.open(fileobj=raw, mode="w") as tar:
+                data = b"abcdefgh" * (4 << 20)
+                info = tarfile.TarInfo("big.bin"); info.size = len(data); tar.addfile(info, io.BytesIO(data))
+                info = tarfile.TarInfo("small.txt"); info.size = 1; tar.addfile(info, io.BytesIO(b"x"))
+            open(sys.argv[1], "wb").write(gzip.compress(raw.getvalue(), 9))
+            """, url.path])
+        guard result.status == 0 else { throw FixtureError("python3: \(result.stderr)") }
+        return url
+    }
+
+    @Test func decompressedBytesThatLibarchiveSkipsAreBoundedToo() throws {
+        let reader = try ArchiveReader(try Self.pack(), maxDecompressed: 1000)
+        var entry: OpaquePointer?
+        #expect(archive_read_next_header(reader.reader, &entry) == ARCHIVE_OK)
+        // Moving to the next header skips 32 MiB of data inside one libarchive call; the refills stop it.
+        #expect(archive_read_next_header(reader.reader, &entry) == ARCHIVE_FATAL)
+        let error = reader.error(nil)
+        #expect(error.code == .unpackLimitExceeded && error.message.contains("decompressed"), "\(error)")
+    }
+
+    @Test func cancellingStopsInsideOneLibarchiveCall() throws {
+        final class Flag: @unchecked Sendable { var set = false }  // one thread: the test's own
+        let flag = Flag()
+        let reader = try ArchiveReader(try Self.pack(), maxDecompressed: .max, isCancelled: { flag.set })
+        var entry: OpaquePointer?
+        #expect(archive_read_next_header(reader.reader, &entry) == ARCHIVE_OK)
+        flag.set = true
+        #expect(archive_read_next_header(reader.reader, &entry) == ARCHIVE_FATAL)
+        #expect(reader.error(nil).code == .cancelled)
+    }
+
+    @Test func theFilterIsChosenFromTheMagicBytesOnly() {
+        #expect(ArchiveReader.filter(forMagic: [0x1F, 0x8B, 8, 0])?.name == "gzip")
+        #expect(ArchiveReader.filter(forMagic: Array("BZh9".utf8))?.name == "bzip2")
+        #expect(ArchiveReader.filter(forMagic: [0xFD, 0x37, 0x7A, 0x58, 0x5A, 0x00])?.name == "xz")
+        #expect(ArchiveReader.filter(forMagic: [0x28, 0xB5, 0x2F, 0xFD])?.name == "zstd")
+        #expect(ArchiveReader.filter(forMagic: Array("PK\u{3}\u{4}".utf8)) == nil)
+        #expect(ArchiveReader.filter(forMagic: []) == nil)
+    }
 }

@@ -30,6 +30,17 @@ public enum Fault: Sendable, Hashable {
     case status(Int, times: Int, retryAfter: Int?)
     /// The body paced at about this many bytes per second (20 slices a second).
     case slow(bytesPerSecond: Int)
+    /// Every request: `302 Found` with `Location` set to this URL (any scheme: `ftp://…`, `file:///…`, or the
+    /// same route for a redirect loop).
+    case redirect(to: String)
+    /// Every request: a 200 whose head carries one extra header line of this many bytes, then the file.
+    case hugeHeader(bytes: Int)
+    /// Every request: this status with an S3-style XML error body whose `<Message>` is "Request has expired".
+    case errorBody(status: Int)
+    /// Range requests get a 206 whose Content-Range starts 1 byte after where they asked (and that body).
+    case wrongRangeStart
+    /// The request is read and nothing is ever answered; the connection is held open.
+    case silent
 }
 
 /// An HTTP/1.1 server on POSIX sockets that serves the files of one folder and misbehaves at the
@@ -155,6 +166,11 @@ extension Fault {
         case .stallOnce(let bytes): return ["stall-once", "\(bytes)"]
         case .status(let code, let times, let retryAfter): return ["status", "\(code)", "\(times)", retryAfter.map { "\($0)" } ?? "-"]
         case .slow(let rate): return ["slow", "\(rate)"]
+        case .redirect(let location): return ["redirect", Array(location.utf8).map { String(format: "%02x", $0) }.joined()]
+        case .hugeHeader(let bytes): return ["huge-header", "\(bytes)"]
+        case .errorBody(let status): return ["error-body", "\(status)"]
+        case .wrongRangeStart: return ["wrong-range"]
+        case .silent: return ["silent"]
         }
     }
 
@@ -172,6 +188,21 @@ extension Fault {
         case "truncate-once": return number(0).map { (.truncateOnce(afterBytes: $0), 2) }
         case "stall-once": return number(0).map { (.stallOnce(afterBytes: $0), 2) }
         case "slow": return number(0).flatMap { $0 > 0 ? (.slow(bytesPerSecond: $0), 2) : nil }
+        case "redirect":
+            guard let hex = segments.dropFirst().first, hex.count % 2 == 0 else { return nil }
+            var bytes: [UInt8] = []
+            var index = hex.startIndex
+            while index < hex.endIndex {
+                let next = hex.index(index, offsetBy: 2)
+                guard let byte = UInt8(hex[index..<next], radix: 16) else { return nil }
+                bytes.append(byte)
+                index = next
+            }
+            return (.redirect(to: String(decoding: bytes, as: UTF8.self)), 2)
+        case "huge-header": return number(0).map { (.hugeHeader(bytes: $0), 2) }
+        case "error-body": return number(0).map { (.errorBody(status: $0), 2) }
+        case "wrong-range": return (.wrongRangeStart, 1)
+        case "silent": return (.silent, 1)
         case "status":
             guard let code = number(0), let times = number(1), segments.count >= 4 else { return nil }
             return (.status(code, times: times, retryAfter: number(2)), 4)
@@ -381,6 +412,23 @@ final class FaultServerCore: Sendable {
             return state.routeHits[path]!
         }
 
+        switch fault {
+        case .redirect(let location):
+            return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: 302, extra: ["Location": location])
+        case .errorBody(let code):
+            _ = self.record(request, path: path, fault: fault, file: file, status: code)
+            let body = #"<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"#
+            _ = self.sendHead(fd, status: code, headers: [("Content-Type", "application/xml"), ("Content-Length", "\(body.utf8.count)")])
+            _ = Array(body.utf8).withUnsafeBytes { self.sendAll(fd, $0) }
+            return .graceful
+        case .silent:
+            _ = self.record(request, path: path, fault: fault, file: file, status: 0)
+            self.waitForClientClose(fd, timeout: nil)
+            return .graceful
+        default:
+            break
+        }
+
         if case .status(let code, let times, let retryAfter) = fault, hit <= times {
             return self.respondEmpty(
                 fd, request, path: path, fault: fault, file: file, status: code,
@@ -426,7 +474,8 @@ final class FaultServerCore: Sendable {
             }
             if conditionHolds {
                 switch parseRange(range, size: size) {
-                case .satisfiable(let lower, let upper):
+                case .satisfiable(var lower, let upper):
+                    if fault == .wrongRangeStart, lower + 1 <= upper { lower += 1 }
                     status = 206
                     offset = lower
                     length = upper - lower + 1
@@ -442,6 +491,9 @@ final class FaultServerCore: Sendable {
             }
         }
         headers.append(("Content-Length", "\(length)"))
+        if case .hugeHeader(let bytes) = fault {
+            headers.append(("X-Padding", String(repeating: "a", count: bytes)))
+        }
 
         let index = self.record(request, path: path, fault: fault, file: file, status: status)
         guard self.sendHead(fd, status: status, headers: headers) else { return .graceful }

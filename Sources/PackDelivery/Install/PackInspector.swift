@@ -9,34 +9,39 @@ enum PackInspector {
         var unpackedLength: Int64
     }
 
+    /// The most decompressed bytes an inspection reads (a manifest describes packs it is given, not bombs).
+    static let maxDecompressed: Int64 = 1 << 40
+
     static func inspect(_ archive: URL) throws(PackDeliveryError) -> Summary {
-        guard let reader = archive_read_new() else { throw PackDeliveryError.io("start reading the pack", path: archive.path, errno: ENOMEM) }
-        defer { archive_read_free(reader) }
-        if let name = Unpacker.enablePackFormats(reader) {
-            throw .corruptArchive("libarchive cannot read \(name)")
-        }
-        guard archive_read_open_filename(reader, archive.path, 1 << 16) == ARCHIVE_OK else {
-            throw .corruptArchive(String(cString: archive_error_string(reader)), code: Int(archive_errno(reader)))
-        }
+        let locale = ArchiveThreadLocale.useUTF8()
+        defer { locale.restore() }
+        let source = try ArchiveReader(archive, maxDecompressed: Self.maxDecompressed)
+        let reader = source.reader
         var summary = Summary(contentInfo: nil, unpackedLength: 0)
         var entry: OpaquePointer?
+        var entries = 0
         while true {
             let status = archive_read_next_header(reader, &entry)
             if status == ARCHIVE_EOF { break }
             guard status == ARCHIVE_OK || status == ARCHIVE_WARN, let entry else {
-                throw .corruptArchive(String(cString: archive_error_string(reader)), code: Int(archive_errno(reader)))
+                throw source.error(nil)
             }
-            let path = String(cString: archive_entry_pathname(entry)).replacingOccurrences(of: "^\\./", with: "", options: .regularExpression)
+            entries += 1
+            // A name with no valid encoding has no C string: it is not ContentInfo.plist, whatever it is.
+            let raw = archive_entry_pathname(entry) ?? archive_entry_pathname_utf8(entry)
+            let path = raw.map { String(cString: $0) }.map { $0.hasPrefix("./") ? String($0.dropFirst(2)) : $0 } ?? ""
             guard UInt32(archive_entry_filetype(entry)) & 0o170000 == 0o100000 else { continue }
-            summary.unpackedLength += archive_entry_size(entry)
+            let (sum, overflow) = summary.unpackedLength.addingReportingOverflow(max(0, archive_entry_size(entry)))
+            summary.unpackedLength = overflow ? .max : sum
             if path == "ContentInfo.plist" {
                 var data = Data()
                 var buffer = [UInt8](repeating: 0, count: 64 << 10)
                 while true {
                     let count = archive_read_data(reader, &buffer, buffer.count)
-                    if count < 0 { throw .corruptArchive(String(cString: archive_error_string(reader)), entry: path) }
+                    if count < 0 { throw source.error(path) }
                     if count == 0 { break }
                     data.append(contentsOf: buffer[0..<count])
+                    if data.count > 1 << 20 { break }
                 }
                 summary.contentInfo = try? PropertyListDecoder().decode(ContentInfo.self, from: data)
                 if summary.contentInfo == nil {
@@ -44,6 +49,9 @@ enum PackInspector {
                                             hint: "Rebuild the pack with a ContentInfo.plist that names its product and version.", subject: archive.path)
                 }
             }
+        }
+        if entries == 0 {
+            throw PackDeliveryError(.emptyPack, message: "\(archive.lastPathComponent) holds no files at all.", hint: "Rebuild the pack.", subject: archive.path)
         }
         return summary
     }

@@ -77,31 +77,12 @@ enum Unpacker {
     ///   `isCancelled` returned true. What was written so far stays in `staging`.
     static func unpack(
         archive: URL, into staging: URL, limits: UnpackLimits,
-        progress: (Int64) -> Void = { _ in }, isCancelled: () -> Bool = { false }, writer: any FileWriting = SystemFileWriter()
+        progress: (Int64) -> Void = { _ in }, isCancelled: @escaping () -> Bool = { false }, writer: any FileWriting = SystemFileWriter()
     ) throws(PackDeliveryError) -> UnpackSummary {
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
-        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer)
+        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled)
         return try run.run(progress: progress, isCancelled: isCancelled)
-    }
-}
-
-extension Unpacker {
-    /// Enables exactly the formats a pack may be: zip and the tar family (ustar, pax, GNU), plain or
-    /// gzip, bzip2, xz or zstd compressed. Not `raw`, not `empty`, not format_all, so text files,
-    /// empty files and odd formats are refused.
-    /// - Returns: the name of a format libarchive cannot read, or nil.
-    static func enablePackFormats(_ reader: OpaquePointer) -> String? {
-        // ARCHIVE_WARN from a filter means "through an external program": still usable.
-        let setups: [(String, (OpaquePointer) -> Int32)] = [
-            ("gzip", { archive_read_support_filter_gzip($0) }),
-            ("bzip2", { archive_read_support_filter_bzip2($0) }),
-            ("xz", { archive_read_support_filter_xz($0) }),
-            ("zstd", { archive_read_support_filter_zstd($0) }),
-            ("zip", { archive_read_support_format_zip($0) }),
-            ("tar", { archive_read_support_format_tar($0) }),
-        ]
-        return setups.first { $0.1(reader) < ARCHIVE_WARN }?.0
     }
 }
 
@@ -158,8 +139,8 @@ private final class UnpackRun {
     private let stagingPath: String
     private let limits: UnpackLimits
     private let writer: any FileWriting
-    private let archiveFD: Int32
-    private let reader: OpaquePointer
+    private let source: ArchiveReader
+    private var reader: OpaquePointer { self.source.reader }
     private let rootFD: Int32
 
     /// Every path created so far (components joined by `/`), including implicit folders.
@@ -176,7 +157,7 @@ private final class UnpackRun {
     private var lastProgress: Int64 = 0
     private var lastEntryName: String?
 
-    init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting) throws(PackDeliveryError) {
+    init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool) throws(PackDeliveryError) {
         self.writer = writer
         self.archiveURL = archive
         self.stagingPath = staging.path
@@ -192,40 +173,21 @@ private final class UnpackRun {
                                     hint: "Unpack into a new, empty folder.", subject: staging.path)
         }
 
-        let archiveFD = open(archive.path, O_RDONLY | O_CLOEXEC)
-        guard archiveFD >= 0 else {
-            let code = errno
+        do {
+            self.source = try ArchiveReader(archive, maxDecompressed: limits.maxBytes, isCancelled: isCancelled)
+        } catch {
             close(rootFD)
-            throw PackDeliveryError.io("open the pack", path: archive.path, errno: code)
-        }
-        guard let reader = archive_read_new() else {
-            close(rootFD)
-            close(archiveFD)
-            throw PackDeliveryError.io("start reading the pack", path: archive.path, errno: ENOMEM)
+            throw error
         }
         self.rootFD = rootFD
-        self.archiveFD = archiveFD
-        self.reader = reader
-
-        if let name = Unpacker.enablePackFormats(reader) {
-            throw PackDeliveryError.corruptArchive("libarchive cannot read \(name): \(self.libarchiveMessage)",
-                                                   code: Int(archive_errno(reader)))
-        }
-        if archive_read_open_fd(reader, archiveFD, 1 << 20) != ARCHIVE_OK {
-            throw PackDeliveryError.corruptArchive(self.libarchiveMessage, code: Int(archive_errno(reader)))
-        }
     }
 
     deinit {
-        archive_read_free(self.reader)
-        close(self.archiveFD)
         if let cachedDirectory { close(cachedDirectory.fd) }
         close(self.rootFD)
     }
 
-    private var libarchiveMessage: String {
-        archive_error_string(self.reader).map { String(cString: $0) } ?? "unknown libarchive error"
-    }
+    private var libarchiveMessage: String { self.source.message }
 
     // MARK: Entries
 
@@ -238,9 +200,9 @@ private final class UnpackRun {
             // ARCHIVE_WARN on a header (e.g. a name that is not valid UTF-8) is tolerated: every
             // header is checked below. ARCHIVE_RETRY (a damaged header skipped) and worse are not.
             guard status == ARCHIVE_OK || status == ARCHIVE_WARN, let entry else {
-                throw PackDeliveryError.corruptArchive(self.libarchiveMessage, entry: self.lastEntryName,
-                                                       code: Int(archive_errno(self.reader)))
+                throw self.source.error(self.lastEntryName)
             }
+            if !self.source.checkBounds() { throw self.source.error(self.lastEntryName) }
             try self.extract(entry, progress: progress, isCancelled: isCancelled)
         }
         progress(self.bytes)
@@ -259,6 +221,7 @@ private final class UnpackRun {
         let name = String(decoding: rawName, as: UTF8.self)
         self.lastEntryName = name
         self.entries += 1
+        self.source.entries = self.entries
         if self.entries > self.limits.maxEntries {
             throw PackDeliveryError.unpackLimitExceeded("entries", limit: Int64(self.limits.maxEntries), entry: name)
         }
@@ -451,7 +414,7 @@ private final class UnpackRun {
         var hashedEnd: Int64 = 0  // the hash covers [0, hashedEnd); holes hash as zeros
         var inOrder = true        // blocks arrived in order, so the hash needs no second read
         while true {
-            if isCancelled() { throw self.cancelled() }
+            if !self.source.checkBounds() { throw self.source.error(entry) }
             var buffer: UnsafeRawPointer?
             var size = 0
             var offset: la_int64_t = 0
@@ -459,7 +422,7 @@ private final class UnpackRun {
             if status == ARCHIVE_EOF { break }
             // ARCHIVE_WARN here is a failed check such as a zip CRC mismatch: the data is corrupt.
             guard status == ARCHIVE_OK else {
-                throw PackDeliveryError.corruptArchive(self.libarchiveMessage, entry: entry, code: Int(archive_errno(self.reader)))
+                throw self.source.error(entry)
             }
             guard offset >= 0 else {
                 throw PackDeliveryError.corruptArchive("a block has a negative offset", entry: entry)

@@ -183,37 +183,65 @@ public struct LoadedManifest: Sendable {
         URL(string: url).map(\.redacted) ?? String(url.prefix { $0 != "?" && $0 != "@" })
     }
 
-    /// Says what is wrong without calling valid JSON "not JSON".
+    /// Says what is wrong without calling valid JSON "not JSON". JSONDecoder's own errors say little (often
+    /// only "not valid JSON", without a path), so the bytes are parsed again and the structure walked.
     private static func describe(_ error: any Error, data: Data) -> String {
+        let parsed: Any
+        do {
+            parsed = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
+        } catch {
+            let detail = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String) ?? ""
+            if detail.contains("not representable") {
+                return "it holds a number too large to represent (\(PackDeliveryError.printable(String(detail.prefix(80)))))"
+            }
+            if detail.lowercased().contains("nested") { return "it nests arrays or objects too deeply (more than 512 levels)" }
+            return "it is not JSON" + (detail.isEmpty ? "" : " (\(PackDeliveryError.printable(String(detail.prefix(120)))))")
+        }
+        if let problem = Self.firstProblem(in: parsed) { return problem }
         switch error {
         case DecodingError.keyNotFound(let key, let context):
             return "the field '\(key.stringValue)' is missing\(Self.path(context))"
-        case DecodingError.typeMismatch(let type, let context):
-            let wanted = type == Int64.self || type == Int.self ? "a whole number" : type == String.self ? "a string" : "another type"
-            return "a value\(Self.path(context)) is not \(wanted)"
-        case DecodingError.valueNotFound(_, let context):
-            return "a value\(Self.path(context)) is null"
-        case DecodingError.dataCorrupted(let context):
-            let detail = "\(context.debugDescription) \(context.underlyingError.map { "\($0)" } ?? "")".lowercased()
-            if !context.codingPath.isEmpty {
-                if detail.contains("does not fit") || detail.contains("not representable") || detail.contains("number") {
-                    return "a number\(Self.path(context)) is not a whole number of bytes that fits in 64 bits"
-                }
-                return "a value\(Self.path(context)) is invalid"
-            }
-            if detail.contains("not representable") || detail.contains("number") && detail.contains("fit") {
-                return "it holds a number too large to represent"
-            }
-            if detail.contains("nest") || detail.contains("depth") {
-                return "it nests arrays or objects too deeply"
-            }
-            if (try? JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])) != nil {
-                return "it is JSON, but not a manifest object with a products array"
-            }
-            return "it is not JSON"
+        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context), DecodingError.dataCorrupted(let context):
+            return "a value\(Self.path(context)) does not fit a manifest"
         default:
-            return "\(error)"
+            return "it does not fit a manifest"
         }
+    }
+
+    /// The first place where parsed JSON differs from a manifest's shape, or nil.
+    static func firstProblem(in json: Any) -> String? {
+        guard let root = json as? [String: Any] else { return "it is JSON, but not a manifest object with a products array" }
+        guard let products = root["products"] as? [Any] else {
+            return root["products"] == nil ? "the field 'products' is missing" : "'products' is not an array"
+        }
+        func isString(_ value: Any?) -> Bool { value is String }
+        func wholeNumber(_ value: Any?) -> (ok: Bool, shown: String) {
+            guard let number = value as? NSNumber, !(value is Bool) else { return (false, value.map { "\($0)" } ?? "missing") }
+            let type = String(cString: number.objCType)
+            if type == "d" || type == "f" {
+                return (number.doubleValue.rounded() == number.doubleValue && abs(number.doubleValue) < 9.2e18, "\(number.doubleValue)")
+            }
+            return (true, number.stringValue)
+        }
+        for (index, item) in products.enumerated() {
+            guard let product = item as? [String: Any] else { return "products.\(index) is not an object" }
+            if !isString(product["productIdentifier"]) { return "products.\(index).productIdentifier is not a string" }
+            guard let contents = product["contents"] as? [Any] else { return "products.\(index).contents is not an array" }
+            for (position, entry) in contents.enumerated() {
+                let place = "products.\(index).contents.\(position)"
+                guard let content = entry as? [String: Any] else { return "\(place) is not an object" }
+                for key in ["contentIdentifier", "contentVersion", "url", "sha256"] where !isString(content[key]) {
+                    return content[key] == nil ? "the field '\(key)' is missing at \(place)" : "\(place).\(key) is not a string"
+                }
+                let length = wholeNumber(content["contentLength"])
+                if !length.ok { return "\(place).contentLength is \(PackDeliveryError.printable(String(length.shown.prefix(40)))), not a whole number of bytes" }
+                if let unpacked = content["unpackedLength"], !(unpacked is NSNull) {
+                    let value = wholeNumber(unpacked)
+                    if !value.ok { return "\(place).unpackedLength is \(PackDeliveryError.printable(String(value.shown.prefix(40)))), not a whole number of bytes" }
+                }
+            }
+        }
+        return nil
     }
 
     private static func path(_ context: DecodingError.Context) -> String {

@@ -315,12 +315,12 @@ extension PackDeliveryError {
         if lower.contains("passphrase") || lower.contains("encrypt") || lower.contains("decryption") {
             return .init(.encryptedArchive,
                          message: "The pack is encrypted\(entry.map { " (entry '\(Self.printable($0))')" } ?? ""); encrypted packs are not supported.",
-                         hint: "Nothing was installed; ask the content provider for an unencrypted pack.",
+                         hint: "Ask the content provider for an unencrypted pack.",
                          subject: entry, underlying: code.map { .init(.libarchive, $0) })
         }
         return .init(.corruptArchive,
                      message: entry.map { "The pack is corrupt at entry '\(Self.printable($0))': \(detail)." } ?? "The pack is not a readable archive: \(detail).",
-                     hint: "Nothing was installed; ask the content provider for a fixed pack (a zip or tar, optionally gzip, bzip2, xz or zstd compressed).",
+                     hint: "Ask the content provider for a fixed pack (a zip or tar, optionally gzip, bzip2, xz or zstd compressed).",
                      subject: entry, underlying: code.map { .init(.libarchive, $0) })
     }
 

@@ -185,7 +185,7 @@ extension DownloadQueue {
                 var actions: [QueueMachine.Action] = []
                 for transaction in transactions {
                     for (position, download) in transaction.downloads.enumerated() where download.state == .waiting {
-                        actions += machine.own(DownloadMachine(download: download, retryPolicy: policy), position: position)
+                        actions += machine.own(DownloadMachine(download: download, retryPolicy: policy), position: position, saved: true)
                     }
                 }
                 return actions
@@ -205,8 +205,8 @@ extension DownloadQueue {
         }
     }
 
-    func finishOnDriver(_ transactionIDs: [String]) throws(PackDeliveryError) {
-        guard !transactionIDs.isEmpty else { return }
+    func finishOnDriver(_ transactionIDs: [String]) throws(PackDeliveryError) -> [Transaction] {
+        guard !transactionIDs.isEmpty else { return [] }
         let transactions = try self.liveTransactions(ids: transactionIDs)
         let known = Set(transactions.map(\.id))
         if let missing = transactionIDs.first(where: { !known.contains($0) }) {
@@ -222,7 +222,7 @@ extension DownloadQueue {
                                         pendingDownloadIDs: pending.map(\.id))
             }
         }
-        guard !open.isEmpty else { return }
+        guard !open.isEmpty else { return [] }
         // Anything not yet saved goes first, so the finished record never points at stale downloads.
         self.save(includingProgress: true)
         let now = Date()
@@ -230,10 +230,13 @@ extension DownloadQueue {
         self.state.withLock { state in
             for transaction in open { for download in transaction.downloads { state.machine.forget(download.id) } }
         }
+        var finished: [Transaction] = []
         for var transaction in open {
             transaction.finishedAt = now
             self.emit(.transactionUpdated(transaction))
+            finished.append(transaction)
         }
+        return finished
     }
 
     /// Pause or cancel (`event`) downloads: those this queue runs at once; others are taken over when no

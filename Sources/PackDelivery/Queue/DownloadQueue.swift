@@ -303,8 +303,10 @@ public final class DownloadQueue: Sendable {
     /// Finishes transactions in one durable write; all or none.
     ///
     /// - Parameter transactionIDs: transactions whose downloads are all finished or cancelled.
+    /// - Returns: the transactions this call finished (those already finished are left out).
     /// - Throws: as ``finish(_:)``, for the first that cannot finish; then none is finished.
-    public func finish(_ transactionIDs: [String]) throws(PackDeliveryError) {
+    @discardableResult
+    public func finish(_ transactionIDs: [String]) throws(PackDeliveryError) -> [Transaction] {
         try self.onDriver { () throws(PackDeliveryError) in try self.finishOnDriver(transactionIDs) }
     }
 

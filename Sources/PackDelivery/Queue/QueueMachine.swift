@@ -78,14 +78,18 @@ struct QueueMachine: Sendable {
     // MARK: Events
 
     /// Takes downloads this queue now owns (added, adopted at launch, taken over for a request).
-    mutating func own(_ machine: DownloadMachine, position: Int) -> [Action] {
+    /// - Parameter saved: the download's row already holds this state (just added), so there is nothing to save.
+    mutating func own(_ machine: DownloadMachine, position: Int, saved: Bool = false) -> [Action] {
         let id = machine.download.id
         guard self.entries[id] == nil, !machine.state.isSettled else { return [] }
         self.entries[id] = Entry(machine: machine, position: position, sequence: self.nextSequence)
-        self.changed[id] = .state
         self.nextSequence += 1
         // Taking a download over is not a change to report: only what it does next is.
-        var actions: [Action] = [.save]
+        var actions: [Action] = []
+        if !saved {
+            self.changed[id] = .state
+            actions.append(.save)
+        }
         self.track(id, before: machine.download, into: &actions, acted: false)
         self.schedule(into: &actions)
         return actions
@@ -165,18 +169,18 @@ struct QueueMachine: Sendable {
         return actions
     }
 
-    /// The changes to save, oldest first; settled downloads leave the machine once taken.
+    /// The changes to save; settled downloads leave the machine once taken.
     /// - Parameter includingProgress: also progress-only changes (at most once a second).
     mutating func takeChanges(includingProgress: Bool) -> [(machine: DownloadMachine, position: Int)] {
         let threshold: Change = includingProgress ? .progress : .state
-        var taken: [(machine: DownloadMachine, position: Int, sequence: Int)] = []
+        var taken: [(machine: DownloadMachine, position: Int)] = []
         for (id, change) in self.changed where change >= threshold {
             self.changed[id] = nil
             guard let entry = self.entries[id] else { continue }
-            taken.append((entry.machine, entry.position, entry.sequence))
+            taken.append((entry.machine, entry.position))
             if entry.machine.state.isSettled && !entry.machine.installRunning { self.forget(id) }
         }
-        return taken.sorted { $0.sequence < $1.sequence }.map { ($0.machine, $0.position) }
+        return taken
     }
 
     /// Stops tracking downloads (their transaction finished, or another queue took them).

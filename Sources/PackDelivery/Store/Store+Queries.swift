@@ -91,11 +91,16 @@ extension Store {
         }
     }
 
-    /// Saves downloads' own columns (not `request` or the owner) in one write.
+    /// Saves downloads' own columns in one write. A row the installer has recorded as finished is never
+    /// written over: the install's record is the truth, whatever the queue held in memory at that moment.
     func save(_ records: [DownloadRecord]) throws(PackDeliveryError) {
         guard !records.isEmpty else { return }
         try self.write { db in
-            for record in records { try record.update(db, columns: DownloadRecord.ownColumns) }
+            for record in records {
+                let current = try String.fetchOne(db, sql: "SELECT state FROM downloads WHERE id = ?", arguments: [record.id])
+                if current == DownloadState.finished.rawValue { continue }
+                try record.update(db, columns: DownloadRecord.ownColumns)
+            }
         }
     }
 

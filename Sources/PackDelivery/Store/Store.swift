@@ -139,6 +139,8 @@ final class Store: Sendable {
                 t.column("byteCount", .integer).notNull()
                 t.primaryKey(["destination", "contentIdentifier"])
             }
+            // Who owns a content identifier, in any destination: asked at every install.
+            try db.create(index: "installs_contentIdentifier", on: "installs", columns: ["contentIdentifier"])
             try db.execute(sql: """
                 INSERT INTO installs (destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, fileCount, byteCount)
                 SELECT destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, -1, 0 FROM installedContent
@@ -221,9 +223,10 @@ final class Store: Sendable {
 }
 
 extension DownloadRecord {
-    /// Every column but `request`, which other processes write.
+    /// The columns the queue's driver saves: not `request` (other processes write it), not the owner, and not
+    /// `stagingInode`, the journal of a move into place, which only the installer writes.
     static let ownColumns: [String] = [
         "state", "phase", "progress", "pauseReason", "contentURL", "error", "bytesReceived",
-        "validator", "partialPath", "stagingInode", "retriedFromZero", "verified", "url", "sha256", "contentLength", "unpackedLength",
+        "validator", "partialPath", "retriedFromZero", "verified", "url", "sha256", "contentLength", "unpackedLength",
     ]
 }

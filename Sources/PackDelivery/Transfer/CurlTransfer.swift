@@ -71,9 +71,10 @@ final class CurlTransfer {
         }
         self.offset = offset
         self.resumedFrom = offset
-        self.pending = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.writeSize, alignment: 16)
+        // Buffers sized by the pack: a catalog of small packs must not churn megabytes per transfer.
+        self.pending = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(min(Int64(Self.writeSize), max(4096, request.expectedLength))), alignment: 16)
         let (id, report) = (request.id, onEvent)
-        self.follower = HashFollower(file: request.file) { durable in report(.durable(id: id, bytes: durable)) }
+        self.follower = HashFollower(file: request.file, length: request.expectedLength) { durable in report(.durable(id: id, bytes: durable)) }
         self.follower.advance(to: offset)
         do {
             self.easy = try CurlEasy(url: request.url)
@@ -95,7 +96,8 @@ final class CurlTransfer {
             }
             // A large buffer for throughput. Under a rate limit libcurl's default (16 KiB): measured here, with
             // 128 KiB reads or more libcurl 7.88 overshot --max-rate by 2–3 times.
-            try self.easy.set(CURLOPT_BUFFERSIZE, long: request.options.maxBytesPerSecond == nil ? 512 << 10 : 16 << 10)
+            let buffer = request.options.maxBytesPerSecond == nil ? min(Int64(512 << 10), max(16 << 10, request.expectedLength)) : 16 << 10
+            try self.easy.set(CURLOPT_BUFFERSIZE, long: Int(buffer))
             let user = Unmanaged.passUnretained(self).toOpaque()
             try self.easy.set(CURLOPT_WRITEDATA, pointer: user)
             try self.easy.set(CURLOPT_HEADERDATA, pointer: user)
@@ -169,6 +171,7 @@ final class CurlTransfer {
             return self.gather(bytes)
         case .reject:
             // Keep the start of an error body: what the server said goes into the message.
+            guard self.status >= 400 else { return 0 }
             let room = Self.errorBodyLimit - self.serverSaid.count
             if room > 0 { self.serverSaid.append(contentsOf: bytes.prefix(room)) }
             return self.serverSaid.count < Self.errorBodyLimit ? bytes.count : 0
@@ -194,12 +197,12 @@ final class CurlTransfer {
         }
         var remaining = bytes[...]
         while !remaining.isEmpty {
-            let take = min(remaining.count, Self.writeSize - self.pendingCount)
+            let take = min(remaining.count, self.pending.count - self.pendingCount)
             UnsafeMutableRawBufferPointer(rebasing: self.pending[self.pendingCount..<(self.pendingCount + take)])
                 .copyMemory(from: UnsafeRawBufferPointer(rebasing: remaining.prefix(take)))
             self.pendingCount += take
             remaining = remaining.dropFirst(take)
-            if self.pendingCount == Self.writeSize, !self.flush() { return 0 }
+            if self.pendingCount == self.pending.count, !self.flush() { return 0 }
         }
         if Date().timeIntervalSince(self.lastFlush) >= 0.1, !self.flush() { return 0 }
         return bytes.count
@@ -338,9 +341,9 @@ final class CurlTransfer {
             return failure(.networkFailure, "The server redirected \(url) too many times (a redirect loop?).", retryable: false)
         case CURLE_UNSUPPORTED_PROTOCOL:
             return failure(.unsupportedURL, "\(url) was redirected to a URL that is not http or https (\(detail)).", retryable: false)
-        case CURLE_OUT_OF_MEMORY where self.headerBytes > 64 << 10 || detail.lowercased().contains("header"),
-             CURLE_RECV_ERROR where detail.lowercased().contains("header"):
-            return failure(.networkFailure, "The server sent a response header for \(url) larger than libcurl accepts (\(PackDeliveryError.printable(detail))).", retryable: false)
+        case CURLE_OUT_OF_MEMORY where self.decision == nil, CURLE_RECV_ERROR where detail.lowercased().contains("header"):
+            // libcurl 7.88 answers a response header over 100 KiB with "Out of memory" before any body.
+            return failure(.networkFailure, "The server sent a response header for \(url) larger than libcurl accepts (100 KiB).", retryable: false)
         case CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT:
             return failure(.networkUnreachable, "Could not reach the server of \(url): \(PackDeliveryError.printable(detail)).", retryable: true)
         case CURLE_PARTIAL_FILE, CURLE_SEND_ERROR, CURLE_RECV_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2, CURLE_HTTP2_STREAM, CURLE_SSL_CONNECT_ERROR:

@@ -38,10 +38,11 @@ final class HashFollower: Sendable {
     /// - Parameters:
     ///   - file: the partial file; the follower opens it for reading itself.
     ///   - onDurable: called on the follower's thread with the bytes made durable by each sync.
-    init(file: URL, onDurable: @escaping @Sendable (Int64) -> Void = { _ in }) {
+    init(file: URL, length: Int64 = 1 << 20, onDurable: @escaping @Sendable (Int64) -> Void = { _ in }) {
         self.onDurable = onDurable
         let path = file.path
-        let thread = Thread { [self] in self.run(path: path) }
+        let chunk = Int(min(1 << 20, max(4096, length)))
+        let thread = Thread { [self] in self.run(path: path, chunk: chunk) }
         thread.name = "PackDelivery.hash"
         thread.start()
     }
@@ -76,12 +77,11 @@ final class HashFollower: Sendable {
         self.wake.signal()
     }
 
-    private func run(path: String) {
+    private func run(path: String, chunk: Int) {
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         defer { if fd >= 0 { close(fd) } }
         var failure: PackDeliveryError? = fd < 0 ? .io("open the partial download for hashing", path: path, errno: errno) : nil
         let hasher = SHA256Hasher()
-        let chunk = 1 << 20
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: chunk, alignment: 16)
         defer { buffer.deallocate() }
         var hashed: Int64 = 0
