@@ -1,17 +1,26 @@
 import Foundation
+import HTTPTypes
 import Hummingbird
 
 /// Sits in front of Hummingbird's `FileMiddleware` and fixes what a resuming download client needs
 /// and `FileMiddleware` (2.28) does not do:
 ///
-/// - **Path safety**: rejects `..` and `.` segments and NUL bytes after percent-decoding (400), and
-///   answers 404 for any path whose real location (symbolic links resolved) is outside the root.
+/// - **Path safety**: every path goes through ``ServedFolder`` (bytes, component by component,
+///   dotfiles refused, unresolvable paths refused); only regular files inside the root reach
+///   `FileMiddleware`, already open. Malformed paths get 400, everything else that is not served 404.
+/// - **Folders**: `FileMiddleware` redirects `/a` to `/a/` by appending a slash to the path as sent, so
+///   `//evil.example` became `Location: //evil.example/`, a protocol-relative URL to another host. Here
+///   the redirect is rebuilt from the path's segments (`/evil.example/`), and a folder with a slash
+///   gets 404 (there is no listing).
+/// - **Preconditions** (RFC 9110 §13.2.2, in its order): `If-Match` (strong comparison) and, without
+///   it, `If-Unmodified-Since` answer 412 when they fail; `If-None-Match` (weak comparison) and,
+///   without it, `If-Modified-Since` answer 304.
 /// - **A strong ETag**: `FileMiddleware` sends a weak tag (`W/"…"`) built from the modification time
 ///   in whole seconds and the size, and compares `If-Range` to it byte for byte — so it honours
 ///   `If-Range` with a weak tag (RFC 9110 §13.1.5 forbids that) and cannot tell two versions of a
 ///   file written within the same second apart. This middleware replaces the tag with a strong one
-///   made of inode, modification time in nanoseconds and size, and evaluates `If-None-Match`
-///   (weak comparison) and `If-Range` (strong comparison, or an exact `Last-Modified` date) itself.
+///   made of inode, modification time in nanoseconds and size, and evaluates `If-Range` (strong
+///   comparison, or an exact `Last-Modified` date) itself.
 /// - **416**: `FileMiddleware` answers `Range: bytes=N-` with N past the end with a broken 206; here it
 ///   gets `416` with `Content-Range: bytes */LENGTH`.
 /// - **Range forms**: suffix ranges (`bytes=-N`, which `FileMiddleware` reads as `0-N`) are turned into
@@ -19,61 +28,57 @@ import Hummingbird
 ///   syntax, `M < N`) are ignored and the whole file is sent with 200, as RFC 9110 §14.2 allows.
 ///   `Range` on HEAD is ignored.
 ///
-/// What is left to `FileMiddleware`: reading the file, 200/206 with `Content-Range` and
-/// `Content-Length`, `Last-Modified`, `Content-Type`, `Accept-Ranges`, `If-Modified-Since`.
+/// What is left to `FileMiddleware`: 200/206 with `Content-Range` and `Content-Length`,
+/// `Last-Modified`, `Content-Type`, `Accept-Ranges`; the bytes come from ``PackFileProvider``.
 struct FileValidatorsMiddleware<Context: RequestContext>: RouterMiddleware {
-    /// The served folder, absolute, symbolic links resolved.
-    let root: String
+    let folder: ServedFolder
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard request.method == .get || request.method == .head else {
             return try await next(request, context)
         }
-        guard let decoded = request.uri.path.removingPercentEncoding else {
-            throw HTTPError(.badRequest, message: "Invalid percent encoding in the path.")
-        }
-        let segments = decoded.split(separator: "/", omittingEmptySubsequences: true)
-        guard decoded.hasPrefix("/"), !decoded.contains("\0"), !segments.contains(where: { $0 == ".." || $0 == "." }) else {
+        let file: ResolvedFile
+        switch self.folder.resolve(encodedPath: request.uri.path) {
+        case .file(let resolved):
+            file = resolved
+        case .folder(let canonicalPath):
+            guard !request.uri.path.hasSuffix("/") else { throw HTTPError(.notFound) }
+            // Never protocol-relative: canonicalPath starts with exactly one slash.
+            return Response(status: .movedPermanently, headers: [.location: canonicalPath == "/" ? "/" : canonicalPath + "/"])
+        case .missing, .refused:
+            throw HTTPError(.notFound)
+        case .malformed:
             throw HTTPError(.badRequest, message: "The path must stay inside the served folder.")
         }
-        guard let file = FileStatus(root: self.root, relativePath: segments.joined(separator: "/")) else {
-            // Missing (FileMiddleware answers 404) or a folder (FileMiddleware redirects or answers 404).
-            return try await next(self.stripped(request), context)
-        }
-        guard file.isInsideRoot else {
-            throw HTTPError(.notFound)
-        }
-        guard file.isRegularFile else {
-            return try await next(self.stripped(request), context)
+        let status = file.status
+
+        var validators = HTTPFields()
+        validators[.eTag] = status.strongETag
+        validators[.lastModified] = status.lastModifiedHeader
+
+        switch Self.evaluatePreconditions(request.headers, file: status) {
+        case .preconditionFailed:
+            return Response(status: .preconditionFailed, headers: validators)
+        case .notModified:
+            return Response(status: .notModified, headers: validators)
+        case .proceed:
+            break
         }
 
         var forwarded = request.headers
-        var validators = HTTPFields()
-        validators[.eTag] = file.strongETag
-        validators[.lastModified] = file.lastModifiedHeader
-
-        // If-None-Match wins over If-Modified-Since (RFC 9110 §13.2.2); weak comparison.
-        if let ifNoneMatch = request.headers[values: .ifNoneMatch].nonEmpty {
-            forwarded[.ifNoneMatch] = nil
-            forwarded[.ifModifiedSince] = nil
-            if Self.entityTags(in: ifNoneMatch).contains(where: { $0 == "*" || Self.weakEqual($0, file.strongETag) }) {
-                return Response(status: .notModified, headers: validators)
-            }
+        for name in [HTTPField.Name.ifMatch, .ifUnmodifiedSince, .ifNoneMatch, .ifModifiedSince, .ifRange, .range] {
+            forwarded[name] = nil
         }
-
         // Range and If-Range. FileMiddleware never sees If-Range: it is decided here.
-        let ifRange = request.headers[.ifRange]
-        forwarded[.ifRange] = nil
-        if let rangeHeader = request.headers[.range] {
-            forwarded[.range] = nil
-            let conditionHolds = ifRange.map { file.matchesIfRange($0) } ?? true
-            if request.method == .get, conditionHolds {
-                switch Self.parseSingleRange(rangeHeader, size: file.size) {
+        if let rangeHeader = request.headers[.range], request.method == .get {
+            let conditionHolds = request.headers[.ifRange].map { status.matchesIfRange($0) } ?? true
+            if conditionHolds {
+                switch Self.parseSingleRange(rangeHeader, size: status.size) {
                 case .satisfiable(let lower, let upper):
                     forwarded[.range] = "bytes=\(lower)-\(upper)"
                 case .unsatisfiable:
                     var headers = validators
-                    headers[.contentRange] = "bytes */\(file.size)"
+                    headers[.contentRange] = "bytes */\(status.size)"
                     headers[.acceptRanges] = "bytes"
                     return Response(status: .rangeNotSatisfiable, headers: headers)
                 case .ignored:
@@ -82,19 +87,47 @@ struct FileValidatorsMiddleware<Context: RequestContext>: RouterMiddleware {
             }
         }
 
-        var response = try await next(Self.request(request, withHeaders: forwarded), context)
+        var response = try await PackFileProvider.$resolved.withValue(file) {
+            try await next(Self.request(request, withHeaders: forwarded), context)
+        }
         if response.headers[.eTag] != nil {
-            response.headers[.eTag] = file.strongETag
+            response.headers[.eTag] = status.strongETag
         }
         return response
     }
 
-    /// The request without the conditional and range headers this middleware owns.
-    private func stripped(_ request: Request) -> Request {
-        var headers = request.headers
-        headers[.ifRange] = nil
-        headers[.range] = nil
-        return Self.request(request, withHeaders: headers)
+    enum Precondition: Equatable {
+        case proceed
+        case preconditionFailed
+        case notModified
+    }
+
+    /// The preconditions of RFC 9110 §13.2.2 for a GET or HEAD of `file`, in their order.
+    static func evaluatePreconditions(_ headers: HTTPFields, file: FileStatus) -> Precondition {
+        let ifMatch = headers[values: .ifMatch]
+        if !ifMatch.isEmpty {
+            // Strong comparison; a weak tag never matches (§13.1.1).
+            let tags = Self.entityTags(in: ifMatch)
+            if !tags.contains(where: { $0 == "*" || $0 == file.strongETag }) {
+                return .preconditionFailed
+            }
+        } else if let ifUnmodifiedSince = headers[.ifUnmodifiedSince], let date = HTTPDate.parse(ifUnmodifiedSince) {
+            // An invalid date is ignored (§13.1.4).
+            if file.modifiedSeconds > date {
+                return .preconditionFailed
+            }
+        }
+        let ifNoneMatch = headers[values: .ifNoneMatch]
+        if !ifNoneMatch.isEmpty {
+            if Self.entityTags(in: ifNoneMatch).contains(where: { $0 == "*" || Self.weakEqual($0, file.strongETag) }) {
+                return .notModified
+            }
+        } else if let ifModifiedSince = headers[.ifModifiedSince], let date = HTTPDate.parse(ifModifiedSince) {
+            if file.modifiedSeconds <= date {
+                return .notModified
+            }
+        }
+        return .proceed
     }
 
     /// `request` with its header fields replaced (`Request.headers` is read-only).
@@ -152,23 +185,15 @@ struct FileValidatorsMiddleware<Context: RequestContext>: RouterMiddleware {
 }
 
 /// What `stat` says about a requested file, and the validators derived from it.
-struct FileStatus {
-    let isInsideRoot: Bool
+struct FileStatus: Sendable {
     let isRegularFile: Bool
     let size: Int
     let inode: UInt64
     let modifiedSeconds: Int
     let modifiedNanoseconds: Int
 
-    /// Stats `root/relativePath` (following symbolic links); `nil` when it does not exist.
-    init?(root: String, relativePath: String) {
-        let candidate = relativePath.isEmpty ? root : root + "/" + relativePath
-        guard let resolvedPointer = realpath(candidate, nil) else { return nil }
-        let resolved = String(cString: resolvedPointer)
-        free(resolvedPointer)
-        var info = stat()
-        guard stat(resolved, &info) == 0 else { return nil }
-        self.isInsideRoot = resolved == root || resolved.hasPrefix(root == "/" ? "/" : root + "/")
+    /// What `fstat` said about an open file.
+    init(_ info: stat) {
         self.isRegularFile = (info.st_mode & S_IFMT) == S_IFREG
         self.size = Int(info.st_size)
         self.inode = UInt64(info.st_ino)
@@ -233,10 +258,6 @@ enum HTTPDate {
         parts.tm_sec = second
         return Int(timegm(&parts))
     }
-}
-
-extension Array {
-    fileprivate var nonEmpty: Self? { self.isEmpty ? nil : self }
 }
 
 extension Character {

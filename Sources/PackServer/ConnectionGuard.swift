@@ -1,0 +1,336 @@
+import Hummingbird
+import Logging
+import NIOCore
+import NIOHTTP1
+import NIOHTTPTypes
+import Synchronization
+
+/// Guards one HTTP/1.1 connection against clients that hold it without using it. It sits in the
+/// channel pipeline just after HTTP parsing (Hummingbird's `additionalChannelHandlers`), sees
+/// request and response parts, and:
+///
+/// - **Request timeout** (nginx `client_header_timeout`): a connection must deliver a whole request
+///   within `requestTimeout` of being opened or of its previous response ending (the latter is nginx's
+///   `keepalive_timeout`, here `idleTimeout`); a client sending one header byte every few seconds is
+///   closed then.
+/// - **Send timeout** (nginx `send_timeout`): while response bytes wait for the client, some must be
+///   taken within `sendTimeout`, or the connection is closed.
+/// - **Malformed requests**: Hummingbird answers a parse error with 400, half-closes and stops
+///   reading; a client with unsent data then never closes its side, and the connection's descriptor
+///   stays open for good (FIN-WAIT-2). Here a header over the limit gets 431, any other parse error
+///   400, both with `Connection: close`; then the output is closed and the input is read and thrown
+///   away until the client closes or `lingeringTimeout` passes (nginx's lingering close), and the
+///   connection is closed fully either way.
+/// - **Connection limit**: registers with the ``ConnectionLimiter``, telling it when the connection is
+///   idle (waiting for a request, or lingering) and may be closed to make room for a new client.
+final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
+    typealias InboundIn = HTTPRequestPart
+    typealias InboundOut = HTTPRequestPart
+    typealias OutboundIn = HTTPResponsePart
+    typealias OutboundOut = HTTPResponsePart
+
+    private enum State {
+        /// Opened, or between two requests: the request timer runs.
+        case waitingForRequest
+        /// The head arrived; the body has not ended: the request timer still runs.
+        case readingRequest
+        /// The request is read; its response is being produced.
+        case responding
+        /// A parse error was answered and the output closed; input is drained until EOF or timeout.
+        case lingering
+        case closed
+    }
+
+    private let limits: PackServerConfiguration.Limits
+    private let limiter: ConnectionLimiter
+    private let logger: Logger
+    private var state = State.waitingForRequest
+    private var requestTimer: Scheduled<Void>?
+    private var sendTimer: Scheduled<Void>?
+    private var lingerTimer: Scheduled<Void>?
+    private var pendingWrites = 0
+    private var servedRequests = 0
+
+    init(limits: PackServerConfiguration.Limits, limiter: ConnectionLimiter, logger: Logger) {
+        self.limits = limits
+        self.limiter = limiter
+        self.logger = logger
+    }
+
+    // MARK: - Lifecycle
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let channel = context.channel
+        switch self.limiter.admit(channel) {
+        case .admitted:
+            break
+        case .admittedByClosing(let idle):
+            self.logger.debug("At the connection limit: closing an idle connection for a new one.")
+            idle.close(promise: nil)
+        case .refused:
+            self.logger.warning("At the connection limit (\(self.limiter.maximum)) and none is idle: refusing a connection.")
+            self.state = .closed
+            context.close(promise: nil)
+            return
+        }
+        channel.closeFuture.whenComplete { [limiter = self.limiter] _ in limiter.remove(channel) }
+        self.startRequestTimer(context: context, timeout: self.limits.requestTimeout)
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        self.cancelTimers()
+    }
+
+    func channelInactive(context: ChannelHandlerContext) {
+        self.state = .closed
+        self.cancelTimers()
+        context.fireChannelInactive()
+    }
+
+    // MARK: - Inbound
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        switch self.state {
+        case .lingering, .closed:
+            return
+        case .waitingForRequest, .readingRequest, .responding:
+            break
+        }
+        switch self.unwrapInboundIn(data) {
+        case .head:
+            self.state = .readingRequest
+            self.limiter.setIdle(context.channel, false)
+        case .body:
+            break
+        case .end:
+            if case .readingRequest = self.state {
+                self.state = .responding
+                self.requestTimer?.cancel()
+                self.requestTimer = nil
+            }
+        }
+        context.fireChannelRead(data)
+    }
+
+    func channelReadComplete(context: ChannelHandlerContext) {
+        if case .lingering = self.state {
+            // Nobody above reads any more: ask for more input ourselves, to drain it.
+            context.read()
+            return
+        }
+        context.fireChannelReadComplete()
+    }
+
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if case .lingering = self.state, let event = event as? ChannelEvent, event == .inputClosed {
+            // The client closed its side after reading our answer: done.
+            self.closeFully(context: context)
+            return
+        }
+        context.fireUserInboundEventTriggered(event)
+    }
+
+    func errorCaught(context: ChannelHandlerContext, error: any Error) {
+        switch self.state {
+        case .lingering, .closed:
+            // Bytes after the parse error (ByteToMessageDecoderError.dataReceivedInErrorState), or
+            // a reset while draining: expected, nothing to report.
+            return
+        case .responding:
+            if error is HTTPParserError {
+                // A pipelined request after this one is malformed; the response in flight cannot be
+                // followed by an answer to it. Close once this response is done? It may never be:
+                // close now.
+                self.closeFully(context: context)
+                return
+            }
+        case .waitingForRequest, .readingRequest:
+            if let parserError = error as? HTTPParserError {
+                self.answerAndLinger(context: context, status: parserError == .headerOverflow ? .requestHeaderFieldsTooLarge : .badRequest)
+                return
+            }
+        }
+        context.fireErrorCaught(error)
+    }
+
+    // MARK: - Outbound
+
+    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let isEnd: Bool
+        if case .end = self.unwrapOutboundIn(data) { isEnd = true } else { isEnd = false }
+        self.trackedWrite(context: context, data: data, promise: promise)
+        if isEnd, case .responding = self.state {
+            self.servedRequests += 1
+            self.state = .waitingForRequest
+            self.startRequestTimer(context: context, timeout: self.limits.idleTimeout)
+        }
+    }
+
+    /// Writes and counts the write as pending until the socket took it; while any is pending the
+    /// send timer runs, restarted by each completed write.
+    private func trackedWrite(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
+        let written = promise ?? context.eventLoop.makePromise(of: Void.self)
+        self.pendingWrites += 1
+        if self.sendTimer == nil {
+            self.startSendTimer(context: context)
+        }
+        written.futureResult.assumeIsolated().whenComplete { _ in
+            self.pendingWrites -= 1
+            self.sendTimer?.cancel()
+            self.sendTimer = nil
+            if self.pendingWrites > 0 {
+                self.startSendTimer(context: context)
+            } else if case .waitingForRequest = self.state {
+                self.limiter.setIdle(context.channel, true)
+            }
+        }
+        context.write(data, promise: written)
+    }
+
+    // MARK: - Parse errors
+
+    private func answerAndLinger(context: ChannelHandlerContext, status: HTTPResponse.Status) {
+        self.state = .lingering
+        self.requestTimer?.cancel()
+        self.requestTimer = nil
+        self.limiter.setIdle(context.channel, true)
+        self.logger.info("\(status.code) \(status.reasonPhrase): closing the connection")
+        let head = HTTPResponse(status: status, headerFields: [.connection: "close", .contentLength: "0"])
+        self.trackedWrite(context: context, data: self.wrapOutboundOut(.head(head)), promise: nil)
+        let sent = context.eventLoop.makePromise(of: Void.self)
+        self.trackedWrite(context: context, data: self.wrapOutboundOut(.end(nil)), promise: sent)
+        context.flush()
+        sent.futureResult.assumeIsolated().whenComplete { result in
+            guard case .lingering = self.state, case .success = result else {
+                self.closeFully(context: context)
+                return
+            }
+            // FIN after the answer, then read until the client closes (or the timer): closing with
+            // unread input would send a reset, which can destroy the answer before it is read.
+            context.close(mode: .output, promise: nil)
+            context.read()
+        }
+        self.lingerTimer = context.eventLoop.assumeIsolated().scheduleTask(in: .init(self.limits.lingeringTimeout)) {
+            self.lingerTimer = nil
+            self.closeFully(context: context)
+        }
+    }
+
+    // MARK: - Timers
+
+    private func startRequestTimer(context: ChannelHandlerContext, timeout: Duration) {
+        self.requestTimer?.cancel()
+        self.requestTimer = context.eventLoop.assumeIsolated().scheduleTask(in: .init(timeout)) {
+            self.requestTimer = nil
+            switch self.state {
+            case .waitingForRequest where self.pendingWrites > 0:
+                // The last response is still being sent: that is the send timer's business.
+                self.startRequestTimer(context: context, timeout: timeout)
+            case .waitingForRequest, .readingRequest:
+                self.logger.debug(
+                    self.servedRequests == 0 ? "No whole request within \(timeout): closing the connection."
+                        : "Idle for \(timeout): closing the connection."
+                )
+                self.closeFully(context: context)
+            case .responding, .lingering, .closed:
+                break
+            }
+        }
+    }
+
+    private func startSendTimer(context: ChannelHandlerContext) {
+        self.sendTimer = context.eventLoop.assumeIsolated().scheduleTask(in: .init(self.limits.sendTimeout)) {
+            self.sendTimer = nil
+            guard self.pendingWrites > 0 else { return }
+            self.logger.info("The client took no response bytes for \(self.limits.sendTimeout): closing the connection.")
+            self.closeFully(context: context)
+        }
+    }
+
+    private func cancelTimers() {
+        self.requestTimer?.cancel()
+        self.sendTimer?.cancel()
+        self.lingerTimer?.cancel()
+        self.requestTimer = nil
+        self.sendTimer = nil
+        self.lingerTimer = nil
+    }
+
+    private func closeFully(context: ChannelHandlerContext) {
+        if case .closed = self.state { return }
+        self.state = .closed
+        self.cancelTimers()
+        context.close(promise: nil)
+    }
+}
+
+extension TimeAmount {
+    /// A `Duration` as NIO's `TimeAmount` (nanoseconds, saturating).
+    init(_ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        self = .nanoseconds(overflow ? Int64.max : scaled &+ attoseconds / 1_000_000_000)
+    }
+}
+
+/// Counts open connections and keeps room for new ones: at the limit, a new connection is let in by
+/// closing the connection that has been idle longest (waiting for a request, or draining after a
+/// refused one). Only when none is idle — every connection is busy sending a response — is the new
+/// one refused (closed at once). nginx does the same with its reusable connections.
+final class ConnectionLimiter: Sendable {
+    enum Admission {
+        case admitted
+        case admittedByClosing(any Channel)
+        case refused
+    }
+
+    private struct Entry {
+        var channel: any Channel
+        /// When it became idle, or `nil` while it is busy.
+        var idleSince: ContinuousClock.Instant?
+    }
+
+    /// The most connections open at once.
+    let maximum: Int
+    private let entries = Mutex<[ObjectIdentifier: Entry]>([:])
+
+    init(maximum: Int) {
+        self.maximum = max(1, maximum)
+    }
+
+    /// How many connections are open.
+    var count: Int {
+        self.entries.withLock { $0.count }
+    }
+
+    func admit(_ channel: any Channel) -> Admission {
+        self.entries.withLock { entries in
+            var admission = Admission.admitted
+            if entries.count >= self.maximum {
+                let idlest = entries.filter { $0.value.idleSince != nil }.min { $0.value.idleSince! < $1.value.idleSince! }
+                guard let idlest else { return .refused }
+                entries[idlest.key] = nil
+                admission = .admittedByClosing(idlest.value.channel)
+            }
+            entries[ObjectIdentifier(channel)] = Entry(channel: channel, idleSince: .now)
+            return admission
+        }
+    }
+
+    func setIdle(_ channel: any Channel, _ idle: Bool) {
+        self.entries.withLock { entries in
+            guard entries[ObjectIdentifier(channel)] != nil else { return }
+            if idle {
+                if entries[ObjectIdentifier(channel)]!.idleSince == nil {
+                    entries[ObjectIdentifier(channel)]!.idleSince = .now
+                }
+            } else {
+                entries[ObjectIdentifier(channel)]!.idleSince = nil
+            }
+        }
+    }
+
+    func remove(_ channel: any Channel) {
+        _ = self.entries.withLock { $0.removeValue(forKey: ObjectIdentifier(channel)) }
+    }
+}
