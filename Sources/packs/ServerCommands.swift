@@ -66,6 +66,8 @@ extension Packs {
                 requestTimeout: .milliseconds(Int64(self.requestTimeout * 1000)),
                 idleTimeout: .milliseconds(Int64(self.idleTimeout * 1000)),
                 sendTimeout: .milliseconds(Int64(self.sendTimeout * 1000)),
+                // nginx's 5 s, or less when the request timeout is shorter.
+                lingeringTimeout: .milliseconds(Int64(min(5, self.requestTimeout) * 1000)),
                 maxConnections: self.maxConnections
             )
             let configuration = PackServerConfiguration(

@@ -114,7 +114,7 @@ private func withEnvironment<T>(_ variables: [String: String], _ body: () throws
 }
 
 /// A raw TCP client for tests that need bytes the usual clients will not send.
-public final class RawConnection {
+public final class RawConnection: Sendable {
     /// The socket.
     public let fd: Int32
 
