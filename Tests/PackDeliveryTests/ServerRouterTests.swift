@@ -44,7 +44,7 @@ private struct Site {
 
 /// Grants the packs of the products named in `Authorization: Bearer receipt/<product>+<product>`:
 /// how a receipt that names products plugs into the gate.
-private struct ProductListAuthorizer: PackAuthorizer {
+struct ProductListAuthorizer: PackAuthorizer {
     func decide(authorization: String?, resource: ProtectedResource) -> AccessDecision {
         guard let authorization, let token = BearerCredentials.token(in: authorization), token.hasPrefix("receipt/") else {
             return .unauthorized

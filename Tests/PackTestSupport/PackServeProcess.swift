@@ -176,6 +176,18 @@ public final class RawConnection: Sendable {
         return (output, false)
     }
 
+    /// Whether the peer has closed the connection (end-of-file or reset), without waiting; bytes
+    /// waiting to be read are read and thrown away.
+    public var isClosedByPeer: Bool {
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        while true {
+            let received = recv(self.fd, &buffer, buffer.count, Int32(MSG_DONTWAIT))
+            if received > 0 { continue }
+            if received == 0 { return true }
+            return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR
+        }
+    }
+
     /// Closes the sending side (FIN).
     public func shutdownWrite() {
         shutdown(self.fd, Int32(SHUT_WR))
