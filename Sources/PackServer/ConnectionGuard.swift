@@ -3,6 +3,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import NIOHTTPTypes
+import NIOHTTPTypesHTTP1
 import Synchronization
 
 /// Guards one HTTP/1.1 connection against clients that hold it without using it. It sits in the
@@ -21,6 +22,8 @@ import Synchronization
 ///   400, both with `Connection: close`; then the output is closed and the input is read and thrown
 ///   away until the client closes or `lingeringTimeout` passes (nginx's lingering close), and the
 ///   connection is closed fully either way.
+/// - **Flow control**: releases the body bytes of each write from the connection's
+///   ``ConnectionFlow`` once the socket took them, so a file body never runs ahead of the socket.
 /// - **Connection limit**: registers with the ``ConnectionLimiter``, telling it when the connection is
 ///   idle (waiting for a request, or lingering) and may be closed to make room for a new client.
 final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
@@ -30,12 +33,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     typealias OutboundOut = HTTPResponsePart
 
     private enum State {
-        /// Opened, or between two requests: the request timer runs.
-        case waitingForRequest
-        /// The head arrived; the body has not ended: the request timer still runs.
-        case readingRequest
-        /// The request is read; its response is being produced.
-        case responding
+        /// Reading requests and writing responses; see the counters for where it stands.
+        case open
         /// A parse error was answered and the output closed; input is drained until EOF or timeout.
         case lingering
         case closed
@@ -44,17 +43,29 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     private let limits: PackServerConfiguration.Limits
     private let limiter: ConnectionLimiter
     private let logger: Logger
-    private var state = State.waitingForRequest
+    private var state = State.open
+    /// Request heads received, requests read to their end, and responses written to their end. A
+    /// client may send its next request before the previous response's end has passed here (it has
+    /// all the bytes once the body is sent), so these are counts, not one state.
+    private var requestsStarted = 0
+    private var requestsEnded = 0
+    private var responsesEnded = 0
+
+    /// A request has started and not been read to its end.
+    private var isReadingRequest: Bool { self.requestsStarted > self.requestsEnded }
+    /// Every request read has been answered to its end: waiting for the next one.
+    private var isIdle: Bool { self.requestsStarted == self.requestsEnded && self.responsesEnded == self.requestsEnded }
     private var requestTimer: Scheduled<Void>?
     private var sendTimer: Scheduled<Void>?
     private var lingerTimer: Scheduled<Void>?
     private var pendingWrites = 0
-    private var servedRequests = 0
+    private let flow: ConnectionFlow
 
     init(limits: PackServerConfiguration.Limits, limiter: ConnectionLimiter, logger: Logger) {
         self.limits = limits
         self.limiter = limiter
         self.logger = logger
+        self.flow = ConnectionFlow(window: max(4096, limits.readChunkSize))
     }
 
     // MARK: - Lifecycle
@@ -74,6 +85,22 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
             return
         }
         channel.closeFuture.whenComplete { [limiter = self.limiter] _ in limiter.remove(channel) }
+        ConnectionFlow.register(self.flow, for: channel)
+        // File regions are written from the HTTP codec's position, so they enter the HTTP/1 encoder
+        // (which frames them with the Content-Length already sent) below the typed HTTP parts.
+        if let codec = try? context.pipeline.syncOperations.context(handlerType: HTTP1ToHTTPServerCodec.self) {
+            let bound = NIOLoopBound((handler: self, context: context, codec: codec), eventLoop: context.eventLoop)
+            let eventLoop = context.eventLoop
+            self.flow.attachRegionWriter(
+                { fd, offset, count, done in
+                    eventLoop.execute {
+                        let (handler, context, codec) = bound.value
+                        handler.writeRegion(context: context, codec: codec, fd: fd, offset: offset, count: count, done: done)
+                    }
+                },
+                abort: { channel.close(promise: nil) }
+            )
+        }
         self.startRequestTimer(context: context, timeout: self.limits.requestTimeout)
     }
 
@@ -90,24 +117,17 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     // MARK: - Inbound
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
-        switch self.state {
-        case .lingering, .closed:
-            return
-        case .waitingForRequest, .readingRequest, .responding:
-            break
-        }
+        guard case .open = self.state else { return }
         switch self.unwrapInboundIn(data) {
         case .head:
-            self.state = .readingRequest
+            self.requestsStarted += 1
             self.limiter.setIdle(context.channel, false)
         case .body:
             break
         case .end:
-            if case .readingRequest = self.state {
-                self.state = .responding
-                self.requestTimer?.cancel()
-                self.requestTimer = nil
-            }
+            self.requestsEnded += 1
+            self.requestTimer?.cancel()
+            self.requestTimer = nil
         }
         context.fireChannelRead(data)
     }
@@ -136,19 +156,16 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
             // Bytes after the parse error (ByteToMessageDecoderError.dataReceivedInErrorState), or
             // a reset while draining: expected, nothing to report.
             return
-        case .responding:
-            if error is HTTPParserError {
-                // A pipelined request after this one is malformed; the response in flight cannot be
-                // followed by an answer to it. Close once this response is done? It may never be:
-                // close now.
+        case .open:
+            guard let parserError = error as? HTTPParserError else { break }
+            if self.responsesEnded < self.requestsEnded {
+                // A request after one still being answered is malformed: no answer can follow the
+                // response in flight in order. Close.
                 self.closeFully(context: context)
-                return
-            }
-        case .waitingForRequest, .readingRequest:
-            if let parserError = error as? HTTPParserError {
+            } else {
                 self.answerAndLinger(context: context, status: parserError == .headerOverflow ? .requestHeaderFieldsTooLarge : .badRequest)
-                return
             }
+            return
         }
         context.fireErrorCaught(error)
     }
@@ -159,10 +176,11 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         let isEnd: Bool
         if case .end = self.unwrapOutboundIn(data) { isEnd = true } else { isEnd = false }
         self.trackedWrite(context: context, data: data, promise: promise)
-        if isEnd, case .responding = self.state {
-            self.servedRequests += 1
-            self.state = .waitingForRequest
-            self.startRequestTimer(context: context, timeout: self.limits.idleTimeout)
+        if isEnd, case .open = self.state {
+            self.responsesEnded += 1
+            if self.isIdle {
+                self.startRequestTimer(context: context, timeout: self.limits.idleTimeout)
+            }
         }
     }
 
@@ -170,21 +188,59 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
     /// send timer runs, restarted by each completed write.
     private func trackedWrite(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
         let written = promise ?? context.eventLoop.makePromise(of: Void.self)
+        if case .body(let buffer) = self.unwrapOutboundIn(data) {
+            let bytes = buffer.readableBytes
+            written.futureResult.whenComplete { [flow = self.flow] _ in flow.release(bytes) }
+        }
         self.pendingWrites += 1
         if self.sendTimer == nil {
             self.startSendTimer(context: context)
         }
         written.futureResult.assumeIsolated().whenComplete { _ in
-            self.pendingWrites -= 1
-            self.sendTimer?.cancel()
-            self.sendTimer = nil
-            if self.pendingWrites > 0 {
-                self.startSendTimer(context: context)
-            } else if case .waitingForRequest = self.state {
-                self.limiter.setIdle(context.channel, true)
-            }
+            self.writeCompleted(context: context)
         }
         context.write(data, promise: written)
+    }
+
+    /// Writes `count` bytes of `fd` from `offset` as a `FileRegion` (sent with `sendfile`), tracked
+    /// by the send timer like any write. `fd` stays owned by the caller, who keeps it open until `done`.
+    private func writeRegion(
+        context: ChannelHandlerContext,
+        codec: ChannelHandlerContext,
+        fd: Int32,
+        offset: Int,
+        count: Int,
+        done: @escaping @Sendable (Result<Void, any Error>) -> Void
+    ) {
+        guard case .open = self.state, context.channel.isActive else {
+            done(.failure(ChannelError.ioOnClosedChannel))
+            return
+        }
+        let handle = NIOFileHandle(_deprecatedTakingOwnershipOfDescriptor: fd)
+        let region = FileRegion(fileHandle: handle, readerIndex: offset, endIndex: offset + count)
+        let written = context.eventLoop.makePromise(of: Void.self)
+        self.pendingWrites += 1
+        if self.sendTimer == nil {
+            self.startSendTimer(context: context)
+        }
+        written.futureResult.assumeIsolated().whenComplete { result in
+            // The descriptor belongs to the caller's OpenFile: let go without closing it.
+            _ = try? handle.takeDescriptorOwnership()
+            self.writeCompleted(context: context)
+            done(result)
+        }
+        codec.writeAndFlush(NIOAny(HTTPServerResponsePart.body(.fileRegion(region))), promise: written)
+    }
+
+    private func writeCompleted(context: ChannelHandlerContext) {
+        self.pendingWrites -= 1
+        self.sendTimer?.cancel()
+        self.sendTimer = nil
+        if self.pendingWrites > 0 {
+            self.startSendTimer(context: context)
+        } else if case .open = self.state, self.isIdle {
+            self.limiter.setIdle(context.channel, true)
+        }
     }
 
     // MARK: - Parse errors
@@ -222,18 +278,16 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         self.requestTimer?.cancel()
         self.requestTimer = context.eventLoop.assumeIsolated().scheduleTask(in: .init(timeout)) {
             self.requestTimer = nil
-            switch self.state {
-            case .waitingForRequest where self.pendingWrites > 0:
-                // The last response is still being sent: that is the send timer's business.
-                self.startRequestTimer(context: context, timeout: timeout)
-            case .waitingForRequest, .readingRequest:
+            guard case .open = self.state else { return }
+            if self.isReadingRequest || (self.isIdle && self.pendingWrites == 0) {
                 self.logger.debug(
-                    self.servedRequests == 0 ? "No whole request within \(timeout): closing the connection."
+                    self.responsesEnded == 0 ? "No whole request within \(timeout): closing the connection."
                         : "Idle for \(timeout): closing the connection."
                 )
                 self.closeFully(context: context)
-            case .responding, .lingering, .closed:
-                break
+            } else if self.isIdle {
+                // The last response is still being sent: that is the send timer's business.
+                self.startRequestTimer(context: context, timeout: timeout)
             }
         }
     }

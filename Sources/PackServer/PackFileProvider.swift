@@ -11,12 +11,11 @@ import Glibc
 ///
 /// Why this exists: Hummingbird 2.28's `LocalFileSystem` reads through NIO's `FileChunks`, an
 /// async sequence that reads ahead up to 8 chunks of 128 KiB (`highWatermark: 8`) on the thread
-/// pool, independently of how fast the socket drains. The response body writer does wait while
-/// the channel is not writable, but the read-ahead buffer sits in front of it: 1 MiB per slow
-/// client, and with a 4 MiB file nearly all of it. 1,000 clients made 1.7–1.9 GB. Here one chunk
-/// is read (`pread`) only after the previous one was accepted by the channel, and the channel
-/// accepts it only while it is writable (below its 64 KiB high-water mark), so memory is bounded by
-/// connections × (chunk + high-water mark).
+/// pool, independently of how fast the socket drains; and the response body writer's own
+/// backpressure reacts late (see ``ConnectionFlow``), so writes queue up on the event loop too.
+/// 1,000 clients of a 4 MiB file made 1.7–1.9 GB. Here a chunk is read (`pread`) only once the
+/// connection's ``ConnectionFlow`` has room for it — at most two chunks between the file and the
+/// socket — so memory is bounded by connections × 2 chunks.
 ///
 /// The reads run on the calling task's thread, not on a thread pool: served packs are read from
 /// the page cache, where a 64 KiB `pread` is a memory copy of a few microseconds, cheaper than a
@@ -61,23 +60,32 @@ struct PackFileProvider: FileProvider {
 
     func loadFile(id: ResolvedFile, context: some RequestContext) async throws -> ResponseBody {
         guard id.status.size > 0 else { return ResponseBody() }
-        return self.body(id, range: 0...(id.status.size - 1))
+        return self.body(id, range: 0...(id.status.size - 1), flow: (context as? PackRequestContext)?.flow)
     }
 
     func loadFile(id: ResolvedFile, range: ClosedRange<Int>, context: some RequestContext) async throws -> ResponseBody {
         guard id.status.size > 0 else { return ResponseBody() }
-        return self.body(id, range: range.clamped(to: 0...(id.status.size - 1)))
+        return self.body(id, range: range.clamped(to: 0...(id.status.size - 1)), flow: (context as? PackRequestContext)?.flow)
     }
 
     /// A body that reads `range` one chunk at a time, each after the previous one was written.
-    private func body(_ file: ResolvedFile, range: ClosedRange<Int>) -> ResponseBody {
+    private func body(_ file: ResolvedFile, range: ClosedRange<Int>, flow: ConnectionFlow?) -> ResponseBody {
         let chunkSize = self.chunkSize
         return ResponseBody(contentLength: range.count) { writer in
+            // On a real connection: sendfile, straight from the page cache to the socket.
+            if let flow, try await flow.sendFile(file.file.fd, offset: range.lowerBound, count: range.count) {
+                withExtendedLifetime(file) {}
+                try await writer.finish(nil)
+                return
+            }
+            // Elsewhere (app.test(.router)): read and write one chunk at a time.
             let allocator = ByteBufferAllocator()
             var offset = range.lowerBound
             var remaining = range.count
             while remaining > 0 {
                 let length = min(chunkSize, remaining)
+                // Wait for the socket to take what is in flight (see ConnectionFlow).
+                await flow?.reserve(length)
                 var buffer = allocator.buffer(capacity: length)
                 let count = try buffer.writeWithUnsafeMutableBytes(minimumWritableBytes: length) { bytes in
                     var read = 0

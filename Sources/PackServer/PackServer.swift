@@ -51,7 +51,7 @@ public struct PackServerConfiguration: Sendable {
             sendTimeout: Duration = .seconds(60),
             lingeringTimeout: Duration = .seconds(5),
             maxConnections: Int? = nil,
-            readChunkSize: Int = 64 * 1024
+            readChunkSize: Int = 128 * 1024
         ) {
             self.requestTimeout = requestTimeout
             self.idleTimeout = idleTimeout
@@ -236,26 +236,26 @@ public enum PackServer {
 
     /// The router of a server: request log, request guard, authorization, then the files (or the
     /// auth gate). Internal so that tests can drive it with `app.test(.router)`.
-    static func makeRouter(_ configuration: PackServerConfiguration, logger: Logger) throws -> Router<BasicRequestContext> {
+    static func makeRouter(_ configuration: PackServerConfiguration, logger: Logger) throws -> Router<PackRequestContext> {
         let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
         let index = ManifestIndex(folder: folder.rootPath, logger: logger)
         let authorizer = configuration.effectiveAuthorizer
 
-        let router = Router()
-        router.add(middleware: RequestLogMiddleware<BasicRequestContext>())
+        let router = Router(context: PackRequestContext.self)
+        router.add(middleware: RequestLogMiddleware<PackRequestContext>())
         switch configuration.mode {
         case .authOnly:
             guard let authorizer else { throw PackServerError.authOnlyWithoutCredential }
-            router.add(middleware: RequestGuardMiddleware<BasicRequestContext>(allowsAnyMethod: true))
-            router.add(middleware: AuthGateMiddleware<BasicRequestContext>(authorizer: authorizer, index: index))
+            router.add(middleware: RequestGuardMiddleware<PackRequestContext>(allowsAnyMethod: true))
+            router.add(middleware: AuthGateMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
         case .files:
-            router.add(middleware: RequestGuardMiddleware<BasicRequestContext>())
+            router.add(middleware: RequestGuardMiddleware<PackRequestContext>())
             if let authorizer {
-                router.add(middleware: AuthorizationMiddleware<BasicRequestContext>(authorizer: authorizer, index: index))
+                router.add(middleware: AuthorizationMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
             }
-            router.add(middleware: FileValidatorsMiddleware<BasicRequestContext>(folder: folder))
+            router.add(middleware: FileValidatorsMiddleware<PackRequestContext>(folder: folder))
             router.add(
-                middleware: FileMiddleware<BasicRequestContext, PackFileProvider>(
+                middleware: FileMiddleware<PackRequestContext, PackFileProvider>(
                     fileProvider: PackFileProvider(folder: folder, chunkSize: max(4096, configuration.limits.readChunkSize))
                 )
                 .withAdditionalMediaType(.applicationJson, mappedToFileExtension: "json")

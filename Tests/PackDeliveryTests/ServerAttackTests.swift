@@ -314,6 +314,43 @@ struct ServerAttackTests {
         #expect(answers.map(\.1) == ["/packs/", "/packs/", "/packs/", "/packs/evil.example/", "/packs/"])
     }
 
+    // MARK: Keep-alive
+
+    @Test("five range requests on one keep-alive connection all get their bytes (sendfile, next request before the last end)")
+    func keepAliveRanges() async throws {
+        let root = try packFolder("keepalive")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let bytes = try Data(contentsOf: root.appendingPathComponent("pack.bin"))
+        let server = try await PackServer.start(PackServerConfiguration(directory: root, port: 0), logger: LogLines().logger())
+        let port = server.port
+        let bodies = try await onThread { () -> [[UInt8]] in
+            let connection = try RawConnection(port: port, timeout: 5)
+            var bodies: [[UInt8]] = []
+            var pending: [UInt8] = []
+            for index in 0..<5 {
+                connection.send("GET /pack.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nRange: bytes=\(index * 1000)-\(index * 1000 + 9999)\r\n\r\n")
+                // Read the head and exactly 10,000 body bytes.
+                var buffer = [UInt8](repeating: 0, count: 65536)
+                while true {
+                    if let end = pending.firstRange(of: Array("\r\n\r\n".utf8)), pending.count >= end.upperBound + 10_000 {
+                        bodies.append(Array(pending[end.upperBound..<(end.upperBound + 10_000)]))
+                        pending.removeFirst(end.upperBound + 10_000)
+                        break
+                    }
+                    let received = recv(connection.fd, &buffer, buffer.count, 0)
+                    if received <= 0 { return bodies }
+                    pending.append(contentsOf: buffer[..<received])
+                }
+            }
+            return bodies
+        }
+        await server.stop()
+        #expect(bodies.count == 5, "the connection broke after \(bodies.count) responses")
+        for (index, body) in bodies.enumerated() {
+            #expect(Data(body) == bytes[(index * 1000)..<(index * 1000 + 10_000)], "response \(index)")
+        }
+    }
+
     // MARK: - Fixtures
 
     /// Makes OUTSIDE/d…/d…/…/secret.txt, more than 4096 bytes deep, and a short symbolic link
