@@ -253,13 +253,8 @@ public enum PackServer {
             if let authorizer {
                 router.add(middleware: AuthorizationMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
             }
-            router.add(middleware: FileValidatorsMiddleware<PackRequestContext>(folder: folder))
-            router.add(
-                middleware: FileMiddleware<PackRequestContext, PackFileProvider>(
-                    fileProvider: PackFileProvider(folder: folder, chunkSize: max(4096, configuration.limits.readChunkSize))
-                )
-                .withAdditionalMediaType(.applicationJson, mappedToFileExtension: "json")
-            )
+            let bodies = FileBodies(chunkSize: max(4096, configuration.limits.readChunkSize))
+            router.add(middleware: PackFileMiddleware<PackRequestContext>(folder: folder, bodies: bodies))
         }
 
         return router

@@ -2,12 +2,17 @@ import Foundation
 import HTTPTypes
 import Hummingbird
 
-/// Sits in front of Hummingbird's `FileMiddleware` and fixes what a resuming download client needs
-/// and `FileMiddleware` (2.28) does not do:
+/// Serves the files of the folder: GET and HEAD, 200 and 206, with the validators and conditions a
+/// resuming download client needs.
+///
+/// It started as a layer in front of Hummingbird's `FileMiddleware` (2.28) fixing what that does not
+/// do, until nothing was left to it but assembling headers — which cost 8 % of the CPU of a 64 KiB
+/// range request under load (it also builds and hashes its own ETag, formats dates and parses the
+/// range again). What it does, and why not `FileMiddleware`:
 ///
 /// - **Path safety**: every path goes through ``ServedFolder`` (bytes, component by component,
-///   dotfiles refused, unresolvable paths refused); only regular files inside the root reach
-///   `FileMiddleware`, already open. Malformed paths get 400, everything else that is not served 404.
+///   dotfiles refused, unresolvable paths refused). Malformed paths get 400, everything else that is
+///   not served 404.
 /// - **Folders**: `FileMiddleware` redirects `/a` to `/a/` by appending a slash to the path as sent, so
 ///   `//evil.example` became `Location: //evil.example/`, a protocol-relative URL to another host. Here
 ///   the redirect is rebuilt from the path's segments (`/evil.example/`), and a folder with a slash
@@ -15,23 +20,20 @@ import Hummingbird
 /// - **Preconditions** (RFC 9110 §13.2.2, in its order): `If-Match` (strong comparison) and, without
 ///   it, `If-Unmodified-Since` answer 412 when they fail; `If-None-Match` (weak comparison) and,
 ///   without it, `If-Modified-Since` answer 304.
-/// - **A strong ETag**: `FileMiddleware` sends a weak tag (`W/"…"`) built from the modification time
-///   in whole seconds and the size, and compares `If-Range` to it byte for byte — so it honours
-///   `If-Range` with a weak tag (RFC 9110 §13.1.5 forbids that) and cannot tell two versions of a
-///   file written within the same second apart. This middleware replaces the tag with a strong one
-///   made of inode, modification time in nanoseconds and size, and evaluates `If-Range` (strong
-///   comparison, or an exact `Last-Modified` date) itself.
-/// - **416**: `FileMiddleware` answers `Range: bytes=N-` with N past the end with a broken 206; here it
-///   gets `416` with `Content-Range: bytes */LENGTH`.
-/// - **Range forms**: suffix ranges (`bytes=-N`, which `FileMiddleware` reads as `0-N`) are turned into
-///   the equivalent `bytes=START-END`; ranges it cannot satisfy as one part (several ranges, bad
-///   syntax, `M < N`) are ignored and the whole file is sent with 200, as RFC 9110 §14.2 allows.
-///   `Range` on HEAD is ignored.
-///
-/// What is left to `FileMiddleware`: 200/206 with `Content-Range` and `Content-Length`,
-/// `Last-Modified`, `Content-Type`, `Accept-Ranges`; the bytes come from ``PackFileProvider``.
-struct FileValidatorsMiddleware<Context: RequestContext>: RouterMiddleware {
+/// - **A strong ETag** made of inode, modification time in nanoseconds and size. `FileMiddleware`'s is
+///   weak (`W/"…"`, whole seconds and size), and it compares `If-Range` to it byte for byte — so it
+///   honours `If-Range` with a weak tag (RFC 9110 §13.1.5 forbids that) and cannot tell two versions
+///   of a file written within the same second apart. `If-Range` is a strong comparison here, or an
+///   exact `Last-Modified` date.
+/// - **Ranges**: `bytes=N-M`, `N-` and suffix `-N`; N past the end gets 416 with
+///   `Content-Range: bytes */LENGTH` (`FileMiddleware` sends a broken 206); what cannot be satisfied as
+///   one part (several ranges, bad syntax, `M < N`) is ignored and the whole file sent with 200, as
+///   RFC 9110 §14.2 allows. `Range` on HEAD is ignored.
+/// - **The bytes** come from ``FileBodies``: `sendfile` on a real connection, one chunk at a time
+///   elsewhere; validators, length and bytes all from one open descriptor.
+struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
     let folder: ServedFolder
+    let bodies: FileBodies
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard request.method == .get || request.method == .head else {
@@ -52,48 +54,56 @@ struct FileValidatorsMiddleware<Context: RequestContext>: RouterMiddleware {
         }
         let status = file.status
 
-        var validators = HTTPFields()
-        validators[.eTag] = status.strongETag
-        validators[.lastModified] = status.lastModifiedHeader
+        var headers = HTTPFields()
+        headers.reserveCapacity(8)
+        headers[.eTag] = status.strongETag
+        headers[.lastModified] = status.lastModifiedHeader
 
         switch Self.evaluatePreconditions(request.headers, file: status) {
         case .preconditionFailed:
-            return Response(status: .preconditionFailed, headers: validators)
+            return Response(status: .preconditionFailed, headers: headers)
         case .notModified:
-            return Response(status: .notModified, headers: validators)
+            return Response(status: .notModified, headers: headers)
         case .proceed:
             break
         }
 
-        var forwarded = request.headers
-        for name in [HTTPField.Name.ifMatch, .ifUnmodifiedSince, .ifNoneMatch, .ifModifiedSince, .ifRange, .range] {
-            forwarded[name] = nil
+        headers[.acceptRanges] = "bytes"
+        if let mediaType = Self.mediaType(forPath: request.uri.path) {
+            headers[.contentType] = mediaType
         }
-        // Range and If-Range. FileMiddleware never sees If-Range: it is decided here.
-        if let rangeHeader = request.headers[.range], request.method == .get {
-            let conditionHolds = request.headers[.ifRange].map { status.matchesIfRange($0) } ?? true
-            if conditionHolds {
-                switch Self.parseSingleRange(rangeHeader, size: status.size) {
-                case .satisfiable(let lower, let upper):
-                    forwarded[.range] = "bytes=\(lower)-\(upper)"
-                case .unsatisfiable:
-                    var headers = validators
-                    headers[.contentRange] = "bytes */\(status.size)"
-                    headers[.acceptRanges] = "bytes"
-                    return Response(status: .rangeNotSatisfiable, headers: headers)
-                case .ignored:
-                    break
-                }
+        var range = 0..<status.size
+        var responseStatus = HTTPResponse.Status.ok
+        // Range and If-Range.
+        if let rangeHeader = request.headers[.range], request.method == .get,
+            request.headers[.ifRange].map({ status.matchesIfRange($0) }) ?? true
+        {
+            switch Self.parseSingleRange(rangeHeader, size: status.size) {
+            case .satisfiable(let lower, let upper):
+                range = lower..<(upper + 1)
+                responseStatus = .partialContent
+                headers[.contentRange] = "bytes \(lower)-\(upper)/\(status.size)"
+            case .unsatisfiable:
+                headers[.contentRange] = "bytes */\(status.size)"
+                return Response(status: .rangeNotSatisfiable, headers: headers)
+            case .ignored:
+                break
             }
         }
+        headers[.contentLength] = String(range.count)
+        guard request.method == .get, !range.isEmpty else {
+            return Response(status: responseStatus, headers: headers, body: ResponseBody())
+        }
+        let flow = (context as? PackRequestContext)?.flow
+        return Response(status: responseStatus, headers: headers, body: self.bodies.body(file, range: range, flow: flow))
+    }
 
-        var response = try await PackFileProvider.$resolved.withValue(file) {
-            try await next(Self.request(request, withHeaders: forwarded), context)
-        }
-        if response.headers[.eTag] != nil {
-            response.headers[.eTag] = status.strongETag
-        }
-        return response
+    /// The media type for the path's extension (`manifest.json` → `application/json`), or `nil`.
+    static func mediaType(forPath path: String) -> String? {
+        guard let dot = path.lastIndex(of: "."), !path[dot...].contains("/") else { return nil }
+        let fileExtension = path[path.index(after: dot)...].lowercased()
+        if fileExtension == "json" { return "application/json" }
+        return MediaType.getMediaType(forExtension: fileExtension)?.description
     }
 
     enum Precondition: Equatable {
@@ -130,41 +140,47 @@ struct FileValidatorsMiddleware<Context: RequestContext>: RouterMiddleware {
         return .proceed
     }
 
-    /// `request` with its header fields replaced (`Request.headers` is read-only).
-    private static func request(_ request: Request, withHeaders headers: HTTPFields) -> Request {
-        var head = request.head
-        head.headerFields = headers
-        return Request(head: head, body: request.body)
-    }
-
     enum RangeDecision: Equatable {
         case satisfiable(Int, Int)
         case unsatisfiable
         case ignored
     }
 
-    /// Interprets a `Range` header against a file of `size` bytes (RFC 9110 §14.1.2).
+    /// Interprets a `Range` header against a file of `size` bytes (RFC 9110 §14.1.2), on its bytes
+    /// (Foundation's `trimmingCharacters` cost 5 % of a range request's CPU under load).
     static func parseSingleRange(_ header: String, size: Int) -> RangeDecision {
-        let trimmed = header.trimmingCharacters(in: .whitespaces)
-        guard let equals = trimmed.firstIndex(of: "="),
-            trimmed[..<equals].trimmingCharacters(in: .whitespaces).lowercased() == "bytes"
-        else { return .ignored }
-        let spec = trimmed[trimmed.index(after: equals)...].trimmingCharacters(in: .whitespaces)
-        guard !spec.contains(","), let dash = spec.firstIndex(of: "-") else { return .ignored }
-        let first = spec[..<dash].trimmingCharacters(in: .whitespaces)
-        let last = spec[spec.index(after: dash)...].trimmingCharacters(in: .whitespaces)
-        let isDigits = { (text: String) in !text.isEmpty && text.allSatisfy(\.isASCIIDigit) }
+        var bytes = Array(header.utf8)[...]
+        func trim(_ part: inout ArraySlice<UInt8>) {
+            while let first = part.first, first == UInt8(ascii: " ") || first == UInt8(ascii: "\t") { part.removeFirst() }
+            while let last = part.last, last == UInt8(ascii: " ") || last == UInt8(ascii: "\t") { part.removeLast() }
+        }
+        func number(_ part: ArraySlice<UInt8>) -> Int? {
+            guard !part.isEmpty, part.count <= 18, part.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }
+            return part.reduce(0) { $0 * 10 + Int($1 - UInt8(ascii: "0")) }
+        }
+        trim(&bytes)
+        guard let equals = bytes.firstIndex(of: UInt8(ascii: "=")) else { return .ignored }
+        var unit = bytes[..<equals]
+        trim(&unit)
+        guard unit.count == 5, unit.map({ $0 | 0x20 }) == Array("bytes".utf8) else { return .ignored }
+        var spec = bytes[(equals + 1)...]
+        trim(&spec)
+        guard !spec.contains(UInt8(ascii: ",")), let dash = spec.firstIndex(of: UInt8(ascii: "-")) else { return .ignored }
+        var first = spec[..<dash]
+        var last = spec[(dash + 1)...]
+        trim(&first)
+        trim(&last)
 
         if first.isEmpty {
             // Suffix range: the last N bytes.
-            guard isDigits(last), let suffix = Int(last) else { return .ignored }
+            guard let suffix = number(last) else { return .ignored }
             guard suffix > 0, size > 0 else { return .unsatisfiable }
             return .satisfiable(max(0, size - suffix), size - 1)
         }
-        guard isDigits(first), let lower = Int(first) else { return .ignored }
+        guard let lower = number(first) else { return .ignored }
         var upper = Int.max
         if !last.isEmpty {
-            guard isDigits(last), let value = Int(last) else { return .ignored }
+            guard let value = number(last) else { return .ignored }
             guard value >= lower else { return .ignored }
             upper = value
         }
@@ -260,6 +276,3 @@ enum HTTPDate {
     }
 }
 
-extension Character {
-    fileprivate var isASCIIDigit: Bool { ("0"..."9").contains(self) }
-}
