@@ -32,8 +32,9 @@ public struct PackServerConfiguration: Sendable {
         /// (`RLIMIT_NOFILE`): each connection may need two descriptors (its socket and the file it
         /// sends), and 32 are kept for the server itself.
         public var maxConnections: Int?
-        /// Bytes read from a file and handed to the connection at a time; a connection holds at most
-        /// about this plus the channel's 64 KiB high-water mark.
+        /// Where a file cannot be sent with `sendfile` (no real connection, as in
+        /// `app.test(.router)`): bytes read and handed over at a time, and the most a connection
+        /// holds in flight.
         public var readChunkSize: Int
 
         /// Creates limits.
@@ -44,7 +45,7 @@ public struct PackServerConfiguration: Sendable {
         ///   - sendTimeout: How long a response may wait for the client to take any bytes.
         ///   - lingeringTimeout: How long the input of a refused request is drained before closing.
         ///   - maxConnections: The most connections open at once, or `nil` for the descriptor limit's share.
-        ///   - readChunkSize: Bytes read from a file at a time.
+        ///   - readChunkSize: Bytes read from a file at a time where `sendfile` cannot be used.
         public init(
             requestTimeout: Duration = .seconds(60),
             idleTimeout: Duration = .seconds(60),
