@@ -14,8 +14,9 @@ struct RequestGuardMiddleware<Context: RequestContext>: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         // The first Host line becomes the request's authority; any further one stays a header field.
-        let extraHosts = request.headers.filter { $0.name.canonicalName == "host" }.count
-        guard let authority = request.head.authority, extraHosts == 0, Self.isValidHost(authority) else {
+        guard let authority = request.head.authority, !request.headers.contains(where: { $0.name.canonicalName == "host" }),
+            Self.isValidHost(authority)
+        else {
             throw HTTPError(.badRequest, message: "A request needs exactly one valid Host header.")
         }
         guard self.allowsAnyMethod || request.method == .get || request.method == .head else {

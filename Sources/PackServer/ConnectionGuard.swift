@@ -22,8 +22,9 @@ import Synchronization
 ///   400, both with `Connection: close`; then the output is closed and the input is read and thrown
 ///   away until the client closes or `lingeringTimeout` passes (nginx's lingering close), and the
 ///   connection is closed fully either way.
-/// - **Flow control**: releases the body bytes of each write from the connection's
-///   ``ConnectionFlow`` once the socket took them, so a file body never runs ahead of the socket.
+/// - **Files**: writes the file regions ``ConnectionFlow/sendFile(_:offset:count:)`` asks for (sent
+///   with `sendfile`), and releases the body bytes of each other write from the connection's
+///   ``ConnectionFlow`` once the socket took them, so a body never runs ahead of the socket.
 /// - **Connection limit**: registers with the ``ConnectionLimiter``, telling it when the connection is
 ///   idle (waiting for a request, or lingering) and may be closed to make room for a new client.
 final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {

@@ -19,6 +19,10 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
 
         let status = Int(response.status.code)
         let logger = context.logger
+        guard logger.logLevel <= .info else {
+            // Nothing would be logged (packs serve --quiet): leave the body as it is.
+            return response
+        }
         let body = response.body
         let counter = ByteCounter()
         response.body = ResponseBody(contentLength: body.contentLength) { writer in
