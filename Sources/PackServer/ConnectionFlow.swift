@@ -1,4 +1,5 @@
 import Hummingbird
+import Logging
 import NIOCore
 import Synchronization
 
@@ -136,4 +137,13 @@ struct PackRequestContext: RequestContext {
         self.coreContext = .init(source: source)
         self.flow = ConnectionFlow.registered(for: source.channel)
     }
+}
+
+/// What ``ConnectionGuard`` needs to answer a plain GET or HEAD of a file itself, on the event loop.
+struct FileFastPath: Sendable {
+    let folder: ServedFolder
+    let authorizer: (any PackAuthorizer)?
+    let index: ManifestIndex
+    /// The request log (one info line per request, as ``RequestLogMiddleware`` writes it).
+    let logger: Logger
 }

@@ -52,31 +52,61 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
         case .malformed:
             throw HTTPError(.badRequest, message: "The path must stay inside the served folder.")
         }
-        let status = file.status
+        switch Self.outcome(method: request.method, path: request.uri.path, headers: request.headers, file: file) {
+        case .response(let response):
+            return response
+        case .send(let answer):
+            guard request.method == .get, !answer.range.isEmpty else {
+                return Response(status: answer.status, headers: answer.headers, body: ResponseBody())
+            }
+            let flow = (context as? PackRequestContext)?.flow
+            return Response(status: answer.status, headers: answer.headers, body: self.bodies.body(file, range: answer.range, flow: flow))
+        }
+    }
 
+    /// A 200 or 206 answer: its status, its headers (`Content-Length` included) and the bytes of the
+    /// file to send (a HEAD request sends none of them).
+    struct Answer {
+        var status: HTTPResponse.Status
+        var headers: HTTPFields
+        var range: Range<Int>
+    }
+
+    /// What a GET or HEAD of a resolved file gets.
+    enum Outcome {
+        /// 200 or 206 with bytes of the file.
+        case send(Answer)
+        /// 304, 412 or 416: a response without a body.
+        case response(Response)
+    }
+
+    /// The answer to a GET or HEAD of `file` with these request headers: preconditions, then Range
+    /// and If-Range. Shared by this middleware and ``ConnectionGuard``'s fast path.
+    static func outcome(method: HTTPRequest.Method, path: String, headers requestHeaders: HTTPFields, file: ResolvedFile) -> Outcome {
+        let status = file.status
         var headers = HTTPFields()
         headers.reserveCapacity(8)
         headers[.eTag] = status.strongETag
         headers[.lastModified] = status.lastModifiedHeader
 
-        switch Self.evaluatePreconditions(request.headers, file: status) {
+        switch Self.evaluatePreconditions(requestHeaders, file: status) {
         case .preconditionFailed:
-            return Response(status: .preconditionFailed, headers: headers)
+            return .response(Response(status: .preconditionFailed, headers: headers))
         case .notModified:
-            return Response(status: .notModified, headers: headers)
+            return .response(Response(status: .notModified, headers: headers))
         case .proceed:
             break
         }
 
         headers[.acceptRanges] = "bytes"
-        if let mediaType = Self.mediaType(forPath: request.uri.path) {
+        if let mediaType = Self.mediaType(forPath: path) {
             headers[.contentType] = mediaType
         }
         var range = 0..<status.size
         var responseStatus = HTTPResponse.Status.ok
         // Range and If-Range.
-        if let rangeHeader = request.headers[.range], request.method == .get,
-            request.headers[.ifRange].map({ status.matchesIfRange($0) }) ?? true
+        if let rangeHeader = requestHeaders[.range], method == .get,
+            requestHeaders[.ifRange].map({ status.matchesIfRange($0) }) ?? true
         {
             switch Self.parseSingleRange(rangeHeader, size: status.size) {
             case .satisfiable(let lower, let upper):
@@ -85,17 +115,13 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
                 headers[.contentRange] = "bytes \(lower)-\(upper)/\(status.size)"
             case .unsatisfiable:
                 headers[.contentRange] = "bytes */\(status.size)"
-                return Response(status: .rangeNotSatisfiable, headers: headers)
+                return .response(Response(status: .rangeNotSatisfiable, headers: headers))
             case .ignored:
                 break
             }
         }
         headers[.contentLength] = String(range.count)
-        guard request.method == .get, !range.isEmpty else {
-            return Response(status: responseStatus, headers: headers, body: ResponseBody())
-        }
-        let flow = (context as? PackRequestContext)?.flow
-        return Response(status: responseStatus, headers: headers, body: self.bodies.body(file, range: range, flow: flow))
+        return .send(Answer(status: responseStatus, headers: headers, range: method == .get ? range : 0..<0))
     }
 
     /// The media type for the path's extension (`manifest.json` → `application/json`), or `nil`.

@@ -235,6 +235,17 @@ public enum PackServer {
         }
     }
 
+    /// What the connections need to answer plain file requests themselves (see ``ConnectionGuard``).
+    private static func fastPath(_ configuration: PackServerConfiguration, logger: Logger) throws -> FileFastPath {
+        let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
+        return FileFastPath(
+            folder: folder,
+            authorizer: configuration.effectiveAuthorizer,
+            index: ManifestIndex(folder: folder.rootPath, logger: logger),
+            logger: logger
+        )
+    }
+
     /// The router of a server: request log, request guard, authorization, then the files (or the
     /// auth gate). Internal so that tests can drive it with `app.test(.router)`.
     static func makeRouter(_ configuration: PackServerConfiguration, logger: Logger) throws -> Router<PackRequestContext> {
@@ -269,13 +280,16 @@ public enum PackServer {
     ) throws -> ServiceGroup {
         let router = try Self.makeRouter(configuration, logger: logger)
         let limits = configuration.limits
+        let fastPath: FileFastPath? = try configuration.mode == .files ? Self.fastPath(configuration, logger: logger) : nil
         let limiter = ConnectionLimiter(maximum: limits.effectiveMaxConnections)
         let connectionLogger = logger
         let application = Application(
             router: router,
             server: .http1(
                 configuration: HTTP1Channel.Configuration(
-                    additionalChannelHandlers: [ConnectionGuard(limits: limits, limiter: limiter, logger: connectionLogger)]
+                    additionalChannelHandlers: [
+                        ConnectionGuard(limits: limits, limiter: limiter, logger: connectionLogger, fastPath: fastPath)
+                    ]
                 )
             ),
             configuration: ApplicationConfiguration(
