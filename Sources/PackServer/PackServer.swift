@@ -294,7 +294,10 @@ public enum PackServer {
             ),
             configuration: ApplicationConfiguration(
                 address: .hostname(configuration.host, port: configuration.port),
-                serverName: "packs"
+                serverName: "packs",
+                // nginx's listen backlog on Linux (Hummingbird's default is 256): a burst of new
+                // clients waits in the kernel instead of retrying its SYN seconds later.
+                backlog: 511
             ),
             onServerRunning: { channel in
                 ready.succeed(channel.localAddress?.port ?? configuration.port)
