@@ -14,6 +14,11 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        // Already in the graph through Hummingbird; named so PackServer can add channel handlers
+        // (timeouts, connection limit, 431) below Hummingbird's router.
+        .package(url: "https://github.com/apple/swift-nio", from: "2.81.0"),
+        .package(url: "https://github.com/apple/swift-nio-extras", from: "1.24.0"),
+        .package(url: "https://github.com/apple/swift-http-types", from: "1.3.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
     ],
@@ -49,6 +54,12 @@ let package = Package(
             name: "PackServer",
             dependencies: [
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdCore", package: "hummingbird"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOHTTPTypes", package: "swift-nio-extras"),
+                .product(name: "NIOHTTPTypesHTTP1", package: "swift-nio-extras"),
+                .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -77,6 +88,8 @@ let package = Package(
             dependencies: [
                 "PackDelivery", "PackServer", "PackTestSupport",
                 .product(name: "Logging", package: "swift-log"),
+                // app.test(.router) for the server's middleware, without sockets.
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
             ]
         ),
     ],

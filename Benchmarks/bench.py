@@ -12,8 +12,10 @@ import glob
 import json
 import os
 import random
+import resource
 import shlex
 import shutil
+import socket
 import signal
 import statistics
 import subprocess
@@ -107,6 +109,13 @@ def content_bytes(folder):
     return files, total
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def median(values):
     return statistics.median(values) if values else float("nan")
 
@@ -149,6 +158,8 @@ class Bench:
         self.raw = []       # every run, for the appendix
         self.notes = []     # anything broken or surprising
         self.rng = random.Random(8)
+        self.load_seconds = args.load_seconds
+        self.load_raw = []   # case 8's runs
         os.makedirs(self.runs, exist_ok=True)
 
     def wants(self, case):
@@ -213,6 +224,9 @@ class Bench:
             self.data["unpack"] = self.manifest("unpack")["com.bench.unpack"]
             self.make_pack("tiny", [("one.bin", 1 * KiB)], "com.bench.tiny", "tiny.tar.gz")
             self.data["tiny"] = self.manifest("tiny")["com.bench.tiny"]
+        if self.wants(8):
+            log("data: a 4 MiB file for the server load case…")
+            self.random_file(os.path.join(self.site, "load", "pack4m.bin"), 4 * MiB)
         if getattr(self, "profile", False):
             log("data: 64 MiB pack for callgrind…")
             self.make_pack("prof", [(f"part{i}.bin", 16 * MiB) for i in range(4)], "com.bench.prof", "prof.tar")
@@ -651,6 +665,166 @@ class Bench:
                               f"{fmt_s(median(m['curl file:// → /dev/null']))}; packs fetch of a 1-file pack "
                               f"{fmt_s(median(m['packs fetch 1-file pack']))}", "", "", "", "", "", ""))
 
+    # ---- case 8: packs serve under load, against nginx (issue 16) --------------------------------
+
+    def case_server_load(self):
+        """1,000 wrk connections on loopback against `packs serve` and against nginx serving the same
+        folder: whole 4 MiB files, and 64 KiB ranges at random aligned offsets of the same file.
+        Each packs run starts a fresh `packs serve` (so its RSS at start, peak and 10 s after the
+        load are of that run alone); nginx runs throughout, in a configuration of its own (4096
+        worker connections, sendfile, ETag). Neither logs requests. Runs alternate, the order
+        rotated every round."""
+        wrk = shutil.which("wrk")
+        if not wrk:
+            raise Failure("wrk is not installed (Debian package wrk)")
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < 8192 <= hard or soft < hard < 8192:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 65536), hard))
+        site = os.path.join(self.site, "load")
+        seconds = self.load_seconds
+        lua = os.path.join(self.tmp, "ranges.lua")
+        with open(lua, "w") as f:
+            f.write("math.randomseed(8)\n"
+                    "request = function()\n"
+                    "  local first = math.random(0, 63) * 65536\n"
+                    "  return wrk.format('GET', '/pack4m.bin', { ['Range'] = 'bytes=' .. first .. '-' .. (first + 65535) })\n"
+                    "end\n")
+        nginx_dir = os.path.join(self.tmp, "nginx-load")
+        for sub in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            os.makedirs(os.path.join(nginx_dir, sub), exist_ok=True)
+        nginx_port = free_port()
+        user = "user root;\n" if os.geteuid() == 0 else ""
+        with open(os.path.join(nginx_dir, "nginx.conf"), "w") as f:
+            f.write(f"""{user}worker_processes 1;
+worker_rlimit_nofile 8192;
+daemon on;
+pid {nginx_dir}/nginx.pid;
+error_log {nginx_dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    default_type application/octet-stream;
+    access_log off;
+    client_body_temp_path {nginx_dir}/client_body;
+    proxy_temp_path {nginx_dir}/proxy;
+    fastcgi_temp_path {nginx_dir}/fastcgi;
+    uwsgi_temp_path {nginx_dir}/uwsgi;
+    scgi_temp_path {nginx_dir}/scgi;
+    sendfile on;
+    tcp_nopush on;
+    etag on;
+    server_tokens off;
+    keepalive_requests 100000;
+    server {{ listen 127.0.0.1:{nginx_port}; root {site}; }}
+}}
+""")
+        self.sh(["/usr/sbin/nginx", "-p", nginx_dir, "-e", os.path.join(nginx_dir, "error.log"), "-c", os.path.join(nginx_dir, "nginx.conf")])
+        try:
+            for _ in range(50):
+                if subprocess.run(["curl", "-s", "-o", "/dev/null", f"http://127.0.0.1:{nginx_port}/pack4m.bin"]).returncode == 0:
+                    break
+                time.sleep(0.1)
+            loads = [("whole 4 MiB", []), ("64 KiB ranges", ["-s", lua])]
+            commands = [(server, load) for load in loads for server in ("packs", "nginx")]
+            results = {(server, load[0]): [] for server, load in commands}
+            log(f"case 8: packs serve and nginx under wrk -c1000 for {seconds} s, {self.reps} rounds…")
+            for r in range(self.reps):
+                k = r % len(commands)
+                for server, (load, extra) in commands[k:] + commands[:k]:
+                    run = self.load_run(wrk, server, site, nginx_port, extra, seconds)
+                    results[(server, load)].append(run)
+                    log(f"  case 8 round {r} {server:<5} {load:<13} {run['rps']:9.0f} req/s  {run['mib_s']:7.0f} MiB/s  p99 {run['p99']}"
+                        f"  errors {run['errors']}" + (f"  rss {run['start'] / 1024:.0f} → peak {run['peak'] / 1024:.0f} → "
+                                                        f"{run['after'] / 1024:.0f} MiB 10 s after" if server == "packs" else ""))
+                    self.load_raw.append((r, server, load, run))
+        finally:
+            try:
+                with open(os.path.join(nginx_dir, "nginx.pid")) as f:
+                    os.kill(int(f.read().strip()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+        for load, _ in loads:
+            ours = [x["rps"] for x in results[("packs", load)]]
+            peer = [x["rps"] for x in results[("nginx", load)]]
+            ratio = median(ours) / median(peer) if median(peer) else float("nan")
+            target = 0.8 if load.startswith("whole") else 0.5
+            self.rows.append(("8", f"{load}, 1,000 connections, requests/s (wrk -t2 -c1000 -d{seconds}s)",
+                              f"{median(ours):.0f} ({min(ours):.0f}–{max(ours):.0f})", "nginx (sendfile)",
+                              f"{median(peer):.0f} ({min(peer):.0f}–{max(peer):.0f})", f"{ratio:.2f}", f"≥ {target}",
+                              "pass" if ratio >= target else "**FAIL**"))
+        packs_runs = [x for (server, _), runs in results.items() if server == "packs" for x in runs]
+        whole = results[("packs", "whole 4 MiB")]
+        peak = max(x["peak"] for x in whole)
+        self.rows.append(("8", "packs serve peak RSS, 1,000 whole-file clients (max of runs)", fmt_mib(peak), "", "", "",
+                          "≤ 256 MiB", "pass" if peak <= 256 * 1024 else "**FAIL**"))
+        worst = max(x["after"] - x["start"] for x in packs_runs)
+        self.rows.append(("8", "packs serve RSS 10 s after the load − RSS at start (worst run)", fmt_mib(worst), "", "", "",
+                          "≤ 64 MiB", "pass" if worst <= 64 * 1024 else "**FAIL**"))
+        errors = sum(x["errors"] for (server, _), runs in results.items() for x in runs if server == "packs")
+        if errors:
+            self.notes.append(f"case 8: wrk counted {errors} socket errors or non-2xx answers against packs serve.")
+
+    def load_run(self, wrk, server, site, nginx_port, extra, seconds):
+        """One wrk run; for packs, a fresh `packs serve` whose RSS is sampled every 0.2 s."""
+        proc = None
+        if server == "packs":
+            port = free_port()
+            proc = subprocess.Popen([self.packs, "serve", site, "--port", str(port), "--quiet"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            line = proc.stdout.readline()   # "Serving … (Ctrl-C stops)" once it listens
+            if "Serving" not in line:
+                proc.kill()
+                raise Failure(f"packs serve did not start: {line!r}")
+        else:
+            port = nginx_port
+
+        def rss():
+            try:
+                with open(f"/proc/{proc.pid}/status") as f:
+                    return next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+            except (OSError, StopIteration):
+                return 0
+        start = rss() if proc else 0
+        samples = []
+        w = subprocess.Popen([wrk, "-t2", "-c1000", f"-d{seconds}s", "--timeout", "30s", "--latency", *extra,
+                              f"http://127.0.0.1:{port}/pack4m.bin"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        while w.poll() is None:
+            if proc:
+                samples.append(rss())
+            time.sleep(0.2)
+        out = w.stdout.read()
+        after = 0
+        if proc:
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                samples.append(rss())
+                time.sleep(0.2)
+            after = rss()
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if w.returncode != 0 or "Requests/sec" not in out:
+            raise Failure(f"wrk against {server} failed ({w.returncode}):\n{out[-2000:]}")
+
+        def field(prefix):
+            line = next((l for l in out.splitlines() if l.strip().startswith(prefix)), "")
+            return line.split()[1:] if line else []
+        rps = float(field("Requests/sec:")[0])
+        transfer = field("Transfer/sec:")[0]
+        scale = {"KB": 1 / 1024, "MB": 1, "GB": 1024}
+        mib_s = next((float(transfer[:-2]) * v for k, v in scale.items() if transfer.endswith(k)), float("nan"))
+        p99 = (field("99%") or ["?"])[0]
+        errors = 0
+        for l in out.splitlines():
+            if "Socket errors" in l:
+                errors += sum(int(x.strip(",")) for x in l.split() if x.strip(",").isdigit())
+            if "Non-2xx" in l:
+                errors += int(l.split()[-1])
+        return {"rps": rps, "mib_s": mib_s, "p99": p99, "errors": errors, "start": start,
+                "peak": max(samples) if samples else 0, "after": after}
+
     # ---- profile --------------------------------------------------------------------------------
 
     def profile_run(self):
@@ -756,6 +930,14 @@ class Bench:
                 cells = [f"{r[0][i][1]:.2f}" if i < len(r[0]) and r[0][i][0] == name else "?" for r in runs]
                 print(f"| {name} | " + " | ".join(cells) + " |")
             print("| total | " + " | ".join(f"{r[1]:.2f}" for r in runs) + " |")
+        if self.load_raw:
+            print("\n### Case 8, every run (wrk -t2 -c1000 --timeout 30s --latency; RSS of the packs serve process)\n")
+            print("| round | server | load | requests/s | MiB/s | p99 latency | socket errors + non-2xx | RSS start / peak / 10 s after (MiB) |")
+            print("|---:|---|---|---:|---:|---:|---:|---|")
+            for r, server, load, run in self.load_raw:
+                memory = (f"{run['start'] / 1024:.0f} / {run['peak'] / 1024:.0f} / {run['after'] / 1024:.0f}"
+                          if server == "packs" else "")
+                print(f"| {r} | {server} | {load} | {run['rps']:.0f} | {run['mib_s']:.0f} | {run['p99']} | {run['errors']} | {memory} |")
         print("\n### Every run\n")
         print("Other CPU: CPU seconds the rest of the machine used during the run (all CPUs' busy time minus the "
               "run's own user+sys and nginx's). Kernel threads working for the run count here too: writeback, and "
@@ -785,13 +967,14 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--warm", type=int, default=1)
     ap.add_argument("--shm", default="", help="a folder on tmpfs for case 6b (removed by the caller)")
+    ap.add_argument("--load-seconds", type=int, default=10, help="how long each wrk run of case 8 lasts")
     args = ap.parse_args()
     bench = Bench(args)
     bench.profile = bool(args.profile)
     started = time.time()
     bench.make_data()
     cases = [((1, 2, 7), bench.case_big), ((3,), bench.case_memory), ((4,), bench.case_small),
-             ((5,), bench.case_resume), ((6,), bench.case_unpack)]
+             ((5,), bench.case_resume), ((6,), bench.case_unpack), ((8,), bench.case_server_load)]
     for numbers, case in cases:
         if not any(bench.wants(n) for n in numbers):
             continue

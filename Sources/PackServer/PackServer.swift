@@ -1,42 +1,134 @@
 import Foundation
 import Hummingbird
+import HummingbirdCore
+import NIOCore
 import Logging
 import ServiceLifecycle
 import Synchronization
 
 /// What `packs serve` and the embedded server of `packs demo` serve, and where.
 public struct PackServerConfiguration: Sendable {
+    /// What the server answers.
+    public enum Mode: Sendable, Hashable {
+        /// Serve the folder's files.
+        case files
+        /// Serve no file: answer nginx `auth_request` subrequests (or a CDN's origin auth hook) for
+        /// whatever path, with 204, 401 or 403 for the file named by `X-Original-URI`.
+        case authOnly
+    }
+
+    /// Timeouts and limits that keep clients from holding the server without using it. The
+    /// defaults are nginx's.
+    public struct Limits: Sendable, Hashable {
+        /// How long a new connection may take to send a whole request (nginx `client_header_timeout`).
+        public var requestTimeout: Duration
+        /// How long a connection may wait for its next request after a response (nginx `keepalive_timeout`).
+        public var idleTimeout: Duration
+        /// How long a response may wait for the client to take any bytes (nginx `send_timeout`).
+        public var sendTimeout: Duration
+        /// After answering a malformed request, how long its remaining input is read and discarded
+        /// before the connection is closed (nginx `lingering_timeout`).
+        public var lingeringTimeout: Duration
+        /// The most connections open at once; `nil` derives it from the descriptor limit
+        /// (`RLIMIT_NOFILE`): each connection may need two descriptors (its socket and the file it
+        /// sends), and 32 are kept for the server itself.
+        public var maxConnections: Int?
+        /// Where a file cannot be sent with `sendfile` (no real connection, as in
+        /// `app.test(.router)`): bytes read and handed over at a time, and the most a connection
+        /// holds in flight.
+        public var readChunkSize: Int
+
+        /// Creates limits.
+        ///
+        /// - Parameters:
+        ///   - requestTimeout: How long a new connection may take to send a whole request.
+        ///   - idleTimeout: How long a connection may wait for its next request.
+        ///   - sendTimeout: How long a response may wait for the client to take any bytes.
+        ///   - lingeringTimeout: How long the input of a refused request is drained before closing.
+        ///   - maxConnections: The most connections open at once, or `nil` for the descriptor limit's share.
+        ///   - readChunkSize: Bytes read from a file at a time where `sendfile` cannot be used.
+        public init(
+            requestTimeout: Duration = .seconds(60),
+            idleTimeout: Duration = .seconds(60),
+            sendTimeout: Duration = .seconds(60),
+            lingeringTimeout: Duration = .seconds(5),
+            maxConnections: Int? = nil,
+            readChunkSize: Int = 128 * 1024
+        ) {
+            self.requestTimeout = requestTimeout
+            self.idleTimeout = idleTimeout
+            self.sendTimeout = sendTimeout
+            self.lingeringTimeout = lingeringTimeout
+            self.maxConnections = maxConnections
+            self.readChunkSize = readChunkSize
+        }
+
+        /// ``maxConnections``, or the share of the descriptor limit when it is `nil`.
+        var effectiveMaxConnections: Int {
+            if let maxConnections { return max(1, maxConnections) }
+            var limit = rlimit()
+            guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max else { return 4096 }
+            return max(1, (Int(clamping: limit.rlim_cur) - 32) / 2)
+        }
+    }
+
     /// The folder whose files are served; nothing outside it is ever served.
     public var directory: URL
     /// The address to listen on.
     public var host: String = "127.0.0.1"
     /// The port to listen on; 0 picks any free port (read it back from ``RunningPackServer/port``).
     public var port: Int = 8080
-    /// When set, every request must carry `Authorization: Bearer <token>`; others get 401.
+    /// When set (and ``authorizer`` is not), every request must carry `Authorization: Bearer <token>`;
+    /// others get 401.
     public var token: String? = nil
+    /// Decides who may have which file; when `nil`, ``token`` decides (or nobody is asked).
+    public var authorizer: (any PackAuthorizer)? = nil
+    /// Serve files, or only answer authorization subrequests.
+    public var mode: Mode = .files
+    /// Whether files and folders whose names start with `.` (`.git/`, `.env`) are served.
+    public var servesDotfiles: Bool = false
+    /// Timeouts and limits.
+    public var limits: Limits = Limits()
     /// How long a graceful shutdown may wait for responses in flight before they are cancelled.
     public var gracefulShutdownTimeout: Duration = .seconds(2)
 
     /// Creates a configuration.
     ///
     /// - Parameters:
-    ///   - directory: The folder whose files are served.
+    ///   - directory: The folder whose files are served (in `.authOnly` mode: the folder of `manifest.json`).
     ///   - host: The address to listen on.
     ///   - port: The port to listen on; 0 picks any free port.
     ///   - token: The bearer token every request must carry, or `nil` for none.
+    ///   - authorizer: Decides who may have which file; overrides `token` when set.
+    ///   - mode: Serve files, or only answer authorization subrequests.
+    ///   - servesDotfiles: Whether names starting with `.` are served.
+    ///   - limits: Timeouts and limits.
     ///   - gracefulShutdownTimeout: How long a shutdown waits for responses in flight.
     public init(
         directory: URL,
         host: String = "127.0.0.1",
         port: Int = 8080,
         token: String? = nil,
+        authorizer: (any PackAuthorizer)? = nil,
+        mode: Mode = .files,
+        servesDotfiles: Bool = false,
+        limits: Limits = Limits(),
         gracefulShutdownTimeout: Duration = .seconds(2)
     ) {
         self.directory = directory
         self.host = host
         self.port = port
         self.token = token
+        self.authorizer = authorizer
+        self.mode = mode
+        self.servesDotfiles = servesDotfiles
+        self.limits = limits
         self.gracefulShutdownTimeout = gracefulShutdownTimeout
+    }
+
+    /// The authorizer in force: ``authorizer``, else one for ``token``, else none.
+    var effectiveAuthorizer: (any PackAuthorizer)? {
+        self.authorizer ?? self.token.map { SharedTokenAuthorizer(token: $0) }
     }
 }
 
@@ -144,36 +236,76 @@ public enum PackServer {
         }
     }
 
+    /// What the connections need to answer plain file requests themselves (see ``ConnectionGuard``).
+    private static func fastPath(_ configuration: PackServerConfiguration, logger: Logger) throws -> FileFastPath {
+        let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
+        return FileFastPath(
+            folder: folder,
+            authorizer: configuration.effectiveAuthorizer,
+            index: ManifestIndex(folder: folder.rootPath, logger: logger),
+            logger: logger
+        )
+    }
+
+    /// The router of a server: request log, request guard, authorization, then the files (or the
+    /// auth gate). Internal so that tests can drive it with `app.test(.router)`.
+    static func makeRouter(_ configuration: PackServerConfiguration, logger: Logger) throws -> Router<PackRequestContext> {
+        let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
+        let index = ManifestIndex(folder: folder.rootPath, logger: logger)
+        let authorizer = configuration.effectiveAuthorizer
+
+        let router = Router(context: PackRequestContext.self)
+        router.add(middleware: RequestLogMiddleware<PackRequestContext>())
+        switch configuration.mode {
+        case .authOnly:
+            guard let authorizer else { throw PackServerError.authOnlyWithoutCredential }
+            router.add(middleware: RequestGuardMiddleware<PackRequestContext>(allowsAnyMethod: true))
+            router.add(middleware: AuthGateMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
+        case .files:
+            router.add(middleware: RequestGuardMiddleware<PackRequestContext>())
+            if let authorizer {
+                router.add(middleware: AuthorizationMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
+            }
+            let bodies = FileBodies(chunkSize: max(4096, configuration.limits.readChunkSize))
+            router.add(middleware: PackFileMiddleware<PackRequestContext>(folder: folder, bodies: bodies))
+        }
+
+        return router
+    }
+
     private static func makeServiceGroup(
         _ configuration: PackServerConfiguration,
         logger: Logger,
         signals: Bool,
         ready: ReadySignal
     ) throws -> ServiceGroup {
-        let root = try Self.resolvedRoot(configuration.directory)
-
-        let router = Router()
-        router.add(middleware: RequestLogMiddleware<BasicRequestContext>())
-        if let token = configuration.token {
-            router.add(middleware: BearerTokenMiddleware<BasicRequestContext>(token: token))
-        }
-        router.add(middleware: FileValidatorsMiddleware<BasicRequestContext>(root: root))
-        router.add(
-            middleware: FileMiddleware<BasicRequestContext, LocalFileSystem>(
-                root,
-                searchForIndexHtml: false,
-                logger: logger
-            )
-            .withAdditionalMediaType(.applicationJson, mappedToFileExtension: "json")
-        )
-
+        let router = try Self.makeRouter(configuration, logger: logger)
+        let limits = configuration.limits
+        let fastPath: FileFastPath? = try configuration.mode == .files ? Self.fastPath(configuration, logger: logger) : nil
+        let limiter = ConnectionLimiter(maximum: limits.effectiveMaxConnections)
+        let connectionLogger = logger
         let application = Application(
             router: router,
+            server: .http1(
+                configuration: HTTP1Channel.Configuration(
+                    additionalChannelHandlers: [
+                        ConnectionGuard(limits: limits, limiter: limiter, logger: connectionLogger, fastPath: fastPath)
+                    ]
+                )
+            ),
             configuration: ApplicationConfiguration(
                 address: .hostname(configuration.host, port: configuration.port),
-                serverName: "packs"
+                serverName: "packs",
+                // nginx's listen backlog on Linux (Hummingbird's default is 256): a burst of new
+                // clients waits in the kernel instead of retrying its SYN seconds later.
+                backlog: 511
             ),
             onServerRunning: { channel in
+                // Accept up to 256 waiting clients per turn of the event loop instead of NIO's 4: the
+                // loop also serves every connection, and under load a turn takes tens of
+                // milliseconds, so 4 per turn let 1,000 new clients wait in the listen queue for
+                // seconds (measured: 50 accepted per second).
+                try? await channel.setOption(ChannelOptions.maxMessagesPerRead, value: 256).get()
                 ready.succeed(channel.localAddress?.port ?? configuration.port)
             },
             logger: logger
@@ -188,22 +320,6 @@ public enum PackServer {
         groupConfiguration.maximumCancellationDuration = .seconds(2)
         return ServiceGroup(configuration: groupConfiguration)
     }
-
-    /// The served folder as an absolute path with symbolic links resolved, so that the
-    /// "inside the folder" check compares like with like.
-    private static func resolvedRoot(_ directory: URL) throws -> String {
-        let path = directory.standardizedFileURL.path
-        guard let resolved = realpath(path, nil) else {
-            throw PackServerError.directoryNotFound(path)
-        }
-        defer { free(resolved) }
-        let root = String(cString: resolved)
-        var isDirectory: ObjCBool = false
-        guard FileManager.default.fileExists(atPath: root, isDirectory: &isDirectory), isDirectory.boolValue else {
-            throw PackServerError.directoryNotFound(path)
-        }
-        return root
-    }
 }
 
 /// Why the content server could not start.
@@ -211,6 +327,7 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
     private enum Code: Sendable {
         case directoryNotFound(String)
         case stoppedBeforeListening
+        case authOnlyWithoutCredential
     }
 
     private let code: Code
@@ -219,6 +336,8 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
     public static func directoryNotFound(_ path: String) -> Self { Self(code: .directoryNotFound(path)) }
     /// The server stopped before it started listening.
     public static var stoppedBeforeListening: Self { Self(code: .stoppedBeforeListening) }
+    /// `.authOnly` mode needs a token or an authorizer to decide with.
+    public static var authOnlyWithoutCredential: Self { Self(code: .authOnlyWithoutCredential) }
 
     public var description: String {
         switch self.code {
@@ -226,6 +345,8 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
             return "The folder to serve, \(path), does not exist or is not a folder."
         case .stoppedBeforeListening:
             return "The server stopped before it started listening."
+        case .authOnlyWithoutCredential:
+            return "The auth-only gate needs a token or an authorizer to decide with."
         }
     }
 }

@@ -3,7 +3,8 @@ import Logging
 import Synchronization
 
 /// Logs one info line per request once its body has been written (or has failed):
-/// method, path, `Range` header, status and the body bytes handed to the connection.
+/// method, path (never the query, which may carry credentials), `Range` header, status and the body
+/// bytes handed to the connection (for a failed sendfile body: those counted before it failed, 0).
 struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var response: Response
@@ -18,6 +19,10 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
 
         let status = Int(response.status.code)
         let logger = context.logger
+        guard logger.logLevel <= .info else {
+            // Nothing would be logged (packs serve --quiet): leave the body as it is.
+            return response
+        }
         let body = response.body
         let counter = ByteCounter()
         response.body = ResponseBody(contentLength: body.contentLength) { writer in
@@ -32,7 +37,9 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
                 Self.log(request, status: status, bytes: counter.value, failure: error, logger: logger)
                 throw error
             }
-            Self.log(request, status: status, bytes: counter.value, failure: nil, logger: logger)
+            // A file sent with sendfile does not pass through the writer: once the body finished,
+            // all of its announced length was sent.
+            Self.log(request, status: status, bytes: body.contentLength ?? counter.value, failure: nil, logger: logger)
         }
         return response
     }

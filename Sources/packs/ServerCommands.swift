@@ -7,14 +7,46 @@ import PackServer
 extension Packs {
     struct Serve: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Serve a folder of packs and its manifest.json over HTTP (Range, If-Range, ETag).",
-            discussion: "Example:\n  packs serve ./site --port 8080 --token s3cret")
+            abstract: "Serve a folder of packs and its manifest.json over HTTP (Range, If-Range, ETag), or gate nginx in front of it.",
+            discussion: """
+                The token can come from --token, --token-file FILE or the PACKS_TOKEN environment variable; prefer the file \
+                or the variable, which do not show in ps. With --auth-only nothing is served: the server answers nginx \
+                auth_request subrequests (204, 401 or 403) for the pack named by X-Original-URI, and nginx sends the bytes.
 
-        @Argument(help: "The folder to serve.") var directory: String
+                Examples:
+                  packs serve ./site --port 8080 --token-file /etc/packs/token
+                  PACKS_TOKEN=s3cret packs serve ./site --auth-only --port 9090
+                """)
+
+        @Argument(help: "The folder to serve (with --auth-only: the folder holding manifest.json).") var directory: String
         @Option(help: "Address to listen on.") var host = "127.0.0.1"
         @Option(help: "Port to listen on (0 picks a free one).") var port = 8080
-        @Option(help: "Require 'Authorization: Bearer TOKEN' on every request.") var token: String?
+        @Option(help: "Require 'Authorization: Bearer TOKEN' on every request (visible in ps: prefer --token-file or PACKS_TOKEN).")
+        var token: String?
+        @Option(name: .customLong("token-file"), help: ArgumentHelp("Read the token from this file (its first line).", valueName: "file"))
+        var tokenFile: String?
+        @Flag(name: .customLong("auth-only"), help: "Serve no file: answer nginx auth_request subrequests with 204, 401 or 403.")
+        var authOnly = false
+        @Flag(name: .customLong("serve-dotfiles"), help: "Also serve files and folders whose names start with '.' (.git, .env).")
+        var serveDotfiles = false
+        @Option(name: .customLong("request-timeout"), help: ArgumentHelp("Seconds a client may take to send a whole request.", valueName: "seconds"))
+        var requestTimeout: Double = 60
+        @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("Seconds a connection may wait for its next request.", valueName: "seconds"))
+        var idleTimeout: Double = 60
+        @Option(name: .customLong("send-timeout"), help: ArgumentHelp("Seconds a response may wait for the client to take bytes.", valueName: "seconds"))
+        var sendTimeout: Double = 60
+        @Option(name: .customLong("max-connections"), help: "Most connections at once (default: what the descriptor limit allows).")
+        var maxConnections: Int?
         @Flag(name: [.short, .long], help: "Print only errors.") var quiet = false
+
+        func validate() throws {
+            if self.token != nil && self.tokenFile != nil { throw ValidationError("Give --token or --token-file, not both.") }
+            for (name, value) in [("--request-timeout", self.requestTimeout), ("--idle-timeout", self.idleTimeout), ("--send-timeout", self.sendTimeout)]
+            where !(value > 0 && value <= 86_400) {
+                throw ValidationError("\(name) must be a number of seconds between 0 and 86400.")
+            }
+            if let maxConnections, maxConnections < 1 { throw ValidationError("--max-connections must be at least 1.") }
+        }
 
         func run() async throws {
             let folder = URL(filePath: self.directory).absoluteURL
@@ -22,16 +54,61 @@ extension Packs {
             guard FileManager.default.fileExists(atPath: folder.path, isDirectory: &isDirectory), isDirectory.boolValue else {
                 throw fail(PackDeliveryError(.invalidArgument, message: "\(folder.path) is not a folder.", hint: "Pass the folder holding manifest.json and its packs."))
             }
+            let token = try self.resolvedToken()
+            if self.authOnly && token == nil {
+                throw fail(PackDeliveryError(kind: .usage, message: "--auth-only needs a credential to check.",
+                                             hint: "Give --token-file FILE or set PACKS_TOKEN."))
+            }
+            Self.raiseDescriptorLimit()
             var logger = Logger(label: "packs.serve", factory: { StreamLogHandler.standardError(label: $0) })
             logger.logLevel = self.quiet ? .error : .info
+            let limits = PackServerConfiguration.Limits(
+                requestTimeout: .milliseconds(Int64(self.requestTimeout * 1000)),
+                idleTimeout: .milliseconds(Int64(self.idleTimeout * 1000)),
+                sendTimeout: .milliseconds(Int64(self.sendTimeout * 1000)),
+                // nginx's 5 s, or less when the request timeout is shorter.
+                lingeringTimeout: .milliseconds(Int64(min(5, self.requestTimeout) * 1000)),
+                maxConnections: self.maxConnections
+            )
+            let configuration = PackServerConfiguration(
+                directory: folder, host: self.host, port: self.port, token: token, mode: self.authOnly ? .authOnly : .files,
+                servesDotfiles: self.serveDotfiles, limits: limits)
             do {
-                try await PackServer.run(PackServerConfiguration(directory: folder, host: self.host, port: self.port, token: self.token),
-                                         logger: logger) { port in
-                    printLine("Serving \(folder.path) at http://\(self.host):\(port)/ (Ctrl-C stops)")
+                try await PackServer.run(configuration, logger: logger) { port in
+                    let what = self.authOnly ? "Answering auth subrequests for" : "Serving"
+                    printLine("\(what) \(folder.path) at http://\(self.host):\(port)/ (Ctrl-C stops)")
                 }
             } catch {
                 throw fail(PackDeliveryError(.networkFailure, message: "The server stopped: \(error).", hint: "Is the port free? Try --port 0."))
             }
+        }
+
+        /// The token from --token, else the first line of --token-file, else PACKS_TOKEN; nil for none.
+        private func resolvedToken() throws -> String? {
+            if let token { return token }
+            if let tokenFile {
+                guard let data = FileManager.default.contents(atPath: tokenFile) else {
+                    throw fail(PackDeliveryError(kind: .usage, message: "Cannot read the token file \(tokenFile).",
+                                                 hint: "Check that it exists and that this user may read it."))
+                }
+                let token = String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first
+                    .map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+                guard !token.isEmpty else {
+                    throw fail(PackDeliveryError(kind: .usage, message: "The token file \(tokenFile) is empty.", hint: "Write the token on its first line."))
+                }
+                return token
+            }
+            if let token = ProcessInfo.processInfo.environment["PACKS_TOKEN"], !token.isEmpty { return token }
+            return nil
+        }
+
+        /// Raises the soft descriptor limit to the hard one (as Go and nginx's worker_rlimit_nofile
+        /// do): the connection limit is derived from it.
+        private static func raiseDescriptorLimit() {
+            var limit = rlimit()
+            guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < limit.rlim_max else { return }
+            limit.rlim_cur = min(limit.rlim_max, 1 << 20)
+            _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
         }
     }
 

@@ -33,9 +33,11 @@ public final class NginxServer: Sendable {
     /// - Parameters:
     ///   - root: The folder to serve.
     ///   - limitRate: When set, nginx's `limit_rate` in bytes per second, per connection.
+    ///   - serverBlock: When set, the `server { … }` block to run instead of the plain one, made for
+    ///     the port nginx will listen on (e.g. the README's example with its `listen` replaced).
     /// - Throws: When nginx cannot start or does not accept connections within 5 seconds; the error
     ///   carries the error log.
-    public init(root: URL, limitRate: Int? = nil) throws {
+    public init(root: URL, limitRate: Int? = nil, serverBlock: ((Int) -> String)? = nil) throws {
         let directory = try Fixtures.temporaryDirectory("nginx")
         self.directory = directory
         self.accessLog = directory.appendingPathComponent("access.log")
@@ -55,7 +57,7 @@ public final class NginxServer: Sendable {
         for _ in 0..<3 {
             let port = try Fixtures.freePort()
             let configuration = directory.appendingPathComponent("nginx.conf")
-            try Self.configuration(directory: directory, root: root, port: port, limitRate: limitRate)
+            try Self.configuration(directory: directory, root: root, port: port, limitRate: limitRate, serverBlock: serverBlock?(port))
                 .write(to: configuration, atomically: true, encoding: .utf8)
             try? FileManager.default.removeItem(at: self.errorLog)
 
@@ -190,7 +192,7 @@ public final class NginxServer: Sendable {
         return .timedOut
     }
 
-    private static func configuration(directory: URL, root: URL, port: Int, limitRate: Int?) -> String {
+    private static func configuration(directory: URL, root: URL, port: Int, limitRate: Int?, serverBlock: String?) -> String {
         func quoted(_ path: String) -> String { "\"\(path.replacingOccurrences(of: "\"", with: "\\\""))\"" }
         let folder = directory.path
         return """
@@ -222,12 +224,14 @@ public final class NginxServer: Sendable {
                 server_tokens off;
                 keepalive_timeout 5s;
 
+                \(serverBlock ?? """
                 server {
                     listen 127.0.0.1:\(port);
                     server_name localhost;
                     root \(quoted(root.standardizedFileURL.path));
                     \(limitRate.map { "limit_rate \($0);" } ?? "")
                 }
+                """)
             }
 
             """

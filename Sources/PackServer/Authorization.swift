@@ -1,0 +1,130 @@
+import Foundation
+
+/// What a request asks for, as a ``PackAuthorizer`` sees it.
+public struct ProtectedResource: Sendable, Hashable {
+    /// What kind of file is asked for.
+    public enum Kind: Sendable, Hashable {
+        /// The catalog, `manifest.json`.
+        case catalog
+        /// A pack listed in the manifest; these products list it (usually one).
+        case pack(productIdentifiers: [String])
+        /// A file the manifest does not list.
+        case unlisted
+    }
+
+    /// What kind of file is asked for.
+    public var kind: Kind
+    /// The path asked for, from the served folder's root (`/forest-1.0.zip`), percent-decoded.
+    public var path: String
+
+    /// Creates a resource.
+    ///
+    /// - Parameters:
+    ///   - kind: What kind of file is asked for.
+    ///   - path: The path from the served folder's root.
+    public init(kind: Kind, path: String) {
+        self.kind = kind
+        self.path = path
+    }
+}
+
+/// An authorizer's answer.
+public enum AccessDecision: Sendable, Hashable {
+    /// Serve it (or, in `--auth-only` mode, answer 204).
+    case allow
+    /// 401 with `WWW-Authenticate: Bearer`: no credential, or one that is not valid.
+    case unauthorized
+    /// 403: a valid credential that does not cover this resource.
+    case forbidden
+}
+
+/// Decides whether the credential in an `Authorization` header may have a resource.
+///
+/// `packs serve --token` uses ``SharedTokenAuthorizer``. A credential that names products — a
+/// signed receipt — plugs in as another authorizer: `.allow` for the packs of the products it
+/// names and for the catalog, `.forbidden` for other packs, `.unauthorized` when its signature
+/// does not verify. Authorizers are called for every request, on Swift's cooperative threads: they
+/// must not block.
+public protocol PackAuthorizer: Sendable {
+    /// Decides one request.
+    ///
+    /// - Parameters:
+    ///   - authorization: The `Authorization` header's value, or `nil` when there is none.
+    ///   - resource: What the request asks for.
+    /// - Returns: Whether to serve it, or answer 401 or 403.
+    func decide(authorization: String?, resource: ProtectedResource) -> AccessDecision
+}
+
+/// One shared secret that opens everything: `Authorization: Bearer <token>`.
+public struct SharedTokenAuthorizer: PackAuthorizer {
+    private let token: [UInt8]
+
+    /// Creates the authorizer.
+    ///
+    /// - Parameter token: The secret; compared in constant time.
+    public init(token: String) {
+        self.token = Array(token.utf8)
+    }
+
+    /// `.allow` for every resource when the bearer token is the secret, `.unauthorized` otherwise.
+    ///
+    /// - Parameters:
+    ///   - authorization: The `Authorization` header's value, or `nil`.
+    ///   - resource: Not looked at: the token covers every product.
+    /// - Returns: `.allow` or `.unauthorized`.
+    public func decide(authorization: String?, resource: ProtectedResource) -> AccessDecision {
+        guard let authorization, let presented = BearerCredentials.token(in: authorization) else { return .unauthorized }
+        return BearerCredentials.constantTimeEqual(Array(presented.utf8), self.token) ? .allow : .unauthorized
+    }
+}
+
+/// Reading `Authorization: Bearer <token68>` (RFC 9110 §11.4, RFC 6750 §2.1).
+public enum BearerCredentials {
+    /// The token of a `Bearer` credential, or `nil` when the value is not one.
+    ///
+    /// The scheme is case-insensitive; one or more spaces separate it from the token (`1*SP`);
+    /// spaces and tabs around the whole value are ignored (they are not part of a field value);
+    /// the token must be a `token68`.
+    ///
+    /// - Parameter fieldValue: The `Authorization` header's value.
+    /// - Returns: The token, or `nil`.
+    public static func token(in fieldValue: String) -> Substring? {
+        let isOWS: (Character) -> Bool = { $0 == " " || $0 == "\t" }
+        var value = Substring(fieldValue)
+        while let first = value.first, isOWS(first) { value.removeFirst() }
+        while let last = value.last, isOWS(last) { value.removeLast() }
+        guard let space = value.firstIndex(of: " ") else { return nil }
+        guard value[..<space].lowercased() == "bearer" else { return nil }
+        var token = value[space...]
+        while token.first == " " { token.removeFirst() }
+        guard !token.isEmpty, Self.isToken68(token) else { return nil }
+        return token
+    }
+
+    /// `token68 = 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="`
+    static func isToken68(_ text: Substring) -> Bool {
+        let bytes = Array(text.utf8)
+        var end = bytes.count
+        while end > 0, bytes[end - 1] == UInt8(ascii: "=") { end -= 1 }
+        guard end > 0 else { return false }
+        return bytes[..<end].allSatisfy { byte in
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                true
+            case UInt8(ascii: "-"), UInt8(ascii: "."), UInt8(ascii: "_"), UInt8(ascii: "~"), UInt8(ascii: "+"), UInt8(ascii: "/"):
+                true
+            default:
+                false
+            }
+        }
+    }
+
+    /// Compares two byte strings in time that depends only on their lengths.
+    static func constantTimeEqual(_ given: [UInt8], _ expected: [UInt8]) -> Bool {
+        var difference = given.count ^ expected.count
+        for index in 0..<expected.count {
+            difference |= Int(expected[index] ^ (index < given.count ? given[index] : 0))
+        }
+        return difference == 0
+    }
+}

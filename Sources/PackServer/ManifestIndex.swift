@@ -1,0 +1,119 @@
+import Foundation
+import Logging
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Which products list which pack: `DIR/manifest.json` read as `products[].contents[].url`, each URL
+/// resolved against `/manifest.json` (relative URLs are the norm; an absolute URL counts by its
+/// path). Read again whenever the file changes (its inode, modification time or size), so a
+/// content pipeline can publish a new manifest while the server runs.
+final class ManifestIndex: Sendable {
+    private struct Snapshot {
+        var key: [Int]
+        var owners: [String: [String]]
+    }
+
+    /// The manifest file, absolute.
+    let manifestPath: String
+    private let logger: Logger
+    private let snapshot = Mutex<Snapshot?>(nil)
+
+    /// - Parameters:
+    ///   - folder: The served folder's root (absolute, resolved).
+    ///   - logger: Told when the manifest cannot be read.
+    init(folder: String, logger: Logger) {
+        self.manifestPath = folder + "/manifest.json"
+        self.logger = logger
+    }
+
+    /// What a request for `requestTarget` (a path, maybe with a query; percent-encoded) asks for.
+    ///
+    /// - Returns: The resource, or `nil` when the path is not one (bad percent-encoding, NUL,
+    ///   `..` above the root): such a request is refused.
+    func resource(forRequestTarget requestTarget: String) -> ProtectedResource? {
+        guard let path = Self.normalizedPath(requestTarget) else { return nil }
+        if path == "/manifest.json" {
+            return ProtectedResource(kind: .catalog, path: path)
+        }
+        if let products = self.owners()[path] {
+            return ProtectedResource(kind: .pack(productIdentifiers: products), path: path)
+        }
+        return ProtectedResource(kind: .unlisted, path: path)
+    }
+
+    /// Pack path → the products that list it, from the manifest as it is on disk now.
+    private func owners() -> [String: [String]] {
+        var info = stat()
+        let key: [Int] =
+            stat(self.manifestPath, &info) == 0
+            ? [Int(info.st_ino), Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec), Int(info.st_size)] : []
+        if let current = self.snapshot.withLock({ $0 }), current.key == key {
+            return current.owners
+        }
+        let owners = self.load()
+        self.snapshot.withLock { $0 = Snapshot(key: key, owners: owners) }
+        return owners
+    }
+
+    private struct ManifestShape: Decodable {
+        struct Product: Decodable {
+            struct Content: Decodable { var url: String }
+            var productIdentifier: String
+            var contents: [Content]
+        }
+        var products: [Product]
+    }
+
+    private func load() -> [String: [String]] {
+        guard let data = FileManager.default.contents(atPath: self.manifestPath) else {
+            self.logger.warning("No manifest at \(self.manifestPath): every pack counts as unlisted.")
+            return [:]
+        }
+        guard let manifest = try? JSONDecoder().decode(ManifestShape.self, from: data) else {
+            self.logger.error("\(self.manifestPath) is not a manifest (products[].contents[].url): every pack counts as unlisted.")
+            return [:]
+        }
+        var owners: [String: [String]] = [:]
+        for product in manifest.products {
+            for content in product.contents {
+                guard let path = Self.packPath(content.url) else { continue }
+                if !(owners[path]?.contains(product.productIdentifier) ?? false) {
+                    owners[path, default: []].append(product.productIdentifier)
+                }
+            }
+        }
+        return owners
+    }
+
+    /// A manifest URL as a path from the site's root: absolute URLs by their path, relative ones
+    /// resolved against `/manifest.json`.
+    static func packPath(_ url: String) -> String? {
+        if let parsed = URL(string: url), parsed.scheme != nil {
+            return self.normalizedPath(parsed.path(percentEncoded: true))
+        }
+        return self.normalizedPath(url.hasPrefix("/") ? url : "/" + url)
+    }
+
+    /// A request target as nginx maps it to a file: the query and fragment dropped,
+    /// percent-decoded, empty and `.` segments removed, `..` applied. `nil` when it is not a path
+    /// (bad percent-encoding, NUL, invalid UTF-8, `..` above the root).
+    static func normalizedPath(_ target: String) -> String? {
+        let path = target.prefix { $0 != "?" && $0 != "#" }
+        guard let bytes = ServedFolder.percentDecoded(path), !bytes.contains(0), let decoded = String(validating: bytes, as: UTF8.self)
+        else { return nil }
+        var segments: [Substring] = []
+        for segment in decoded.split(separator: "/", omittingEmptySubsequences: true) {
+            switch segment {
+            case ".": continue
+            case "..":
+                guard !segments.isEmpty else { return nil }
+                segments.removeLast()
+            default: segments.append(segment)
+            }
+        }
+        return "/" + segments.joined(separator: "/")
+    }
+}
