@@ -56,7 +56,7 @@ extension Packs {
             }
             let token = try self.resolvedToken()
             if self.authOnly && token == nil {
-                throw fail(PackDeliveryError(kind: .usage, message: "--auth-only needs a credential to check.",
+                throw fail(PackDeliveryError(.invalidArgument, message: "--auth-only needs a credential to check.",
                                              hint: "Give --token-file FILE or set PACKS_TOKEN."))
             }
             Self.raiseDescriptorLimit()
@@ -88,13 +88,13 @@ extension Packs {
             if let token { return token }
             if let tokenFile {
                 guard let data = FileManager.default.contents(atPath: tokenFile) else {
-                    throw fail(PackDeliveryError(kind: .usage, message: "Cannot read the token file \(tokenFile).",
+                    throw fail(PackDeliveryError(.invalidArgument, message: "Cannot read the token file \(tokenFile).",
                                                  hint: "Check that it exists and that this user may read it."))
                 }
                 let token = String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first
                     .map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
                 guard !token.isEmpty else {
-                    throw fail(PackDeliveryError(kind: .usage, message: "The token file \(tokenFile) is empty.", hint: "Write the token on its first line."))
+                    throw fail(PackDeliveryError(.invalidArgument, message: "The token file \(tokenFile) is empty.", hint: "Write the token on its first line."))
                 }
                 return token
             }
