@@ -67,7 +67,7 @@ let package = Package(
         .executableTarget(
             name: "packs",
             dependencies: [
-                "PackDelivery", "PackServer",
+                "PackDelivery", "PackServer", "CLinux",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

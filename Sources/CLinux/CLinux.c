@@ -7,3 +7,6 @@ int clinux_rename_exchange(const char *from, const char *to) { return renameat2(
 int clinux_rename_noreplace(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE); }
 #include <unistd.h>
 int clinux_syncfs(int fd) { return syncfs(fd); }
+#include <malloc.h>
+int clinux_mallopt(int param, int value) { return mallopt(param, value); }
+int clinux_m_arena_max(void) { return M_ARENA_MAX; }

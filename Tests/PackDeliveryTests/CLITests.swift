@@ -8,7 +8,7 @@ import Testing
 
 /// The CLI as people and scripts use it: signals, another shell, authorisation, authoring, terminals.
 @Suite struct CLITests {
-    @Test(arguments: [SIGINT, SIGTERM])
+    @Test(arguments: [SIGINT, SIGTERM, SIGHUP])
     func anInterruptPausesSavesAndExits130(signal: Int32) throws {
         let site = try TestSite.random("signal-\(signal)-site", size: 4 << 20)
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
@@ -24,6 +24,23 @@ import Testing
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
         let ranges = nginx.requests().filter { $0.uri == "/big.tar" }.map(\.range)
         #expect(ranges.count == 2 && ranges[1]?.hasPrefix("bytes=") == true, "resumed with a range: \(ranges)")
+    }
+
+    /// Issue 19, item 12: `packs fetch … | head -1` — the reader goes away; the fetch pauses, saves and says so, like SIGTERM.
+    @Test func aClosedOutputPipeStopsLikeSIGTERM() throws {
+        let site = try TestSite.random("sigpipe-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("sigpipe-home")
+        let errors = home.appending(path: "stderr.txt")
+        let command = "'\(CLI.binary)' --home '\(home.path)' --json fetch '\(nginx.baseURL.appending(path: "manifest.json").absoluteString)' com.example.big"
+            + " 2>'\(errors.path)' | head -1 >/dev/null; echo \"${PIPESTATUS[0]}\""
+        let result = try Fixtures.run("/bin/bash", ["-c", command], timeout: 60)
+        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "130", "exit status of packs: \(result.stdout) \(result.stderr)")
+        let said = try String(contentsOf: errors, encoding: .utf8)
+        #expect(said.split(separator: "\n").count == 1 && said.contains("paused"), "one line on stderr: \(said)")
+        let status = try CLI.run(home: home, ["--json", "status"])
+        #expect(status.stdout.contains(#""state":"paused""#), "the download was paused and saved: \(status.stdout)")
     }
 
     @Test func pauseAndCancelFromAnotherShellReachARunningFetchWithinASecond() throws {

@@ -84,7 +84,7 @@ struct PowerCutTests {
         let label = "cut-\(moment.rawValue)-\(shape.rawValue)"
         let source = try Self.source(shape, label)
         let packLength = Int64(try #require(try FileManager.default.attributesOfItem(atPath: source.site.appending(path: "cut.tar").path)[.size] as? Int))
-        let nginx = try NginxServer(root: source.site, limitRate: moment == .midDownload ? Int(packLength / 6) : nil)
+        let nginx = try NginxServer(root: source.site, limitRate: moment == .midDownload ? Int(packLength / 8) : nil)
         defer { nginx.stop() }
         let disk = try PowerCutDisk(label)
         let home = disk.mountPoint.appending(path: "home")
@@ -93,8 +93,11 @@ struct PowerCutTests {
         let fetch = try WatchedProcess(CLI.binary, ["--home", home.path, "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, source.product],
                                        environment: environment)
         if moment == .midDownload {
-            // Past half the pack, and a few seconds in, so that the periodic sync of the partial file has run.
-            let reached = waitUntil(timeout: 30) { (partialArchive(home).flatMap { Self.size($0) } ?? 0) > packLength / 2 }
+            // Past half the pack, and over 3 s in, so that the periodic sync of the partial file (every 2 s) has run.
+            let started = Date()
+            let reached = waitUntil(timeout: 30) {
+                (partialArchive(home).flatMap { Self.size($0) } ?? 0) > packLength / 2 && Date().timeIntervalSince(started) > 3
+            }
             #expect(reached, "the fetch got past half of the pack")
         } else {
             #expect(fetch.waitForStderr("paused at \(moment.rawValue)", timeout: 60), "the fetch reached \(moment.rawValue): \(fetch.stderr)")
@@ -114,7 +117,7 @@ struct PowerCutTests {
             // Bytes made durable before the cut were not fetched again.
             let ranges = nginx.requests().filter { $0.uri == "/cut.tar" }.map(\.range)
             let resumedFrom = ranges.last??.split(separator: "=").last.flatMap { Int64($0.dropLast()) } ?? 0
-            #expect(ranges.count == 2 && resumedFrom > 0 && resumedFrom <= kept, "resumed from the durable bytes (\(kept) were on disk at the cut): \(ranges)")
+            #expect(resumedFrom > 0 && resumedFrom <= kept, "resumed from the durable bytes (\(kept) were on disk at the cut): \(ranges)")
         }
     }
 

@@ -8,6 +8,10 @@ int clinux_rename_exchange(const char *from, const char *to);
 int clinux_rename_noreplace(const char *from, const char *to);
 /// syncfs(fd): writes out the whole filesystem holding fd. Returns 0 or -1 with errno.
 int clinux_syncfs(int fd);
+/// mallopt(param, value) from <malloc.h>, which Swift's Glibc module does not import. Returns 1 on success.
+int clinux_mallopt(int param, int value);
+/// M_ARENA_MAX, for clinux_mallopt.
+int clinux_m_arena_max(void);
 // setxattr: to mark folders as not for backup (user.xdg.robots.backup).
 #include <sys/xattr.h>
 #endif

@@ -98,6 +98,12 @@ struct Installer: Sendable {
             return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
         } catch {
             try? Self.removeTree(staging)
+            if error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack,
+               (try? SHA256Hasher.hexDigest(ofFile: archive)) != download.sha256.lowercased() {
+                // The archive no longer matches what was verified: something changed it on disk since. Not the pack's fault.
+                throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) changed on disk after it was verified.",
+                                        hint: "It is fetched again.", subject: archive.path)
+            }
             if error.code == .insufficientStorage, error.neededBytes == nil {
                 // Say how much the unpack needs and how much is free now that staging is gone.
                 let needed = (download.unpackedLength ?? download.contentLength) + SpaceCheck.margin

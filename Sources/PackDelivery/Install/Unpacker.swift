@@ -167,7 +167,12 @@ private final class UnpackRun {
         guard rootFD >= 0 else {
             throw Self.fileError("open the staging folder", path: staging.path, errno: errno, stagingPath: staging.path)
         }
-        guard Self.isEmptyDirectory(rootFD) else {
+        let empty: Bool
+        do { empty = try Self.isEmptyDirectory(rootFD, path: staging.path) } catch {
+            close(rootFD)
+            throw error
+        }
+        guard empty else {
             close(rootFD)
             throw PackDeliveryError(.invalidArgument, message: "The staging folder '\(staging.path)' is not empty.",
                                     hint: "Unpack into a new, empty folder.", subject: staging.path)
@@ -590,11 +595,13 @@ private final class UnpackRun {
         return PackDeliveryError.io(operation, path: path, errno: code)
     }
 
-    private static func isEmptyDirectory(_ fd: Int32) -> Bool {
+    private static func isEmptyDirectory(_ fd: Int32, path: String) throws(PackDeliveryError) -> Bool {
         let copy = dup(fd)
-        guard copy >= 0, let directory = fdopendir(copy) else {
-            if copy >= 0 { close(copy) }
-            return false
+        guard copy >= 0 else { throw .io("list the staging folder", path: path, errno: errno) }
+        guard let directory = fdopendir(copy) else {
+            let code = errno
+            close(copy)
+            throw .io("list the staging folder", path: path, errno: code)
         }
         defer { closedir(directory) }
         while let item = readdir(directory) {

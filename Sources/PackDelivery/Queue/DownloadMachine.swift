@@ -251,6 +251,14 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.progress = 0
             self.mostBytesKept = 0
             return self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
+        case .failure(let error) where error.code == .checksumMismatch:
+            // The archive on disk is not what was verified (damaged by a crash or by something else): fetch it again.
+            self.verified = false
+            self.recheckArchive = false
+            self.download.bytesReceived = 0
+            self.download.progress = 0
+            self.mostBytesKept = 0
+            return [.deleteFiles(staging: false)] + self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
         case .failure(let error) where error.kind == .io:
             // A local failure (descriptors, database busy): the archive stays verified; retry, then fail with the cause.
             return self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
@@ -355,8 +363,13 @@ struct DownloadMachine: Sendable, Hashable {
         return actions
     }
 
-    /// Ends the download as failed with an error from outside the machine (the store could not record it).
+    /// Ends the download as failed with an error from outside the machine (the store could not record it);
+    /// a paused download stays paused, with the error.
     mutating func abort(_ error: PackDeliveryError) -> [Action] {
+        if self.download.state == .paused {
+            if self.download.error == nil { self.download.error = error }
+            return []
+        }
         let stop: [Action] = switch (self.download.state, self.download.phase) {
         case (.active, .downloading?): self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
         case (.active, .verifying?), (.active, .unpacking?): self.installRunning ? [.stopInstall] : []

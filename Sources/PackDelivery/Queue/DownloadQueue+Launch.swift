@@ -233,8 +233,21 @@ extension DownloadQueue {
     /// recorded with the download that installed them; its other packs finish at once.
     private func redeliver(_ damaged: [InstallRecord]) throws(PackDeliveryError) -> [Transaction] {
         var transactions: [Transaction] = []
+        var reused: [Transaction] = []
+        let open = try self.store.transactions().filter { $0.kind == .restored }
         for (product, broken) in Dictionary(grouping: damaged, by: \.productIdentifier).sorted(by: { $0.key < $1.key }) {
             let brokenKeys = Set(broken.map { "\($0.destination.rawValue)/\($0.contentIdentifier)" })
+            // A restore already open for this damage (an earlier launch found it) is taken over, not repeated.
+            if let existing = open.first(where: { transaction in
+                transaction.productIdentifier == product && brokenKeys.isSubset(of: Set(transaction.downloads.filter { !$0.state.isSettled }
+                    .map { "\($0.destination.rawValue)/\($0.contentIdentifier)" }))
+            }) {
+                let pending = existing.downloads.filter { !$0.state.isSettled }.map(\.id)
+                _ = try self.take(pending)
+                for id in pending { self.change { $0.handle(id, .resume) } }
+                reused.append(existing)
+                continue
+            }
             let transactionID = Self.newID("t")
             var downloads: [Download] = []
             for install in try self.store.installs(productIdentifier: product) {
@@ -269,7 +282,7 @@ extension DownloadQueue {
                                             finishedAt: nil, autoFinish: true, downloads: downloads))
         }
         if !transactions.isEmpty { try self.record(transactions) }
-        return transactions
+        return reused.isEmpty ? transactions : (try self.liveTransactions(ids: reused.map(\.id))) + transactions
     }
 
     // MARK: A damaged store

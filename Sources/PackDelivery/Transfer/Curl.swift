@@ -151,6 +151,13 @@ final class CurlEasy {
         try self.check(ccurl_easy_setopt_write_callback(self.handle, option, callback), "option \(option.rawValue)")
     }
 
+    /// The errno of the last failed connect (libcurl reports a process out of descriptors as "Couldn't connect").
+    var osErrno: Int32 {
+        var code: Int = 0
+        _ = ccurl_easy_getinfo_long(self.handle, CURLINFO_OS_ERRNO, &code)
+        return Int32(code)
+    }
+
     /// The last response's HTTP status (0 for file:// and before any response).
     var responseCode: Int {
         var code: Int = 0
