@@ -165,3 +165,81 @@ import Testing
         #expect(queue.entries.isEmpty)
     }
 }
+
+/// "This version is already installed", ownership of content ids, and taking over downloads of a dead
+/// process: decided from facts, with no I/O.
+@Suite struct QueueDecisionTests {
+    static let sha = String(repeating: "ab", count: 32)
+    static let product = Manifest.Product(productIdentifier: "p", contents: [
+        .init(contentIdentifier: "p.a", contentVersion: "2", url: "a.zip", contentLength: 100, sha256: Self.sha),
+        .init(contentIdentifier: "p.b", contentVersion: "1", url: "b.zip", contentLength: 200, sha256: Self.sha),
+    ])
+    static let urls = [URL(string: "http://h/a.zip")!, URL(string: "http://h/b.zip")!]
+
+    static func install(_ content: String, product: String = "p", version: String, destination: Destination = .caches) -> InstallRecord {
+        InstallRecord(destination: destination, contentIdentifier: content, productIdentifier: product, contentVersion: version,
+                      contentURL: "/home/Caches/\(content)", installedAt: Date(), downloadID: "d-old", fileCount: 1, byteCount: 1)
+    }
+
+    static func plan(installs: [InstallRecord], present: Set<String>, force: Bool = false, destination: Destination = .caches) -> Result<[Download], PackDeliveryError> {
+        var counter = 0
+        return AddPlan.downloads(for: Self.product, transactionID: "t", urls: Self.urls, destination: destination, force: force,
+                                 installs: Dictionary(grouping: installs, by: \.contentIdentifier), presentFolders: present,
+                                 newID: { counter += 1; return "d-\(counter)" })
+    }
+
+    @Test func aVersionInstalledWithItsFolderFinishesAtOnceUnlessForced() throws {
+        let installs = [Self.install("p.a", version: "2"), Self.install("p.b", version: "0")]
+        let present: Set<String> = ["/home/Caches/p.a", "/home/Caches/p.b"]
+        let downloads = try Self.plan(installs: installs, present: present).get()
+        #expect(downloads.map(\.state) == [.finished, .waiting], "p.a 2 is installed; p.b 1 is newer than 0")
+        #expect(downloads[0].contentURL?.path == "/home/Caches/p.a" && downloads[0].progress == 1)
+        #expect(try Self.plan(installs: installs, present: present, force: true).get().map(\.state) == [.waiting, .waiting])
+        #expect(try Self.plan(installs: installs, present: ["/home/Caches/p.b"]).get().map(\.state) == [.waiting, .waiting], "a missing folder is fetched again")
+        #expect(try Self.plan(installs: installs, present: present, destination: .documents).get().map(\.state) == [.waiting, .waiting],
+                "installed in caches does not count for documents")
+    }
+
+    @Test func aContentIdOfAnotherProductIsRefused() {
+        guard case .failure(let error) = Self.plan(installs: [Self.install("p.b", product: "q", version: "1")], present: []) else {
+            Issue.record("must be refused"); return
+        }
+        #expect(error.code == .contentIdentifierTaken && error.message.contains("q") && error.message.contains("p.b"))
+    }
+
+    static func record(state: DownloadState, phase: DownloadPhase? = nil, verified: Bool = false, stagingInode: Int64? = nil) -> DownloadRecord {
+        var download = Download(id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
+                                contentLength: 1000, state: state, phase: phase, progress: 0.5, timeRemaining: -1, pauseReason: nil,
+                                contentURL: nil, error: nil, url: URL(string: "http://h/p")!, sha256: Self.sha, unpackedLength: nil,
+                                destination: .caches, bytesReceived: 500)
+        download.retryDate = Date()
+        return DownloadRecord(download, position: 0, validator: "\"e\"", partialPath: nil, stagingInode: stagingInode, retriedFromZero: false, verified: verified)
+    }
+
+    @Test func aRunningDownloadIsPausedAsInterruptedKeepingTheBytesOnDisk() {
+        let machine = Adoption.machine(.init(record: Self.record(state: .active, phase: .downloading), archiveBytes: 700, recoveredInstall: nil), retryPolicy: .init())
+        #expect(machine.state == .paused && machine.download.pauseReason == .interrupted && machine.download.phase == nil)
+        #expect(machine.download.bytesReceived == 700 && machine.download.progress == 0.7 && machine.validator == "\"e\"")
+        #expect(machine.download.retryDate == nil && !machine.verified)
+        let paused = Adoption.machine(.init(record: Self.record(state: .paused), archiveBytes: nil, recoveredInstall: nil), retryPolicy: .init())
+        #expect(paused.state == .paused && paused.download.bytesReceived == 0, "no archive, no bytes")
+    }
+
+    @Test func aVerificationHoldsOnlyForACompleteArchiveAndIsCheckedAgain() {
+        let complete = Adoption.machine(.init(record: Self.record(state: .active, phase: .unpacking, verified: true), archiveBytes: 1000, recoveredInstall: nil), retryPolicy: .init())
+        #expect(complete.verified && complete.recheckArchive)
+        let cut = Adoption.machine(.init(record: Self.record(state: .active, phase: .unpacking, verified: true), archiveBytes: 600, recoveredInstall: nil), retryPolicy: .init())
+        #expect(!cut.verified && !cut.recheckArchive && cut.download.bytesReceived == 600, "a power cut shortened it: download the rest")
+    }
+
+    @Test func aMoveInterruptedByACrashIsRecoveredOrRolledBack() {
+        #expect(Adoption.needsInstallRecovery(Self.record(state: .active, phase: .installing)))
+        #expect(Adoption.needsInstallRecovery(Self.record(state: .active, phase: .unpacking, stagingInode: 42)))
+        #expect(!Adoption.needsInstallRecovery(Self.record(state: .active, phase: .unpacking)))
+        #expect(Adoption.discardsStaging(Self.record(state: .active, phase: .unpacking)))
+        #expect(!Adoption.discardsStaging(Self.record(state: .paused)), "a paused download has no staging in use")
+        let recovered = Adoption.machine(.init(record: Self.record(state: .active, phase: .installing, stagingInode: 42), archiveBytes: 1000,
+                                               recoveredInstall: URL(filePath: "/home/Caches/p")), retryPolicy: .init())
+        #expect(recovered.state == .finished && recovered.download.contentURL?.path == "/home/Caches/p" && recovered.download.progress == 1)
+    }
+}

@@ -60,36 +60,17 @@ extension DownloadQueue {
         return taken
     }
 
-    /// The machine for a download taken over from an earlier process.
+    /// The machine for a download taken over from an earlier process: the facts (recovery of a move into place,
+    /// the archive's size), then the decision (``Adoption``).
     private func adopt(_ record: DownloadRecord) throws(PackDeliveryError) -> DownloadMachine? {
-        var download = record.download
-        var verified = record.verified
-        if download.state.isRunning || record.phase != nil {
-            if record.phase == .installing || record.stagingInode != nil {
-                if let url = try self.installer.recover(download, stagingInode: record.stagingInode) {
-                    download.state = .finished
-                    download.contentURL = url
-                    download.progress = 1
-                    download.phase = nil
-                    return DownloadMachine(download: download, retryPolicy: self.configuration.retryPolicy)
-                }
-            } else {
-                self.discard(self.home.stagingURL(for: download))
-            }
-            download.state = .paused
-            download.pauseReason = .interrupted
-            download.phase = nil
+        var recovered: URL?
+        if Adoption.needsInstallRecovery(record) {
+            recovered = try self.installer.recover(record.download, stagingInode: record.stagingInode)
+        } else if Adoption.discardsStaging(record) {
+            self.discard(self.home.stagingURL(for: record.download))
         }
-        let onDisk = Self.fileSize(self.home.archiveURL(for: download)) ?? 0
-        // A verification recorded by an earlier process holds only for a complete archive, and is checked again before use.
-        if verified, onDisk != download.contentLength { verified = false }
-        download.bytesReceived = min(onDisk, download.contentLength)
-        download.progress = download.contentLength > 0 ? min(1, Double(download.bytesReceived) / Double(download.contentLength)) : 0
-        download.retryDate = nil
-        var machine = DownloadMachine(download: download, validator: record.validator, retriedFromZero: record.retriedFromZero,
-                                      verified: verified, stagingInode: nil, retryPolicy: self.configuration.retryPolicy)
-        machine.recheckArchive = verified
-        return machine
+        let facts = Adoption.Facts(record: record, archiveBytes: Self.fileSize(self.home.archiveURL(for: record.download)), recoveredInstall: recovered)
+        return Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy)
     }
 
     /// Removes staging folders and archives that nothing will use: no record, a settled download, or no
@@ -127,11 +108,7 @@ extension DownloadQueue {
     /// and delivers again those found damaged.
     private func checkRecentInstalls() throws(PackDeliveryError) {
         let recent = try self.store.recentInstalls(window: self.configuration.launchCheckWindow)
-        var damaged: [InstallRecord] = []
-        for install in recent {
-            let files = try self.store.files(of: install)
-            if !Self.looksIntact(install, files: files) { damaged.append(install) }
-        }
+        let damaged = recent.filter { !Self.looksIntact($0.install, files: $0.files) }.map(\.install)
         guard !damaged.isEmpty else { return }
         self.logger.warning("installed content found damaged at launch; delivering it again",
                             metadata: ["content": "\(damaged.map(\.contentIdentifier))"])

@@ -246,34 +246,17 @@ public final class DownloadQueue: Sendable {
             }
             products.append(product)
         }
-        let installs = try self.store.installs()
-        let byContent = Dictionary(grouping: installs, by: \.contentIdentifier)
+        // The facts (what is installed, which folders exist), then the decision (AddPlan), then the record.
+        let wanted = Set(products.flatMap { $0.contents.map(\.contentIdentifier) })
+        let byContent = Dictionary(grouping: try self.store.installs().filter { wanted.contains($0.contentIdentifier) }, by: \.contentIdentifier)
+        let present = Set(byContent.values.joined().map(\.contentURL).filter { FileManager.default.fileExists(atPath: $0) })
         var transactions: [Transaction] = []
         for product in products {
             let transactionID = Self.newID("t")
-            var downloads: [Download] = []
-            for content in product.contents {
-                let url = try manifest.packURL(for: content)
-                if let other = byContent[content.contentIdentifier]?.first(where: { $0.productIdentifier != product.productIdentifier }) {
-                    throw PackDeliveryError(.contentIdentifierTaken,
-                                            message: "The content identifier \(PackDeliveryError.printable(content.contentIdentifier)) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(PackDeliveryError.printable(product.productIdentifier)) cannot install into it.",
-                                            hint: "Nothing was recorded; one of the two manifests must use another contentIdentifier.", subject: content.contentIdentifier)
-                }
-                var download = Download(id: Self.newID("d"), transactionID: transactionID, productIdentifier: product.productIdentifier,
-                                        contentIdentifier: content.contentIdentifier, contentVersion: content.contentVersion,
-                                        contentLength: content.contentLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1,
-                                        pauseReason: nil, contentURL: nil, error: nil, url: url, sha256: content.sha256.lowercased(),
-                                        unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0)
-                if !force, let existing = byContent[content.contentIdentifier]?.first(where: { $0.destination == destination }),
-                   existing.contentVersion == content.contentVersion, FileManager.default.fileExists(atPath: existing.contentURL) {
-                    download.state = .finished
-                    download.progress = 1
-                    download.timeRemaining = 0
-                    download.bytesReceived = content.contentLength
-                    download.contentURL = URL(filePath: existing.contentURL)
-                }
-                downloads.append(download)
-            }
+            var urls: [URL] = []
+            for content in product.contents { urls.append(try manifest.packURL(for: content)) }
+            let downloads = try AddPlan.downloads(for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
+                                                  installs: byContent, presentFolders: present, newID: { Self.newID("d") }).get()
             transactions.append(Transaction(id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
                                             finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
         }

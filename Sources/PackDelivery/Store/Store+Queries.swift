@@ -151,11 +151,20 @@ extension Store {
         try self.read { db in try InstallRecord.filter(InstallRecord.Columns.contentIdentifier == contentIdentifier).fetchAll(db) }
     }
 
-    /// Installs recorded in the `window` before the newest one.
-    func recentInstalls(window: TimeInterval) throws(PackDeliveryError) -> [InstallRecord] {
+    /// Installs recorded in the `window` before the newest one, with their files, in two queries whatever their number.
+    func recentInstalls(window: TimeInterval) throws(PackDeliveryError) -> [(install: InstallRecord, files: [InstalledFileRecord])] {
         try self.read { db in
             guard let newest = try Date.fetchOne(db, sql: "SELECT MAX(installedAt) FROM installs") else { return [] }
-            return try InstallRecord.filter(InstallRecord.Columns.installedAt >= newest.addingTimeInterval(-window)).fetchAll(db)
+            let since = newest.addingTimeInterval(-window)
+            let installs = try InstallRecord.filter(InstallRecord.Columns.installedAt >= since).fetchAll(db)
+            var files: [String: [InstalledFileRecord]] = [:]
+            let rows = try InstalledFileRecord.fetchCursor(db, sql: """
+                SELECT installedFiles.* FROM installedFiles JOIN installs
+                  ON installs.destination = installedFiles.destination AND installs.contentIdentifier = installedFiles.contentIdentifier
+                WHERE installs.installedAt >= ?
+                """, arguments: [since])
+            while let file = try rows.next() { files["\(file.destination.rawValue)/\(file.contentIdentifier)", default: []].append(file) }
+            return installs.map { ($0, files["\($0.destination.rawValue)/\($0.contentIdentifier)"] ?? []) }
         }
     }
 

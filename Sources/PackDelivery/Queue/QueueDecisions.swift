@@ -1,0 +1,95 @@
+import Foundation
+
+/// What a new transaction's downloads start as, decided with no I/O: the driver gathers the facts (the
+/// installs recorded for the content identifiers, which install folders exist) and runs the result.
+enum AddPlan {
+    /// The downloads of a new transaction for `product`, or the error that refuses it.
+    ///
+    /// A pack whose content identifier is installed for another product is refused; a pack whose version is
+    /// installed in the same destination, with its folder present, starts finished (unless `force`).
+    /// - Parameters:
+    ///   - installs: the recorded installs of the product's content identifiers, by content identifier.
+    ///   - presentFolders: the install folders (paths) that exist.
+    static func downloads(for product: Manifest.Product, transactionID: String, urls: [URL], destination: Destination, force: Bool,
+                          installs: [String: [InstallRecord]], presentFolders: Set<String>,
+                          newID: () -> String) -> Result<[Download], PackDeliveryError> {
+        var downloads: [Download] = []
+        for (content, url) in zip(product.contents, urls) {
+            if let other = installs[content.contentIdentifier]?.first(where: { $0.productIdentifier != product.productIdentifier }) {
+                return .failure(PackDeliveryError(
+                    .contentIdentifierTaken,
+                    message: "The content identifier \(PackDeliveryError.printable(content.contentIdentifier)) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(PackDeliveryError.printable(product.productIdentifier)) cannot install into it.",
+                    hint: "Nothing was recorded; one of the two manifests must use another contentIdentifier.", subject: content.contentIdentifier))
+            }
+            var download = Download(id: newID(), transactionID: transactionID, productIdentifier: product.productIdentifier,
+                                    contentIdentifier: content.contentIdentifier, contentVersion: content.contentVersion,
+                                    contentLength: content.contentLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1,
+                                    pauseReason: nil, contentURL: nil, error: nil, url: url, sha256: content.sha256.lowercased(),
+                                    unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0)
+            if !force, let existing = installs[content.contentIdentifier]?.first(where: { $0.destination == destination }),
+               existing.contentVersion == content.contentVersion, presentFolders.contains(existing.contentURL) {
+                download.state = .finished
+                download.progress = 1
+                download.timeRemaining = 0
+                download.bytesReceived = content.contentLength
+                download.contentURL = URL(filePath: existing.contentURL)
+            }
+            downloads.append(download)
+        }
+        return .success(downloads)
+    }
+}
+
+/// How a download left by an earlier process is taken over, decided with no I/O from what the driver found.
+enum Adoption {
+    /// What the driver found about a download it took over.
+    struct Facts: Sendable {
+        var record: DownloadRecord
+        /// The size of the partial archive, or nil when there is none.
+        var archiveBytes: Int64?
+        /// Where a move into place that a crash interrupted ended up, once recovery ran: the installed folder, or nil.
+        var recoveredInstall: URL?
+    }
+
+    /// The machine for the download.
+    ///
+    /// A download that was running is paused (`interrupted`) unless its install was completed by recovery; the
+    /// bytes it keeps are the archive's; a verification recorded by the earlier process holds only for a
+    /// complete archive and is checked again before use (a power cut may have damaged it).
+    static func machine(_ facts: Facts, retryPolicy: DownloadMachine.RetryPolicy) -> DownloadMachine {
+        let record = facts.record
+        var download = record.download
+        if let url = facts.recoveredInstall {
+            download.state = .finished
+            download.contentURL = url
+            download.progress = 1
+            download.phase = nil
+            download.bytesReceived = download.contentLength
+            return DownloadMachine(download: download, retryPolicy: retryPolicy)
+        }
+        if download.state.isRunning || record.phase != nil {
+            download.state = .paused
+            download.pauseReason = .interrupted
+            download.phase = nil
+        }
+        let onDisk = facts.archiveBytes ?? 0
+        let verified = record.verified && onDisk == download.contentLength
+        download.bytesReceived = min(max(0, onDisk), download.contentLength)
+        download.progress = download.contentLength > 0 ? min(1, Double(download.bytesReceived) / Double(download.contentLength)) : 0
+        download.retryDate = nil
+        var machine = DownloadMachine(download: download, validator: record.validator, retriedFromZero: record.retriedFromZero,
+                                      verified: verified, stagingInode: nil, retryPolicy: retryPolicy)
+        machine.recheckArchive = verified
+        return machine
+    }
+
+    /// Whether the download was in the middle of a move into place (recovery must look at the journal).
+    static func needsInstallRecovery(_ record: DownloadRecord) -> Bool {
+        (record.state.isRunning || record.phase != nil) && (record.phase == .installing || record.stagingInode != nil)
+    }
+
+    /// Whether taking it over leaves a staging folder to remove (it was running, but had not reached the move).
+    static func discardsStaging(_ record: DownloadRecord) -> Bool {
+        (record.state.isRunning || record.phase != nil) && !Self.needsInstallRecovery(record)
+    }
+}
