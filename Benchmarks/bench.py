@@ -193,6 +193,35 @@ class Bench:
         shutil.rmtree(src)
         return out
 
+    def make_catalog(self, name, count):
+        """count tiny packs (a ContentInfo.plist and Contents/data.txt each) and their manifest, written
+        directly (packs pack per pack would take minutes). Returns {product: content}."""
+        import hashlib, io, tarfile
+        folder = os.path.join(self.site, name)
+        os.makedirs(folder, exist_ok=True)
+        products, index = [], {}
+        for i in range(count):
+            pid = f"com.bench.{name}.p{i:05d}"
+            plist = (f'<?xml version="1.0" encoding="UTF-8"?><plist version="1.0"><dict><key>ContentVersion</key><string>1</string>'
+                     f'<key>IAPProductIdentifier</key><string>{pid}</string></dict></plist>').encode()
+            data = (f"pack {i}\n" * 20).encode()
+            raw = io.BytesIO()
+            with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as t:
+                for entry, body in (("ContentInfo.plist", plist), ("Contents/data.txt", data)):
+                    info = tarfile.TarInfo(entry)
+                    info.size, info.mode = len(body), 0o644
+                    t.addfile(info, io.BytesIO(body))
+            blob = raw.getvalue()
+            with open(os.path.join(folder, f"p{i:05d}.tar"), "wb") as f:
+                f.write(blob)
+            content = {"contentIdentifier": pid, "contentVersion": "1", "url": f"p{i:05d}.tar", "contentLength": len(blob),
+                       "sha256": hashlib.sha256(blob).hexdigest(), "unpackedLength": len(plist) + len(data)}
+            products.append({"productIdentifier": pid, "contents": [content]})
+            index[pid] = content
+        with open(os.path.join(folder, "manifest.json"), "w") as f:
+            json.dump({"products": products}, f)
+        return index
+
     def manifest(self, name):
         self.sh([self.packs, "manifest", os.path.join(self.site, name)])
         with open(os.path.join(self.site, name, "manifest.json")) as f:
@@ -224,6 +253,10 @@ class Bench:
             self.data["unpack"] = self.manifest("unpack")["com.bench.unpack"]
             self.make_pack("tiny", [("one.bin", 1 * KiB)], "com.bench.tiny", "tiny.tar.gz")
             self.data["tiny"] = self.manifest("tiny")["com.bench.tiny"]
+        if self.wants(9):
+            for n in (1_000, 10_000):
+                log(f"data: a catalog of {n:,} tiny packs (tar, one 160-byte file each)…")
+                self.data[f"catalog{n}"] = self.make_catalog(f"catalog{n}", n)
         if self.wants(8):
             log("data: a 4 MiB file for the server load case…")
             self.random_file(os.path.join(self.site, "load", "pack4m.bin"), 4 * MiB)
@@ -633,6 +666,8 @@ class Bench:
             return [
                 ("packs fetch file://", lambda w: self.packs_cmd(f"{where(w)}/home", "fetch", manifest, "com.bench.unpack")),
                 ("bsdtar -xf", lambda w: f"mkdir -p {where(w)}/out && bsdtar -xf {archive} -C {where(w)}/out"),
+                # The same, made durable: packs syncs what it installs (issue 12); bsdtar does not.
+                ("bsdtar -xf && sync", lambda w: f"mkdir -p {where(w)}/out && bsdtar -xf {archive} -C {where(w)}/out && sync"),
                 ("curl file:// → /dev/null", lambda w: ["curl", "-s", "-o", "/dev/null", "file://" + archive]),
                 ("packs fetch 1-file pack", lambda w: self.packs_cmd(f"{where(w)}/home", "fetch", tiny_manifest, "com.bench.tiny")),
             ]
@@ -640,7 +675,7 @@ class Bench:
         def check(where):
             def run_check(name, work, run):
                 files, _ = content_bytes(where(work))
-                want = {"packs fetch file://": 10_000, "bsdtar -xf": 10_000, "packs fetch 1-file pack": 1}.get(name)
+                want = {"packs fetch file://": 10_000, "bsdtar -xf": 10_000, "bsdtar -xf && sync": 10_000, "packs fetch 1-file pack": 1}.get(name)
                 if want is not None and files != want:
                     raise Failure(f"{name}: {files} files unpacked, expected {want}")
                 if where(work) != work:
@@ -656,14 +691,64 @@ class Bench:
             res = self.alternate(case, commands(where), reps, check=check(where), warm_bytes=256 * MiB, served=[archive],
                                  keep=(case == "6"))
             m = {name: [r.wall for r in runs] for name, runs in res.items()}
-            self.row(case, f"10,000 files (1–8 KiB), tar.gz, on {fs}: packs fetch of a file:// manifest",
-                     m["packs fetch file://"], "bsdtar -xf", m["bsdtar -xf"], target=1.1 if case == "6" else None)
+            self.row(case, f"10,000 files (1–8 KiB), tar.gz, on {fs}: packs fetch of a file:// manifest (durable install)",
+                     m["packs fetch file://"], "bsdtar -xf (not synced)", m["bsdtar -xf"], target=1.3 if case == "6" else None)
+            self.row(case, "… the same", m["packs fetch file://"], "bsdtar -xf && sync", m["bsdtar -xf && sync"])
             adjusted = median(m["packs fetch file://"]) - median(m["packs fetch 1-file pack"])
             self.row(case, "… minus packs's fixed cost (median fetch of a 1-file pack, file://)", adjusted, "bsdtar -xf",
                      median(m["bsdtar -xf"]))
             self.rows.append((case, f"for scale: curl file:// of the {unpack['contentLength'] / MiB:.0f} MiB pack to /dev/null "
                               f"{fmt_s(median(m['curl file:// → /dev/null']))}; packs fetch of a 1-file pack "
                               f"{fmt_s(median(m['packs fetch 1-file pack']))}", "", "", "", "", "", ""))
+
+    # ---- case 9: whole catalogs (issue 13) ------------------------------------------------------
+
+    def case_catalog(self):
+        """1,000 and 10,000 tiny packs in one `packs fetch --all` under `ulimit -n 1024` (the default soft
+        limit on most Linux systems), against a script doing the same job with curl --parallel, sha256sum
+        and one bsdtar per pack. Checks: exit 0, every pack installed, time linear in the number of packs
+        (10,000 ≤ 12 × 1,000), peak RSS ≤ 96 MiB, and ≤ 1.0 of the script."""
+        results = {}
+        for n in (1_000, 10_000):
+            catalog = self.data[f"catalog{n}"]
+            name = f"catalog{n}"
+            manifest = f"{self.base}/{name}/manifest.json"
+            cfg = os.path.join(self.tmp, f"{name}-curl.cfg")
+            sums = os.path.join(self.tmp, f"{name}.sha256")
+            with open(cfg, "w") as f, open(sums, "w") as g:
+                for content in catalog.values():
+                    f.write(f'url = "{self.base}/{name}/{content["url"]}"\n')
+                    g.write(f'{content["sha256"]}  {content["url"]}\n')
+            unpack_all = 'for f in *.tar; do mkdir "../out/${f%.tar}" && bsdtar -xf "$f" -C "../out/${f%.tar}" || exit 1; done'
+            commands = [
+                ("packs", lambda w, manifest=manifest: f"ulimit -n 1024 && exec {shlex.join(self.packs_cmd(f'{w}/home', 'fetch', manifest, '--all'))}"),
+                ("curl+sha256sum+bsdtar", lambda w, cfg=cfg, sums=sums: (
+                    f"ulimit -n 1024 && mkdir -p {w}/dl {w}/out && cd {w}/dl && "
+                    f"curl -s -f --parallel --parallel-max 8 --remote-name-all -K {cfg} && "
+                    f"sha256sum -c --quiet {sums} && {unpack_all}")),
+            ]
+            expected = 2 * n
+
+            def check(who, work, run, expected=expected):
+                files, _ = content_bytes(work)
+                if files != expected:
+                    raise Failure(f"case 9: {who}: {files} files under {work}, expected {expected}")
+            log(f"case 9: {n:,} packs in one fetch under ulimit -n 1024…")
+            reps = 3 if n == 10_000 else max(self.reps, 3)
+            results[n] = self.alternate(9, commands, reps, check=check, warm_bytes=256 * MiB, keep=True,
+                                        served=glob.glob(os.path.join(self.site, name, "*")))
+        small, large = results[1_000], results[10_000]
+        t_small = [r.wall for r in small["packs"]]
+        t_large = [r.wall for r in large["packs"]]
+        self.row(9, "1,000 tiny packs, fetch --all, ulimit -n 1024", t_small, "curl --parallel-max 8 + sha256sum + bsdtar",
+                 [r.wall for r in small["curl+sha256sum+bsdtar"]], target=1.0)
+        self.row(9, "10,000 tiny packs, fetch --all, ulimit -n 1024", t_large, "curl --parallel-max 8 + sha256sum + bsdtar",
+                 [r.wall for r in large["curl+sha256sum+bsdtar"]], target=1.0)
+        self.row(9, "linear in the number of packs: 10,000 ÷ 1,000 (packs)", t_large, "packs, 1,000 packs", t_small, target=12)
+        rss_small = max(r.rss_kib for r in small["packs"])
+        rss_large = max(r.rss_kib for r in large["packs"])
+        self.rows.append(("9", "packs peak RSS (max of runs): 1,000 and 10,000 packs", f"{fmt_mib(rss_small)}, {fmt_mib(rss_large)}",
+                          "", "", f"+{(rss_large - rss_small) / 9_000:.1f} KiB per pack", "≤ 96 MiB", "pass" if rss_large <= 96 * 1024 else "**FAIL**"))
 
     # ---- case 8: packs serve under load, against nginx (issue 16) --------------------------------
 
@@ -974,7 +1059,7 @@ def main():
     started = time.time()
     bench.make_data()
     cases = [((1, 2, 7), bench.case_big), ((3,), bench.case_memory), ((4,), bench.case_small),
-             ((5,), bench.case_resume), ((6,), bench.case_unpack), ((8,), bench.case_server_load)]
+             ((5,), bench.case_resume), ((6,), bench.case_unpack), ((8,), bench.case_server_load), ((9,), bench.case_catalog)]
     for numbers, case in cases:
         if not any(bench.wants(n) for n in numbers):
             continue

@@ -33,8 +33,8 @@ final class ProgressDisplay {
             }
         case .plain:
             guard case .downloadUpdated(let download) = event else { return }
-            // One line per state or phase change; progress steps are left out so logs stay short.
-            let key = "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")"
+            // One line per state or phase change, and per wait before a retry; progress steps are left out so logs stay short.
+            let key = "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")/\(download.retryDate.map { "\($0.timeIntervalSince1970)" } ?? "")"
             guard self.lastPlain[download.id] != key else { return }
             self.lastPlain[download.id] = key
             printLine(Self.summary(download))
@@ -102,6 +102,7 @@ final class ProgressDisplay {
             line += " --/s ETA --"
         }
         line += "  \(download.state == .waiting ? "waiting" : download.phase?.rawValue ?? download.state.rawValue)"
+        if let wait = Self.retryWait(download) { line += "  \(wait)" }
         return line
     }
 
@@ -119,8 +120,15 @@ final class ProgressDisplay {
         case .waiting:
             return "waiting \(download.contentIdentifier) \(download.contentVersion) \(download.id)"
         case .active:
-            return "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+            let wait = Self.retryWait(download).map { " — \($0)" } ?? ""
+            return "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))\(wait)"
         }
+    }
+
+    /// "waiting 5m00s: The server answered 503 …" while a download waits to try again.
+    static func retryWait(_ download: Download) -> String? {
+        guard let date = download.retryDate, let error = download.error else { return nil }
+        return "waiting \(ByteFormat.duration(max(0, date.timeIntervalSinceNow))) to try again: \(error.message)"
     }
 }
 
@@ -159,6 +167,7 @@ enum JSONOutput {
         object["phase"] = download.phase?.rawValue ?? NSNull()
         object["pauseReason"] = download.pauseReason?.rawValue ?? NSNull()
         object["contentURL"] = download.contentURL?.path ?? NSNull()
+        object["retryDate"] = download.retryDate.map { ISO8601DateFormatter().string(from: $0) } ?? NSNull()
         object["error"] = download.error.map(self.error) ?? NSNull()
         return object
     }
