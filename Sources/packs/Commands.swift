@@ -51,7 +51,7 @@ extension Packs {
 
         func run() async throws {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
-                let loaded = try LoadedManifest.load(self.manifest, options: self.transfer.options)
+                let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options)
                 let products = try self.wanted(loaded)
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
@@ -147,7 +147,7 @@ extension Packs {
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
-                let transactions = try queue.transactions()
+                let transactions = try await queue.transactions()
                 if self.global.json {
                     printLine(JSONOutput.encode(["transactions": transactions.map(JSONOutput.transaction)]))
                     return
@@ -206,7 +206,7 @@ extension Packs {
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
-                try queue.finish(self.transaction)
+                try await queue.finish(self.transaction)
             }
         }
     }

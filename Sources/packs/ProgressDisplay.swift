@@ -30,6 +30,9 @@ final class ProgressDisplay {
             switch event {
             case .transactionUpdated(let transaction): printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction)))
             case .downloadUpdated(let download): printLine(JSONOutput.encode(JSONOutput.downloadEvent(download)))
+            case .restoreCompleted(let transactions): printLine(JSONOutput.encode(["event": "restoreCompleted", "transactions": transactions.map(\.id)]))
+            case .restoreFailed(let error): printLine(JSONOutput.encode(["event": "restoreFailed", "error": JSONOutput.error(error)]))
+            case .transactionsRemoved: break  // each finished transaction is printed as a transaction event
             }
         case .plain:
             guard case .downloadUpdated(let download) = event else { return }

@@ -79,12 +79,12 @@ struct RunSession {
         let blocked = Set(unsettled.compactMap { transactionOf[$0] })
         var finishable = follow.finishing.subtracting(blocked)
         if follow.finishingAllFinishable {
-            for transaction in try self.queue.transactions() where transaction.autoFinish && transaction.isFinishable {
+            for transaction in try await self.queue.transactions() where transaction.autoFinish && transaction.isFinishable {
                 finishable.insert(transaction.id)
             }
         }
         if !finishable.isEmpty {
-            display.finished(try self.queue.finish(finishable.sorted()))
+            display.finished(try await self.queue.finish(finishable.sorted()))
         }
 
         let leftOver = notFinished.values.sorted { $0.id < $1.id }

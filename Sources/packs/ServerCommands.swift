@@ -193,7 +193,7 @@ extension Packs {
                     printLine("Serving \(manifest.products.count) sample packs from \(samples.path) at \(server.baseURL.absoluteString)")
                 }
                 let home = self.global.resolvedHome
-                let loaded = try LoadedManifest.load(manifestURL.absoluteString)
+                let loaded = try await LoadedManifest.load(manifestURL.absoluteString)
                 let queue = try DownloadQueue(home: home, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false),
                                               logger: self.global.logger)
                 let code = try await RunSession(queue: queue, global: self.global).run { () throws(PackDeliveryError) in
@@ -207,7 +207,7 @@ extension Packs {
                     }
                     printLine("Try: packs\(self.global.home.map { " --home \($0)" } ?? "") content")
                 }
-                queue.close()
+                await queue.close()
                 await server.stop()
                 return code
             }

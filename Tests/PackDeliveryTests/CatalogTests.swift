@@ -140,7 +140,7 @@ final class HangingWriter: FileWriting {
         let (server, queue, manifest, site, _) = try Self.setup("watchdog", configuration: .init(
             transfer: TransferOptions(stallTimeout: 30), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2, watchdogTimeout: 2, writer: writer))
         defer { queue.close(); server.stop() }
-        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         let stalled = try #require(await waitFor(queue, id, timeout: 20) { $0.error?.code == .stalled }, "the watchdog said so")
         #expect(stalled.state == .active && stalled.error?.message.contains("no progress") == true)
         let done = try #require(await waitFor(queue, id, timeout: 40) { !$0.state.isRunning })
@@ -152,7 +152,7 @@ final class HangingWriter: FileWriting {
         let (server, queue, manifest, _, home) = try Self.setup("db-busy", fault: .slow(bytesPerSecond: 400_000), configuration: .init(
             resumeWhenSpaceReturns: false, maxRetryDelay: 0.2, databaseBusyTimeout: 1))
         defer { queue.close(); server.stop() }
-        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         _ = await waitFor(queue, id) { $0.bytesReceived > 0 }
         // Another process takes the write lock and keeps it.
         let holder = try WatchedProcess("/usr/bin/python3", ["-c", """
@@ -171,7 +171,7 @@ final class HangingWriter: FileWriting {
         let (server, queue, manifest, site, home) = try Self.setup("truncated-under", fault: .slow(bytesPerSecond: 1_000_000), configuration: .init(
             resumeWhenSpaceReturns: false, maxRetryDelay: 0.2))
         defer { queue.close(); server.stop() }
-        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         _ = await waitFor(queue, id) { $0.bytesReceived > 1 << 20 }
         let partial = try #require(partialArchive(home))
         #expect(truncate(partial.path, 100) == 0)

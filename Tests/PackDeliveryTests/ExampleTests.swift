@@ -1,54 +1,58 @@
 import Foundation
+import Logging
 import PackDelivery
+import PackServer
 import PackTestSupport
 import Testing
 
-/// The example store client (`Examples/StoreClient`), run as a user would: it is documentation, so it must work.
+/// The example store client (`Examples/StoreClient`), a package of its own that depends on the library as an
+/// app does, run against a real `packs serve` as a user would: it is documentation, so it must work.
 @Suite struct ExampleTests {
     static let products = ["com.example.atlas", "com.example.forest", "com.example.ocean"]
     static let sourceFolders = ["com.example.atlas": "atlas", "com.example.forest": "forest", "com.example.ocean": "ocean"]
 
-    /// The `StoreClientExample` binary built beside the tests (`swift build --build-tests` builds it).
-    static let binary: String = {
-        if let path = ProcessInfo.processInfo.environment["STORE_CLIENT_EXAMPLE_BINARY"] { return path }
-        return URL(filePath: CommandLine.arguments[0]).deletingLastPathComponent().appending(path: "StoreClientExample").path
-    }()
+    /// The example's binary, built by scripts/test (`swift build --package-path Examples/StoreClient`).
+    static let binary: String = ProcessInfo.processInfo.environment["STORE_CLIENT_BINARY"]
+        ?? CLI.packageRoot.appending(path: "Examples/StoreClient/.build/debug/StoreClient").path
 
-    /// Runs `StoreClientExample --home HOME MANIFEST PRODUCTS…` and returns its exit status and stdout lines.
-    func runExample(home: URL, manifest: URL) throws -> (status: Int32, lines: [String], stderr: String) {
-        let result = try Fixtures.run(Self.binary, ["--home", home.path, manifest.path] + Self.products)
+    func runExample(home: URL, manifest: URL, _ extra: [String] = []) async throws -> (status: Int32, lines: [String], stderr: String) {
+        let result = try await Fixtures.runAsync(Self.binary, ["--home", home.path, manifest.absoluteString] + Self.products + extra)
         return (result.status, result.stdout.split(separator: "\n").map(String.init), result.stderr)
     }
 
-    @Test func theExampleDeliversEveryProductFinishesItsTransactionsAndFindsTheContent() throws {
-        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "no StoreClientExample at \(Self.binary)")
+    @Test func theExampleDeliversOnTheMainActorAwaitsMatchesErrorsByCodeAndIsRedeliveredAfterARelaunch() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary),
+                     "no StoreClient at \(Self.binary): build it with swift build --package-path Examples/StoreClient (scripts/test does)")
         let site = try TestSite.samples("example-site")
+        let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0), logger: Logger(label: "example"))
+        let manifest = server.baseURL.appending(path: "manifest.json")
         let home = try Fixtures.temporaryDirectory("example-home")
 
-        let first = try self.runExample(home: home, manifest: site.manifestURL)
+        // A first run that buys everything but leaves the purchases open (as if the app were killed).
+        let first = try await self.runExample(home: home, manifest: manifest, ["--leave-open"])
         #expect(first.status == 0, "stderr: \(first.stderr)\nstdout:\n\(first.lines.joined(separator: "\n"))")
+        #expect(first.lines.contains("observer on the main actor: yes"), "\(first.lines)")
+        #expect(first.lines.contains("matched unknownProduct"), "an error matched by its code")
+        #expect(first.lines.contains { $0.hasPrefix("refused finishRefused d-") }, "finish refused, matched by code, naming the pending download")
         for product in Self.products {
-            #expect(first.lines.contains { $0.hasPrefix("download ") && $0.contains(" \(product) finished at /") },
-                    "no finished download for \(product)")
-            #expect(first.lines.contains { $0.hasPrefix("transaction ") && $0.contains(" \(product) purchased finished") },
-                    "the observer must finish the transaction of \(product)")
+            #expect(first.lines.contains { $0.hasPrefix("progress \(product) 100%") }, "the view model saw \(product) complete")
+            #expect(first.lines.contains("settled \(product) finished"), "one await settled \(product)")
+        }
+        let open = try CLI.run(home: home, ["--json", "status"])
+        #expect(!open.stdout.contains(#"{"transactions":[]}"#), "the purchases were left open: \(open.stdout)")
+
+        // The relaunch: the open purchases are delivered again to the observer, and finished.
+        let second = try await self.runExample(home: home, manifest: manifest)
+        await server.stop()
+        #expect(second.status == 0, "stderr: \(second.stderr)\nstdout:\n\(second.lines.joined(separator: "\n"))")
+        #expect(second.lines.filter { $0.hasPrefix("redelivered t-") }.count == Self.products.count, "\(second.lines)")
+        for product in Self.products {
             let prefix = "content \(product) "
-            let line = try #require(first.lines.first { $0.hasPrefix(prefix) })
+            let line = try #require(second.lines.first { $0.hasPrefix(prefix) })
             let path = String(line.dropFirst(prefix.count))
-            #expect(path.hasPrefix("/") && path.hasSuffix("/Caches/\(product)"), "\(line)")
             let source = CLI.packageRoot.appending(path: "SampleContent/\(Self.sourceFolders[product]!)")
             #expect(try treeContents(URL(filePath: path)) == treeContents(source), "installed files of \(product) differ from the pack's")
         }
-        #expect(!first.lines.contains { $0.contains("cannot finish") }, "finish was called too early")
-        let status = try CLI.run(home: home, ["--json", "status"])
-        #expect(status.status == 0 && status.stdout.contains(#"{"transactions":[]}"#), "open transactions left: \(status.stdout)")
-
-        // A second purchase of installed content: no download runs, the observer finishes each transaction at once.
-        let second = try self.runExample(home: home, manifest: site.manifestURL)
-        #expect(second.status == 0, "stderr: \(second.stderr)")
-        #expect(!second.lines.contains { $0.hasPrefix("download ") }, "nothing to download: \(second.lines)")
-        #expect(second.lines.filter { $0.hasPrefix("transaction ") && $0.contains(" purchased finished") }.count == Self.products.count)
-        #expect(second.lines.filter { $0.hasPrefix("content ") && $0.contains("/Caches/") }.count == Self.products.count)
-        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
+        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "everything finished")
     }
 }

@@ -34,7 +34,7 @@ import Testing
 
         /// Adds the transaction and waits until its download settles.
         func run() async throws -> Download {
-            let id = try #require(try self.queue.add(product: "com.example.big", from: self.manifest).downloads.first?.id)
+            let id = try await #require(try self.queue.add(product: "com.example.big", from: self.manifest).downloads.first?.id)
             return try #require(await waitFor(self.queue, id) { !$0.state.isRunning })
         }
 
@@ -48,7 +48,7 @@ import Testing
         /// Runs until the disk "fills" after `space` bytes, then frees it and resumes.
         /// - Returns: the download when paused for space, and when settled after the resume.
         func runThroughDiskFull() async throws -> (paused: Download, final: Download) {
-            let id = try #require(try self.queue.add(product: "com.example.big", from: self.manifest).downloads.first?.id)
+            let id = try await #require(try self.queue.add(product: "com.example.big", from: self.manifest).downloads.first?.id)
             let paused = try #require(await waitFor(self.queue, id) { !$0.state.isRunning })
             #expect(paused.state == .paused && paused.bytesReceived > 0)
             self.writer.setSpace(.max)
@@ -143,7 +143,7 @@ import Testing
         defer { setup.queue.close(); setup.server.stop() }
         // Subscribed before the transaction exists, so no event can be missed however late the task starts.
         let stream = setup.queue.events()
-        let id = try #require(try setup.queue.add(product: "com.example.big", from: setup.manifest).downloads.first?.id)
+        let id = try await #require(try setup.queue.add(product: "com.example.big", from: setup.manifest).downloads.first?.id)
         let seen = Task { () -> [Download] in
             var downloads: [Download] = []
             for await event in stream {

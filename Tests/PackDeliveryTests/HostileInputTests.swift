@@ -106,7 +106,7 @@ import Testing
         let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("stale-length-home")),
                                       configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 4, maxRetryDelay: 0.2))
         defer { queue.close() }
-        let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 60) { !$0.state.isRunning }, "the download ended")
         #expect(ended.state == .failed && ended.error?.code == .lengthMismatch, "\(String(describing: ended.error))")
         #expect(ended.error?.message.contains("1 byte shorter than the manifest says") == true, "\(ended.error?.message ?? "")")
@@ -126,7 +126,7 @@ import Testing
         let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("wrong-range-home")),
                                       configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 4, maxRetryDelay: 0.2, writer: writer))
         defer { queue.close() }
-        let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning })
         #expect(paused.state == .paused && paused.bytesReceived > 0)
         writer.setSpace(.max)
@@ -148,7 +148,7 @@ import Testing
                                       configuration: .init(transfer: TransferOptions(stallTimeout: 30, lowSpeedLimit: 1000, lowSpeedTime: 2),
                                                            resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
         defer { queue.close() }
-        let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 40) { !$0.state.isRunning }, "ended instead of trickling on")
         #expect(ended.state == .failed && ended.error?.code == .timedOut, "\(String(describing: ended.error))")
         #expect(ended.error?.message.contains("slower than") == true, "\(ended.error?.message ?? "")")
@@ -166,7 +166,7 @@ import Testing
         let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("wait-said-home")), configuration: .init(resumeWhenSpaceReturns: false))
         defer { queue.close() }
         let started = Date()
-        let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let waiting = try #require(await waitFor(queue, id, timeout: 20) { $0.retryDate != nil }, "the wait shows up in an event")
         #expect(waiting.state == .active && waiting.error?.httpStatus == 503 && waiting.error?.message.contains("5 min") == true, "\(String(describing: waiting.error))")
         let seconds = try #require(waiting.retryDate).timeIntervalSince(started)
@@ -184,7 +184,7 @@ import Testing
         let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("silent-home")),
                                       configuration: .init(transfer: TransferOptions(stallTimeout: 2), resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
         defer { queue.close() }
-        let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let said = try #require(await waitFor(queue, id, timeout: 15) { $0.error != nil }, "said within seconds")
         #expect(said.error?.code == .timedOut && said.error?.message.contains("No data arrived") == true, "\(String(describing: said.error))")
         let ended = try #require(await waitFor(queue, id, timeout: 30) { !$0.state.isRunning })
@@ -204,7 +204,7 @@ import Testing
         let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("redirect-home")),
                                       configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
         defer { queue.close() }
-        let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+        let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 30) { !$0.state.isRunning })
         #expect(ended.state == .failed, "\(String(describing: ended.error))")
         if target == "LOOP" {
@@ -295,10 +295,11 @@ import Testing
             let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
             let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("server-said-home")),
                                           configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 1))
-            let id = try #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
+            let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
             let ended = try #require(await waitFor(queue, id, timeout: 30) { !$0.state.isRunning })
-            queue.close()
-            #expect(ended.state == .failed && ended.error?.message.contains(expected) == true, "\(fault): \(ended.error?.message ?? "")")
+            await queue.close()
+            // A 403 pauses (unauthorized: renewed credentials may fix it); an oversized header fails.
+            #expect(!ended.state.isRunning && ended.error?.message.contains(expected) == true, "\(fault): \(ended.error?.message ?? "")")
             #expect(ended.error?.message.contains("Out of memory") != true)
         }
     }

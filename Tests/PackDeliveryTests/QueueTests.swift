@@ -61,6 +61,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
                     if download.id == id, predicate(download) { return download }
                 case .transactionUpdated(let transaction):
                     if let download = transaction.downloads.first(where: { $0.id == id }), predicate(download) { return download }
+                default:
+                    continue
                 }
             }
             return nil
@@ -85,17 +87,17 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let nginx = try NginxServer(root: site.folder)
         defer { nginx.stop() }
         let home = Home(folder: try Fixtures.temporaryDirectory("relaunch-home"))
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
 
         // First launch: the observer ignores the update, so the transaction is never finished.
         var first: DownloadQueue? = try DownloadQueue(home: home, configuration: Self.options())
         let ignoring = RecordingObserver(finishes: false)
         first!.add(ignoring)
-        let transaction = try first!.add(product: "com.example.big", from: manifest)
+        let transaction = try await first!.add(product: "com.example.big", from: manifest)
         let id = try #require(transaction.downloads.first?.id)
         let done = await waitFor(first!, id) { $0.state == .finished }
         #expect(done?.progress == 1.0 && done?.contentURL != nil)
-        first!.close()
+        await first!.close()
         first = nil
 
         // Second launch: the unfinished transaction arrives as soon as an observer is added.
@@ -108,11 +110,11 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
             try await Task.sleep(for: .milliseconds(10))
         }
         #expect(delivered.first?.downloads.first?.state == .finished)
-        for _ in 0..<200 where (try? second.transactions())?.isEmpty == false { try await Task.sleep(for: .milliseconds(10)) }
-        #expect(try second.transactions().isEmpty, "the observer finished it on the second launch")
+        for _ in 0..<200 where await (try? second.transactions())?.isEmpty == false { try await Task.sleep(for: .milliseconds(10)) }
+        await #expect(try second.transactions().isEmpty, "the observer finished it on the second launch")
         #expect(second.contentURL(forProductID: "com.example.big") != nil, "content stays findable after finish")
         #expect(ignoring.downloads.withLock { $0 }.last?.state == .finished)
-        second.close()
+        await second.close()
     }
 
     @Test func aDownloadRunningAtShutdownResumesOnItsOwnAtTheNextLaunch() async throws {
@@ -120,19 +122,19 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
         defer { nginx.stop() }
         let home = Home(folder: try Fixtures.temporaryDirectory("autoresume-home"))
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
         var first: DownloadQueue? = try DownloadQueue(home: home, configuration: Self.options())
-        let id = try #require(try first!.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let id = try await #require(try first!.add(product: "com.example.big", from: manifest).downloads.first?.id)
         let partway = await waitFor(first!, id) { $0.progress > 0.2 }
         #expect(partway != nil)
-        first!.close()
+        await first!.close()
         first = nil
 
         let second = try DownloadQueue(home: home, configuration: Self.options())
         let finished = await waitFor(second, id) { $0.state == .finished }
         #expect(finished?.progress == 1.0)
         #expect(nginx.bodyBytesSent(path: "/big.tar") - (4 << 20) <= 1 << 20, "resumed, not restarted")
-        second.close()
+        await second.close()
     }
 
     @Test func diskFullWhileDownloadingPausesKeepsTheBytesAndResumes() async throws {
@@ -147,8 +149,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         configuration.writer = writer
         let queue = try DownloadQueue(home: home, configuration: configuration)
         defer { queue.close() }
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
-        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
 
         let paused = try #require(await waitFor(queue, id) { $0.state != .active && $0.state != .waiting })
         #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage)
@@ -181,8 +183,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         configuration.writer = writer
         let queue = try DownloadQueue(home: home, configuration: configuration)
         defer { queue.close() }
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
-        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
 
         let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning })
         #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused)")
@@ -211,8 +213,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         configuration.resumeWhenSpaceReturns = true
         let queue = try DownloadQueue(home: home, configuration: configuration)
         defer { queue.close() }
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
-        let id = try #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         let paused = try #require(await waitFor(queue, id) { $0.state == .paused })
         #expect(paused.pauseReason == .insufficientStorage)
         // The filesystem (statvfs) has room again; nobody calls resume.
@@ -224,7 +226,7 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
     @Test func closingEndsLiveEventStreams() async throws {
         let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("close-home")), configuration: Self.options())
         let stream = queue.events()
-        queue.close()
+        await queue.close()
         var count = 0
         for await _ in stream { count += 1 }
         #expect(count == 0, "nothing was open; the stream just ends")
@@ -236,14 +238,14 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let queue = try DownloadQueue(home: home, configuration: Self.options())
         defer { queue.close() }
         let stream = queue.events()
-        let transaction = try queue.add(product: "com.example.forest", from: try LoadedManifest.load(site.manifestURL.path))
+        let transaction = try await queue.add(product: "com.example.forest", from: try LoadedManifest.load(site.manifestURL.path))
         for await event in stream {
             if case .transactionUpdated(let update) = event, update.id == transaction.id, update.isFinishable {
-                try queue.finish(update.id)
+                try await queue.finish(update.id)
                 break
             }
         }
-        #expect(try queue.transactions().isEmpty)
+        await #expect(try queue.transactions().isEmpty)
         #expect(queue.contentURL(forProductID: "com.example.forest") != nil)
     }
 
@@ -256,11 +258,11 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         configuration.concurrency = 1
         let queue = try DownloadQueue(home: home, configuration: configuration)
         defer { queue.close() }
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
         let stream = queue.events()
         var ids: [String] = []
         for product in ["com.example.ocean", "com.example.forest", "com.example.atlas"] {
-            ids += try queue.add(product: product, from: manifest).downloads.map(\.id)
+            await ids += try queue.add(product: product, from: manifest).downloads.map(\.id)
         }
         var states: [String: DownloadState] = [:]
         var startOrder: [String] = []
@@ -283,8 +285,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let home = Home(folder: try Fixtures.temporaryDirectory("cancel-home"))
         let queue = try DownloadQueue(home: home, configuration: Self.options())
         defer { queue.close() }
-        let manifest = try LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
-        let transaction = try queue.add(product: "com.example.big", from: manifest)
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let transaction = try await queue.add(product: "com.example.big", from: manifest)
         let id = try #require(transaction.downloads.first?.id)
         #expect(await waitFor(queue, id) { $0.bytesReceived > 0 } != nil)
 
@@ -301,8 +303,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let cancelled = try #require(await waitFor(queue, id) { $0.state == .cancelled })
         #expect(cancelled.bytesReceived == 0)
         #expect(!FileManager.default.fileExists(atPath: archive.path))
-        try queue.finish(transaction.id)
-        #expect(try queue.transactions().isEmpty)
+        try await queue.finish(transaction.id)
+        await #expect(try queue.transactions().isEmpty)
         #expect(queue.contentURL(forProductID: "com.example.big") == nil)
     }
 }

@@ -77,7 +77,7 @@ import Testing
         // The next launch of the library: before anything else, the recent installs are checked.
         let queue = try DownloadQueue(home: Home(folder: installed.home))
         defer { queue.close() }
-        let restored = try #require(try queue.transactions().first { $0.kind == .restored && $0.productIdentifier == "com.example.forest" },
+        let restored = try await #require(try queue.transactions().first { $0.kind == .restored && $0.productIdentifier == "com.example.forest" },
                                     "a restore transaction shows up for the damaged product")
         let id = try #require(restored.downloads.first { $0.state != .finished }?.id)
         let done = await waitFor(queue, id) { !$0.state.isRunning }
@@ -106,7 +106,7 @@ import Testing
         let installed = try Installed("damaged-db-\(damage)")
         defer { installed.nginx.stop() }
         let database = installed.home.appending(path: "state.sqlite")
-        #expect(!FileManager.default.fileExists(atPath: database.path + "-wal"), "the last process checkpointed its WAL")
+        #expect(!FileManager.default.fileExists(atPath: database.path + "-wal"), "the last process checkpointed its WAL: \((try? FileManager.default.contentsOfDirectory(atPath: installed.home.path)) ?? []) \((try? FileManager.default.attributesOfItem(atPath: database.path + "-wal")[.size]) ?? "")")
         let forest = try Self.files(installed.forest)
         let handle = try FileHandle(forUpdating: database)
         if damage == "garbage" {

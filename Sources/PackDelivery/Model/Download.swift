@@ -36,6 +36,11 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     case insufficientStorage
     /// The process stopped while it was running; it resumes on the next launch.
     case interrupted
+    /// Added with `start: false`: it waits for ``DownloadQueue/start(_:)``, like a StoreKit download before `start`.
+    case notStarted
+    /// The server refused the credentials (401, 403), even fresh ones from the credential provider; see the
+    /// download's error for what the server said. Renew them, then resume: the bytes kept are kept.
+    case unauthorized
 }
 
 /// One pack of one transaction — PackDelivery's `SKDownload`.
@@ -62,6 +67,8 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var phaseProgress: Double = 0
     /// Estimated seconds left to download, or -1 while unknown (and outside the `downloading` phase); 0 once finished.
     public var timeRemaining: Double
+    /// The download's current rate in bytes per second (smoothed over a few seconds), while downloading; nil otherwise.
+    public var bytesPerSecond: Double? = nil
     /// Why the download is paused, when it is.
     public var pauseReason: PauseReason?
     /// The installed folder, once finished.
@@ -133,11 +140,20 @@ public struct InstalledContent: Sendable, Hashable, Codable {
 }
 
 /// A change the queue reports, in order, to observers and to ``DownloadQueue/events()``.
+///
+/// New cases may be added: a `switch` over events needs a `default`.
 public enum DownloadQueueEvent: Sendable, Hashable {
     /// A transaction was added, delivered again on launch, or finished.
     case transactionUpdated(Transaction)
     /// A download changed state, phase or progress.
     case downloadUpdated(Download)
+    /// Transactions were finished and leave the queue (StoreKit's `removedTransactions`).
+    case transactionsRemoved([Transaction])
+    /// A restore (``DownloadQueue/restoreCompletedTransactions(productIDs:)``) delivered everything it started
+    /// (`paymentQueueRestoreCompletedTransactionsFinished`); its transactions, finishable.
+    case restoreCompleted([Transaction])
+    /// A restore could not complete: a download of it failed or paused (`restoreCompletedTransactionsFailedWithError`).
+    case restoreFailed(PackDeliveryError)
 }
 
 /// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)`` compares against.

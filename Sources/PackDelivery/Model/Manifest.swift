@@ -76,6 +76,19 @@ public struct LoadedManifest: Sendable {
     /// The URL the manifest was read from; relative pack URLs resolve against it.
     public var baseURL: URL
 
+    /// A manifest built in memory (a backend that hands out per-purchase URLs), checked as a decoded one is.
+    ///
+    /// - Parameters:
+    ///   - manifest: the products and packs.
+    ///   - baseURL: what relative pack URLs resolve against, and where the manifest "came from" (a `file://` URL
+    ///     allows `file://` packs; an http(s) one only http(s) packs).
+    /// - Throws: `invalidManifest` naming the first problem (see ``decode(_:from:)``).
+    public init(manifest: Manifest, baseURL: URL) throws(PackDeliveryError) {
+        try Self.check(manifest, place: baseURL.redacted)
+        self.manifest = manifest
+        self.baseURL = baseURL
+    }
+
     /// The absolute URL of a content's pack.
     ///
     /// A manifest read over http(s) may only name http(s) packs; a local manifest may also name `file://` packs.
@@ -114,6 +127,11 @@ public struct LoadedManifest: Sendable {
             throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) cannot be read: \(Self.describe(error, data: data)).",
                                     hint: "Check that the URL points at a manifest.json.", subject: place)
         }
+        return try LoadedManifest(manifest: manifest, baseURL: baseURL)
+    }
+
+    /// The checks every manifest passes, decoded or built in memory.
+    private static func check(_ manifest: Manifest, place: String) throws(PackDeliveryError) {
         var products: Set<String> = []
         var contents: [String: String] = [:]
         for product in manifest.products {
@@ -147,7 +165,6 @@ public struct LoadedManifest: Sendable {
                 }
             }
         }
-        return LoadedManifest(manifest: manifest, baseURL: baseURL)
     }
 
     /// The largest size a manifest may give (1 PiB): sums of a few such sizes never overflow `Int64`.

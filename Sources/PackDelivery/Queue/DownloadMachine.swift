@@ -44,6 +44,10 @@ struct DownloadMachine: Sendable, Hashable {
     /// The verification was recorded by an earlier process: hash the archive again before unpacking it
     /// (a power cut may have damaged what the record calls verified).
     var recheckArchive = false
+    /// The host can renew credentials (a provider is configured): a refusal (401, 403) is tried once more with fresh ones.
+    var credentialsRenewable = false
+    /// The next transfer asks the credential provider for fresh credentials: the server refused the last ones.
+    private(set) var credentialsRefused = false
     var stagingInode: Int64?
     /// Failed attempts since bytes kept last reached a new high.
     private(set) var attempt = 0
@@ -89,6 +93,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.retryDate = nil
         self.download.pauseReason = nil
         self.download.timeRemaining = -1
+        self.download.bytesPerSecond = nil
         self.rate = RateEstimator()
         self.attempt = 0
         self.waitingForRetry = false
@@ -107,11 +112,13 @@ struct DownloadMachine: Sendable, Hashable {
     mutating func progress(token: Int, bytesOnDisk: Int64, validator: String?, now: Date = Date()) -> Bool {
         guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return false }
         if bytesOnDisk != self.download.bytesReceived { self.lastMovement = now }
+        if bytesOnDisk > self.download.bytesReceived { self.credentialsRefused = false }
         self.rate.add(bytes: bytesOnDisk, at: now)
         self.download.bytesReceived = bytesOnDisk
         self.validator = validator ?? self.validator
         self.download.progress = self.fraction(bytesOnDisk)
         self.download.timeRemaining = self.rate.timeRemaining(remaining: self.download.contentLength - bytesOnDisk)
+        self.download.bytesPerSecond = self.rate.bytesPerSecond
         return true
     }
 
@@ -147,6 +154,7 @@ struct DownloadMachine: Sendable, Hashable {
                 // Hashed while the bytes arrived: verifying is the comparison just made; the installer moves on to unpacking.
                 self.download.phase = .verifying
                 self.download.timeRemaining = -1
+                self.download.bytesPerSecond = nil
                 self.download.phaseProgress = 0
                 self.installRunning = true
                 return [.install(token: self.token)]
@@ -172,6 +180,17 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.progress = self.fraction(bytes)
             if failure.error.code == .insufficientStorage {
                 self.enterPaused(.insufficientStorage, error: failure.error)
+                return []
+            }
+            if failure.error.code == .unauthorized {
+                if self.credentialsRenewable, !self.credentialsRefused {
+                    // Ask for fresh credentials (a token that expired), and try again at once.
+                    self.credentialsRefused = true
+                    return self.retryOrFail(failure.error, retryable: true, retryAfter: 0, jitter: 0, now: now)
+                }
+                // Nothing helps until the host renews the credentials: keep the bytes and wait for a resume.
+                self.credentialsRefused = false
+                self.enterPaused(.unauthorized, error: failure.error)
                 return []
             }
             // Only new bytes kept reset the count: a server that sends the same bytes again and again
@@ -324,6 +343,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.error = error
         self.download.retryDate = nil
         self.download.timeRemaining = -1
+        self.download.bytesPerSecond = nil
     }
 
     /// Resume a paused or failed download: it waits for a slot and keeps the bytes it has.
@@ -360,6 +380,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.bytesReceived = 0
         self.download.progress = 0
         self.download.timeRemaining = -1
+        self.download.bytesPerSecond = nil
         return actions
     }
 
@@ -388,6 +409,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.progress = 1
         self.download.bytesReceived = self.download.contentLength
         self.download.timeRemaining = 0
+        self.download.bytesPerSecond = nil
         self.download.contentURL = url
         self.download.error = nil
         self.download.retryDate = nil
@@ -402,6 +424,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.waitingForRetry = true
         self.download.error = error
         self.download.timeRemaining = -1
+        self.download.bytesPerSecond = nil
         self.token += 1
         let delay = self.retryPolicy.delay(attempt: self.attempt, retryAfter: retryAfter, jitter: jitter)
         self.download.retryDate = now.addingTimeInterval(delay)
@@ -417,6 +440,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.error = error
         self.download.retryDate = nil
         self.download.timeRemaining = -1
+        self.download.bytesPerSecond = nil
         return []
     }
 

@@ -1,5 +1,135 @@
 import Foundation
 
+/// Receives every transaction and download change of a ``DownloadQueue``, in order, on one serial queue
+/// of the queue's own (never the main thread).
+///
+/// Register it as soon as the host launches: unfinished transactions from earlier runs are delivered
+/// to it right away, like StoreKit's transaction observer. For an observer that lives on the main
+/// actor (a view model), use ``DownloadQueueMainActorObserver`` instead.
+public protocol DownloadQueueObserver: AnyObject, Sendable {
+    /// Transactions were added, delivered again at launch, finished, or one of their downloads settled.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting; calling it from here is allowed.
+    ///   - transactions: the transactions as they are now, with their downloads.
+    func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction])
+
+    /// Downloads changed state, phase or progress (progress at most about ten times a second).
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting; calling it from here is allowed.
+    ///   - downloads: the downloads as they are now.
+    func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download])
+
+    /// Transactions were finished and leave the queue. Optional.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting.
+    ///   - transactions: the finished transactions.
+    func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction])
+
+    /// A restore delivered everything it started. Optional.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting.
+    ///   - transactions: the restore's transactions, finishable.
+    func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction])
+
+    /// A restore could not complete. Optional.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting.
+    ///   - error: why (a download of the restore failed or paused).
+    func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError)
+}
+
+extension DownloadQueueObserver {
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction]) {}
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError) {}
+}
+
+/// An observer that lives on the main actor: a view model, a `@MainActor` store. Its callbacks run on
+/// the main actor, in order, as StoreKit delivers on the main thread; it needs no locks.
+///
+/// ```swift
+/// @MainActor final class ShopModel: DownloadQueueMainActorObserver {
+///     var progress: [String: Double] = [:]
+///     func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download]) {
+///         for download in downloads { self.progress[download.id] = download.progress }
+///     }
+///     func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction]) {}
+/// }
+/// queue.add(model)   // from the main actor
+/// ```
+/// The main actor must be served: an app's run loop does it, and so does an `async` `main`.
+@MainActor public protocol DownloadQueueMainActorObserver: AnyObject, Sendable {
+    /// As ``DownloadQueueObserver/downloadQueue(_:updatedTransactions:)``, on the main actor.
+    func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction])
+    /// As ``DownloadQueueObserver/downloadQueue(_:updatedDownloads:)``, on the main actor.
+    func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download])
+    /// As ``DownloadQueueObserver/downloadQueue(_:removedTransactions:)``, on the main actor. Optional.
+    func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction])
+    /// As ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFinished:)``, on the main actor. Optional.
+    func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction])
+    /// As ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFailedWithError:)``, on the main actor. Optional.
+    func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError)
+}
+
+extension DownloadQueueMainActorObserver {
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction]) {}
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError) {}
+}
+
+/// Carries a main-actor observer's callbacks to the main actor, in order (the main queue is FIFO), holding it weakly.
+private final class MainActorRelay: DownloadQueueObserver {
+    // A main-actor class is Sendable, and so is a weak reference to one.
+    weak let target: (any DownloadQueueMainActorObserver)?
+
+    init(_ target: any DownloadQueueMainActorObserver) { self.target = target }
+
+    private func hop(_ body: @escaping @MainActor @Sendable (any DownloadQueueMainActorObserver) -> Void) {
+        DispatchQueue.main.async { [weak target] in
+            MainActor.assumeIsolated { if let target { body(target) } }
+        }
+    }
+
+    func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction]) {
+        self.hop { $0.downloadQueue(queue, updatedTransactions: transactions) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download]) {
+        self.hop { $0.downloadQueue(queue, updatedDownloads: downloads) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {
+        self.hop { $0.downloadQueue(queue, removedTransactions: transactions) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction]) {
+        self.hop { $0.downloadQueue(queue, restoreCompletedTransactionsFinished: transactions) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError) {
+        self.hop { $0.downloadQueue(queue, restoreCompletedTransactionsFailedWithError: error) }
+    }
+}
+
+/// An event stream and what it wants.
+struct EventStream: Sendable {
+    var continuation: AsyncStream<DownloadQueueEvent>.Continuation
+    var filter: @Sendable (DownloadQueueEvent) -> Bool
+}
+
+/// A restore whose end is reported as one event.
+struct RestoreBatch: Sendable {
+    var transactionIDs: [String]
+    var pending: Set<String>
+}
+
 // Delivery: observers and event streams, in order, off the driver.
 extension DownloadQueue {
     /// Adds an observer (held weakly) and delivers the unfinished transactions to it at once.
@@ -13,11 +143,28 @@ extension DownloadQueue {
         }
     }
 
+    /// Adds an observer that lives on the main actor: its callbacks run there, in order (held weakly).
+    ///
+    /// - Parameter observer: keep a strong reference to it for as long as it should be called.
+    @MainActor public func add(_ observer: any DownloadQueueMainActorObserver) {
+        let relay = MainActorRelay(observer)
+        self.state.withLock { $0.relays[ObjectIdentifier(observer)] = relay }
+        self.add(relay)
+    }
+
     /// Stops calling an observer.
     ///
-    /// - Parameter observer: an observer added with ``add(_:)``.
+    /// - Parameter observer: an observer added with ``add(_:)-(DownloadQueueObserver)``.
     public func remove(_ observer: any DownloadQueueObserver) {
         self.state.withLock { _ = $0.observers.removeValue(forKey: ObjectIdentifier(observer)) }
+    }
+
+    /// Stops calling a main-actor observer.
+    ///
+    /// - Parameter observer: an observer added with ``add(_:)-(DownloadQueueMainActorObserver)``.
+    @MainActor public func remove(_ observer: any DownloadQueueMainActorObserver) {
+        guard let relay = self.state.withLock({ $0.relays.removeValue(forKey: ObjectIdentifier(observer)) }) else { return }
+        self.remove(relay)
     }
 
     /// Every change from now on, in order, starting with the unfinished transactions as they are now.
@@ -26,6 +173,39 @@ extension DownloadQueue {
     /// closes; a stream asked for after ``close()`` ends at once.
     /// - Returns: a stream of events; each call returns a stream of its own.
     public func events() -> AsyncStream<DownloadQueueEvent> {
+        self.events { _ in true }
+    }
+
+    /// The changes of one transaction (and of its downloads), in order, starting with it as it is now.
+    ///
+    /// - Parameter transactionID: the transaction.
+    /// - Returns: a stream of its `transactionUpdated`, `downloadUpdated` and `transactionsRemoved` events.
+    public func events(transactionID: String) -> AsyncStream<DownloadQueueEvent> {
+        self.events { event in
+            switch event {
+            case .transactionUpdated(let transaction): transaction.id == transactionID
+            case .downloadUpdated(let download): download.transactionID == transactionID
+            case .transactionsRemoved(let transactions), .restoreCompleted(let transactions): transactions.contains { $0.id == transactionID }
+            case .restoreFailed: false
+            }
+        }
+    }
+
+    /// The changes of one download, in order, starting with it as it is now (from its transaction).
+    ///
+    /// - Parameter downloadID: the download.
+    /// - Returns: a stream of the `downloadUpdated` events of it, and of `transactionUpdated` events of its transaction.
+    public func events(downloadID: String) -> AsyncStream<DownloadQueueEvent> {
+        self.events { event in
+            switch event {
+            case .transactionUpdated(let transaction): transaction.downloads.contains { $0.id == downloadID }
+            case .downloadUpdated(let download): download.id == downloadID
+            default: false
+            }
+        }
+    }
+
+    private func events(_ filter: @escaping @Sendable (DownloadQueueEvent) -> Bool) -> AsyncStream<DownloadQueueEvent> {
         let (stream, continuation) = AsyncStream.makeStream(of: DownloadQueueEvent.self, bufferingPolicy: .unbounded)
         let id = UUID()
         self.onDriver {
@@ -33,8 +213,10 @@ extension DownloadQueue {
                 continuation.finish()
                 return
             }
-            for transaction in (try? self.liveTransactions()) ?? [] { continuation.yield(.transactionUpdated(transaction)) }
-            self.state.withLock { $0.continuations[id] = continuation }
+            for transaction in (try? self.liveTransactions()) ?? [] where filter(.transactionUpdated(transaction)) {
+                continuation.yield(.transactionUpdated(transaction))
+            }
+            self.state.withLock { $0.continuations[id] = EventStream(continuation: continuation, filter: filter) }
         }
         continuation.onTermination = { [weak self] _ in self?.state.withLock { _ = $0.continuations.removeValue(forKey: id) } }
         return stream
@@ -46,19 +228,54 @@ extension DownloadQueue {
         self.emit(.transactionUpdated(transaction))
     }
 
-    /// Delivers one event to every stream and observer, in order.
+    /// Delivers one event to every stream and observer, in order; keeps track of restores.
     func emit(_ event: DownloadQueueEvent) {
-        let (continuations, observers) = self.state.withLock { state in
+        let (streams, observers) = self.state.withLock { state in
             (Array(state.continuations.values), state.observers.values.compactMap(\.observer))
         }
-        for continuation in continuations { continuation.yield(event) }
-        guard !observers.isEmpty else { return }
-        self.delivery.async {
-            for observer in observers {
-                switch event {
-                case .transactionUpdated(let transaction): observer.downloadQueue(self, updatedTransactions: [transaction])
-                case .downloadUpdated(let download): observer.downloadQueue(self, updatedDownloads: [download])
+        for stream in streams where stream.filter(event) { stream.continuation.yield(event) }
+        if !observers.isEmpty {
+            self.delivery.async {
+                for observer in observers {
+                    switch event {
+                    case .transactionUpdated(let transaction): observer.downloadQueue(self, updatedTransactions: [transaction])
+                    case .downloadUpdated(let download): observer.downloadQueue(self, updatedDownloads: [download])
+                    case .transactionsRemoved(let transactions): observer.downloadQueue(self, removedTransactions: transactions)
+                    case .restoreCompleted(let transactions): observer.downloadQueue(self, restoreCompletedTransactionsFinished: transactions)
+                    case .restoreFailed(let error): observer.downloadQueue(self, restoreCompletedTransactionsFailedWithError: error)
+                    }
                 }
+            }
+        }
+        if case .downloadUpdated(let download) = event { self.trackRestores(download) }
+    }
+
+    /// A restore ends when each of its downloads settled (completed), or when one fails or pauses (failed).
+    private func trackRestores(_ download: Download) {
+        guard !download.state.isRunning else { return }
+        let ended = self.state.withLock { state -> [(RestoreBatch, PackDeliveryError?)] in
+            var ended: [(RestoreBatch, PackDeliveryError?)] = []
+            for (id, var batch) in state.restores where batch.pending.contains(download.id) {
+                if download.state.isSettled {
+                    batch.pending.remove(download.id)
+                    if batch.pending.isEmpty {
+                        state.restores[id] = nil
+                        ended.append((batch, nil))
+                    } else {
+                        state.restores[id] = batch
+                    }
+                } else {
+                    state.restores[id] = nil
+                    ended.append((batch, download.error ?? PackDeliveryError(.cancelled, message: "The download \(download.id) of the restore was paused.")))
+                }
+            }
+            return ended
+        }
+        for (batch, error) in ended {
+            if let error {
+                self.emit(.restoreFailed(error))
+            } else if let transactions = try? self.liveTransactions(ids: batch.transactionIDs) {
+                self.emit(.restoreCompleted(transactions))
             }
         }
     }

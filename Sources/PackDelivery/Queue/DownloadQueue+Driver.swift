@@ -8,11 +8,22 @@ extension DownloadQueue {
         var index = 0
         var save = false
         var settled: [String] = []
+        var stopped = Set<String>()
         while index < work.count {
             let action = work[index]
             index += 1
             switch action {
             case .run(let id, let action):
+                if case .stopTransfer = action { stopped.insert(id) }
+                if case .deleteFiles(let staging) = action, stopped.contains(id), let download = self.state.withLock({ $0.machine.download(id) }) {
+                    // Gone at once, as the cancel reports; the transfer thread removes it once more after the stop, in
+                    // order, in case a start posted before the cancel creates it again (see TransferEngine.discard).
+                    let archive = self.home.archiveURL(for: download)
+                    self.discard(archive)
+                    self.engineBox.withLock { $0 }?.discard(archive)
+                    if staging { self.discard(self.home.stagingURL(for: download)) }
+                    continue
+                }
                 work += self.perform(action, for: id)
             case .measureSpace(let id, let destination):
                 let folder = self.home.workFolder(for: destination)
@@ -39,9 +50,14 @@ extension DownloadQueue {
         case .startTransfer(let token, let fromZero):
             let archive = self.home.archiveURL(for: download)
             if fromZero { self.discard(archive) }
+            var options = self.configuration.transfer
+            if let provider = self.configuration.credentials {
+                options.headers += provider(CredentialRequest(url: download.url, productIdentifier: download.productIdentifier,
+                                                              contentIdentifier: download.contentIdentifier, refused: machine.credentialsRefused))
+            }
             let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: archive,
                                           expectedLength: download.contentLength, validator: machine.validator,
-                                          fromZero: fromZero, options: self.configuration.transfer, writer: self.configuration.writer)
+                                          fromZero: fromZero, options: options, writer: self.configuration.writer)
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
             self.engineBox.withLock { $0 }?.stop("\(id)#\(token)")
@@ -180,12 +196,11 @@ extension DownloadQueue {
             try self.requireOpen()
             try self.store.insert(transactions, owner: self.owner) { self.home.archiveURL(for: $0).path }
             for transaction in transactions { self.emit(.transactionUpdated(transaction)) }
-            let policy = self.configuration.retryPolicy
             self.change { machine in
                 var actions: [QueueMachine.Action] = []
                 for transaction in transactions {
                     for (position, download) in transaction.downloads.enumerated() where download.state == .waiting {
-                        actions += machine.own(DownloadMachine(download: download, retryPolicy: policy), position: position, saved: true)
+                        actions += machine.own(self.machine(download), position: position, saved: true)
                     }
                 }
                 return actions
@@ -236,6 +251,7 @@ extension DownloadQueue {
             self.emit(.transactionUpdated(transaction))
             finished.append(transaction)
         }
+        self.emit(.transactionsRemoved(finished))
         return finished
     }
 
@@ -285,6 +301,13 @@ extension DownloadQueue {
             if let state = self.state.withLock({ $0.machine.download(id)?.state }), state.isRunning { resumed.append(id) }
         }
         return resumed
+    }
+
+    /// A machine for a new download, with this queue's policies.
+    func machine(_ download: Download) -> DownloadMachine {
+        var machine = DownloadMachine(download: download, retryPolicy: self.configuration.retryPolicy)
+        machine.credentialsRenewable = self.configuration.credentials != nil
+        return machine
     }
 
     private static func split(_ transferID: String) -> (String, Int) {

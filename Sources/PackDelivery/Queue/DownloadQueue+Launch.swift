@@ -70,7 +70,9 @@ extension DownloadQueue {
             self.discard(self.home.stagingURL(for: record.download))
         }
         let facts = Adoption.Facts(record: record, archiveBytes: Self.fileSize(self.home.archiveURL(for: record.download)), recoveredInstall: recovered)
-        return Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy)
+        var machine = Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy)
+        machine.credentialsRenewable = self.configuration.credentials != nil
+        return machine
     }
 
     /// Removes staging folders and archives that nothing will use: no record, a settled download, or no
@@ -115,7 +117,7 @@ extension DownloadQueue {
         _ = try self.redeliver(damaged)
     }
 
-    private static func looksIntact(_ install: InstallRecord, files: [InstalledFileRecord]) -> Bool {
+    static func looksIntact(_ install: InstallRecord, files: [InstalledFileRecord]) -> Bool {
         var info = stat()
         guard lstat(install.contentURL, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return false }
         for file in files {

@@ -3,26 +3,6 @@ import GRDB
 import Logging
 import Synchronization
 
-/// Receives every transaction and download change of a ``DownloadQueue``, in order, on one serial queue.
-///
-/// Register it as soon as the host launches: unfinished transactions from earlier runs are delivered
-/// to it right away, like StoreKit's transaction observer.
-public protocol DownloadQueueObserver: AnyObject, Sendable {
-    /// Transactions were added, delivered again at launch, finished, or one of their downloads settled.
-    ///
-    /// - Parameters:
-    ///   - queue: the queue reporting; calling it from here is allowed.
-    ///   - transactions: the transactions as they are now, with their downloads.
-    func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction])
-
-    /// Downloads changed state, phase or progress (progress at most about ten times a second).
-    ///
-    /// - Parameters:
-    ///   - queue: the queue reporting; calling it from here is allowed.
-    ///   - downloads: the downloads as they are now.
-    func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download])
-}
-
 /// The download half of `SKPaymentQueue`: takes purchased or restored transactions with their
 /// downloads, runs them, reports every change, and lets a transaction finish only once its content is in place.
 ///
@@ -63,6 +43,9 @@ public final class DownloadQueue: Sendable {
         public var launchCheckWindow: TimeInterval
         /// Writes every byte of downloads and unpacked content (replace it to inject disk-full faults in tests).
         public var writer: any FileWriting
+        /// Gives the headers that authorize each pack request (a token that expires); with one, a refused request
+        /// (401, 403) is tried once more with fresh credentials before the download pauses (`unauthorized`).
+        public var credentials: CredentialProvider? = nil
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
@@ -127,7 +110,11 @@ public final class DownloadQueue: Sendable {
     struct QueueState: Sendable {
         var machine: QueueMachine
         var observers: [ObjectIdentifier: WeakObserver] = [:]
-        var continuations: [UUID: AsyncStream<DownloadQueueEvent>.Continuation] = [:]
+        /// The relays of main-actor observers, by observer (each relay is itself an observer).
+        var relays: [ObjectIdentifier: any DownloadQueueObserver] = [:]
+        var continuations: [UUID: EventStream] = [:]
+        /// Restores in progress: their downloads still running, until each settles.
+        var restores: [UUID: RestoreBatch] = [:]
         /// Installs running, by download, so pause and cancel can stop them.
         var cancelFlags: [String: CancelFlag] = [:]
         var saveScheduled = false
@@ -194,7 +181,7 @@ public final class DownloadQueue: Sendable {
         self.engineBox.withLock { $0 }?.shutdown()
         QueueOwner.unregister(self.owner)
         let continuations = self.state.withLock { $0.continuations.values }
-        for continuation in continuations { continuation.finish() }
+        for stream in continuations { stream.continuation.finish() }
     }
 
     // MARK: Transactions
@@ -210,17 +197,21 @@ public final class DownloadQueue: Sendable {
     ///   - destination: install into caches (may be purged) or documents (kept).
     ///   - autoFinish: recorded for hosts (such as a command-line tool) that finish transactions themselves.
     ///   - force: download again even when the same version is installed.
+    ///   - start: false to record the downloads without starting them (see ``add(products:from:kind:destination:autoFinish:force:start:)``).
     /// - Returns: the recorded transaction with its downloads.
     /// - Throws: `unknownProduct` for a product the manifest does not list; `contentIdentifierTaken` when a pack's
     ///   content identifier is installed for another product; `queueClosed` after ``close()``; a database error
     ///   when the store cannot be written.
     @discardableResult
     public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
-                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false) throws(PackDeliveryError) -> Transaction {
-        try self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish, force: force)[0]
+                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+                    start: Bool = true) throws(PackDeliveryError) -> Transaction {
+        try self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
+                     force: force, start: start)[0]
     }
 
-    /// Records one transaction per product in one write and starts their downloads: the way to add a whole catalog.
+    /// Records one transaction per product in one write and starts their downloads (unless `start` is false):
+    /// the way to add a whole catalog.
     ///
     /// - Parameters:
     ///   - productIdentifiers: products the manifest lists; each gets a transaction of its own.
@@ -229,11 +220,14 @@ public final class DownloadQueue: Sendable {
     ///   - destination: install into caches (may be purged) or documents (kept).
     ///   - autoFinish: recorded for hosts that finish transactions themselves.
     ///   - force: download again even when the same version is installed.
+    ///   - start: false to record the downloads without moving a byte (paused, reason `notStarted`), so the app can
+    ///     show their sizes and ask first; ``start(_:)`` starts them.
     /// - Returns: the recorded transactions, in the order of `productIdentifiers`.
     /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:)``; nothing is recorded when any product is refused.
     @discardableResult
     public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
-                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false) throws(PackDeliveryError) -> [Transaction] {
+                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+                    start: Bool = true) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()
         var products: [Manifest.Product] = []
         let index = Dictionary(manifest.manifest.products.map { ($0.productIdentifier, $0) }, uniquingKeysWith: { a, _ in a })
@@ -255,8 +249,14 @@ public final class DownloadQueue: Sendable {
             let transactionID = Self.newID("t")
             var urls: [URL] = []
             for content in product.contents { urls.append(try manifest.packURL(for: content)) }
-            let downloads = try AddPlan.downloads(for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
+            var downloads = try AddPlan.downloads(for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
                                                   installs: byContent, presentFolders: present, newID: { Self.newID("d") }).get()
+            if !start {
+                for index in downloads.indices where downloads[index].state == .waiting {
+                    downloads[index].state = .paused
+                    downloads[index].pauseReason = .notStarted
+                }
+            }
             transactions.append(Transaction(id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
                                             finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
         }
@@ -322,6 +322,17 @@ public final class DownloadQueue: Sendable {
         return try self.onDriver { () throws(PackDeliveryError) in try self.resumeOnDriver(ids) }
     }
 
+    /// Starts downloads added with `start: false` (or any paused or failed ones): they wait for a slot, like
+    /// `SKPaymentQueue.start(_:)`.
+    ///
+    /// - Parameter ids: download ids.
+    /// - Returns: the ids of the downloads this queue now runs.
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    @discardableResult
+    public func start(_ ids: [String]) throws(PackDeliveryError) -> [String] {
+        try self.resume(ids)
+    }
+
     /// Pauses every running download of this queue (Ctrl-C, shutdown).
     ///
     /// - Parameter reason: `user` for a person's request, `interrupted` for a shutdown (resumed on the next launch).
@@ -343,9 +354,10 @@ public final class DownloadQueue: Sendable {
     /// The folder holding a product's installed content, or nil. Unlike StoreKit's, it outlives the transaction.
     ///
     /// - Parameter productIdentifier: the product.
-    /// - Returns: the folder of its first installed pack (see ``installedContent(forProductID:)`` for products with several).
+    /// - Returns: the folder of its most recently installed pack (see ``installedContent(forProductID:)`` for all
+    ///   the packs of a product with several).
     public func contentURL(forProductID productIdentifier: String) -> URL? {
-        (try? self.installedContent(forProductID: productIdentifier))?.first?.contentURL
+        (try? self.installedContent(forProductID: productIdentifier))?.max { $0.installedAt < $1.installedAt }?.contentURL
     }
 
     /// Deletes a product's installed content and its record.
@@ -387,9 +399,11 @@ public final class DownloadQueue: Sendable {
         QueueOwner.unregister(self.owner)
         self.janitor.sync {}
         self.delivery.sync {}
+        // Closed now rather than whenever the last reference goes: its WAL is folded back before the process exits.
+        self.store.close()
         // Finished outside the lock: a stream's onTermination takes it too.
         let continuations = self.state.withLock { $0.continuations.values }
-        for continuation in continuations { continuation.finish() }
+        for stream in continuations { stream.continuation.finish() }
     }
 
     // MARK: Helpers

@@ -53,6 +53,7 @@ public struct Home: Sendable, Hashable {
 
     /// The state database, `state.sqlite` in ``stateFolder``.
     public var databaseURL: URL { self.stateFolder.appending(path: "state.sqlite") }
+    /// Where versions before 0.2 kept one lock file per download; still reserved, so no install takes the name.
     var locksFolder: URL { self.stateFolder.appending(path: "locks") }
 
     /// The root folder of a destination.
@@ -97,7 +98,7 @@ public struct Home: Sendable, Hashable {
     /// Creates the folders, and marks both roots as re-downloadable for backup tools
     /// (a `CACHEDIR.TAG` and the `user.xdg.robots.backup` attribute).
     func prepare() throws(PackDeliveryError) {
-        for folder in [self.stateFolder, self.locksFolder] + Destination.allCases.flatMap({
+        for folder in [self.stateFolder] + Destination.allCases.flatMap({
             [self.workFolder(for: $0).appending(path: "downloads"), self.workFolder(for: $0).appending(path: "staging")]
         }) {
             try Self.makeDirectories(folder)

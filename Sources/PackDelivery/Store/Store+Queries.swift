@@ -13,7 +13,8 @@ extension Store {
                 for (position, download) in transaction.downloads.enumerated() {
                     var record = DownloadRecord(download, position: position, validator: nil, partialPath: partialPath(download),
                                                 stagingInode: nil, retriedFromZero: false, verified: false)
-                    if !download.state.isSettled {
+                    // Only what this queue runs now is owned; a download not started waits for whoever starts it.
+                    if download.state.isRunning {
                         (record.ownerPID, record.ownerStart, record.ownerQueue) = (owner.pid, owner.start, owner.queue)
                     }
                     try record.insert(db)
@@ -151,11 +152,12 @@ extension Store {
         try self.read { db in try InstallRecord.filter(InstallRecord.Columns.contentIdentifier == contentIdentifier).fetchAll(db) }
     }
 
-    /// Installs recorded in the `window` before the newest one, with their files, in two queries whatever their number.
-    func recentInstalls(window: TimeInterval) throws(PackDeliveryError) -> [(install: InstallRecord, files: [InstalledFileRecord])] {
+    /// Installs recorded in the `window` before the newest one (all of them with nil), with their files, in two
+    /// queries whatever their number.
+    func recentInstalls(window: TimeInterval?) throws(PackDeliveryError) -> [(install: InstallRecord, files: [InstalledFileRecord])] {
         try self.read { db in
             guard let newest = try Date.fetchOne(db, sql: "SELECT MAX(installedAt) FROM installs") else { return [] }
-            let since = newest.addingTimeInterval(-window)
+            let since = window.map { newest.addingTimeInterval(-$0) } ?? Date(timeIntervalSince1970: 0)
             let installs = try InstallRecord.filter(InstallRecord.Columns.installedAt >= since).fetchAll(db)
             var files: [String: [InstalledFileRecord]] = [:]
             let rows = try InstalledFileRecord.fetchCursor(db, sql: """
@@ -188,6 +190,21 @@ extension Store {
                        verified = 0, partialPath = NULL, error = NULL, pauseReason = NULL, bytesReceived = contentLength
                 WHERE id = ?
                 """, arguments: [DownloadState.finished, install.contentURL, install.downloadID])
+        }
+    }
+
+    /// The last finished download of each pack (product and content identifier), newest first: what a restore delivers again.
+    func lastFinishedDownloads(productIdentifiers: [String]?) throws(PackDeliveryError) -> [DownloadRecord] {
+        try self.read { db in
+            let all = try DownloadRecord.fetchAll(db, sql: """
+                SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                WHERE downloads.state = 'finished' ORDER BY transactions.createdAt DESC
+                """)
+            let wanted = productIdentifiers.map(Set.init)
+            var seen = Set<String>()
+            return all.filter { record in
+                (wanted?.contains(record.productIdentifier) ?? true) && seen.insert("\(record.productIdentifier)\u{0}\(record.contentIdentifier)").inserted
+            }
         }
     }
 

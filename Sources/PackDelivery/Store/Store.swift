@@ -38,7 +38,7 @@ final class Store: Sendable {
         let lock = open(url.path + ".open-lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard lock >= 0 else { throw .io("open", path: url.path + ".open-lock", errno: errno) }
         flock(lock, LOCK_EX)
-        defer { close(lock) }
+        defer { Glibc.close(lock) }
         do {
             self.pool = try DatabasePool(path: url.path, configuration: configuration)
             // A damaged file (garbage, truncated) may open and fail only on a later read: check it now.
@@ -50,6 +50,14 @@ final class Store: Sendable {
         } catch {
             throw Self.map(error, url.path)
         }
+    }
+
+    /// Closes the database: the WAL is checkpointed and removed when no other process has it open. Later calls fail.
+    func close() {
+        // Readers first: GRDB closes the writer first, and the writer folds the WAL back and deletes it only when
+        // no other connection holds the file (GRDB issue #739). releaseMemory closes every reader connection.
+        self.pool.releaseMemory()
+        try? self.pool.close()
     }
 
     /// Moves a damaged database (and its WAL and shared-memory files) aside, so a new one can be made.
@@ -197,7 +205,7 @@ final class Store: Sendable {
         let fd = open(url.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return }
         let result = posix_fallocate(fd, 0, off_t(Self.reserveSize))
-        close(fd)
+        Glibc.close(fd)
         if result != 0 { unlink(url.path) }
     }
 

@@ -43,6 +43,10 @@ final class TransferEngine: Sendable {
     /// Stops a transfer, keeping its file; reports `.stopped` when it was running.
     func stop(_ id: String) { self.post(.stop(id)) }
 
+    /// Removes a partial file once every command posted before has run: a transfer that was starting when it was
+    /// cancelled cannot create the file again after it is gone.
+    func discard(_ file: URL) { self.post(.discard(file)) }
+
     /// Stops every transfer (each reports `.stopped`) and ends the thread; waits for it.
     func shutdown() {
         let first = self.finished.withLock { finished in defer { finished = true }; return !finished }
@@ -60,6 +64,7 @@ final class TransferEngine: Sendable {
 private enum TransferCommand: Sendable {
     case start(TransferRequest)
     case stop(String)
+    case discard(URL)
     case shutdown
 }
 
@@ -88,6 +93,8 @@ private final class TransferLoop {
                         transfer.stop()
                         self.onEvent(.finished(id: id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
+                case .discard(let file):
+                    unlink(file.path)
                 case .shutdown:
                     for (easy, transfer) in self.transfers {
                         self.remove(easy)

@@ -50,6 +50,39 @@ extension TransferOptions {
     }
 }
 
+/// What the credential provider is asked for: the headers that authorize one request.
+public struct CredentialRequest: Sendable, Hashable {
+    /// The URL about to be requested (the manifest's pack URL, or the manifest's own URL).
+    public var url: URL
+    /// The product and pack the request is for; nil for a manifest.
+    public var productIdentifier: String?
+    /// The pack's content identifier; nil for a manifest.
+    public var contentIdentifier: String?
+    /// The server refused the credentials last given for this download (401, 403): give fresh ones.
+    public var refused: Bool
+
+    /// Creates a request (the queue makes them; this is for tests of a provider).
+    ///
+    /// - Parameters:
+    ///   - url: the URL about to be requested.
+    ///   - productIdentifier: the product, for a pack.
+    ///   - contentIdentifier: the pack, for a pack.
+    ///   - refused: whether the last credentials were refused.
+    public init(url: URL, productIdentifier: String? = nil, contentIdentifier: String? = nil, refused: Bool = false) {
+        self.url = url
+        self.productIdentifier = productIdentifier
+        self.contentIdentifier = contentIdentifier
+        self.refused = refused
+    }
+}
+
+/// Gives the request headers that authorize a request, as `Name: value` lines (`Authorization: Bearer …`).
+///
+/// Asked before every transfer (so a token that changes is always current) and again, with
+/// ``CredentialRequest/refused``, after the server refused the last ones. It runs on the queue's own
+/// thread: return headers you have, and renew slow credentials elsewhere.
+public typealias CredentialProvider = @Sendable (CredentialRequest) -> [String]
+
 /// One HTTP (or file) transfer into a partial file, resuming from what the file already holds.
 struct TransferRequest: Sendable {
     var id: String

@@ -1,0 +1,21 @@
+// swift-tools-version:6.1
+// A store client that depends on PackDelivery as an app would: a package of its own, by path.
+// (By URL it is `.package(url: "https://…/PackDelivery.git", from: "0.2.0")`, with the same `package:` below.)
+import PackageDescription
+
+let package = Package(
+    name: "StoreClient",
+    platforms: [.macOS(.v15)],
+    dependencies: [
+        // `name:` gives a path dependency the identity the product line refers to; without it the identity is
+        // the folder's name.
+        .package(name: "PackDelivery", path: "../..", traits: []),
+    ],
+    targets: [
+        .executableTarget(
+            name: "StoreClient",
+            dependencies: [.product(name: "PackDelivery", package: "PackDelivery")]
+        ),
+    ],
+    swiftLanguageModes: [.v6]
+)

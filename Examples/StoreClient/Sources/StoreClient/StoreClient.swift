@@ -1,0 +1,82 @@
+// The delivery half of a store client, as a small program:
+//
+//     StoreClient --home DIR MANIFEST_URL PRODUCT_ID... [--leave-open]
+//
+// At launch it opens the queue and registers its main-actor view model (purchases an earlier run left
+// open are delivered to it again); then, for each product, it adds a purchase, shows that finishing
+// is refused while the download runs (matched by the error's code), awaits the transaction, and
+// finishes it once its content is in place — unless --leave-open, which leaves them for the next run.
+// The article "Embedding PackDelivery in a Store Client" walks through the same steps.
+
+import Foundation
+import PackDelivery
+
+@main
+struct StoreClient {
+    static func main() async {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        let leaveOpen = arguments.contains("--leave-open")
+        arguments.removeAll { $0 == "--leave-open" }
+        guard arguments.count >= 4, arguments[0] == "--home" else {
+            print("usage: StoreClient --home DIR MANIFEST_URL PRODUCT_ID... [--leave-open]")
+            exit(64)
+        }
+        let home = Home(folder: URL(filePath: arguments[1]))
+        let manifestLocation = arguments[2]
+        let products = Array(arguments[3...])
+        do throws(PackDeliveryError) {
+            exit(try await Self.run(home: home, manifestLocation: manifestLocation, products: products, leaveOpen: leaveOpen))
+        } catch {
+            // Errors are matched by code; the message is for people.
+            print("error \(error.code): \(error.message)")
+            exit(1)
+        }
+    }
+
+    @MainActor static func run(home: Home, manifestLocation: String, products: [String], leaveOpen: Bool) async throws(PackDeliveryError) -> Int32 {
+        // 1. At launch: open the queue without blocking the main actor, and register the observer at once.
+        let queue = try await DownloadQueue.open(home: home)
+        let model = ShopModel()
+        queue.add(model)
+        let manifest = try await LoadedManifest.load(manifestLocation)
+
+        // 2. Purchases an earlier run left open are delivered again: finish them once their content is in place.
+        for transaction in try await queue.transactions() {
+            print("redelivered \(transaction.id) \(transaction.productIdentifier)")
+            let settled = try await queue.settled(transactionID: transaction.id)
+            if settled.isFinishable, !leaveOpen { try await queue.finish(settled.id) }
+        }
+
+        // 3. An error an app handles is matched by its code.
+        do {
+            try await queue.add(product: "com.example.not-for-sale", from: manifest)
+        } catch where error.code == .unknownProduct {
+            print("matched \(error.code)")
+        }
+
+        var allInstalled = true
+        for product in products {
+            let transaction = try await queue.add(product: product, from: manifest, kind: .purchased)
+            // 4. Finishing before the content is in place is refused, with the pending downloads named.
+            do {
+                if transaction.downloads.contains(where: { !$0.state.isSettled }) { try await queue.finish(transaction.id) }
+            } catch where error.code == .finishRefused {
+                print("refused \(error.code) \(error.pendingDownloadIDs.joined(separator: " "))")
+            }
+            // 5. One await for the whole transaction; cancelling this task would stop the wait, not the download.
+            let settled = try await queue.settled(transactionID: transaction.id)
+            for download in settled.downloads { print("settled \(download.contentIdentifier) \(download.state.rawValue)") }
+            guard settled.isFinishable else {
+                allInstalled = false
+                continue
+            }
+            if !leaveOpen {
+                try await queue.finish(transaction.id)
+                print("finished \(transaction.id) \(product)")
+            }
+            if let folder = queue.contentURL(forProductID: product) { print("content \(product) \(folder.path)") }
+        }
+        await queue.close()
+        return allInstalled ? 0 : 1
+    }
+}

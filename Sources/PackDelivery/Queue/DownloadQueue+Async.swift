@@ -1,0 +1,224 @@
+import Foundation
+import Logging
+
+/// Runs blocking work (SQLite, libcurl, the file system) on threads of its own, never on Swift
+/// concurrency's cooperative threads, and resumes the awaiting task with the result.
+enum Blocking {
+    static let queue = DispatchQueue(label: "PackDelivery.blocking", qos: .userInitiated, attributes: .concurrent)
+
+    static func run<T: Sendable>(_ body: @escaping @Sendable () throws(PackDeliveryError) -> T) async throws(PackDeliveryError) -> T {
+        let result: Result<T, PackDeliveryError> = await withCheckedContinuation { continuation in
+            Self.queue.async {
+                do throws(PackDeliveryError) { continuation.resume(returning: .success(try body())) } catch {
+                    continuation.resume(returning: .failure(error))
+                }
+            }
+        }
+        return try result.get()
+    }
+}
+
+// async/await: waiting for one thing, and the calls that do I/O without blocking an async caller's thread.
+extension DownloadQueue {
+    /// Opens a queue without blocking the caller's thread (see ``init(home:configuration:logger:)``).
+    ///
+    /// - Parameters:
+    ///   - home: where state, partial downloads and installed content live.
+    ///   - configuration: concurrency, transfer options, limits and resume behaviour.
+    ///   - logger: where to log; without one the library logs nothing.
+    /// - Returns: the open queue.
+    /// - Throws: ``PackDeliveryError`` when the home folder or the state database cannot be used.
+    public static func open(home: Home, configuration: Configuration = Configuration(), logger: Logger? = nil) async throws(PackDeliveryError) -> DownloadQueue {
+        try await Blocking.run { () throws(PackDeliveryError) in try DownloadQueue(home: home, configuration: configuration, logger: logger) }
+    }
+
+    /// Waits until every download of a transaction has stopped running: finished, cancelled, failed or paused.
+    ///
+    /// Cancelling the awaiting task stops the wait (throwing `cancelled`); the downloads go on.
+    /// - Parameter transactionID: the transaction.
+    /// - Returns: the transaction as it is then (``Transaction/isFinishable`` says whether all went well).
+    /// - Throws: `unknownTransaction`; `cancelled` when the task is cancelled; `queueClosed` when the queue closes first.
+    public func settled(transactionID: String) async throws(PackDeliveryError) -> Transaction {
+        let events = self.events(transactionID: transactionID)
+        guard var transaction = try await Blocking.run({ () throws(PackDeliveryError) in try self.liveTransactions(ids: [transactionID]).first }) else {
+            throw PackDeliveryError(.unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(transactionID))'.", subject: transactionID)
+        }
+        func done(_ transaction: Transaction) -> Bool { transaction.isFinished || transaction.downloads.allSatisfy { !$0.state.isRunning } }
+        if done(transaction) { return transaction }
+        for await event in events {
+            switch event {
+            case .transactionUpdated(let updated): transaction = updated
+            case .downloadUpdated(let download):
+                if let index = transaction.downloads.firstIndex(where: { $0.id == download.id }) { transaction.downloads[index] = download }
+            default: break
+            }
+            if done(transaction) { return transaction }
+        }
+        throw Self.waitEnded(Task.isCancelled)
+    }
+
+    /// Waits until a download has stopped running: finished, cancelled, failed or paused.
+    ///
+    /// Cancelling the awaiting task stops the wait (throwing `cancelled`); the download goes on.
+    /// - Parameter downloadID: the download.
+    /// - Returns: the download as it is then.
+    /// - Throws: `unknownDownload`; `cancelled` when the task is cancelled; `queueClosed` when the queue closes first.
+    public func settled(downloadID: String) async throws(PackDeliveryError) -> Download {
+        let events = self.events(downloadID: downloadID)
+        let current = try await Blocking.run { () throws(PackDeliveryError) -> Download? in
+            if let live = self.state.withLock({ $0.machine.download(downloadID) }) { return live }
+            return try self.store.downloadRecord(downloadID)?.download
+        }
+        guard var download = current else {
+            throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(downloadID))'.", subject: downloadID)
+        }
+        if !download.state.isRunning { return download }
+        for await event in events {
+            switch event {
+            case .downloadUpdated(let updated): download = updated
+            case .transactionUpdated(let transaction): download = transaction.downloads.first { $0.id == downloadID } ?? download
+            default: break
+            }
+            if !download.state.isRunning { return download }
+        }
+        throw Self.waitEnded(Task.isCancelled)
+    }
+
+    private static func waitEnded(_ cancelled: Bool) -> PackDeliveryError {
+        cancelled ? PackDeliveryError(.cancelled, message: "The wait was cancelled; the downloads go on.")
+            : PackDeliveryError(.queueClosed, message: "The download queue was closed while waiting.", hint: "Open a new DownloadQueue on the same home.")
+    }
+
+    // MARK: The blocking calls, for async callers
+
+    /// ``add(products:from:kind:destination:autoFinish:force:start:)`` without blocking the caller's thread.
+    @discardableResult
+    public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
+                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+                    start: Bool = true) async throws(PackDeliveryError) -> [Transaction] {
+        try await Blocking.run { () throws(PackDeliveryError) in
+            try self.add(products: productIdentifiers, from: manifest, kind: kind, destination: destination, autoFinish: autoFinish, force: force, start: start)
+        }
+    }
+
+    /// ``add(product:from:kind:destination:autoFinish:force:start:)`` without blocking the caller's thread.
+    @discardableResult
+    public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
+                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+                    start: Bool = true) async throws(PackDeliveryError) -> Transaction {
+        try await self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
+                           force: force, start: start)[0]
+    }
+
+    /// ``transactions()`` without blocking the caller's thread.
+    public func transactions() async throws(PackDeliveryError) -> [Transaction] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.transactions() }
+    }
+
+    /// ``finish(_:)-(String)`` without blocking the caller's thread.
+    public func finish(_ transactionID: String) async throws(PackDeliveryError) {
+        _ = try await Blocking.run { () throws(PackDeliveryError) in try self.finish([transactionID]) }
+    }
+
+    /// ``finish(_:)-([String])`` without blocking the caller's thread.
+    @discardableResult
+    public func finish(_ transactionIDs: [String]) async throws(PackDeliveryError) -> [Transaction] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.finish(transactionIDs) }
+    }
+
+    /// ``start(_:)`` without blocking the caller's thread.
+    @discardableResult
+    public func start(_ ids: [String]) async throws(PackDeliveryError) -> [String] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.start(ids) }
+    }
+
+    /// ``restoreCompletedTransactions(productIDs:)`` without blocking the caller's thread.
+    @discardableResult
+    public func restoreCompletedTransactions(productIDs: [String]? = nil) async throws(PackDeliveryError) -> [Transaction] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.restoreCompletedTransactions(productIDs: productIDs) }
+    }
+
+    /// ``close()`` without blocking the caller's thread.
+    public func close() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            Blocking.queue.async {
+                self.close()
+                continuation.resume()
+            }
+        }
+    }
+
+    // MARK: Restore
+
+    /// Delivers again every product this home has recorded (or those given): one restore transaction per product,
+    /// from the URLs of the downloads that delivered it; packs still installed and intact finish at once.
+    ///
+    /// When every download of the restore has settled, observers get
+    /// ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFinished:)`` (and streams
+    /// ``DownloadQueueEvent/restoreCompleted(_:)``); when one fails or pauses,
+    /// ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFailedWithError:)``.
+    /// - Parameter productIDs: products to restore, or nil for every product with a finished download.
+    /// - Returns: the restore transactions (finishable at once when everything was intact).
+    /// - Throws: a database error; `queueClosed` after ``close()``.
+    @discardableResult
+    public func restoreCompletedTransactions(productIDs: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) -> [Transaction] in
+            let records = try self.store.lastFinishedDownloads(productIdentifiers: productIDs)
+            let installs = Dictionary(grouping: try self.store.installs(), by: \.contentIdentifier)
+            let recent = Dictionary(uniqueKeysWithValues: try self.store.recentInstalls(window: nil).map {
+                ("\($0.install.destination.rawValue)/\($0.install.contentIdentifier)", $0)
+            })
+            var transactions: [Transaction] = []
+            for (product, packs) in Dictionary(grouping: records, by: \.productIdentifier).sorted(by: { $0.key < $1.key }) {
+                let transactionID = Self.newID("t")
+                let downloads = packs.sorted { $0.position < $1.position }.map { record -> Download in
+                    var download = record.download
+                    download.id = Self.newID("d")
+                    download.transactionID = transactionID
+                    download.error = nil
+                    download.pauseReason = nil
+                    download.phase = nil
+                    download.retryDate = nil
+                    let key = "\(download.destination.rawValue)/\(download.contentIdentifier)"
+                    let intact = installs[download.contentIdentifier]?.contains { $0.destination == download.destination && $0.productIdentifier == product
+                        && $0.contentVersion == download.contentVersion } == true
+                        && recent[key].map { Self.looksIntact($0.install, files: $0.files) } == true
+                    if intact {
+                        download.state = .finished
+                        download.progress = 1
+                        download.bytesReceived = download.contentLength
+                    } else {
+                        download.state = .waiting
+                        download.progress = 0
+                        download.bytesReceived = 0
+                        download.contentURL = nil
+                    }
+                    return download
+                }
+                transactions.append(Transaction(id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
+                                                finishedAt: nil, autoFinish: true, downloads: downloads))
+            }
+            let pending = Set(transactions.flatMap(\.downloads).filter { $0.state.isRunning }.map(\.id))
+            if !pending.isEmpty {
+                self.state.withLock { $0.restores[UUID()] = RestoreBatch(transactionIDs: transactions.map(\.id), pending: pending) }
+            }
+            if !transactions.isEmpty { try self.record(transactions) }
+            if pending.isEmpty { self.emit(.restoreCompleted(transactions)) }
+            return transactions
+        }
+    }
+}
+
+extension LoadedManifest {
+    /// ``load(_:options:)`` without blocking the caller's thread.
+    ///
+    /// - Parameters:
+    ///   - location: a URL, or a path (relative paths start at the current directory).
+    ///   - options: transfer options for fetching an http(s) manifest.
+    /// - Returns: the checked manifest with the URL it was read from.
+    /// - Throws: as ``load(_:options:)``.
+    public static func load(_ location: String, options: TransferOptions = TransferOptions()) async throws(PackDeliveryError) -> LoadedManifest {
+        try await Blocking.run { () throws(PackDeliveryError) in try Self.load(location, options: options) }
+    }
+}

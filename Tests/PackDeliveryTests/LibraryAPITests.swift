@@ -1,0 +1,222 @@
+import Foundation
+import Logging
+import PackDelivery
+import PackServer
+import PackTestSupport
+import Synchronization
+import Testing
+
+/// Issue 18: the library as a store client embeds it — main-actor observation, one await per
+/// operation, StoreKit's missing pieces (explicit start, restore, removed transactions, throughput),
+/// credentials that change, manifests built in memory, and the bugs of the first round.
+@Suite struct LibraryAPITests {
+    /// Sample packs served by `packs serve`'s server, and a queue on a fresh home.
+    struct Shop {
+        let site: TestSite
+        let server: RunningPackServer
+        let queue: DownloadQueue
+        let manifest: LoadedManifest
+        let home: URL
+
+        init(_ label: String, token: String? = nil, configuration: DownloadQueue.Configuration = .init(resumeWhenSpaceReturns: false)) async throws {
+            self.site = try TestSite.samples(label + "-site")
+            self.server = try await PackServer.start(PackServerConfiguration(directory: self.site.folder, port: 0, token: token), logger: Logger(label: "test"))
+            self.home = try Fixtures.temporaryDirectory(label + "-home")
+            self.queue = try await DownloadQueue.open(home: Home(folder: self.home), configuration: configuration)
+            var manifest = try self.site.manifest()
+            for index in manifest.products.indices {
+                for pack in manifest.products[index].contents.indices {
+                    manifest.products[index].contents[pack].url = self.server.baseURL.appending(path: manifest.products[index].contents[pack].url).absoluteString
+                }
+            }
+            // A manifest built in memory, as a backend that hands out per-purchase URLs would.
+            self.manifest = try LoadedManifest(manifest: manifest, baseURL: self.server.baseURL.appending(path: "manifest.json"))
+        }
+
+        func stop() async {
+            await self.queue.close()
+            await self.server.stop()
+        }
+    }
+
+    /// Marks the main queue, which serves the main actor (libdispatch may drain it from another thread on Linux).
+    static let mainQueueKey = DispatchSpecificKey<Bool>()
+
+    /// A view model on the main actor, as an app has one.
+    @MainActor final class ViewModel: DownloadQueueMainActorObserver {
+        var progress: [String: Double] = [:]
+        var rates: [Double] = []
+        var removed: [String] = []
+        var restored: [[Transaction]] = []
+        var offMain = 0
+
+        func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction]) {
+            if DispatchQueue.getSpecific(key: LibraryAPITests.mainQueueKey) != true { self.offMain += 1 }
+        }
+        func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download]) {
+            if DispatchQueue.getSpecific(key: LibraryAPITests.mainQueueKey) != true { self.offMain += 1 }
+            for download in downloads {
+                self.progress[download.id] = download.progress
+                if let rate = download.bytesPerSecond { self.rates.append(rate) }
+            }
+        }
+        func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {
+            self.removed += transactions.map(\.id)
+        }
+        func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction]) {
+            self.restored.append(transactions)
+        }
+    }
+
+    @MainActor @Test func aMainActorObserverGetsEveryCallbackOnTheMainActorAndOneAwaitSettlesATransaction() async throws {
+        DispatchQueue.main.setSpecific(key: Self.mainQueueKey, value: true)
+        let shop = try await Shop("main-actor")
+        let model = ViewModel()
+        shop.queue.add(model)
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        let settled = try await shop.queue.settled(transactionID: transaction.id)
+        #expect(settled.isFinishable && settled.downloads.allSatisfy { $0.state == .finished })
+        try await shop.queue.finish(transaction.id)
+        // Let the main queue deliver what is in flight.
+        for _ in 0..<50 where !model.removed.contains(transaction.id) { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(model.offMain == 0, "every callback ran on the main queue, the main actor's")
+        #expect(model.progress.values.contains(1.0), "progress reached the model")
+        #expect(model.removed == [transaction.id], "finishing reports the transaction as removed")
+        await shop.stop()
+    }
+
+    @Test func cancellingAWaitStopsTheWaitNotTheDownload() async throws {
+        let site = try TestSite.random("cancel-wait", size: 600_000)
+        let server = try FaultServer(root: site.folder)
+        defer { server.stop() }
+        var manifest = try site.manifest()
+        manifest.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 400_000)).absoluteString
+        let loaded = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        let queue = try await DownloadQueue.open(home: Home(folder: try Fixtures.temporaryDirectory("cancel-wait-home")))
+        let transaction = try await queue.add(product: "com.example.big", from: loaded)
+        let waiting = Task { try await queue.settled(transactionID: transaction.id) }
+        try await Task.sleep(for: .milliseconds(300))
+        waiting.cancel()
+        do {
+            _ = try await waiting.value
+            Issue.record("a cancelled wait must end before the download does")
+        } catch let error as PackDeliveryError {
+            #expect(error.code == .cancelled)
+        }
+        let id = try #require(transaction.downloads.first?.id)
+        let done = try await queue.settled(downloadID: id)
+        #expect(done.state == .finished, "the download went on: \(String(describing: done.error))")
+        await queue.close()
+    }
+
+    @Test func addingWithoutStartingMovesNoByteUntilStart() async throws {
+        let shop = try await Shop("explicit-start")
+        let transaction = try await shop.queue.add(product: "com.example.ocean", from: shop.manifest, start: false)
+        let download = try #require(transaction.downloads.first)
+        #expect(download.state == .paused && download.pauseReason == .notStarted && download.contentLength > 0, "the size is known before any byte moves")
+        try await Task.sleep(for: .milliseconds(500))
+        #expect(FileManager.default.fileExists(atPath: shop.home.appending(path: "Caches/com.example.ocean").path) == false)
+        try await shop.queue.start([download.id])
+        let done = try await shop.queue.settled(downloadID: download.id)
+        #expect(done.state == .finished)
+        await shop.stop()
+    }
+
+    @Test func aRestoreDeliversEveryRecordedProductAndSaysWhenItIsDone() async throws {
+        let shop = try await Shop("restore")
+        for product in ["com.example.forest", "com.example.atlas"] {
+            let transaction = try await shop.queue.add(product: product, from: shop.manifest)
+            _ = try await shop.queue.settled(transactionID: transaction.id)
+            try await shop.queue.finish(transaction.id)
+        }
+        // Intact: the restore completes at once, without downloading.
+        let events = shop.queue.events()
+        let intact = try await shop.queue.restoreCompletedTransactions()
+        #expect(intact.count == 2 && intact.allSatisfy { $0.kind == .restored && $0.isFinishable })
+        // One product's content is gone: only it downloads again, and the restore reports once, at the end.
+        #expect(try await shop.queue.finish(intact.map(\.id)).count == 2)
+        try FileManager.default.removeItem(at: shop.home.appending(path: "Caches/com.example.atlas"))
+        let partial = try await shop.queue.restoreCompletedTransactions(productIDs: ["com.example.atlas"])
+        #expect(partial.count == 1 && partial[0].downloads.first?.state == .waiting)
+        var completions = 0
+        for await event in events {
+            if case .restoreCompleted(let transactions) = event {
+                completions += 1
+                if completions == 2 {
+                    #expect(transactions.map(\.id) == partial.map(\.id) && transactions.allSatisfy(\.isFinishable))
+                    break
+                }
+            }
+        }
+        #expect(FileManager.default.fileExists(atPath: shop.home.appending(path: "Caches/com.example.atlas/ContentInfo.plist").path))
+        await shop.stop()
+    }
+
+    @Test func credentialsComeFromTheProviderAndAreRenewedOnceWhenRefused() async throws {
+        final class Calls: Sendable { let refused = Atomic<Int>(0); let total = Atomic<Int>(0) }
+        let calls = Calls()
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false)
+        // The first token has expired; a fresh one is given when the server refuses it.
+        configuration.credentials = { request in
+            calls.total.add(1, ordering: .relaxed)
+            if request.refused { calls.refused.add(1, ordering: .relaxed) }
+            return ["Authorization: Bearer " + (request.refused ? "s3cret" : "expired")]
+        }
+        let shop = try await Shop("credentials", token: "s3cret", configuration: configuration)
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        let settled = try await shop.queue.settled(transactionID: transaction.id)
+        #expect(settled.isFinishable, "\(settled.downloads.map { String(describing: $0.error) })")
+        #expect(calls.refused.load(ordering: .relaxed) == 1 && calls.total.load(ordering: .relaxed) == 2)
+        await shop.stop()
+
+        // Credentials that stay wrong pause the download, waiting for new ones.
+        var wrong = DownloadQueue.Configuration(resumeWhenSpaceReturns: false)
+        wrong.credentials = { _ in ["Authorization: Bearer nope"] }
+        let refused = try await Shop("credentials-wrong", token: "s3cret", configuration: wrong)
+        let id = try #require(try await refused.queue.add(product: "com.example.forest", from: refused.manifest).downloads.first?.id)
+        let paused = try await refused.queue.settled(downloadID: id)
+        #expect(paused.state == .paused && paused.pauseReason == .unauthorized && paused.error?.code == .unauthorized && paused.error?.httpStatus == 401)
+        await refused.stop()
+    }
+
+    @Test func aClosedQueueRefusesNewWorkAndItsStreamsEnd() async throws {
+        let shop = try await Shop("closed")
+        await shop.queue.close()
+        // Issue 18, bug 2: add after close recorded a transaction that waited forever.
+        do {
+            try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+            Issue.record("add after close must be refused")
+        } catch {
+            #expect(error.code == .queueClosed)
+        }
+        #expect(try CLI.run(home: shop.home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "nothing was recorded")
+        // Issue 18, bug 3: a stream asked for after close never finished.
+        var count = 0
+        for await _ in shop.queue.events() { count += 1 }
+        #expect(count == 0)
+        await shop.server.stop()
+    }
+
+    @Test func contentURLIsTheNewestPackAsDocumented() async throws {
+        // Issue 18, bug 5: the documentation and the code now agree: the most recently installed pack.
+        let shop = try await Shop("newest")
+        let forest = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        _ = try await shop.queue.settled(transactionID: forest.id)
+        try await Task.sleep(for: .milliseconds(20))
+        let again = try await shop.queue.add(product: "com.example.forest", from: shop.manifest, force: true)
+        _ = try await shop.queue.settled(transactionID: again.id)
+        let newest = try shop.queue.installedContent(forProductID: "com.example.forest").max { $0.installedAt < $1.installedAt }
+        #expect(shop.queue.contentURL(forProductID: "com.example.forest") == newest?.contentURL)
+        await shop.stop()
+    }
+
+    @Test func aManifestBuiltInMemoryIsCheckedLikeADecodedOne() throws {
+        let bad = Manifest(products: [.init(productIdentifier: "p", contents: [
+            .init(contentIdentifier: "p", contentVersion: "1", url: "p.zip", contentLength: 1 << 60, sha256: String(repeating: "a", count: 64)),
+        ])])
+        #expect(throws: PackDeliveryError.self) { try LoadedManifest(manifest: bad, baseURL: URL(string: "https://h/m.json")!) }
+        do { _ = try LoadedManifest(manifest: bad, baseURL: URL(string: "https://h/m.json")!) } catch {
+            #expect(error.code == .invalidManifest)
+        }
+    }
+}
