@@ -82,6 +82,15 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
+        // One fuzz input in a sandbox, and the checks of what must hold after it; shared by the fuzz targets
+        // below and by the corpus tests, so the suite replays the saved inputs exactly as the fuzzers ran them.
+        .target(
+            name: "PackFuzzHarness",
+            dependencies: ["PackDelivery"],
+            path: "Fuzz/Harness"
+        ),
+        // glibc's <malloc.h> (mallinfo2) for the tests that replay saved memory leaks.
+        .systemLibrary(name: "CMalloc", path: "Tests/CMalloc"),
         .target(
             name: "PackTestSupport",
             dependencies: [],
@@ -90,7 +99,7 @@ let package = Package(
         .testTarget(
             name: "PackDeliveryTests",
             dependencies: [
-                "PackDelivery", "PackServer", "PackTestSupport",
+                "PackDelivery", "PackServer", "PackTestSupport", "PackFuzzHarness", "CMalloc",
                 .product(name: "Logging", package: "swift-log"),
                 // app.test(.router) for the server's middleware, without sockets.
                 .product(name: "HummingbirdTesting", package: "hummingbird", condition: tools),
@@ -99,3 +108,16 @@ let package = Package(
     ],
     swiftLanguageModes: [.v6]
 )
+
+// libFuzzer targets, only when PACKS_FUZZ=1 (scripts/fuzz sets it and builds them with -sanitize=fuzzer,address
+// into .build-fuzz). They have no main of their own, only LLVMFuzzerTestOneInput: libFuzzer supplies main, so a
+// normal `swift build` or `swift test`, which links no libFuzzer, could not link them.
+if Context.environment["PACKS_FUZZ"] == "1" {
+    for name in ["FuzzManifest", "FuzzInspect", "FuzzUnpack"] {
+        package.targets.append(.executableTarget(
+            name: name,
+            dependencies: ["PackFuzzHarness"],
+            path: "Fuzz/Targets/\(name.dropFirst("Fuzz".count))"
+        ))
+    }
+}

@@ -94,12 +94,15 @@ struct ArchiveThreadLocale {
     private let installed: locale_t?
 
     static func useUTF8() -> ArchiveThreadLocale {
-        let names = ["C.UTF-8", "C.utf8", "en_US.UTF-8"]
-        guard let utf8 = names.lazy.compactMap({ newlocale(Int32(LC_CTYPE_MASK), $0, nil) }).first else {
-            return ArchiveThreadLocale(previous: nil, installed: nil)
+        // A plain loop: `names.lazy.compactMap { newlocale(…) }.first` called newlocale twice for the found
+        // name (once to find it, once to return it) and leaked one locale per unpack (found by LeakSanitizer).
+        for name in ["C.UTF-8", "C.utf8", "en_US.UTF-8"] {
+            if let utf8 = newlocale(Int32(LC_CTYPE_MASK), name, nil) {
+                let previous = uselocale(utf8)
+                return ArchiveThreadLocale(previous: previous, installed: utf8)
+            }
         }
-        let previous = uselocale(utf8)
-        return ArchiveThreadLocale(previous: previous, installed: utf8)
+        return ArchiveThreadLocale(previous: nil, installed: nil)
     }
 
     func restore() {
