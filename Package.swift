@@ -1,4 +1,4 @@
-// swift-tools-version:6.1
+// swift-tools-version:6.2
 import PackageDescription
 
 /// The dependencies of the `packs` tool, `PackServer` and the tests, and only theirs. They are behind the

@@ -116,9 +116,47 @@ import Testing
         #expect(download.state == .paused && download.pauseReason == .notStarted && download.contentLength > 0, "the size is known before any byte moves")
         try await Task.sleep(for: .milliseconds(500))
         #expect(FileManager.default.fileExists(atPath: shop.home.appending(path: "Caches/com.example.ocean").path) == false)
+        // Resuming everything does not count as the user's yes.
+        #expect(try shop.queue.resume().isEmpty)
+        let still = try #require(try await shop.queue.transactions().first { $0.id == transaction.id }?.downloads.first)
+        #expect(still.state == .paused && still.pauseReason == .notStarted, "resume() started a download added with start: false")
         try await shop.queue.start([download.id])
         let done = try await shop.queue.settled(downloadID: download.id)
         #expect(done.state == .finished)
+        await shop.stop()
+    }
+
+    /// A second queue on the same home (as a second process would be) awaits a download the first one runs: it
+    /// sees none of its events, only what the database says.
+    @Test(.timeLimit(.minutes(1))) func settledFollowsADownloadAnotherQueueRuns() async throws {
+        let shop = try await Shop("settled-other")
+        let other = try await DownloadQueue.open(home: Home(folder: shop.home))
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        let settled = try await other.settled(transactionID: transaction.id)
+        #expect(settled.isFinishable && settled.downloads.allSatisfy { $0.state == .finished })
+        await other.close()
+        await shop.stop()
+    }
+
+    /// close() from an observer's callback returns (it used to wait for that very callback).
+    @Test(.timeLimit(.minutes(1))) func anObserverMayCloseTheQueue() async throws {
+        final class Closer: DownloadQueueObserver {
+            let closed = Mutex(false)
+            func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction]) {
+                queue.close()
+                self.closed.withLock { $0 = true }
+            }
+            func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download]) {}
+        }
+        let shop = try await Shop("observer-close")
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        _ = try await shop.queue.settled(transactionID: transaction.id)
+        let closer = Closer()
+        shop.queue.add(closer)  // the open transaction is delivered to it at once, and it closes the queue
+        let deadline = ContinuousClock.now + .seconds(20)
+        while !closer.closed.withLock({ $0 }), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(50)) }
+        #expect(closer.closed.withLock { $0 }, "close() from an observer callback did not return within 20 s")
+        await #expect(throws: PackDeliveryError.self) { try await shop.queue.add(product: "com.example.atlas", from: shop.manifest) }
         await shop.stop()
     }
 

@@ -34,23 +34,28 @@ extension DownloadQueue {
 
     /// Waits until every download of a transaction has stopped running: finished, cancelled, failed or paused.
     ///
-    /// Cancelling the awaiting task stops the wait (throwing `cancelled`); the downloads go on.
+    /// Downloads another process runs (several processes may share a home) are followed too: their state is
+    /// read from the database about once a second. Cancelling the awaiting task stops the wait (throwing
+    /// `cancelled`); the downloads go on.
     /// - Parameter transactionID: the transaction.
     /// - Returns: the transaction as it is then (``Transaction/isFinishable`` says whether all went well).
     /// - Throws: `unknownTransaction`; `cancelled` when the task is cancelled; `queueClosed` when the queue closes first.
     public func settled(transactionID: String) async throws(PackDeliveryError) -> Transaction {
-        let events = self.events(transactionID: transactionID)
-        guard var transaction = try await Blocking.run({ () throws(PackDeliveryError) in try self.liveTransactions(ids: [transactionID]).first }) else {
+        try self.requireOpen()
+        let read = { @Sendable () throws(PackDeliveryError) -> Transaction? in try self.liveTransactions(ids: [transactionID]).first }
+        let steps = try await Blocking.run { () throws(PackDeliveryError) in self.waitSteps(self.events(transactionID: transactionID)) }
+        guard var transaction = try await Blocking.run(read) else {
             throw PackDeliveryError(.unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(transactionID))'.", subject: transactionID)
         }
         func done(_ transaction: Transaction) -> Bool { transaction.isFinished || transaction.downloads.allSatisfy { !$0.state.isRunning } }
         if done(transaction) { return transaction }
-        for await event in events {
-            switch event {
-            case .transactionUpdated(let updated): transaction = updated
-            case .downloadUpdated(let download):
+        for await step in steps {
+            switch step {
+            case .event(.transactionUpdated(let updated)): transaction = updated
+            case .event(.downloadUpdated(let download)):
                 if let index = transaction.downloads.firstIndex(where: { $0.id == download.id }) { transaction.downloads[index] = download }
-            default: break
+            case .event: break
+            case .poll: if let fresh = try? await Blocking.run(read) { transaction = fresh }
             }
             if done(transaction) { return transaction }
         }
@@ -59,29 +64,60 @@ extension DownloadQueue {
 
     /// Waits until a download has stopped running: finished, cancelled, failed or paused.
     ///
-    /// Cancelling the awaiting task stops the wait (throwing `cancelled`); the download goes on.
+    /// A download another process runs is followed too, from the database, about once a second. Cancelling
+    /// the awaiting task stops the wait (throwing `cancelled`); the download goes on.
     /// - Parameter downloadID: the download.
     /// - Returns: the download as it is then.
     /// - Throws: `unknownDownload`; `cancelled` when the task is cancelled; `queueClosed` when the queue closes first.
     public func settled(downloadID: String) async throws(PackDeliveryError) -> Download {
-        let events = self.events(downloadID: downloadID)
-        let current = try await Blocking.run { () throws(PackDeliveryError) -> Download? in
+        try self.requireOpen()
+        let read = { @Sendable () throws(PackDeliveryError) -> Download? in
             if let live = self.state.withLock({ $0.machine.download(downloadID) }) { return live }
             return try self.store.downloadRecord(downloadID)?.download
         }
-        guard var download = current else {
+        let steps = try await Blocking.run { () throws(PackDeliveryError) in self.waitSteps(self.events(downloadID: downloadID)) }
+        guard var download = try await Blocking.run(read) else {
             throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(downloadID))'.", subject: downloadID)
         }
         if !download.state.isRunning { return download }
-        for await event in events {
-            switch event {
-            case .downloadUpdated(let updated): download = updated
-            case .transactionUpdated(let transaction): download = transaction.downloads.first { $0.id == downloadID } ?? download
-            default: break
+        for await step in steps {
+            switch step {
+            case .event(.downloadUpdated(let updated)): download = updated
+            case .event(.transactionUpdated(let transaction)): download = transaction.downloads.first { $0.id == downloadID } ?? download
+            case .event: break
+            case .poll: if let fresh = try? await Blocking.run(read) { download = fresh }
             }
             if !download.state.isRunning { return download }
         }
         throw Self.waitEnded(Task.isCancelled)
+    }
+
+    /// What a wait reacts to: the queue's events, and a poll of the database about once a second (for work
+    /// another process runs, whose events this process never sees).
+    enum WaitStep: Sendable {
+        case event(DownloadQueueEvent)
+        case poll
+    }
+
+    /// The events of `events`, with a poll step every second; ends when `events` ends (the queue closed) or the
+    /// consuming task is cancelled.
+    func waitSteps(_ events: AsyncStream<DownloadQueueEvent>) -> AsyncStream<WaitStep> {
+        let (steps, continuation) = AsyncStream.makeStream(of: WaitStep.self)
+        let forward = Task {
+            for await event in events { continuation.yield(.event(event)) }
+            continuation.finish()
+        }
+        let poll = Task {
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(1))
+                continuation.yield(.poll)
+            }
+        }
+        continuation.onTermination = { _ in
+            forward.cancel()
+            poll.cancel()
+        }
+        return steps
     }
 
     private static func waitEnded(_ cancelled: Bool) -> PackDeliveryError {
@@ -199,12 +235,15 @@ extension DownloadQueue {
                 transactions.append(Transaction(id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
                                                 finishedAt: nil, autoFinish: true, downloads: downloads))
             }
+            if !transactions.isEmpty { try self.record(transactions) }
+            // Registered after the record succeeded (a failed record leaves no batch behind); on the driver, so no
+            // download of the restore can settle in between.
             let pending = Set(transactions.flatMap(\.downloads).filter { $0.state.isRunning }.map(\.id))
-            if !pending.isEmpty {
+            if pending.isEmpty {
+                self.emit(.restoreCompleted(transactions))
+            } else {
                 self.state.withLock { $0.restores[UUID()] = RestoreBatch(transactionIDs: transactions.map(\.id), pending: pending) }
             }
-            if !transactions.isEmpty { try self.record(transactions) }
-            if pending.isEmpty { self.emit(.restoreCompleted(transactions)) }
             return transactions
         }
     }

@@ -90,13 +90,14 @@ extension DownloadQueueMainActorObserver {
 
 /// Carries a main-actor observer's callbacks to the main actor, in order (the main queue is FIFO), holding it weakly.
 private final class MainActorRelay: DownloadQueueObserver {
-    // A main-actor class is Sendable, and so is a weak reference to one.
+    // A main-actor class is Sendable, and so is a weak reference to one; loading it is safe from any thread.
     weak let target: (any DownloadQueueMainActorObserver)?
 
     init(_ target: any DownloadQueueMainActorObserver) { self.target = target }
 
     private func hop(_ body: @escaping @MainActor @Sendable (any DownloadQueueMainActorObserver) -> Void) {
         DispatchQueue.main.async { [weak target] in
+            // Work submitted to the main queue runs on the main thread, which is the main actor's executor.
             MainActor.assumeIsolated { if let target { body(target) } }
         }
     }
@@ -231,7 +232,12 @@ extension DownloadQueue {
     /// Delivers one event to every stream and observer, in order; keeps track of restores.
     func emit(_ event: DownloadQueueEvent) {
         let (streams, observers) = self.state.withLock { state in
-            (Array(state.continuations.values), state.observers.values.compactMap(\.observer))
+            // A main-actor observer that went away without remove(_:): its relay goes too.
+            for (key, relay) in state.relays where (relay as? MainActorRelay)?.target == nil {
+                state.relays[key] = nil
+                state.observers[ObjectIdentifier(relay)] = nil
+            }
+            return (Array(state.continuations.values), state.observers.values.compactMap(\.observer))
         }
         for stream in streams where stream.filter(event) { stream.continuation.yield(event) }
         if !observers.isEmpty {
@@ -274,8 +280,12 @@ extension DownloadQueue {
         for (batch, error) in ended {
             if let error {
                 self.emit(.restoreFailed(error))
-            } else if let transactions = try? self.liveTransactions(ids: batch.transactionIDs) {
-                self.emit(.restoreCompleted(transactions))
+            } else {
+                do throws(PackDeliveryError) {
+                    self.emit(.restoreCompleted(try self.liveTransactions(ids: batch.transactionIDs)))
+                } catch {
+                    self.emit(.restoreFailed(error))  // the restore always ends with one of the two
+                }
             }
         }
     }

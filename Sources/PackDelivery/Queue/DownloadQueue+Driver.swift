@@ -292,9 +292,12 @@ extension DownloadQueue {
                 if !record.download.state.isSettled { _ = try self.take([id]) }
             }
         } else {
-            _ = try self.take(nil)
+            // Resuming everything never starts what was added with start: false: that waits for the user's yes.
+            _ = try self.take(nil) { $0.download.pauseReason != .notStarted }
         }
-        let targets = ids ?? self.state.withLock { Array($0.machine.entries.keys) }
+        let targets = ids ?? self.state.withLock { state in
+            state.machine.entries.filter { $0.value.machine.download.pauseReason != .notStarted }.map(\.key)
+        }
         var resumed: [String] = []
         for id in targets {
             self.change { $0.handle(id, .resume) }

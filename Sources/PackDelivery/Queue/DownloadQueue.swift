@@ -106,6 +106,8 @@ public final class DownloadQueue: Sendable {
     let engineBox = Mutex<TransferEngine?>(nil)
     let timer: Mutex<DispatchSourceTimer?>
     static let driverKey = DispatchSpecificKey<Bool>()
+    /// Set on ``delivery``: close() called from an observer's callback must not wait for that callback.
+    static let deliveryKey = DispatchSpecificKey<Bool>()
 
     struct QueueState: Sendable {
         var machine: QueueMachine
@@ -151,6 +153,7 @@ public final class DownloadQueue: Sendable {
         self.state = Mutex(QueueState(machine: QueueMachine(concurrency: configuration.concurrency)))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)
+        self.delivery.setSpecific(key: Self.deliveryKey, value: true)
         let engine = TransferEngine(logger: self.logger) { [weak self] event in
             guard let self else { return }
             self.driver.async { self.handle(event) }
@@ -223,7 +226,7 @@ public final class DownloadQueue: Sendable {
     ///   - start: false to record the downloads without moving a byte (paused, reason `notStarted`), so the app can
     ///     show their sizes and ask first; ``start(_:)`` starts them.
     /// - Returns: the recorded transactions, in the order of `productIdentifiers`.
-    /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:)``; nothing is recorded when any product is refused.
+    /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:start:)``; nothing is recorded when any product is refused.
     @discardableResult
     public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
@@ -313,7 +316,8 @@ public final class DownloadQueue: Sendable {
 
     /// Resumes paused or failed downloads (all of them when `ids` is nil); they continue from the bytes on disk.
     ///
-    /// - Parameter ids: download ids, or nil for every paused, failed or orphaned download of an open transaction.
+    /// - Parameter ids: download ids, or nil for every paused, failed or orphaned download of an open transaction,
+    ///   except those added with `start: false` (``PauseReason/notStarted``), which only ``start(_:)`` or their id starts.
     /// - Returns: the ids of the downloads this queue now runs (not those another process runs).
     /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
     @discardableResult
@@ -398,7 +402,8 @@ public final class DownloadQueue: Sendable {
         }
         QueueOwner.unregister(self.owner)
         self.janitor.sync {}
-        self.delivery.sync {}
+        // From an observer's callback, the callbacks before it have run; those after it see a closed queue.
+        if DispatchQueue.getSpecific(key: Self.deliveryKey) != true { self.delivery.sync {} }
         // Closed now rather than whenever the last reference goes: its WAL is folded back before the process exits.
         self.store.close()
         // Finished outside the lock: a stream's onTermination takes it too.

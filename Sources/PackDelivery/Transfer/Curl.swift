@@ -39,7 +39,7 @@ enum Curl {
         let sink = Sink()
         sink.limit = maxBytes
         try easy.apply(options)
-        try easy.restrictProtocols(allowingFile: false)
+        try easy.restrictProtocols(for: url, allowingFile: false)
         try easy.set(CURLOPT_WRITEDATA, pointer: Unmanaged.passUnretained(sink).toOpaque())
         try easy.set(CURLOPT_WRITEFUNCTION, callback: { pointer, size, count, user in
             let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
@@ -94,9 +94,12 @@ final class CurlEasy {
     }
 
     /// Allows http and https (and `file` for a local pack), and only http and https for redirects.
-    func restrictProtocols(allowingFile: Bool) throws(PackDeliveryError) {
-        try self.set(CURLOPT_PROTOCOLS_STR, string: allowingFile ? "file" : "http,https")
-        try self.set(CURLOPT_REDIR_PROTOCOLS_STR, string: "http,https")
+    /// - Parameter url: the URL requested. A redirect from https may only lead to https, so headers (credentials
+    ///   among them) never travel in clear text because a server said so.
+    /// - Parameter allowingFile: whether a file URL may be read.
+    func restrictProtocols(for url: URL, allowingFile: Bool) throws(PackDeliveryError) {
+        try self.set(CURLOPT_PROTOCOLS_STR, string: allowingFile && url.isFileURL ? "file" : "http,https")
+        try self.set(CURLOPT_REDIR_PROTOCOLS_STR, string: url.scheme?.lowercased() == "https" ? "https" : "http,https")
     }
 
     deinit {

@@ -90,7 +90,7 @@ final class CurlTransfer {
                 extra.append("If-Range: \(validator)")
             }
             try self.easy.apply(request.options, extraHeaders: extra)
-            try self.easy.restrictProtocols(allowingFile: request.url.isFileURL)
+            try self.easy.restrictProtocols(for: request.url, allowingFile: true)
             if offset > 0 {
                 try self.easy.set(CURLOPT_RANGE, string: "\(offset)-")
             }

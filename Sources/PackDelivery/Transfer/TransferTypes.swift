@@ -52,11 +52,11 @@ extension TransferOptions {
 
 /// What the credential provider is asked for: the headers that authorize one request.
 public struct CredentialRequest: Sendable, Hashable {
-    /// The URL about to be requested (the manifest's pack URL, or the manifest's own URL).
+    /// The pack URL about to be requested, query string included (it is never logged or shown).
     public var url: URL
-    /// The product and pack the request is for; nil for a manifest.
+    /// The product the pack belongs to.
     public var productIdentifier: String?
-    /// The pack's content identifier; nil for a manifest.
+    /// The pack's content identifier.
     public var contentIdentifier: String?
     /// The server refused the credentials last given for this download (401, 403): give fresh ones.
     public var refused: Bool
@@ -78,9 +78,13 @@ public struct CredentialRequest: Sendable, Hashable {
 
 /// Gives the request headers that authorize a request, as `Name: value` lines (`Authorization: Bearer …`).
 ///
-/// Asked before every transfer (so a token that changes is always current) and again, with
+/// Asked before every pack transfer (so a token that changes is always current) and again, with
 /// ``CredentialRequest/refused``, after the server refused the last ones. It runs on the queue's own
-/// thread: return headers you have, and renew slow credentials elsewhere.
+/// thread: return headers you have, and renew slow credentials elsewhere. (A manifest is read with the
+/// ``TransferOptions/headers`` given to ``LoadedManifest/load(_:options:)``.)
+///
+/// Put credentials in `Authorization` (or `Cookie`): libcurl drops those when a redirect leads to another
+/// host, while other headers follow redirects. A redirect from https may only lead to https.
 public typealias CredentialProvider = @Sendable (CredentialRequest) -> [String]
 
 /// One HTTP (or file) transfer into a partial file, resuming from what the file already holds.
