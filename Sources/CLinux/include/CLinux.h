@@ -8,6 +8,9 @@ int clinux_rename_exchange(const char *from, const char *to);
 int clinux_rename_noreplace(const char *from, const char *to);
 /// syncfs(fd): writes out the whole filesystem holding fd. Returns 0 or -1 with errno.
 int clinux_syncfs(int fd);
+/// sync_file_range(fd, offset, count, SYNC_FILE_RANGE_WRITE): starts writing those bytes out, without waiting
+/// for them (no durability by itself: the later fsync is what makes them durable). Returns 0 or -1 with errno.
+int clinux_start_writeback(int fd, long long offset, long long count);
 /// mallopt(param, value) from <malloc.h>, which Swift's Glibc module does not import. Returns 1 on success.
 int clinux_mallopt(int param, int value);
 /// M_ARENA_MAX, for clinux_mallopt.

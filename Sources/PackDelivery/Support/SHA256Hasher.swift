@@ -33,7 +33,21 @@ final class SHA256Hasher {
         var digest = [UInt8](repeating: 0, count: 32)
         var length: UInt32 = 0
         EVP_DigestFinal_ex(copy, &digest, &length)
-        return digest.map { String(format: "%02x", $0) }.joined()
+        return Self.hex(digest)
+    }
+
+    private static let hexDigits = Array("0123456789abcdef".utf8)
+
+    /// Lower-case hex of bytes. (`String(format: "%02x")` per byte cost ≈ 1.5 µs each through Foundation's
+    /// formatter: 0.5 s of CPU for the 10,000 file digests of one pack.)
+    static func hex(_ bytes: [UInt8]) -> String {
+        String(unsafeUninitializedCapacity: bytes.count * 2) { buffer in
+            for (index, byte) in bytes.enumerated() {
+                buffer[2 * index] = Self.hexDigits[Int(byte >> 4)]
+                buffer[2 * index + 1] = Self.hexDigits[Int(byte & 0x0F)]
+            }
+            return bytes.count * 2
+        }
     }
 
     /// Hashes the first `length` bytes of an open file (used when a transfer resumes on a partial file).
