@@ -58,16 +58,18 @@ final class ProgressDisplay {
         }
     }
 
-    /// Transactions were finished.
-    func finished(_ transactions: [Transaction]) {
+    /// Transactions were finished, in batches: JSON prints each at once; the plain line comes with the last batch
+    /// (`total` transactions in all).
+    func finished(_ transactions: [Transaction], last: Bool, total: Int) {
         switch self.mode {
         case .quiet: return
         case .json: for transaction in transactions { printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction))) }
         case .plain, .terminal:
-            if transactions.count == 1, let transaction = transactions.first {
+            guard last else { return }
+            if total == 1, let transaction = transactions.first {
                 printLine("finished transaction \(transaction.id) (\(transaction.productIdentifier))")
             } else {
-                printLine("finished \(transactions.count) transactions")
+                printLine("finished \(total) transactions")
             }
         }
     }

@@ -28,7 +28,7 @@ struct RunSession {
     /// - Parameter start: starts the downloads and says what to follow.
     /// - Returns: the exit code (0, 65, 69, 74, 75, 77 or 130); a stderr line has been printed for non-zero.
     func run(_ start: () throws(PackDeliveryError) -> Follow) async throws(PackDeliveryError) -> Int32 {
-        let events = self.queue.events()
+        var events: AsyncStream<DownloadQueueEvent>? = self.queue.events()
         let interrupted = Atomic<Bool>(false)
         let queue = self.queue
         let signals = Self.stopSignals.map { number in
@@ -60,7 +60,7 @@ struct RunSession {
             transactionOf[download.id] = download.transactionID
             record(download)
         }
-        if !running.isEmpty {
+        if !running.isEmpty, let events {
             for await event in events {
                 display.show(event)
                 if case .downloadUpdated(let download) = event, transactionOf[download.id] != nil {
@@ -74,6 +74,9 @@ struct RunSession {
             }
         }
         display.end()
+        // Unsubscribe: finishing below reports every transaction again, into a buffer nobody would read
+        // (10,000 transactions: ≈ 10 MB).
+        events = nil
 
         // Finish what asked to be finished once its content is installed, in one durable write.
         let blocked = Set(unsettled.compactMap { transactionOf[$0] })
@@ -83,8 +86,12 @@ struct RunSession {
                 finishable.insert(transaction.id)
             }
         }
-        if !finishable.isEmpty {
-            display.finished(try await self.queue.finish(finishable.sorted()))
+        // In batches of 1,000 (each one durable write): finishing reads each transaction back, and 10,000 at once
+        // held them all in memory together.
+        let ordered = finishable.sorted()
+        for start in stride(from: 0, to: ordered.count, by: 1_000) {
+            let end = min(start + 1_000, ordered.count)
+            display.finished(try await self.queue.finish(Array(ordered[start..<end])), last: end == ordered.count, total: ordered.count)
         }
 
         let leftOver = notFinished.values.sorted { $0.id < $1.id }

@@ -198,6 +198,7 @@ extension DownloadQueue {
             for transaction in transactions { self.emit(.transactionUpdated(transaction)) }
             self.change { machine in
                 var actions: [QueueMachine.Action] = []
+                machine.reserve(transactions.reduce(0) { $0 + $1.downloads.count })
                 for transaction in transactions {
                     for (position, download) in transaction.downloads.enumerated() where download.state == .waiting {
                         actions += machine.own(self.machine(download), position: position, saved: true)

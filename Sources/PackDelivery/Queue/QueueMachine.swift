@@ -75,6 +75,13 @@ struct QueueMachine: Sendable {
         self.spaceMargin = spaceMargin
     }
 
+    /// Makes room for `count` more downloads at once: a catalog of 10,000 grows the table once, instead of
+    /// doubling it step by step with the old and the new table alive together at each step.
+    mutating func reserve(_ count: Int) {
+        self.entries.reserveCapacity(self.entries.count + count)
+        self.changed.reserveCapacity(self.changed.count + count)
+    }
+
     // MARK: Events
 
     /// Takes downloads this queue now owns (added, adopted at launch, taken over for a request).
@@ -189,6 +196,11 @@ struct QueueMachine: Sendable {
         self.changed[id] = nil
         self.running.remove(id)
         self.pausedForSpace.remove(id)
+        if self.entries.isEmpty {
+            // A dictionary keeps its capacity when emptied: after a catalog of 10,000, that is ≈ 10 MB held for nothing.
+            self.entries = [:]
+            self.changed = [:]
+        }
     }
 
     func download(_ id: String) -> Download? { self.entries[id]?.machine.download }
