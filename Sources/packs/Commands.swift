@@ -43,6 +43,9 @@ extension Packs {
         @Flag(help: "Download again even when the same version is installed.")
         var force = false
 
+        @Option(help: ArgumentHelp("Trust manifests signed by this publisher's public key (a .pub file from packs keygen); repeatable. With it, or with keys added by packs trust add, an unsigned, tampered, expired or older manifest is refused (exit 65) and nothing is downloaded.", valueName: "pub"))
+        var trust: [String] = []
+
         func validate() throws {
             let sources = (self.products.isEmpty ? 0 : 1) + (self.all ? 1 : 0) + (self.productsFrom == nil ? 0 : 1)
             if sources == 0 { throw ValidationError("Name the products to fetch, or pass --all or --products-from FILE.") }
@@ -51,10 +54,12 @@ extension Packs {
 
         func run() async throws {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
-                let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options)
-                let products = try self.wanted(loaded)
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
+                let publishers = try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) } + queue.trustedPublishers()
+                let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
+                try queue.acceptManifest(loaded)
+                let products = try self.wanted(loaded)
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
                     let transactions = try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,

@@ -22,7 +22,7 @@ struct Packs: AsyncParsableCommand {
             """,
         version: Packs.version,
         subcommands: [Fetch.self, Resume.self, Status.self, Pause.self, Cancel.self, Finish.self, Content.self, Verify.self, Remove.self,
-                      Serve.self, Pack.self, MakeManifest.self, Demo.self]
+                      Serve.self, Pack.self, MakeManifest.self, Keygen.self, Trust.self, Demo.self]
     )
 
     /// Parses `packs [--home DIR] [--json] COMMAND …`: global options may come before the subcommand.
@@ -64,7 +64,12 @@ struct Packs: AsyncParsableCommand {
             }
         }
         guard !moved.isEmpty, index < arguments.count else { return arguments }
-        return [arguments[index]] + moved + arguments[(index + 1)...]
+        // `trust add`, `trust list`: the options belong to the nested command.
+        var command = [arguments[index]]
+        if arguments[index] == "trust", index + 1 < arguments.count, ["add", "list"].contains(arguments[index + 1]) {
+            command.append(arguments[index + 1])
+        }
+        return command + moved + arguments[(index + command.count)...]
     }
 }
 

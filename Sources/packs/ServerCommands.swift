@@ -148,9 +148,46 @@ extension Packs {
 
         @Argument(help: "The folder holding the packs.") var directory: String
 
+        @Option(help: ArgumentHelp("Sign the manifest with this publisher key (a .key file from packs keygen): writes manifest.json.sig beside it.", valueName: "key"))
+        var sign: String?
+
+        @Option(name: .customLong("manifest-version"), help: "The signed manifest's version (default: one more than the manifest.json it replaces, else 1).")
+        var manifestVersion: Int?
+
+        @Option(help: ArgumentHelp("How long the signed manifest stays valid: a number of days (30d), hours (12h) or minutes (90m).", valueName: "duration"))
+        var expires: String?
+
+        func validate() throws {
+            if self.sign == nil, self.manifestVersion != nil || self.expires != nil {
+                throw ValidationError("--manifest-version and --expires apply to a signed manifest: add --sign KEY.")
+            }
+            if let expires, Self.seconds(expires) == nil { throw ValidationError("--expires takes a duration like 30d, 12h or 90m.") }
+            if let manifestVersion, manifestVersion < 1 { throw ValidationError("--manifest-version takes a whole number from 1.") }
+        }
+
+        static func seconds(_ text: String) -> TimeInterval? {
+            guard let unit = text.last, let count = Double(text.dropLast()), count > 0 else { return nil }
+            switch unit {
+            case "d": return count * 86_400
+            case "h": return count * 3_600
+            case "m": return count * 60
+            default: return nil
+            }
+        }
+
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
-                let manifest = try ManifestBuilder.write(folder: URL(filePath: self.directory).absoluteURL)
+                var key: PublisherSigningKey?
+                if let sign = self.sign {
+                    guard let text = try? String(contentsOfFile: sign, encoding: .utf8) else {
+                        throw PackDeliveryError(.invalidArgument, message: "Cannot read the key \(PackDeliveryError.printable(sign)).",
+                                                hint: "Pass the .key file written by packs keygen.", subject: sign)
+                    }
+                    key = try PublisherSigningKey(pem: text)
+                }
+                let expiry = self.expires.flatMap(Self.seconds).map { Date().addingTimeInterval($0) }
+                let manifest = try ManifestBuilder.write(folder: URL(filePath: self.directory).absoluteURL, signing: key,
+                                                         version: self.manifestVersion, expires: expiry)
                 let count = manifest.products.reduce(0) { $0 + $1.contents.count }
                 printLine("wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs")
             }

@@ -106,13 +106,45 @@ public enum ManifestBuilder {
     /// - Throws: what ``build(folder:)`` throws; `io` when `manifest.json` cannot be written.
     @discardableResult
     public static func write(folder: URL) throws(PackDeliveryError) -> Manifest {
-        let manifest = try self.build(folder: folder)
+        try self.write(folder: folder, signing: nil)
+    }
+
+    /// Writes `folder/manifest.json` and, with a key, its detached signature `manifest.json.sig`
+    /// (``ManifestSignature``, over the manifest file's exact bytes).
+    ///
+    /// - Parameters:
+    ///   - folder: the folder holding the packs; the manifest goes into it.
+    ///   - key: the publisher's key, or nil for an unsigned manifest.
+    ///   - version: the manifest's version; nil for one more than that of the `manifest.json` it replaces, else 1.
+    ///   - expires: when the signed manifest stops being valid; nil for never.
+    /// - Returns: the manifest written.
+    /// - Throws: what ``build(folder:)`` throws; `io` when a file cannot be written.
+    @discardableResult
+    public static func write(folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil) throws(PackDeliveryError) -> Manifest {
+        var manifest = try self.build(folder: folder)
+        let target = folder.appending(path: "manifest.json")
+        if let key {
+            let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }?.version
+            manifest.version = version ?? ((previous ?? 0) + 1)
+            manifest.expires = expires.map { $0.formatted(.iso8601) }
+        }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         do {
-            try encoder.encode(manifest).write(to: folder.appending(path: "manifest.json"), options: .atomic)
+            let data = try encoder.encode(manifest)
+            let signaturePath = folder.appending(path: ManifestSignature.fileName(for: "manifest.json"))
+            if let key {
+                let signature = try JSONEncoder().encode(try ManifestSignature(signing: data, with: key))
+                // The signature first: a client never sees a new manifest beside an old signature for long.
+                try signature.write(to: signaturePath, options: .atomic)
+            } else {
+                try? FileManager.default.removeItem(at: signaturePath)
+            }
+            try data.write(to: target, options: .atomic)
+        } catch let error as PackDeliveryError {
+            throw error
         } catch {
-            throw PackDeliveryError(.fileSystem, message: "Cannot write \(folder.appending(path: "manifest.json").path): \(error.localizedDescription).", subject: folder.path)
+            throw PackDeliveryError(.fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: folder.path)
         }
         return manifest
     }

@@ -54,11 +54,23 @@ public struct Manifest: Sendable, Hashable, Codable {
 
     /// The products the server offers.
     public var products: [Product]
+    /// A signed manifest's version, one more with each publication: a client that trusts the publisher refuses
+    /// a lower one than it last accepted (a rollback to old content). Nil in an unsigned manifest.
+    public var version: Int?
+    /// When a signed manifest stops being valid (ISO 8601, UTC), so an old one cannot be replayed for ever.
+    public var expires: String?
 
     /// Creates a manifest.
     ///
-    /// - Parameter products: the products it lists.
-    public init(products: [Product]) { self.products = products }
+    /// - Parameters:
+    ///   - products: the products it lists.
+    ///   - version: its version, for a signed manifest.
+    ///   - expires: when it expires (ISO 8601), for a signed manifest.
+    public init(products: [Product], version: Int? = nil, expires: String? = nil) {
+        self.products = products
+        self.version = version
+        self.expires = expires
+    }
 
     /// The product with this identifier, or nil.
     ///
@@ -75,6 +87,8 @@ public struct LoadedManifest: Sendable {
     public var manifest: Manifest
     /// The URL the manifest was read from; relative pack URLs resolve against it.
     public var baseURL: URL
+    /// The ``PublisherKey/id`` whose signature was checked, when it was loaded trusting publishers.
+    public var signedBy: String? = nil
 
     /// A manifest built in memory (a backend that hands out per-purchase URLs), checked as a decoded one is.
     ///

@@ -9,19 +9,73 @@ extension LoadedManifest {
     /// - Returns: the checked manifest with the URL it was read from.
     /// - Throws: ``PackDeliveryError``: `invalidManifest` when it is missing, unreadable or invalid; a network code when the server fails.
     public static func load(_ location: String, options: TransferOptions = TransferOptions()) throws(PackDeliveryError) -> LoadedManifest {
+        try self.load(location, options: options, trusting: [])
+    }
+
+    /// Reads a manifest and, when `publishers` is not empty, checks that one of them signed it.
+    ///
+    /// The signature is the file beside the manifest named `manifest.json.sig` (``ManifestSignature``), over
+    /// the manifest's exact bytes. A signed manifest must carry a `version`, and is refused after its `expires`.
+    /// (Refusing a lower version than the last one accepted needs a memory: see
+    /// ``DownloadQueue/acceptManifest(_:)``.)
+    /// - Parameters:
+    ///   - location: a URL, or a path (relative paths start at the current directory).
+    ///   - options: transfer options for fetching an http(s) manifest and its signature.
+    ///   - publishers: the keys trusted to sign it; empty to read it unsigned, as ``load(_:options:)``.
+    ///   - now: the time to check `expires` against.
+    /// - Returns: the checked manifest, with ``signedBy`` set when it was signed.
+    /// - Throws: `untrustedManifest` when the signature is missing, made by another key, or does not match, or
+    ///   the manifest has expired or has no version; otherwise as ``load(_:options:)``.
+    public static func load(_ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
+                            now: Date = Date()) throws(PackDeliveryError) -> LoadedManifest {
         let url: URL
         if let parsed = URL(string: location), let scheme = parsed.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
             url = parsed
         } else {
             url = URL(filePath: location, relativeTo: URL(filePath: FileManager.default.currentDirectoryPath, directoryHint: .isDirectory)).absoluteURL
         }
-        let data: Data
-        if url.isFileURL {
-            data = try Self.readLocal(url.path)
-        } else {
-            data = try Curl.fetch(url, options: options)
+        let data = try Self.read(url, options: options)
+        guard !publishers.isEmpty else { return try self.decode(data, from: url) }
+        let place = url.redacted
+        let signatureURL = url.deletingLastPathComponent().appending(path: ManifestSignature.fileName(for: url.lastPathComponent))
+        func refuse(_ why: String, hint: String) -> PackDeliveryError {
+            PackDeliveryError(.untrustedManifest, message: "The manifest at \(place) is not trusted: \(why).", hint: hint, subject: place)
         }
-        return try self.decode(data, from: url)
+        let signatureData: Data
+        do { signatureData = try Self.read(signatureURL, options: options) } catch {
+            throw refuse("it has no signature (\(signatureURL.lastPathComponent) could not be read: \(error.message))",
+                         hint: "Publish the manifest signed by a trusted publisher.")
+        }
+        guard let signature = try? JSONDecoder().decode(ManifestSignature.self, from: signatureData),
+              signature.algorithm == "Ed25519", let bytes = Data(base64Encoded: signature.signature) else {
+            throw refuse("its signature file is not an Ed25519 manifest signature", hint: "Sign the manifest again.")
+        }
+        guard let key = publishers.first(where: { $0.id == signature.keyID }) else {
+            throw refuse("it is signed by the key \(PackDeliveryError.printable(signature.keyID)), which is not trusted",
+                         hint: "Trust that publisher's public key, or ask for a manifest signed by one you trust.")
+        }
+        guard key.verifies(bytes, of: data) else {
+            throw refuse("its signature does not match its bytes (changed after signing, or signed with another key)",
+                         hint: "Nothing was downloaded; ask the publisher for an intact manifest.")
+        }
+        var loaded = try self.decode(data, from: url)
+        guard loaded.manifest.version != nil else {
+            throw refuse("it is signed but has no version", hint: "Sign it with a version.")
+        }
+        if let expires = loaded.manifest.expires {
+            guard let date = try? Date(expires, strategy: .iso8601) else {
+                throw refuse("its expiry '\(PackDeliveryError.printable(expires))' is not an ISO 8601 date", hint: "Sign it again.")
+            }
+            if date <= now {
+                throw refuse("it expired at \(expires)", hint: "Ask the publisher for a fresh manifest.")
+            }
+        }
+        loaded.signedBy = key.id
+        return loaded
+    }
+
+    private static func read(_ url: URL, options: TransferOptions) throws(PackDeliveryError) -> Data {
+        url.isFileURL ? try Self.readLocal(url.path) : try Curl.fetch(url, options: options)
     }
 
     /// The largest manifest read.

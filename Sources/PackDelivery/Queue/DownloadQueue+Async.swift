@@ -260,4 +260,10 @@ extension LoadedManifest {
     public static func load(_ location: String, options: TransferOptions = TransferOptions()) async throws(PackDeliveryError) -> LoadedManifest {
         try await Blocking.run { () throws(PackDeliveryError) in try Self.load(location, options: options) }
     }
+
+    /// ``load(_:options:trusting:now:)`` without blocking the caller's thread.
+    public static func load(_ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
+                            now: Date = Date()) async throws(PackDeliveryError) -> LoadedManifest {
+        try await Blocking.run { () throws(PackDeliveryError) in try Self.load(location, options: options, trusting: publishers, now: now) }
+    }
 }

@@ -299,3 +299,34 @@ extension DownloadQueue {
         return (count, unknown)
     }
 }
+
+// Signed manifests: what this home trusts, and rollback protection.
+extension DownloadQueue {
+    /// The publishers this home trusts (added with ``trust(_:)``), besides any a caller passes itself.
+    public func trustedPublishers() throws(PackDeliveryError) -> [PublisherKey] {
+        try self.store.trustedPublishers().compactMap { try? PublisherKey(pem: $0) }
+    }
+
+    /// Trusts a publisher for this home: manifests loaded with ``trustedPublishers()`` must then be signed.
+    public func trust(_ publisher: PublisherKey) throws(PackDeliveryError) {
+        try self.requireOpen()
+        try self.store.trust(id: publisher.id, pem: publisher.pem)
+    }
+
+    /// Refuses a rollback: a signed manifest whose version is lower than the last one this home accepted from
+    /// its publisher (an old manifest replayed, pointing at old content). Records its version otherwise.
+    ///
+    /// - Parameter manifest: a manifest loaded with ``LoadedManifest/load(_:options:trusting:now:)``; an unsigned
+    ///   one is accepted as it is.
+    /// - Throws: `untrustedManifest` for a rollback.
+    public func acceptManifest(_ manifest: LoadedManifest) throws(PackDeliveryError) {
+        try self.requireOpen()
+        guard let keyID = manifest.signedBy, let version = manifest.manifest.version else { return }
+        if let last = try self.store.acceptManifestVersion(version, keyID: keyID) {
+            let place = manifest.baseURL.redacted
+            throw PackDeliveryError(.untrustedManifest,
+                                    message: "The manifest at \(place) is not trusted: its version \(version) is lower than version \(last), already accepted from the same publisher (a rollback).",
+                                    hint: "Nothing was downloaded; ask the publisher for the current manifest.", subject: place)
+        }
+    }
+}

@@ -223,3 +223,27 @@ extension Array {
         stride(from: 0, to: self.count, by: size).map { self[$0..<Swift.min($0 + size, self.count)] }
     }
 }
+
+// Manifest publishers: the keys a home trusts, and the newest manifest version accepted from each.
+extension Store {
+    func trustedPublishers() throws(PackDeliveryError) -> [String] {
+        try self.read { db in try String.fetchAll(db, sql: "SELECT pem FROM trustedPublishers ORDER BY id") }
+    }
+
+    func trust(id: String, pem: String) throws(PackDeliveryError) {
+        try self.write(durable: true) { db in
+            try db.execute(sql: "INSERT OR REPLACE INTO trustedPublishers (id, pem) VALUES (?, ?)", arguments: [id, pem])
+        }
+    }
+
+    /// Records `version` as the newest from `keyID` unless a higher one was accepted; returns that higher one.
+    func acceptManifestVersion(_ version: Int, keyID: String) throws(PackDeliveryError) -> Int? {
+        try self.write(durable: true) { db -> Int? in
+            if let last = try Int.fetchOne(db, sql: "SELECT version FROM manifestVersions WHERE keyID = ?", arguments: [keyID]), last > version {
+                return last
+            }
+            try db.execute(sql: "INSERT OR REPLACE INTO manifestVersions (keyID, version) VALUES (?, ?)", arguments: [keyID, version])
+            return nil
+        }
+    }
+}

@@ -164,6 +164,16 @@ final class Store: Sendable {
                 t.primaryKey(["destination", "contentIdentifier", "path"])
             }
         }
+        migrator.registerMigration("v3: trusted manifest publishers and the last version accepted from each") { db in
+            try db.create(table: "trustedPublishers") { t in
+                t.primaryKey("id", .text)
+                t.column("pem", .text).notNull()
+            }
+            try db.create(table: "manifestVersions") { t in
+                t.primaryKey("keyID", .text)
+                t.column("version", .integer).notNull()
+            }
+        }
         return migrator
     }
 
