@@ -63,6 +63,8 @@ let package = Package(
         .target(
             name: "PackServer",
             dependencies: [
+                // Receipts are checked with the library's Ed25519 (OpenSSL), as signed manifests are.
+                "PackDelivery",
                 .product(name: "Hummingbird", package: "hummingbird", condition: tools),
                 .product(name: "HummingbirdCore", package: "hummingbird", condition: tools),
                 .product(name: "NIOCore", package: "swift-nio", condition: tools),

@@ -1,4 +1,5 @@
 import Foundation
+import PackDelivery
 
 /// What a request asks for, as a ``PackAuthorizer`` sees it.
 public struct ProtectedResource: Sendable, Hashable {
@@ -126,5 +127,34 @@ public enum BearerCredentials {
             difference |= Int(expected[index] ^ (index < given.count ? given[index] : 0))
         }
         return difference == 0
+    }
+}
+
+/// `packs serve --receipt-key store.pub`: every pack needs a signed receipt (``Receipt``) that names its
+/// product. No receipt, a bad signature, an `alg` other than `EdDSA` (`none`, `HS256` keyed with the public
+/// key…), an expired one or one not yet valid get 401; a valid receipt for other products gets 403 for the
+/// pack. The catalog is open to any valid receipt.
+public struct ReceiptAuthorizer: PackAuthorizer {
+    private let keys: [PublisherKey]
+
+    /// Creates the authorizer.
+    ///
+    /// - Parameter keys: the store's public keys whose receipts are honoured.
+    public init(keys: [PublisherKey]) {
+        self.keys = keys
+    }
+
+    /// Checks the bearer receipt against the resource.
+    public func decide(authorization: String?, resource: ProtectedResource) -> AccessDecision {
+        guard let authorization, let token = BearerCredentials.token(in: authorization),
+              case .success(let receipt) = Receipt.verify(token, keys: self.keys) else { return .unauthorized }
+        switch resource.kind {
+        case .catalog:
+            return .allow
+        case .pack(let products):
+            return products.contains(where: receipt.products.contains) ? .allow : .forbidden
+        case .unlisted:
+            return .forbidden
+        }
     }
 }

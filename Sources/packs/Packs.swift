@@ -22,7 +22,7 @@ struct Packs: AsyncParsableCommand {
             """,
         version: Packs.version,
         subcommands: [Fetch.self, Resume.self, Status.self, Pause.self, Cancel.self, Finish.self, Content.self, Verify.self, Remove.self,
-                      Serve.self, Pack.self, MakeManifest.self, Keygen.self, Trust.self, Demo.self]
+                      Serve.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self]
     )
 
     /// Parses `packs [--home DIR] [--json] COMMAND …`: global options may come before the subcommand.
@@ -144,6 +144,18 @@ struct TransferFlags: ParsableArguments {
     @Option(name: .customLong("header"), help: ArgumentHelp("Extra request header, e.g. 'Authorization: Bearer …' (repeatable).", valueName: "name: value"))
     var headers: [String] = []
 
+    @Option(help: ArgumentHelp("A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself.", valueName: "file|token"))
+    var receipt: String?
+
+    /// The receipt now: the file's first line when `--receipt` names a file, else the token given.
+    func currentReceipt() -> String? {
+        guard let receipt = self.receipt else { return nil }
+        if let data = FileManager.default.contents(atPath: receipt) {
+            return String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) }
+        }
+        return receipt
+    }
+
     func validate() throws {
         if self.maxExpansionRatio < 1 { throw ValidationError("--max-expansion-ratio must be at least 1.") }
         if self.maxEntries < 1 { throw ValidationError("--max-entries must be at least 1.") }
@@ -155,14 +167,22 @@ struct TransferFlags: ParsableArguments {
         }
     }
 
+    /// The options of the manifest request: the headers, with the receipt.
     var options: TransferOptions {
-        TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, headers: self.headers)
+        TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout,
+                        headers: self.headers + (self.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? []))
     }
 
     func configuration(resumeInterrupted: Bool = false) -> DownloadQueue.Configuration {
-        var configuration = DownloadQueue.Configuration(concurrency: self.concurrency, transfer: self.options, resumeInterruptedDownloads: resumeInterrupted,
+        let packOptions = TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, headers: self.headers)
+        var configuration = DownloadQueue.Configuration(concurrency: self.concurrency, transfer: packOptions, resumeInterruptedDownloads: resumeInterrupted,
                                                         resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
                                                         maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
+        if self.receipt != nil {
+            // Asked before every pack transfer, and again after a 401/403: a receipt file renewed meanwhile is used.
+            let flags = self
+            configuration.credentials = { _ in flags.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? [] }
+        }
         configuration.installHook = TestPausePoint.hook
         return configuration
     }

@@ -25,6 +25,8 @@ extension Packs {
         var token: String?
         @Option(name: .customLong("token-file"), help: ArgumentHelp("Read the token from this file (its first line).", valueName: "file"))
         var tokenFile: String?
+        @Option(name: .customLong("receipt-key"), help: ArgumentHelp("Serve a pack only to a signed receipt (packs receipt) that names its product, checked with this store public key; repeatable.", valueName: "pub"))
+        var receiptKeys: [String] = []
         @Flag(name: .customLong("auth-only"), help: "Serve no file: answer nginx auth_request subrequests with 204, 401 or 403.")
         var authOnly = false
         @Flag(name: .customLong("serve-dotfiles"), help: "Also serve files and folders whose names start with '.' (.git, .env).")
@@ -55,7 +57,15 @@ extension Packs {
                 throw fail(PackDeliveryError(.invalidArgument, message: "\(folder.path) is not a folder.", hint: "Pass the folder holding manifest.json and its packs."))
             }
             let token = try self.resolvedToken()
-            if self.authOnly && token == nil {
+            var authorizer: (any PackAuthorizer)?
+            if !self.receiptKeys.isEmpty {
+                do throws(PackDeliveryError) {
+                    authorizer = ReceiptAuthorizer(keys: try self.receiptKeys.map { path throws(PackDeliveryError) in try readPublisherKey(path) })
+                } catch {
+                    throw fail(error)
+                }
+            }
+            if self.authOnly && token == nil && authorizer == nil {
                 throw fail(PackDeliveryError(.invalidArgument, message: "--auth-only needs a credential to check.",
                                              hint: "Give --token-file FILE or set PACKS_TOKEN."))
             }
@@ -71,7 +81,7 @@ extension Packs {
                 maxConnections: self.maxConnections
             )
             let configuration = PackServerConfiguration(
-                directory: folder, host: self.host, port: self.port, token: token, mode: self.authOnly ? .authOnly : .files,
+                directory: folder, host: self.host, port: self.port, token: token, authorizer: authorizer, mode: self.authOnly ? .authOnly : .files,
                 servesDotfiles: self.serveDotfiles, limits: limits)
             do {
                 try await PackServer.run(configuration, logger: logger) { port in

@@ -97,3 +97,39 @@ extension Packs {
         }
     }
 }
+
+extension Packs {
+    struct MakeReceipt: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "receipt",
+            abstract: "Print a signed receipt (a compact JWS, alg EdDSA) for products, as a store's backend makes one after a purchase.",
+            discussion: """
+                packs serve --receipt-key KEY.pub serves packs only to a receipt that names their product; clients present \
+                it with packs fetch --receipt FILE|TOKEN.
+
+                Example:
+                  packs receipt --key store.key --product com.example.forest --subject user-42 --expires 1h > receipt.jws
+                """)
+
+        @Option(help: ArgumentHelp("The store's private key (packs keygen).", valueName: "key")) var key: String
+        @Option(help: "A product bought (repeatable).") var product: [String] = []
+        @Option(help: "Who bought them.") var subject: String
+        @Option(help: ArgumentHelp("How long the receipt is valid: 30d, 12h or 90m.", valueName: "duration")) var expires = "1h"
+
+        func validate() throws {
+            if self.product.isEmpty { throw ValidationError("Name at least one --product.") }
+            if MakeManifest.seconds(self.expires) == nil { throw ValidationError("--expires takes a duration like 30d, 12h or 90m.") }
+        }
+
+        func run() async throws {
+            try await mapErrors { () async throws(PackDeliveryError) in
+                guard let text = try? String(contentsOfFile: self.key, encoding: .utf8) else {
+                    throw PackDeliveryError(.invalidArgument, message: "Cannot read the key \(PackDeliveryError.printable(self.key)).",
+                                            hint: "Pass the .key file written by packs keygen.", subject: self.key)
+                }
+                let key = try PublisherSigningKey(pem: text)
+                printLine(try Receipt.issue(products: self.product, subject: self.subject, lifetime: MakeManifest.seconds(self.expires) ?? 3600, key: key))
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+import Foundation
+import Logging
+import PackDelivery
+import PackServer
+import PackTestSupport
+import Testing
+
+/// Issue 15, receipts: `packs serve --receipt-key` serves a pack only to a signed receipt that names its
+/// product (401 for a missing, forged, `alg: none`, HS256, expired or not-yet-valid receipt; 403 for another
+/// product's pack), and `packs fetch --receipt` presents one. The real server, curl and the real binary.
+@Suite(.serialized, .timeLimit(.minutes(2))) struct ReceiptTests {
+    struct Store {
+        let site: TestSite
+        let keys: URL
+        let key: PublisherSigningKey
+        let server: RunningPackServer
+
+        init(_ label: String) async throws {
+            self.site = try TestSite.samples(label + "-site")
+            self.keys = try Fixtures.temporaryDirectory(label + "-keys")
+            let keygen = try await Fixtures.runAsync(CLI.binary, ["keygen", self.keys.appending(path: "store").path])
+            #expect(keygen.status == 0, "\(keygen.stderr)")
+            self.key = try PublisherSigningKey(pem: String(contentsOf: self.keys.appending(path: "store.key"), encoding: .utf8))
+            self.server = try await PackServer.start(
+                PackServerConfiguration(directory: self.site.folder, port: 0, authorizer: ReceiptAuthorizer(keys: [self.key.publicKey])),
+                logger: Logger(label: "test"))
+        }
+
+        /// The HTTP status of a GET of `path` with this bearer token (none when nil), and the WWW-Authenticate header.
+        func status(_ path: String, bearer: String?) async throws -> (Int, String) {
+            let headers = bearer.map { ["-H", "Authorization: Bearer \($0)"] } ?? []
+            let result = try await Fixtures.runAsync("curl", ["-s", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}"] + headers
+                                                    + [self.server.baseURL.appending(path: path).absoluteString], timeout: 30)
+            let lines = result.stdout.split(whereSeparator: \.isNewline)
+            let code = Int(lines.last ?? "") ?? -1
+            let challenge = lines.first { $0.lowercased().hasPrefix("www-authenticate:") }.map(String.init) ?? ""
+            return (code, challenge)
+        }
+
+        func receipt(_ products: [String], lifetime: TimeInterval = 3600, now: Date = Date(), key: PublisherSigningKey? = nil) throws -> String {
+            try Receipt.issue(products: products, subject: "user-42", lifetime: lifetime, key: key ?? self.key, now: now)
+        }
+    }
+
+    static func base64URL(_ text: String) -> String {
+        Data(text.utf8).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    @Test func eachBadReceiptIs401AndAnotherProductsPackIs403() async throws {
+        let store = try await Store("receipt-server")
+        defer { Task { await store.server.stop() } }
+        let forest = try store.receipt(["com.example.forest"])
+        #expect(try await store.status("forest.tar.gz", bearer: forest).0 == 200)
+        #expect(try await store.status("manifest.json", bearer: forest).0 == 200)
+        // A receipt for forest cannot fetch ocean's pack by its URL.
+        #expect(try await store.status("ocean.tar.xz", bearer: forest).0 == 403)
+
+        let claims = String(forest.split(separator: ".")[1])
+        let forged = try store.receipt(["com.example.forest"], key: try PublisherSigningKey.generate())
+        let none = Self.base64URL(#"{"alg":"none","typ":"JWT"}"#) + "." + claims + "."
+        // HS256 with the public key as the HMAC secret: the classic confusion attack.
+        let hsInput = Self.base64URL(#"{"alg":"HS256","typ":"JWT"}"#) + "." + claims
+        let hmac = try await Fixtures.runAsync("/bin/sh", ["-c", "printf %s '\(hsInput)' | openssl dgst -sha256 -binary -hmac \"$(cat '\(store.keys.appending(path: "store.pub").path)')\" | base64 -w0 | tr '+/' '-_' | tr -d '='"])
+        let hs256 = hsInput + "." + hmac.stdout
+        let expired = try store.receipt(["com.example.forest"], lifetime: 60, now: Date().addingTimeInterval(-7200))
+        let early = try store.receipt(["com.example.forest"], now: Date().addingTimeInterval(3600))
+        for (name, token) in [("none", nil), ("forged", forged), ("alg none", none), ("HS256", hs256), ("expired", expired),
+                              ("not yet valid", early), ("garbage", "abc.def.ghi")] as [(String, String?)] {
+            let (code, challenge) = try await store.status("forest.tar.gz", bearer: token)
+            #expect(code == 401, "\(name): \(code)")
+            #expect(challenge.contains("Bearer"), "\(name): WWW-Authenticate: \(challenge)")
+        }
+    }
+
+    @Test func fetchPresentsTheReceiptAndIsRefusedForAnotherProduct() async throws {
+        let store = try await Store("receipt-fetch")
+        defer { Task { await store.server.stop() } }
+        let home = try Fixtures.temporaryDirectory("receipt-fetch-home")
+        let file = store.keys.appending(path: "receipt.jws")
+        let made = try await Fixtures.runAsync(CLI.binary, ["receipt", "--key", store.keys.appending(path: "store.key").path,
+                                                            "--product", "com.example.forest", "--subject", "user-42", "--expires", "1h"])
+        #expect(made.status == 0, "\(made.stderr)")
+        try made.stdout.write(to: file, atomically: true, encoding: .utf8)
+        let manifest = store.server.baseURL.appending(path: "manifest.json").absoluteString
+        let without = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.forest"])
+        #expect(without.status == 77, "no receipt: \(without.stderr)")
+        let fetch = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.forest", "--receipt", file.path])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        #expect(FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.forest/ContentInfo.plist").path))
+        let other = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.ocean", "--receipt", file.path])
+        #expect(other.status == 77, "another product: \(other.stderr)")
+        #expect(!other.stderr.contains(made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "the receipt never appears in errors")
+    }
+}
