@@ -54,12 +54,15 @@ extension Packs {
 
         func run() async throws {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
+                // The manifest first, then the queue: under a low descriptor limit the queue's files must not take
+                // the manifest request's socket.
+                let publishers = try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
+                    + DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
+                let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
+                let products = try self.wanted(loaded)
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
-                let publishers = try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) } + queue.trustedPublishers()
-                let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
                 try queue.acceptManifest(loaded)
-                let products = try self.wanted(loaded)
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
                     let transactions = try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,

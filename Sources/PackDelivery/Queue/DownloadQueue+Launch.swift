@@ -307,6 +307,15 @@ extension DownloadQueue {
         try self.store.trustedPublishers().compactMap { try? PublisherKey(pem: $0) }
     }
 
+    /// The publishers a home trusts, read without opening a queue (so a manifest can be checked before the
+    /// queue holds its files and threads); none for a home that has no state database yet.
+    public static func trustedPublishers(home: Home) throws(PackDeliveryError) -> [PublisherKey] {
+        guard FileManager.default.fileExists(atPath: home.databaseURL.path) else { return [] }
+        let store = try Store(url: home.databaseURL, busyTimeout: 15)
+        defer { store.close() }
+        return try store.trustedPublishers().compactMap { try? PublisherKey(pem: $0) }
+    }
+
     /// Trusts a publisher for this home: manifests loaded with ``trustedPublishers()`` must then be signed.
     public func trust(_ publisher: PublisherKey) throws(PackDeliveryError) {
         try self.requireOpen()

@@ -53,6 +53,11 @@ enum Curl {
             throw PackDeliveryError(.invalidManifest, message: "\(url.redacted) is larger than \(maxBytes) bytes, too large for a manifest.", subject: url.redacted)
         }
         guard code == CURLE_OK else {
+            if code == CURLE_COULDNT_CONNECT, easy.connectFailedForDescriptors {
+                throw PackDeliveryError(.tooManyOpenFiles, message: "Could not open a connection to fetch \(url.redacted): too many open files.",
+                                        hint: "The process ran out of file descriptors; raise its limit (ulimit -n) or lower the concurrency.",
+                                        subject: url.redacted, underlying: .init(.errno, Int(EMFILE)))
+            }
             let detail = code == CURLE_TOO_MANY_REDIRECTS ? "the server redirected it too many times (a redirect loop?)"
                 : code == CURLE_UNSUPPORTED_PROTOCOL ? "it was redirected to a URL that is not http or https"
                 : PackDeliveryError.printable(easy.errorMessage(code))
@@ -152,6 +157,19 @@ final class CurlEasy {
 
     func set(_ option: CURLoption, callback: ccurl_write_callback) throws(PackDeliveryError) {
         try self.check(ccurl_easy_setopt_write_callback(self.handle, option, callback), "option \(option.rawValue)")
+    }
+
+    /// Whether a failed connect was the process running out of descriptors: libcurl reports that as
+    /// "Couldn't connect", with EMFILE as the OS errno on most paths but not all (libcurl 7.88 sometimes leaves it 0),
+    /// so a 0 is checked by opening a descriptor now.
+    var connectFailedForDescriptors: Bool {
+        let code = self.osErrno
+        if code == EMFILE || code == ENFILE { return true }
+        guard code == 0 else { return false }
+        let probe = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        if probe < 0 { return errno == EMFILE || errno == ENFILE }
+        close(probe)
+        return false
     }
 
     /// The errno of the last failed connect (libcurl reports a process out of descriptors as "Couldn't connect").

@@ -344,8 +344,8 @@ final class CurlTransfer {
         case CURLE_OUT_OF_MEMORY where self.decision == nil, CURLE_RECV_ERROR where detail.lowercased().contains("header"):
             // libcurl 7.88 answers a response header over 100 KiB with "Out of memory" before any body.
             return failure(.networkFailure, "The server sent a response header for \(url) larger than libcurl accepts (100 KiB).", retryable: false)
-        case CURLE_COULDNT_CONNECT where self.easy.osErrno == EMFILE || self.easy.osErrno == ENFILE:
-            return TransferFailure(error: .io("open a connection to the server of \(url) for", path: self.request.file.path, errno: self.easy.osErrno),
+        case CURLE_COULDNT_CONNECT where self.easy.connectFailedForDescriptors:
+            return TransferFailure(error: .io("open a connection to the server of \(url) for", path: self.request.file.path, errno: EMFILE),
                                    retryable: true, countsAlways: true)
         case CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT:
             return failure(.networkUnreachable, "Could not reach the server of \(url): \(PackDeliveryError.printable(detail)).", retryable: true)
