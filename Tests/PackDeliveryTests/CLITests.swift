@@ -7,7 +7,7 @@ import PackTestSupport
 import Testing
 
 /// The CLI as people and scripts use it: signals, another shell, authorisation, authoring, terminals.
-@Suite struct CLITests {
+@Suite(.timeLimit(.minutes(5))) struct CLITests {
     @Test(arguments: [SIGINT, SIGTERM, SIGHUP])
     func anInterruptPausesSavesAndExits130(signal: Int32) throws {
         let site = try TestSite.random("signal-\(signal)-site", size: 4 << 20)

@@ -7,7 +7,7 @@ import Testing
 /// Issue 13: whole catalogs in one process, descriptors bounded by the work that runs, and no download that
 /// can stall silently: every internal failure ends with a named error and a documented exit code.
 /// (The 1,000- and 10,000-pack runs are in the benchmark; these are their short versions.)
-@Suite struct CatalogTests {
+@Suite(.timeLimit(.minutes(5))) struct CatalogTests {
     /// A site of `count` tiny packs (a ContentInfo.plist and one small file each), with its manifest.
     static func catalog(_ label: String, count: Int) throws -> URL {
         let folder = try Fixtures.temporaryDirectory(label)
@@ -123,7 +123,7 @@ final class HangingWriter: FileWriting {
 
 /// Internal failures of the queue (issue 13): each ends the download with an error that names it, or
 /// is retried by the watchdog; none leaves a download active forever.
-@Suite struct StallTests {
+@Suite(.timeLimit(.minutes(5))) struct StallTests {
     static func setup(_ label: String, size: Int = 2 << 20, fault: Fault = .none, configuration: DownloadQueue.Configuration)
         throws -> (server: FaultServer, queue: DownloadQueue, manifest: LoadedManifest, site: TestSite, home: URL) {
         let site = try TestSite.random(label, size: size)

@@ -4,7 +4,7 @@ import Testing
 @testable import PackDelivery
 
 /// The download state machine, driven with event sequences: no sockets, no sleeps.
-@Suite struct DownloadMachineTests {
+@Suite(.timeLimit(.minutes(5))) struct DownloadMachineTests {
     static let sha = String(repeating: "ab", count: 32)
 
     static func download(length: Int64 = 1000) -> Download {
@@ -266,7 +266,7 @@ import Testing
     }
 }
 
-@Suite struct ResponseDecisionTests {
+@Suite(.timeLimit(.minutes(5))) struct ResponseDecisionTests {
     let url = "http://h/p"
 
     func decide(_ status: Int, range: String? = nil, length: String? = nil, retryAfter: String? = nil, offset: Int64, expected: Int64) -> ResponseDecision {
@@ -350,7 +350,7 @@ import Testing
     }
 }
 
-@Suite struct ManifestTests {
+@Suite(.timeLimit(.minutes(5))) struct ManifestTests {
     let base = URL(string: "http://127.0.0.1:8080/site/manifest.json")!
 
     @Test func relativeAndAbsoluteURLsResolveAgainstTheManifest() throws {

@@ -5,7 +5,7 @@ import PackTestSupport
 import Testing
 
 /// Kills, relaunches and concurrent processes: nothing is lost, half-installed or fetched twice.
-@Suite struct DurabilityTests {
+@Suite(.timeLimit(.minutes(5))) struct DurabilityTests {
     static let size = 8 << 20
 
     @Test func aKilledFetchResumesFetchingOnlyTheMissingBytes() throws {

@@ -6,7 +6,7 @@ import PackTestSupport
 import Testing
 
 /// The `packs` binary against real servers: Hummingbird (`packs serve`'s server) and nginx.
-@Suite struct EndToEndTests {
+@Suite(.timeLimit(.minutes(5))) struct EndToEndTests {
     static let products = ["com.example.atlas", "com.example.forest", "com.example.ocean"]
     static let sourceFolders = ["com.example.atlas": "atlas", "com.example.forest": "forest", "com.example.ocean": "ocean"]
 

@@ -9,7 +9,7 @@ import Testing
 /// timedOut, unsupportedURL after a redirect (HostileInputTests), httpStatus (FaultTests), unauthorized,
 /// queueClosed, cancelled (LibraryAPITests), stalled, databaseBusy (StallTests), contentIdentifierTaken
 /// (QueueDecisionTests), unpackLimitExceeded (ArchiveReaderBoundsTests), tooManyOpenFiles (CatalogTests).
-@Suite struct ErrorCodeTests {
+@Suite(.timeLimit(.minutes(5))) struct ErrorCodeTests {
     /// A one-pack site served by the fault server, and a queue on a fresh home.
     static func setup(_ label: String, edit: (inout Manifest) -> Void = { _ in }) throws -> (FaultServer, DownloadQueue, LoadedManifest, TestSite) {
         let site = try TestSite.random(label, size: 50_000)

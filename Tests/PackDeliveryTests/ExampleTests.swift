@@ -7,7 +7,7 @@ import Testing
 
 /// The example store client (`Examples/StoreClient`), a package of its own that depends on the library as an
 /// app does, run against a real `packs serve` as a user would: it is documentation, so it must work.
-@Suite struct ExampleTests {
+@Suite(.timeLimit(.minutes(5))) struct ExampleTests {
     static let products = ["com.example.atlas", "com.example.forest", "com.example.ocean"]
     static let sourceFolders = ["com.example.atlas": "atlas", "com.example.forest": "forest", "com.example.ocean": "ocean"]
 

@@ -4,7 +4,7 @@ import PackTestSupport
 import Testing
 
 /// Every misbehaviour of the fault server ends with installed content whose SHA-256 matches.
-@Suite struct FaultTests {
+@Suite(.timeLimit(.minutes(5))) struct FaultTests {
     static let size = 1 << 20
 
     /// A queue and a one-pack manifest whose URL goes through `fault`.

@@ -5,7 +5,7 @@ import Testing
 
 /// Issue 19, items 14–17: archives that crashed, hung or installed nothing are refused with one line and exit 65,
 /// by `packs fetch` and by `packs manifest`.
-@Suite struct HostileArchiveTests {
+@Suite(.timeLimit(.minutes(5))) struct HostileArchiveTests {
     /// A folder with one pack (`pack.<ext>`) and a hand-written manifest for it (product `com.example.bad`).
     static func site(_ label: String, ext: String, unpackedLength: Int64? = nil, _ make: (URL) throws -> Void) throws -> URL {
         let folder = try Fixtures.temporaryDirectory(label)

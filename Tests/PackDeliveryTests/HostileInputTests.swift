@@ -6,7 +6,7 @@ import Testing
 
 /// Issue 19, round two: bad manifests, misbehaving servers and odd archives end with one clear line and a
 /// documented exit code, and never with a crash, a loop, a silent wait or lost content.
-@Suite struct HostileInputTests {
+@Suite(.timeLimit(.minutes(5))) struct HostileInputTests {
     /// A site of the sample packs, served by nginx, and a fresh home.
     struct Served {
         let site: TestSite

@@ -9,7 +9,7 @@ import Testing
 /// Issue 18: the library as a store client embeds it — main-actor observation, one await per
 /// operation, StoreKit's missing pieces (explicit start, restore, removed transactions, throughput),
 /// credentials that change, manifests built in memory, and the bugs of the first round.
-@Suite struct LibraryAPITests {
+@Suite(.timeLimit(.minutes(5))) struct LibraryAPITests {
     /// Sample packs served by `packs serve`'s server, and a queue on a fresh home.
     struct Shop {
         let site: TestSite

@@ -12,7 +12,7 @@ import Darwin
 // Packs written by PackWriter are read back by bsdtar and by Unpacker and compared with the folder.
 // Helpers shared with UnpackerTests.swift: unpackTreeListing, unpackRunTool, unpackRandomData, unpackStat.
 
-@Suite("PackWriter")
+@Suite("PackWriter", .timeLimit(.minutes(5)))
 struct PackWriterTests {
     @Test("Every format round-trips through bsdtar and Unpacker", arguments: PackFormat.allCases)
     func roundTrip(format: PackFormat) throws {

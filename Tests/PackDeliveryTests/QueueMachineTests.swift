@@ -4,7 +4,7 @@ import Testing
 @testable import PackDelivery
 
 /// The queue's own decisions (slots, order, space, watchdog, saving), driven with event sequences: no sockets, no sleeps.
-@Suite struct QueueMachineTests {
+@Suite(.timeLimit(.minutes(5))) struct QueueMachineTests {
     static let sha = String(repeating: "ab", count: 32)
     static let big: Int64 = 1 << 40
 
@@ -168,7 +168,7 @@ import Testing
 
 /// "This version is already installed", ownership of content ids, and taking over downloads of a dead
 /// process: decided from facts, with no I/O.
-@Suite struct QueueDecisionTests {
+@Suite(.timeLimit(.minutes(5))) struct QueueDecisionTests {
     static let sha = String(repeating: "ab", count: 32)
     static let product = Manifest.Product(productIdentifier: "p", contents: [
         .init(contentIdentifier: "p.a", contentVersion: "2", url: "a.zip", contentLength: 100, sha256: Self.sha),

@@ -77,7 +77,7 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
     }
 }
 
-@Suite struct QueueTests {
+@Suite(.timeLimit(.minutes(5))) struct QueueTests {
     static func options() -> DownloadQueue.Configuration {
         DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
     }

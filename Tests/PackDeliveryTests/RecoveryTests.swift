@@ -7,7 +7,7 @@ import Testing
 /// Verify and repair (issue 12), the launch check of recent installs (issue 12) and a damaged state
 /// database (issue 19, item 11): installed content is checked against what was installed, and damage is
 /// delivered again without touching anything else.
-@Suite struct RecoveryTests {
+@Suite(.timeLimit(.minutes(5))) struct RecoveryTests {
     static let samples = CLI.packageRoot.appending(path: "SampleContent")
 
     /// Sample packs served by nginx, with forest and atlas installed in a fresh home.

@@ -141,7 +141,7 @@ final class SlowReader {
 
 // MARK: - PackServer (packs serve)
 
-@Suite("PackServer with curl and aria2c")
+@Suite("PackServer with curl and aria2c", .timeLimit(.minutes(5)))
 struct PackServerTests {
     static let size = 3 * 1024 * 1024
 
@@ -417,7 +417,7 @@ struct PackServerTests {
 
 // MARK: - NginxServer
 
-@Suite("NginxServer (reference server)")
+@Suite("NginxServer (reference server)", .timeLimit(.minutes(5)))
 struct NginxServerTests {
     @Test("serves byte-exact, counts body bytes, logs ranges, honours If-Range")
     func servesAndCounts() async throws {
@@ -477,7 +477,7 @@ struct NginxServerTests {
 
 // MARK: - FaultServer
 
-@Suite("FaultServer faults seen by curl")
+@Suite("FaultServer faults seen by curl", .timeLimit(.minutes(5)))
 struct FaultServerTests {
     static let size = 64 * 1024
 

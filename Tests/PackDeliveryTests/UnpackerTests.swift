@@ -16,7 +16,7 @@ import Darwin
 // fresh temporary folder per test; every rejection checks the error a user sees and that nothing
 // changed outside the staging folder.
 
-@Suite("Unpacker")
+@Suite("Unpacker", .timeLimit(.minutes(5)))
 struct UnpackerTests {
     // MARK: Path escapes
 
@@ -802,7 +802,7 @@ struct UnpackToolError: Error, CustomStringConvertible {
 }
 
 /// Issue 19, item 14: libarchive's reading is bounded and cancellable inside one call.
-@Suite struct ArchiveReaderBoundsTests {
+@Suite(.timeLimit(.minutes(5))) struct ArchiveReaderBoundsTests {
     /// A tar.gz whose first file holds 32 MiB of a repeating pattern (a few hundred KiB compressed), then a second file.
     static func pack() throws -> URL {
         let folder = try Fixtures.temporaryDirectory("archive-bounds")
