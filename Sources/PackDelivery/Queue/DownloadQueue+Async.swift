@@ -209,28 +209,12 @@ extension DownloadQueue {
             for (product, packs) in Dictionary(grouping: records, by: \.productIdentifier).sorted(by: { $0.key < $1.key }) {
                 let transactionID = Self.newID("t")
                 let downloads = packs.sorted { $0.position < $1.position }.map { record -> Download in
-                    var download = record.download
-                    download.id = Self.newID("d")
-                    download.transactionID = transactionID
-                    download.error = nil
-                    download.pauseReason = nil
-                    download.phase = nil
-                    download.retryDate = nil
-                    let key = "\(download.destination.rawValue)/\(download.contentIdentifier)"
-                    let intact = installs[download.contentIdentifier]?.contains { $0.destination == download.destination && $0.productIdentifier == product
-                        && $0.contentVersion == download.contentVersion } == true
+                    let recorded = record.download
+                    let key = "\(recorded.destination.rawValue)/\(recorded.contentIdentifier)"
+                    let intact = installs[recorded.contentIdentifier]?.contains { $0.destination == recorded.destination && $0.productIdentifier == product
+                        && $0.contentVersion == recorded.contentVersion } == true
                         && recent[key].map { Self.looksIntact($0.install, files: $0.files) } == true
-                    if intact {
-                        download.state = .finished
-                        download.progress = 1
-                        download.bytesReceived = download.contentLength
-                    } else {
-                        download.state = .waiting
-                        download.progress = 0
-                        download.bytesReceived = 0
-                        download.contentURL = nil
-                    }
-                    return download
+                    return Redelivery.download(recorded, id: Self.newID("d"), transactionID: transactionID, intact: intact, contentURL: recorded.contentURL)
                 }
                 transactions.append(Transaction(id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
                                                 finishedAt: nil, autoFinish: true, downloads: downloads))

@@ -231,25 +231,11 @@ extension DownloadQueue {
             var downloads: [Download] = []
             for install in try self.store.installs(productIdentifier: product) {
                 guard let record = try self.store.downloadRecord(install.downloadID) else { continue }
-                var download = record.download
-                download.id = Self.newID("d")
-                download.transactionID = transactionID
-                download.error = nil
-                download.pauseReason = nil
-                download.phase = nil
-                download.retryDate = nil
-                download.destination = install.destination
-                if brokenKeys.contains("\(install.destination.rawValue)/\(install.contentIdentifier)") {
-                    download.state = .waiting
-                    download.progress = 0
-                    download.bytesReceived = 0
-                    download.contentURL = nil
-                } else {
-                    download.state = .finished
-                    download.progress = 1
-                    download.bytesReceived = download.contentLength
-                    download.contentURL = URL(filePath: install.contentURL)
-                }
+                var recorded = record.download
+                recorded.destination = install.destination
+                let broken = brokenKeys.contains("\(install.destination.rawValue)/\(install.contentIdentifier)")
+                let download = Redelivery.download(recorded, id: Self.newID("d"), transactionID: transactionID, intact: !broken,
+                                                   contentURL: URL(filePath: install.contentURL))
                 downloads.append(download)
             }
             guard downloads.contains(where: { $0.state == .waiting }) else {

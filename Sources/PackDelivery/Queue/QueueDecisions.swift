@@ -93,3 +93,30 @@ enum Adoption {
         (record.state.isRunning || record.phase != nil) && !Self.needsInstallRecovery(record)
     }
 }
+
+/// A recorded download delivered again, by a restore or a repair.
+enum Redelivery {
+    /// The recorded download as a new one (`id`) of a new transaction: finished at once when its install is intact
+    /// (at `contentURL`), otherwise waiting to download from byte 0.
+    static func download(_ recorded: Download, id: String, transactionID: String, intact: Bool, contentURL: URL?) -> Download {
+        var download = recorded
+        download.id = id
+        download.transactionID = transactionID
+        download.error = nil
+        download.pauseReason = nil
+        download.phase = nil
+        download.retryDate = nil
+        if intact {
+            download.state = .finished
+            download.progress = 1
+            download.bytesReceived = download.contentLength
+            download.contentURL = contentURL
+        } else {
+            download.state = .waiting
+            download.progress = 0
+            download.bytesReceived = 0
+            download.contentURL = nil
+        }
+        return download
+    }
+}

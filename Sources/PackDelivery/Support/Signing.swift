@@ -9,22 +9,26 @@ public struct PublisherKey: Sendable, Hashable {
     public let pem: String
     /// The first 16 hex digits of the SHA-256 of the key's DER: how a signature names its key.
     public let id: String
+    /// The parsed key, kept so a server checking a receipt per request does not parse the PEM each time.
+    private let key: OpenSSLKey
 
     /// Reads a public key.
     ///
     /// - Parameter pem: an Ed25519 public key in PEM (SPKI).
     /// - Throws: `invalidArgument` when it is not one.
     public init(pem: String) throws(PackDeliveryError) {
-        let key = try OpenSSLKey(publicPEM: pem)
+        self.key = try OpenSSLKey(publicPEM: pem)
         self.pem = pem
-        self.id = key.id
+        self.id = self.key.id
     }
 
     /// Whether `signature` is this key's Ed25519 signature of `data`.
     public func verifies(_ signature: Data, of data: Data) -> Bool {
-        guard let key = try? OpenSSLKey(publicPEM: self.pem) else { return false }
-        return key.verify(signature, of: data)
+        self.key.verify(signature, of: data)
     }
+
+    public static func == (lhs: PublisherKey, rhs: PublisherKey) -> Bool { lhs.pem == rhs.pem }
+    public func hash(into hasher: inout Hasher) { hasher.combine(self.pem) }
 }
 
 /// A publisher's private key (Ed25519, PEM "PRIVATE KEY", i.e. PKCS#8), for signing manifests.
@@ -76,8 +80,13 @@ public struct ManifestSignature: Sendable, Hashable, Codable {
     public static func fileName(for name: String) -> String { name + ".sig" }
 }
 
-/// One EVP_PKEY, freed with the value. Not shared across threads: each use makes its own.
-private final class OpenSSLKey {
+/// One EVP_PKEY, freed with the value.
+///
+/// `@unchecked Sendable`: the only stored property is the `EVP_PKEY` pointer, set once in `init` and never
+/// changed; after construction the key is only read (`i2d_PUBKEY`, `PEM_write_bio_*`, and `EVP_DigestSign`/
+/// `EVP_DigestVerify` each with a context of their own), and OpenSSL 3 documents a constructed `EVP_PKEY` as
+/// safe to use from several threads at once as long as it is not modified.
+private final class OpenSSLKey: @unchecked Sendable {
     let pkey: OpaquePointer
 
     private init(_ pkey: OpaquePointer) { self.pkey = pkey }
