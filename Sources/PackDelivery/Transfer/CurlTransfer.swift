@@ -212,6 +212,17 @@ final class CurlTransfer {
     private func flush() -> Bool {
         self.lastFlush = Date()
         guard self.pendingCount > 0, self.writeFailure == nil else { return self.writeFailure == nil }
+        // Something else shortened the file under us: writing on would leave a hole of zeros that the hash thread
+        // may already be reading. End the attempt; the retry resumes from what the file still holds.
+        var info = stat()
+        if fstat(self.fd, &info) == 0, Int64(info.st_size) < self.offset {
+            let path = self.request.file.path
+            self.writeFailure = TransferFailure(
+                error: PackDeliveryError(.fileSystem, message: "The partial download \(path) is \(info.st_size) bytes long, shorter than the \(self.offset) bytes written: something else changed it.",
+                                         hint: "It will be fetched again.", subject: path),
+                retryable: true)
+            return false
+        }
         var written = 0
         while written < self.pendingCount {
             let result = self.request.writer.pwrite(self.fd, self.pending.baseAddress! + written, self.pendingCount - written, self.offset + Int64(written))
