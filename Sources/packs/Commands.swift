@@ -66,7 +66,8 @@ extension Packs {
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
                     let transactions = try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,
-                                                     destination: self.to, autoFinish: !self.noFinish, force: self.force)
+                                                     destination: self.to, autoFinish: !self.noFinish, force: self.force,
+                                                     receipt: self.transfer.currentReceipt())
                     return RunSession.Follow(downloads: transactions.flatMap(\.downloads),
                                              finishing: self.noFinish ? [] : Set(transactions.map(\.id)))
                 }
@@ -128,6 +129,14 @@ extension Packs {
                 defer { queue.close() }
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
+                    if let receipt = self.transfer.currentReceipt() {
+                        // A renewed receipt replaces the stored one, so that a later resume needs no flag either.
+                        let wanted = Set(self.ids)
+                        let transactions = try queue.transactions().filter { transaction in
+                            wanted.isEmpty || transaction.downloads.contains { wanted.contains($0.id) }
+                        }
+                        try queue.setReceipt(receipt, forTransactions: transactions.map(\.id))
+                    }
                     let resumed = Set(try queue.resume(self.ids.isEmpty ? nil : self.ids))
                     let downloads = try queue.transactions().flatMap(\.downloads)
                     if !self.global.quiet {

@@ -60,7 +60,8 @@ enum ExitStatus {
         case .invalidManifest:
             return download == nil ? "Check that it is a manifest.json (packs manifest DIR writes one)." : nil
         case .unauthorized:
-            return "The server refused the credentials: pass them with --header 'Authorization: …' or renew them\(download.map { ", then run packs resume \($0.id)" } ?? "")."
+            let resume = download.map { "packs resume \($0.id)" } ?? "packs resume"
+            return "The server refused the credentials: renew the receipt and run \(resume) --receipt FILE (it is stored for later resumes), or pass other credentials with --header 'Authorization: …'."
         case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled:
             return download.map { "The partial download is kept; run packs resume \($0.id) to retry." }
         case .insufficientStorage:

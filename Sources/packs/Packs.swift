@@ -144,7 +144,7 @@ struct TransferFlags: ParsableArguments {
     @Option(name: .customLong("header"), help: ArgumentHelp("Extra request header, e.g. 'Authorization: Bearer …' (repeatable).", valueName: "name: value"))
     var headers: [String] = []
 
-    @Option(help: ArgumentHelp("A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself.", valueName: "file|token"))
+    @Option(help: ArgumentHelp("A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself. It is stored with the transaction, so a later resume needs no flag.", valueName: "file|token"))
     var receipt: String?
 
     /// The receipt now: the file's first line when `--receipt` names a file, else the token given.

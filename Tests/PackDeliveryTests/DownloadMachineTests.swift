@@ -29,6 +29,45 @@ import Testing
         #expect(machine.state == .finished && machine.download.progress == 1 && machine.download.contentURL?.path == "/c/p")
     }
 
+    @Test func aRefusedURLIsLookedUpInTheManifestOnceThenTheDownloadPausesForCredentials() {
+        let refused = TransferFailure(error: PackDeliveryError(.unauthorized, message: "403", httpStatus: 403), retryable: false)
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        _ = machine.progress(token: 1, bytesOnDisk: 400, validator: nil)
+        // No credential provider: the manifest is read again, and nothing runs meanwhile (a pause stops nothing).
+        #expect(machine.transferFinished(token: 1, outcome: .failed(refused, bytesOnDisk: 400)) == [.reloadManifest(token: 2)])
+        #expect(machine.state == .active && machine.download.bytesReceived == 400)
+        let renewed = URL(string: "http://127.0.0.1/p.zip?token=2")!
+        #expect(machine.manifestReloaded(token: 2, result: .success(renewed)) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.download.url == renewed)
+        // Bytes moved: a later refusal may read the manifest again.
+        _ = machine.progress(token: 2, bytesOnDisk: 700, validator: nil)
+        #expect(machine.transferFinished(token: 2, outcome: .failed(refused, bytesOnDisk: 700)) == [.reloadManifest(token: 3)])
+        #expect(machine.manifestReloaded(token: 3, result: .success(renewed)) == [.startTransfer(token: 3, fromZero: false)])
+        // No bytes since the last reading: pause for credentials, bytes kept, saying what to renew.
+        #expect(machine.transferFinished(token: 3, outcome: .failed(refused, bytesOnDisk: 700)) == [])
+        #expect(machine.state == .paused && machine.download.pauseReason == .unauthorized && machine.download.bytesReceived == 700)
+        // A resume may read it again; a reading that fails pauses with its reason in the hint.
+        _ = machine.resume()
+        _ = machine.start()
+        let token = machine.token
+        #expect(machine.transferFinished(token: token, outcome: .failed(refused, bytesOnDisk: 700)) == [.reloadManifest(token: token + 1)])
+        let gone = PackDeliveryError(.invalidManifest, message: "The manifest no longer lists p.")
+        #expect(machine.manifestReloaded(token: token + 1, result: .failure(gone)) == [])
+        #expect(machine.state == .paused && machine.download.pauseReason == .unauthorized)
+        #expect(machine.download.error?.hint?.contains("Renew the receipt") == true && machine.download.error?.hint?.contains("no longer lists p") == true)
+    }
+
+    @Test func aReloadThatArrivesAfterAPauseChangesNothing() {
+        let gone = TransferFailure(error: PackDeliveryError(.httpStatus, message: "404", httpStatus: 404), retryable: false)
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        #expect(machine.transferFinished(token: 1, outcome: .failed(gone, bytesOnDisk: 0)) == [.reloadManifest(token: 2)])
+        #expect(machine.pause(.user) == [])
+        #expect(machine.manifestReloaded(token: 2, result: .success(URL(string: "http://elsewhere/p.zip")!)) == [])
+        #expect(machine.state == .paused && machine.download.url.host() == "127.0.0.1")
+    }
+
     @Test func staleEventsFromAnEarlierTransferChangeNothing() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()

@@ -41,6 +41,13 @@ public enum Fault: Sendable, Hashable {
     case wrongRangeStart
     /// The request is read and nothing is ever answered; the connection is held open.
     case silent
+    /// Every request: the file with each `{{token}}` replaced by a number that grows by one per request of
+    /// the route — a manifest that hands out fresh presigned URLs.
+    case mint
+    /// A presigned URL: the query's `token=` is good for this many body bytes in all. A response is cut
+    /// (a clean close, short of its Content-Length) when its token runs out, and a request with a spent or
+    /// missing token gets 403 with S3's "Request has expired" body.
+    case presigned(bytesPerToken: Int)
 }
 
 /// An HTTP/1.1 server on POSIX sockets that serves the files of one folder and misbehaves at the
@@ -84,7 +91,9 @@ public final class FaultServer: Sendable {
     ///
     /// - Parameter root: The folder whose files are served.
     /// - Throws: When the folder does not exist or no socket can be bound.
-    public init(root: URL) throws {
+    ///   - authorize: Asked with each request's `Authorization` header (nil when none): a status to refuse it
+    ///     with (401 gets `WWW-Authenticate: Bearer`), or nil to serve it.
+    public init(root: URL, authorize: (@Sendable (String?) -> Int?)? = nil) throws {
         guard let resolved = realpath(root.standardizedFileURL.path, nil) else {
             throw FixtureError("The folder to serve, \(root.path), does not exist.")
         }
@@ -112,7 +121,7 @@ public final class FaultServer: Sendable {
             throw error
         }
         self.port = port
-        self.core = FaultServerCore(root: rootPath, listener: listener)
+        self.core = FaultServerCore(root: rootPath, listener: listener, authorize: authorize)
         let core = self.core
         Thread.detachNewThread { core.acceptLoop() }
     }
@@ -171,6 +180,8 @@ extension Fault {
         case .errorBody(let status): return ["error-body", "\(status)"]
         case .wrongRangeStart: return ["wrong-range"]
         case .silent: return ["silent"]
+        case .mint: return ["mint"]
+        case .presigned(let bytes): return ["presigned", "\(bytes)"]
         }
     }
 
@@ -203,6 +214,8 @@ extension Fault {
         case "error-body": return number(0).map { (.errorBody(status: $0), 2) }
         case "wrong-range": return (.wrongRangeStart, 1)
         case "silent": return (.silent, 1)
+        case "mint": return (.mint, 1)
+        case "presigned": return number(0).flatMap { $0 > 0 ? (.presigned(bytesPerToken: $0), 2) : nil }
         case "status":
             guard let code = number(0), let times = number(1), segments.count >= 4 else { return nil }
             return (.status(code, times: times, retryAfter: number(2)), 4)
@@ -223,15 +236,19 @@ final class FaultServerCore: Sendable {
         var liveThreads = 1  // the accept thread
         var requests: [FaultServer.Request] = []
         var routeHits: [String: Int] = [:]
+        /// Body bytes sent per presigned token.
+        var tokenBytes: [String: Int] = [:]
     }
 
     let root: String
     private let listener: Int32
+    private let authorize: (@Sendable (String?) -> Int?)?
     private let state = Mutex(State())
 
-    init(root: String, listener: Int32) {
+    init(root: String, listener: Int32, authorize: (@Sendable (String?) -> Int?)?) {
         self.root = root
         self.listener = listener
+        self.authorize = authorize
     }
 
     func requests() -> [FaultServer.Request] {
@@ -407,10 +424,16 @@ final class FaultServerCore: Sendable {
         guard request.method == "GET" || request.method == "HEAD" else {
             return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: 405, extra: ["Allow": "GET, HEAD"])
         }
+        if let refusal = self.authorize?(request.headers["authorization"]) {
+            return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: refusal,
+                                     extra: refusal == 401 ? ["WWW-Authenticate": "Bearer"] : [:])
+        }
         let hit = self.state.withLock { state -> Int in
             state.routeHits[path, default: 0] += 1
             return state.routeHits[path]!
         }
+        let query = request.target.split(separator: "?", maxSplits: 1).dropFirst().first ?? ""
+        let token = query.split(separator: "&").first { $0.hasPrefix("token=") }.map { String($0.dropFirst(6)) }
 
         switch fault {
         case .redirect(let location):
@@ -425,6 +448,24 @@ final class FaultServerCore: Sendable {
             _ = self.record(request, path: path, fault: fault, file: file, status: 0)
             self.waitForClientClose(fd, timeout: nil)
             return .graceful
+        case .mint:
+            guard let data = FileManager.default.contents(atPath: self.root + "/" + file) else {
+                return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: 404)
+            }
+            let body = Array(String(decoding: data, as: UTF8.self).replacingOccurrences(of: "{{token}}", with: "\(hit)").utf8)
+            let index = self.record(request, path: path, fault: fault, file: file, status: 200)
+            _ = self.sendHead(fd, status: 200, headers: [("Content-Type", "application/json"), ("Content-Length", "\(body.count)")])
+            if body.withUnsafeBytes({ self.sendAll(fd, $0) }) { self.state.withLock { $0.requests[index].bodyBytesSent += body.count } }
+            return .graceful
+        case .presigned(let budget):
+            let spent = token.map { token in self.state.withLock { $0.tokenBytes[token, default: 0] } } ?? budget
+            if spent >= budget {
+                _ = self.record(request, path: path, fault: fault, file: file, status: 403)
+                let body = #"<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"#
+                _ = self.sendHead(fd, status: 403, headers: [("Content-Type", "application/xml"), ("Content-Length", "\(body.utf8.count)")])
+                _ = Array(body.utf8).withUnsafeBytes { self.sendAll(fd, $0) }
+                return .graceful
+            }
         default:
             break
         }
@@ -516,6 +557,13 @@ final class FaultServerCore: Sendable {
             return .graceful
         case .slow(let rate):
             self.sendFile(fd, resolved, offset: offset, length: length, record: index, bytesPerSecond: rate)
+            return .graceful
+        case .presigned(let budget):
+            let token = token ?? ""
+            let allowed = min(length, budget - self.state.withLock { $0.tokenBytes[token, default: 0] })
+            self.sendFile(fd, resolved, offset: offset, length: allowed, record: index)
+            let sent = self.state.withLock { $0.requests[index].bodyBytesSent }
+            self.state.withLock { $0.tokenBytes[token, default: 0] += sent }
             return .graceful
         default:
             self.sendFile(fd, resolved, offset: offset, length: length, record: index)

@@ -89,6 +89,13 @@ public struct LoadedManifest: Sendable {
     public var baseURL: URL
     /// The ``PublisherKey/id`` whose signature was checked, when it was loaded trusting publishers.
     public var signedBy: String? = nil
+    /// Where the manifest was read from (by ``load(_:options:)``); `nil` for one built in memory.
+    ///
+    /// A transaction added from it records this URL: when a pack's URL stops working (401 or 403 after the
+    /// credentials were renewed, 404, 410 — a presigned URL that expired, a pack moved), the queue reads the
+    /// manifest again from here and continues from the kept bytes at the pack's new URL, provided its SHA-256
+    /// and length are unchanged.
+    public var source: URL? = nil
 
     /// A manifest built in memory (a backend that hands out per-purchase URLs), checked as a decoded one is.
     ///

@@ -35,7 +35,11 @@ extension LoadedManifest {
             url = URL(filePath: location, relativeTo: URL(filePath: FileManager.default.currentDirectoryPath, directoryHint: .isDirectory)).absoluteURL
         }
         let data = try Self.read(url, options: options)
-        guard !publishers.isEmpty else { return try self.decode(data, from: url) }
+        guard !publishers.isEmpty else {
+            var loaded = try self.decode(data, from: url)
+            loaded.source = url
+            return loaded
+        }
         let place = url.redacted
         let signatureURL = url.deletingLastPathComponent().appending(path: ManifestSignature.fileName(for: url.lastPathComponent))
         func refuse(_ why: String, hint: String) -> PackDeliveryError {
@@ -71,6 +75,7 @@ extension LoadedManifest {
             }
         }
         loaded.signedBy = key.id
+        loaded.source = url
         return loaded
     }
 

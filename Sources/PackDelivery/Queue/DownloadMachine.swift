@@ -16,6 +16,9 @@ struct DownloadMachine: Sendable, Hashable {
         case stopInstall
         /// Delete the partial archive, and the staging folder unless an install that owns it is still running.
         case deleteFiles(staging: Bool)
+        /// Read the manifest again from where the transaction's came from, and find this pack's URL in it
+        /// (the server refused or lost the old URL: an expired presigned URL, a pack moved).
+        case reloadManifest(token: Int)
     }
 
     /// How retries back off, and when an attempt counts as stalled.
@@ -48,6 +51,10 @@ struct DownloadMachine: Sendable, Hashable {
     var credentialsRenewable = false
     /// The next transfer asks the credential provider for fresh credentials: the server refused the last ones.
     private(set) var credentialsRefused = false
+    /// The manifest was read again since bytes last moved: another refusal or 404 does not read it again.
+    private(set) var manifestReloaded = false
+    /// The error that sent the download to read the manifest again, while it does.
+    private var reloading: PackDeliveryError?
     var stagingInode: Int64?
     /// Failed attempts since bytes kept last reached a new high.
     private(set) var attempt = 0
@@ -112,7 +119,10 @@ struct DownloadMachine: Sendable, Hashable {
     mutating func progress(token: Int, bytesOnDisk: Int64, validator: String?, now: Date = Date()) -> Bool {
         guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return false }
         if bytesOnDisk != self.download.bytesReceived { self.lastMovement = now }
-        if bytesOnDisk > self.download.bytesReceived { self.credentialsRefused = false }
+        if bytesOnDisk > self.download.bytesReceived {
+            self.credentialsRefused = false
+            self.manifestReloaded = false
+        }
         self.rate.add(bytes: bytesOnDisk, at: now)
         self.download.bytesReceived = bytesOnDisk
         self.validator = validator ?? self.validator
@@ -188,10 +198,15 @@ struct DownloadMachine: Sendable, Hashable {
                     self.credentialsRefused = true
                     return self.retryOrFail(failure.error, retryable: true, retryAfter: 0, jitter: 0, now: now)
                 }
+                if !self.manifestReloaded { return self.reloadManifest(after: failure.error) }
                 // Nothing helps until the host renews the credentials: keep the bytes and wait for a resume.
                 self.credentialsRefused = false
                 self.enterPaused(.unauthorized, error: failure.error)
                 return []
+            }
+            if failure.error.httpStatus == 404 || failure.error.httpStatus == 410, !self.manifestReloaded {
+                // The pack is not at its URL any more: the manifest may name its new place.
+                return self.reloadManifest(after: failure.error)
             }
             // Only new bytes kept reset the count: a server that sends the same bytes again and again
             // (then throws them away) or trickles them too slowly still runs out of attempts.
@@ -220,6 +235,32 @@ struct DownloadMachine: Sendable, Hashable {
         }
         self.download.phase = .downloading
         return [.startTransfer(token: self.token, fromZero: false)]
+    }
+
+    /// The manifest was read again: the pack's URL in it (its SHA-256 and length unchanged), or why not.
+    mutating func manifestReloaded(token: Int, result: Result<URL, PackDeliveryError>, jitter: Double = Double.random(in: 0...1),
+                                   now: Date = Date()) -> [Action] {
+        guard token == self.token, self.download.state == .active, let original = self.reloading else { return [] }
+        self.reloading = nil
+        self.waitingForRetry = false
+        self.lastMovement = now
+        switch result {
+        case .success(let url):
+            // Continue from the kept bytes at the (maybe new) URL, asking for credentials as usual.
+            self.download.url = url
+            self.credentialsRefused = false
+            return [.startTransfer(token: self.token, fromZero: false)]
+        case .failure(let why):
+            let kept = self.download.bytesReceived > 0 ? " The \(self.download.bytesReceived) bytes downloaded are kept." : ""
+            if original.code == .unauthorized {
+                self.credentialsRefused = false
+                self.enterPaused(.unauthorized, error: original.withHint(
+                    "Renew the receipt or credentials, then resume; reading the manifest again did not help: \(why.message)\(kept)"))
+                return []
+            }
+            let error = original.withHint("\(original.hint.map { $0 + " " } ?? "")Reading the manifest again did not help: \(why.message)")
+            return self.retryOrFail(error, retryable: false, retryAfter: nil, jitter: jitter, now: now)
+        }
     }
 
     /// The installer moved on to a phase, or along it.
@@ -350,6 +391,9 @@ struct DownloadMachine: Sendable, Hashable {
     mutating func resume() -> [Action] {
         guard self.download.state == .paused || self.download.state == .failed else { return [] }
         if self.download.state == .failed { self.retriedFromZero = false }
+        // Renewed credentials or a fixed server: a refusal may read the manifest again.
+        self.manifestReloaded = false
+        self.reloading = nil
         self.download.state = .waiting
         self.download.pauseReason = nil
         self.download.error = nil
@@ -401,6 +445,16 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     // MARK: Helpers
+
+    /// Waits (as for a retry: a pause or cancel needs nothing stopped) while the manifest is read again.
+    private mutating func reloadManifest(after error: PackDeliveryError) -> [Action] {
+        self.manifestReloaded = true
+        self.reloading = error
+        self.waitingForRetry = true
+        self.download.error = error
+        self.token += 1
+        return [.reloadManifest(token: self.token)]
+    }
 
     private mutating func finish(at url: URL) {
         self.download.state = .finished

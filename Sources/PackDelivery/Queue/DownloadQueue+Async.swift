@@ -127,23 +127,30 @@ extension DownloadQueue {
 
     // MARK: The blocking calls, for async callers
 
-    /// ``add(products:from:kind:destination:autoFinish:force:start:)`` without blocking the caller's thread.
+    /// ``add(products:from:kind:destination:autoFinish:force:start:receipt:)`` without blocking the caller's thread.
     @discardableResult
     public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true) async throws(PackDeliveryError) -> [Transaction] {
+                    start: Bool = true, receipt: String? = nil) async throws(PackDeliveryError) -> [Transaction] {
         try await Blocking.run { () throws(PackDeliveryError) in
-            try self.add(products: productIdentifiers, from: manifest, kind: kind, destination: destination, autoFinish: autoFinish, force: force, start: start)
+            try self.add(products: productIdentifiers, from: manifest, kind: kind, destination: destination, autoFinish: autoFinish, force: force,
+                         start: start, receipt: receipt)
         }
     }
 
-    /// ``add(product:from:kind:destination:autoFinish:force:start:)`` without blocking the caller's thread.
+    /// ``add(product:from:kind:destination:autoFinish:force:start:receipt:)`` without blocking the caller's thread.
     @discardableResult
     public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true) async throws(PackDeliveryError) -> Transaction {
+                    start: Bool = true, receipt: String? = nil) async throws(PackDeliveryError) -> Transaction {
         try await self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
-                           force: force, start: start)[0]
+                           force: force, start: start, receipt: receipt)[0]
+    }
+
+    /// ``setReceipt(_:forTransactions:)`` without blocking the caller's thread.
+    @discardableResult
+    public func setReceipt(_ receipt: String, forTransactions transactionIDs: [String]) async throws(PackDeliveryError) -> [String] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.setReceipt(receipt, forTransactions: transactionIDs) }
     }
 
     /// ``transactions()`` without blocking the caller's thread.

@@ -51,10 +51,8 @@ extension DownloadQueue {
             let archive = self.home.archiveURL(for: download)
             if fromZero { self.discard(archive) }
             var options = self.configuration.transfer
-            if let provider = self.configuration.credentials {
-                options.headers += provider(CredentialRequest(url: download.url, productIdentifier: download.productIdentifier,
-                                                              contentIdentifier: download.contentIdentifier, refused: machine.credentialsRefused))
-            }
+            options.headers += self.credentialHeaders(for: download, url: download.url, refused: machine.credentialsRefused,
+                                                      receipt: self.recordedAccess(download.transactionID)?.receipt)
             let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: archive,
                                           expectedLength: download.contentLength, validator: machine.validator,
                                           fromZero: fromZero, options: options, writer: self.configuration.writer)
@@ -86,6 +84,8 @@ extension DownloadQueue {
                     self.change { $0.handle(id, .installFinished(token: token, result: result)) }
                 }
             }
+        case .reloadManifest(let token):
+            self.reloadManifest(for: download, token: token)
         case .stopInstall:
             self.state.withLock { $0.cancelFlags[id] }?.cancel()
         case .deleteFiles(let staging):
@@ -93,6 +93,50 @@ extension DownloadQueue {
             if staging { self.discard(self.home.stagingURL(for: download)) }
         }
         return []
+    }
+
+    /// The credential headers of a request for `download`'s transaction: the provider's, and its stored receipt
+    /// as `Authorization: Bearer` unless an `Authorization` header is already there.
+    func credentialHeaders(for download: Download, url: URL, refused: Bool, receipt: String?) -> [String] {
+        var headers: [String] = []
+        if let provider = self.configuration.credentials {
+            headers = provider(CredentialRequest(url: url, productIdentifier: download.productIdentifier,
+                                                 contentIdentifier: download.contentIdentifier, refused: refused))
+        }
+        if let receipt, !(self.configuration.transfer.headers + headers).contains(where: { $0.lowercased().hasPrefix("authorization:") }) {
+            headers.append("Authorization: Bearer \(receipt)")
+        }
+        return headers
+    }
+
+    /// The transaction's recorded manifest URL and receipt; nil when none (or the store cannot be read: then
+    /// the request goes without, and a refusal says so).
+    func recordedAccess(_ transactionID: String) -> TransactionAccessRecord? {
+        do { return try self.store.transactionAccess(transactionID) } catch {
+            self.logger.warning("cannot read a transaction's receipt", metadata: ["transaction": "\(transactionID)", "error": "\(error.message)"])
+            return nil
+        }
+    }
+
+    /// Reads the transaction's manifest again (off the driver) and reports the pack's URL in it, when the pack
+    /// is still there with the same SHA-256 and length.
+    private func reloadManifest(for download: Download, token: Int) {
+        let access = self.recordedAccess(download.transactionID)
+        guard let location = access?.manifestURL else {
+            self.change { $0.handle(download.id, .manifestReloaded(token: token, result: .failure(PackDeliveryError(
+                .invalidManifest, message: "The transaction records no manifest to read again (it was added from a manifest built in memory).")))) }
+            return
+        }
+        var options = self.configuration.transfer
+        let manifestURL = URL(string: location) ?? URL(filePath: location)
+        options.headers += self.credentialHeaders(for: download, url: manifestURL, refused: true, receipt: access?.receipt)
+        let manifestOptions = options
+        self.logger.info("reading the manifest again", metadata: ["download": "\(download.id)", "manifest": "\(manifestURL.redacted)"])
+        DispatchQueue.global().async { [weak self] in
+            let result = Result { () throws(PackDeliveryError) in try Redelivery.packURL(of: download, in: try LoadedManifest.load(location, options: manifestOptions)) }
+            guard let self else { return }
+            self.driver.async { self.change { $0.handle(download.id, .manifestReloaded(token: token, result: result)) } }
+        }
     }
 
     /// Removes a file or folder: moved aside at once (so a new attempt never meets it), deleted by the janitor.
@@ -191,10 +235,10 @@ extension DownloadQueue {
     // MARK: Transactions on the driver
 
     /// Records new transactions (one durable write) and takes their waiting downloads.
-    func record(_ transactions: [Transaction]) throws(PackDeliveryError) {
+    func record(_ transactions: [Transaction], manifestURL: URL? = nil, receipt: String? = nil) throws(PackDeliveryError) {
         try self.onDriver { () throws(PackDeliveryError) in
             try self.requireOpen()
-            try self.store.insert(transactions, owner: self.owner) { self.home.archiveURL(for: $0).path }
+            try self.store.insert(transactions, owner: self.owner, manifestURL: manifestURL, receipt: receipt) { self.home.archiveURL(for: $0).path }
             for transaction in transactions { self.emit(.transactionUpdated(transaction)) }
             self.change { machine in
                 var actions: [QueueMachine.Action] = []

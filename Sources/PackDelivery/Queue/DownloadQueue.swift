@@ -200,7 +200,9 @@ public final class DownloadQueue: Sendable {
     ///   - destination: install into caches (may be purged) or documents (kept).
     ///   - autoFinish: recorded for hosts (such as a command-line tool) that finish transactions themselves.
     ///   - force: download again even when the same version is installed.
-    ///   - start: false to record the downloads without starting them (see ``add(products:from:kind:destination:autoFinish:force:start:)``).
+    ///   - start: false to record the downloads without starting them (see ``add(products:from:kind:destination:autoFinish:force:start:receipt:)``).
+    ///   - receipt: a signed receipt for the purchase (``Receipt``), stored with the transaction and sent as
+    ///     `Authorization: Bearer` with each of its pack requests, through pauses and relaunches (see there).
     /// - Returns: the recorded transaction with its downloads.
     /// - Throws: `unknownProduct` for a product the manifest does not list; `contentIdentifierTaken` when a pack's
     ///   content identifier is installed for another product; `queueClosed` after ``close()``; a database error
@@ -208,9 +210,9 @@ public final class DownloadQueue: Sendable {
     @discardableResult
     public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true) throws(PackDeliveryError) -> Transaction {
+                    start: Bool = true, receipt: String? = nil) throws(PackDeliveryError) -> Transaction {
         try self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
-                     force: force, start: start)[0]
+                     force: force, start: start, receipt: receipt)[0]
     }
 
     /// Records one transaction per product in one write and starts their downloads (unless `start` is false):
@@ -225,12 +227,16 @@ public final class DownloadQueue: Sendable {
     ///   - force: download again even when the same version is installed.
     ///   - start: false to record the downloads without moving a byte (paused, reason `notStarted`), so the app can
     ///     show their sizes and ask first; ``start(_:)`` starts them.
+    ///   - receipt: a signed receipt for the purchase (``Receipt``), stored with each transaction and sent as
+    ///     `Authorization: Bearer <receipt>` with its pack requests (and a reload of its manifest), through pauses,
+    ///     resumes and relaunches, unless the ``Configuration/credentials`` provider gives an `Authorization` header.
+    ///     Replace it with ``setReceipt(_:forTransactions:)``. It never appears in errors, events or logs.
     /// - Returns: the recorded transactions, in the order of `productIdentifiers`.
-    /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:start:)``; nothing is recorded when any product is refused.
+    /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:start:receipt:)``; nothing is recorded when any product is refused.
     @discardableResult
     public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
                     destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true) throws(PackDeliveryError) -> [Transaction] {
+                    start: Bool = true, receipt: String? = nil) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()
         var products: [Manifest.Product] = []
         let index = Dictionary(manifest.manifest.products.map { ($0.productIdentifier, $0) }, uniquingKeysWith: { a, _ in a })
@@ -263,8 +269,22 @@ public final class DownloadQueue: Sendable {
             transactions.append(Transaction(id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
                                             finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
         }
-        try self.record(transactions)
+        try self.record(transactions, manifestURL: manifest.source, receipt: receipt)
         return transactions
+    }
+
+    /// Replaces the receipt that transactions present (a renewed one, after the old one expired), for their
+    /// next pack requests; a download paused `unauthorized` then needs only ``resume(_:)``.
+    ///
+    /// - Parameters:
+    ///   - receipt: the new signed receipt.
+    ///   - transactionIDs: the transactions it is for.
+    /// - Returns: the ids among `transactionIDs` that are recorded (finished or not).
+    /// - Throws: a database error when the store cannot be written.
+    @discardableResult
+    public func setReceipt(_ receipt: String, forTransactions transactionIDs: [String]) throws(PackDeliveryError) -> [String] {
+        try self.requireOpen()
+        return try self.store.setReceipt(receipt, transactionIDs: transactionIDs)
     }
 
     /// The unfinished transactions, with their downloads as they are now.

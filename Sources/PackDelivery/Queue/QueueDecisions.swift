@@ -119,4 +119,22 @@ enum Redelivery {
         }
         return download
     }
+
+    /// The URL of `download`'s pack in a manifest read again: the same product and content identifier, with the
+    /// same SHA-256 and length (only then may the kept bytes continue at it; a new URL is fine — a presigned URL
+    /// renewed, a pack moved to another host).
+    static func packURL(of download: Download, in manifest: LoadedManifest) throws(PackDeliveryError) -> URL {
+        let place = (manifest.source ?? manifest.baseURL).redacted
+        guard let product = manifest.manifest.products.first(where: { $0.productIdentifier == download.productIdentifier }),
+              let content = product.contents.first(where: { $0.contentIdentifier == download.contentIdentifier }) else {
+            throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) no longer lists \(download.contentIdentifier) for \(download.productIdentifier).",
+                                    subject: place)
+        }
+        guard content.sha256.lowercased() == download.sha256.lowercased(), content.contentLength == download.contentLength else {
+            throw PackDeliveryError(.invalidManifest,
+                                    message: "The manifest at \(place) now lists another version of \(download.contentIdentifier) (its SHA-256 or length changed): fetch the product again.",
+                                    subject: place)
+        }
+        return try manifest.packURL(for: content)
+    }
 }

@@ -28,6 +28,8 @@ struct QueueMachine: Sendable {
         case transferDurable(token: Int, bytes: Int64)
         case transferFinished(token: Int, outcome: TransferOutcome)
         case retryDue(token: Int)
+        /// The manifest was read again: the pack's URL in it, or why not.
+        case manifestReloaded(token: Int, result: Result<URL, PackDeliveryError>)
         case installProgress(token: Int, phase: DownloadPhase, fraction: Double)
         case installFinished(token: Int, result: Result<URL, PackDeliveryError>)
         case pause(PauseReason, PackDeliveryError?)
@@ -116,6 +118,8 @@ struct QueueMachine: Sendable {
                 return machine.transferFinished(token: token, outcome: outcome, jitter: jitter, now: now)
             case .retryDue(let token):
                 return machine.retryDue(token: token, now: now)
+            case .manifestReloaded(let token, let result):
+                return machine.manifestReloaded(token: token, result: result, jitter: jitter, now: now)
             case .installProgress(let token, let phase, let fraction):
                 _ = machine.installProgress(token: token, phase: phase, fraction: fraction, now: now)
                 return []

@@ -164,3 +164,13 @@ struct InstalledFileRecord: Codable, FetchableRecord, PersistableRecord, Sendabl
 }
 
 extension InstalledFile.Kind: DatabaseValueConvertible {}
+
+/// A row of `transactionAccess`: what a transaction needs to reach its packs again — the manifest it came
+/// from (read again when a pack's URL stops working) and the receipt it presents. Both are credentials
+/// (a URL's query, a bearer token): they are stored, sent, and never shown.
+struct TransactionAccessRecord: Codable, FetchableRecord, PersistableRecord, Sendable, Hashable {
+    static let databaseTableName = "transactionAccess"
+    var transactionID: String
+    var manifestURL: String?
+    var receipt: String?
+}

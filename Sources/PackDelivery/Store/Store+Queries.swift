@@ -5,11 +5,16 @@ extension Store {
     // MARK: Transactions and downloads
 
     /// Records new transactions with their downloads in one durable write, owned by `owner` where `owned` says so.
-    func insert(_ transactions: [Transaction], owner: QueueOwner, partialPath: (Download) -> String) throws(PackDeliveryError) {
+    /// `manifestURL` and `receipt`, when given, are recorded for each transaction (``TransactionAccessRecord``).
+    func insert(_ transactions: [Transaction], owner: QueueOwner, manifestURL: URL? = nil, receipt: String? = nil,
+                partialPath: (Download) -> String) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
             for transaction in transactions {
                 try TransactionRecord(id: transaction.id, productIdentifier: transaction.productIdentifier, kind: transaction.kind,
                                       createdAt: transaction.createdAt, finishedAt: nil, autoFinish: transaction.autoFinish).insert(db)
+                if manifestURL != nil || receipt != nil {
+                    try TransactionAccessRecord(transactionID: transaction.id, manifestURL: manifestURL?.absoluteString, receipt: receipt).insert(db)
+                }
                 for (position, download) in transaction.downloads.enumerated() {
                     var record = DownloadRecord(download, position: position, validator: nil, partialPath: partialPath(download),
                                                 stagingInode: nil, retriedFromZero: false, verified: false)
@@ -49,6 +54,27 @@ extension Store {
                             createdAt: record.createdAt, finishedAt: record.finishedAt, autoFinish: record.autoFinish,
                             downloads: (byTransaction[record.id] ?? []).sorted { $0.position < $1.position }.map(\.download))
             }
+        }
+    }
+
+    /// Where a transaction's manifest came from and its receipt, when either was recorded.
+    func transactionAccess(_ transactionID: String) throws(PackDeliveryError) -> TransactionAccessRecord? {
+        try self.read { db in try TransactionAccessRecord.fetchOne(db, key: transactionID) }
+    }
+
+    /// Replaces the receipt of these transactions (a renewed one); returns the ids that exist.
+    func setReceipt(_ receipt: String, transactionIDs: [String]) throws(PackDeliveryError) -> [String] {
+        try self.write(durable: true) { db in
+            let known = try String.fetchAll(db, TransactionRecord.select(TransactionRecord.Columns.id).filter(transactionIDs.contains(TransactionRecord.Columns.id)))
+            for id in known {
+                if var access = try TransactionAccessRecord.fetchOne(db, key: id) {
+                    access.receipt = receipt
+                    try access.update(db)
+                } else {
+                    try TransactionAccessRecord(transactionID: id, manifestURL: nil, receipt: receipt).insert(db)
+                }
+            }
+            return known
         }
     }
 

@@ -174,6 +174,13 @@ final class Store: Sendable {
                 t.column("version", .integer).notNull()
             }
         }
+        migrator.registerMigration("v4: where a transaction's manifest came from, and the receipt it was bought with") { db in
+            try db.create(table: "transactionAccess") { t in
+                t.primaryKey("transactionID", .text).references("transactions", onDelete: .cascade)
+                t.column("manifestURL", .text)
+                t.column("receipt", .text)
+            }
+        }
         return migrator
     }
 
