@@ -1,3 +1,4 @@
+import Foundation
 import HTTPTypes
 import Hummingbird
 import Logging
@@ -52,14 +53,30 @@ struct AuthorizationMiddleware<Context: RequestContext>: RouterMiddleware {
         guard let resource = self.index.resource(forRequestTarget: request.uri.path) else {
             throw HTTPError(.badRequest, message: "The path must stay inside the served folder.")
         }
-        switch self.authorizer.decide(authorization: request.headers[.authorization], resource: resource) {
+        let grant = self.authorizer.authorize(authorization: request.headers[.authorization], resource: resource)
+        (context as? PackRequestContext)?.notes.credential = grant.credential
+        switch grant.decision {
         case .allow:
+            if case .catalog = resource.kind, let products = grant.products, let answer = self.index.catalog(for: products, logger: context.logger) {
+                return Self.respond(with: answer, to: request)
+            }
             return try await next(request, context)
         case .unauthorized:
             throw AuthGateMiddleware<Context>.unauthorized
         case .forbidden:
             throw HTTPError(.forbidden, message: "This credential does not cover this pack.")
         }
+    }
+
+    /// The catalog made for one credential: never cached by others (`private`, `Vary: Authorization`), whole
+    /// (a Range is ignored, as RFC 9110 allows).
+    static func respond(with body: Data, to request: Request) -> Response {
+        var headers: HTTPFields = [.contentType: "application/json", .cacheControl: "private, no-store", .vary: "Authorization"]
+        headers[.contentLength] = "\(body.count)"
+        if request.method == .head {
+            return Response(status: .ok, headers: headers, body: ResponseBody())
+        }
+        return Response(status: .ok, headers: headers, body: ResponseBody(byteBuffer: ByteBuffer(bytes: body)))
     }
 }
 
@@ -83,7 +100,9 @@ struct AuthGateMiddleware<Context: RequestContext>: RouterMiddleware {
             context.logger.warning("An auth subrequest without a usable X-Original-URI: refused (set proxy_set_header X-Original-URI $request_uri).")
             return Response(status: .forbidden)
         }
-        switch self.authorizer.decide(authorization: request.headers[.authorization], resource: resource) {
+        let grant = self.authorizer.authorize(authorization: request.headers[.authorization], resource: resource)
+        (context as? PackRequestContext)?.notes.credential = grant.credential
+        switch grant.decision {
         case .allow:
             return Response(status: .noContent)
         case .unauthorized:

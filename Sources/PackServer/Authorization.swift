@@ -39,6 +39,29 @@ public enum AccessDecision: Sendable, Hashable {
     case forbidden
 }
 
+/// An authorizer's answer with what it learnt from the credential.
+public struct AccessGrant: Sendable, Hashable {
+    /// Serve, 401 or 403.
+    public var decision: AccessDecision
+    /// The products the credential covers, when it names them (a receipt): `manifest.json` is then served with
+    /// only these products. `nil` covers every product.
+    public var products: [String]?
+    /// Who presented the credential, for the request log (a receipt's id and subject); never the credential itself.
+    public var credential: String?
+
+    /// Creates a grant.
+    ///
+    /// - Parameters:
+    ///   - decision: serve, 401 or 403.
+    ///   - products: the products covered, or `nil` for all.
+    ///   - credential: who presented it, for the log.
+    public init(_ decision: AccessDecision, products: [String]? = nil, credential: String? = nil) {
+        self.decision = decision
+        self.products = products
+        self.credential = credential
+    }
+}
+
 /// Decides whether the credential in an `Authorization` header may have a resource.
 ///
 /// `packs serve --token` uses ``SharedTokenAuthorizer``. A credential that names products — a
@@ -54,6 +77,22 @@ public protocol PackAuthorizer: Sendable {
     ///   - resource: What the request asks for.
     /// - Returns: Whether to serve it, or answer 401 or 403.
     func decide(authorization: String?, resource: ProtectedResource) -> AccessDecision
+
+    /// Decides one request, saying also which products the credential covers and who presented it.
+    /// The default is ``decide(authorization:resource:)`` covering every product.
+    ///
+    /// - Parameters:
+    ///   - authorization: The `Authorization` header's value, or `nil` when there is none.
+    ///   - resource: What the request asks for.
+    /// - Returns: The decision, the products covered and who presented the credential.
+    func authorize(authorization: String?, resource: ProtectedResource) -> AccessGrant
+}
+
+extension PackAuthorizer {
+    /// ``decide(authorization:resource:)``, covering every product, naming nobody.
+    public func authorize(authorization: String?, resource: ProtectedResource) -> AccessGrant {
+        AccessGrant(self.decide(authorization: authorization, resource: resource))
+    }
 }
 
 /// One shared secret that opens everything: `Authorization: Bearer <token>`.
@@ -146,15 +185,33 @@ public struct ReceiptAuthorizer: PackAuthorizer {
 
     /// Checks the bearer receipt against the resource.
     public func decide(authorization: String?, resource: ProtectedResource) -> AccessDecision {
-        guard let authorization, let token = BearerCredentials.token(in: authorization),
-              case .success(let receipt) = Receipt.verify(token, keys: self.keys) else { return .unauthorized }
+        self.authorize(authorization: authorization, resource: resource).decision
+    }
+
+    /// Checks the bearer receipt against the resource; the grant names the receipt's products (the catalog
+    /// shows only those) and, for the log, its id and subject — also for a genuine receipt that expired.
+    public func authorize(authorization: String?, resource: ProtectedResource) -> AccessGrant {
+        guard let authorization, let token = BearerCredentials.token(in: authorization) else { return AccessGrant(.unauthorized) }
+        let receipt: Receipt
+        switch Receipt.verify(token, keys: self.keys) {
+        case .success(let valid):
+            receipt = valid
+        case .failure(let refusal):
+            return AccessGrant(.unauthorized, credential: refusal.receipt.map { Self.describe($0) + " (\(refusal.problem.rawValue))" })
+        }
+        let credential = Self.describe(receipt)
         switch resource.kind {
         case .catalog:
-            return .allow
+            return AccessGrant(.allow, products: receipt.products, credential: credential)
         case .pack(let products):
-            return products.contains(where: receipt.products.contains) ? .allow : .forbidden
+            return AccessGrant(products.contains(where: receipt.products.contains) ? .allow : .forbidden, products: receipt.products, credential: credential)
         case .unlisted:
-            return .forbidden
+            return AccessGrant(.forbidden, products: receipt.products, credential: credential)
         }
+    }
+
+    /// `receipt=<id> subject=<subject>`, printable and short (claims are the store's, but a log line stays one line).
+    static func describe(_ receipt: Receipt) -> String {
+        "receipt=\(PackDeliveryError.printable(String(receipt.id.prefix(64)))) subject=\(PackDeliveryError.printable(String(receipt.subject.prefix(128))))"
     }
 }

@@ -176,10 +176,14 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
             head.headerFields[.transferEncoding] == nil, (head.headerFields[.contentLength] ?? "0") == "0"
         else { return false }
         let target = path.prefix { $0 != "?" }
+        var credential: String?
         if let authorizer = fastPath.authorizer {
-            guard let resource = fastPath.index.resource(forRequestTarget: String(target)),
-                authorizer.decide(authorization: head.headerFields[.authorization], resource: resource) == .allow
-            else { return false }
+            guard let resource = fastPath.index.resource(forRequestTarget: String(target)) else { return false }
+            let grant = authorizer.authorize(authorization: head.headerFields[.authorization], resource: resource)
+            // Refusals, and a catalog made for the credential's products, are the router's.
+            guard grant.decision == .allow else { return false }
+            if case .catalog = resource.kind, grant.products != nil { return false }
+            credential = grant.credential
         }
         guard case .file(let file) = fastPath.folder.resolve(encodedPath: String(target)),
             case .send(let answer) = PackFileMiddleware<PackRequestContext>.outcome(
@@ -197,10 +201,11 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         self.trackedWrite(context: context, data: self.wrapOutboundOut(.head(HTTPResponse(status: answer.status, headerFields: headers))), promise: nil)
 
         let logger = fastPath.logger
+        let who = credential.map { " " + $0 } ?? ""
         let log: @Sendable (Int, (any Error)?) -> Void = { bytes, failure in
             guard logger.logLevel <= .info else { return }
             let line: Logger.Message =
-                "\(head.method) \(target) range=\(head.headerFields[.range] ?? "-") \(answer.status.code) \(bytes) bytes"
+                "\(head.method) \(target) range=\(head.headerFields[.range] ?? "-") \(answer.status.code) \(bytes) bytes\(who)"
             if let failure { logger.info(line, metadata: ["error": "\(failure)"]) } else { logger.info(line) }
         }
         let end = context.eventLoop.makePromise(of: Void.self)

@@ -35,7 +35,8 @@ final class ManifestIndex: Sendable {
     ///   `..` above the root): such a request is refused.
     func resource(forRequestTarget requestTarget: String) -> ProtectedResource? {
         guard let path = Self.normalizedPath(requestTarget) else { return nil }
-        if path == "/manifest.json" {
+        // The catalog's detached signature goes with it (a signed catalog is served whole, see catalog(for:logger:)).
+        if path == "/manifest.json" || path == "/manifest.json.sig" {
             return ProtectedResource(kind: .catalog, path: path)
         }
         if let products = self.owners()[path] {
@@ -86,6 +87,20 @@ final class ManifestIndex: Sendable {
             }
         }
         return owners
+    }
+
+    /// `manifest.json` with only `products` (those a receipt names), every other field as published; `nil` to
+    /// serve the file as it is: when it is signed (`manifest.json.sig` beside it — filtering would break the
+    /// signature, so a signed catalog is served whole to any valid receipt; publish one signed manifest per
+    /// product to keep them apart), or when it cannot be read as JSON.
+    func catalog(for products: [String], logger: Logger) -> Data? {
+        guard access(self.manifestPath + ".sig", F_OK) != 0 else { return nil }
+        guard let data = FileManager.default.contents(atPath: self.manifestPath),
+              var manifest = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any],
+              let all = manifest["products"] as? [[String: Any]] else { return nil }
+        let wanted = Set(products)
+        manifest["products"] = all.filter { ($0["productIdentifier"] as? String).map(wanted.contains) ?? false }
+        return try? JSONSerialization.data(withJSONObject: manifest, options: [.sortedKeys, .withoutEscapingSlashes])
     }
 
     /// A manifest URL as a path from the site's root: absolute URLs by their path, relative ones

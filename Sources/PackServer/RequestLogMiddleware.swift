@@ -4,7 +4,8 @@ import Synchronization
 
 /// Logs one info line per request once its body has been written (or has failed):
 /// method, path (never the query, which may carry credentials), `Range` header, status and the body
-/// bytes handed to the connection (for a failed sendfile body: those counted before it failed, 0).
+/// bytes handed to the connection (for a failed sendfile body: those counted before it failed, 0), then
+/// who presented the credential when the authorizer said (`receipt=<id> subject=<subject>`, never the token).
 struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         var response: Response
@@ -13,12 +14,13 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
         } catch let error as any HTTPResponseError {
             response = try error.response(from: request, context: context)
         } catch {
-            Self.log(request, status: 500, bytes: 0, failure: error, logger: context.logger)
+            Self.log(request, status: 500, bytes: 0, credential: nil, failure: error, logger: context.logger)
             throw error
         }
 
         let status = Int(response.status.code)
         let logger = context.logger
+        let credential = (context as? PackRequestContext)?.notes.credential
         guard logger.logLevel <= .info else {
             // Nothing would be logged (packs serve --quiet): leave the body as it is.
             return response
@@ -34,18 +36,18 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
                     }
                 )
             } catch {
-                Self.log(request, status: status, bytes: counter.value, failure: error, logger: logger)
+                Self.log(request, status: status, bytes: counter.value, credential: credential, failure: error, logger: logger)
                 throw error
             }
             // A file sent with sendfile does not pass through the writer: once the body finished,
             // all of its announced length was sent.
-            Self.log(request, status: status, bytes: body.contentLength ?? counter.value, failure: nil, logger: logger)
+            Self.log(request, status: status, bytes: body.contentLength ?? counter.value, credential: credential, failure: nil, logger: logger)
         }
         return response
     }
 
-    private static func log(_ request: Request, status: Int, bytes: Int, failure: (any Error)?, logger: Logger) {
-        let line: Logger.Message = "\(request.method) \(request.uri.path) range=\(request.headers[.range] ?? "-") \(status) \(bytes) bytes"
+    private static func log(_ request: Request, status: Int, bytes: Int, credential: String?, failure: (any Error)?, logger: Logger) {
+        let line: Logger.Message = "\(request.method) \(request.uri.path) range=\(request.headers[.range] ?? "-") \(status) \(bytes) bytes\(credential.map { " " + $0 } ?? "")"
         if let failure {
             logger.info(line, metadata: ["error": "\(failure)"])
         } else {

@@ -104,8 +104,9 @@ extension Packs {
             let known = Set(loaded.manifest.products.map(\.productIdentifier))
             if let product = list.first(where: { !known.contains($0) }) {
                 let names = loaded.manifest.products.prefix(20).map(\.productIdentifier).joined(separator: ", ")
+                let receipt = self.transfer.receipt == nil ? "" : " A server that checks receipts lists only the products the receipt names."
                 throw PackDeliveryError(.unknownProduct, message: "The manifest has no product '\(PackDeliveryError.printable(product))'.",
-                                        hint: known.isEmpty ? "It lists no products." : "It lists: \(PackDeliveryError.printable(names))\(known.count > 20 ? ", …" : "").",
+                                        hint: (known.isEmpty ? "It lists no products." : "It lists: \(PackDeliveryError.printable(names))\(known.count > 20 ? ", …" : "").") + receipt,
                                         subject: product)
             }
             return list

@@ -15,6 +15,8 @@ import Testing
         let key: PublisherSigningKey
         let server: RunningPackServer
 
+        let log = LogLines()
+
         init(_ label: String) async throws {
             self.site = try TestSite.samples(label + "-site")
             self.keys = try Fixtures.temporaryDirectory(label + "-keys")
@@ -23,7 +25,7 @@ import Testing
             self.key = try PublisherSigningKey(pem: String(contentsOf: self.keys.appending(path: "store.key"), encoding: .utf8))
             self.server = try await PackServer.start(
                 PackServerConfiguration(directory: self.site.folder, port: 0, authorizer: ReceiptAuthorizer(keys: [self.key.publicKey])),
-                logger: Logger(label: "test"))
+                logger: self.log.logger())
         }
 
         /// The HTTP status of a GET of `path` with this bearer token (none when nil), and the WWW-Authenticate header.
@@ -35,6 +37,14 @@ import Testing
             let code = Int(lines.last ?? "") ?? -1
             let challenge = lines.first { $0.lowercased().hasPrefix("www-authenticate:") }.map(String.init) ?? ""
             return (code, challenge)
+        }
+
+        /// The product identifiers of `manifest.json` as served to this bearer token.
+        func catalog(bearer: String) async throws -> [String] {
+            let result = try await Fixtures.runAsync("curl", ["-sf", "-H", "Authorization: Bearer \(bearer)",
+                                                              self.server.baseURL.appending(path: "manifest.json").absoluteString], timeout: 30)
+            let manifest = try JSONDecoder().decode(Manifest.self, from: Data(result.stdout.utf8))
+            return manifest.products.map(\.productIdentifier).sorted()
         }
 
         func receipt(_ products: [String], lifetime: TimeInterval = 3600, now: Date = Date(), key: PublisherSigningKey? = nil) throws -> String {
@@ -73,6 +83,45 @@ import Testing
         }
     }
 
+    @Test func theCatalogListsOnlyTheReceiptsProductsAndTheLogNamesTheReceiptNeverTheToken() async throws {
+        let store = try await Store("receipt-catalog")
+        defer { Task { await store.server.stop() } }
+        let all = try store.site.manifest().products.map(\.productIdentifier).sorted()
+        #expect(all.count > 2)
+        let forest = try store.receipt(["com.example.forest"])
+        #expect(try await store.catalog(bearer: forest) == ["com.example.forest"])
+        let two = try store.receipt(["com.example.forest", "com.example.ocean"])
+        #expect(try await store.catalog(bearer: two) == ["com.example.forest", "com.example.ocean"])
+        // What the filtered catalog says about a pack is what the published one says.
+        let published = try store.site.manifest().products.first { $0.productIdentifier == "com.example.forest" }
+        let served = try await Fixtures.runAsync("curl", ["-sf", "-H", "Authorization: Bearer \(forest)", store.server.baseURL.appending(path: "manifest.json").absoluteString])
+        #expect(try JSONDecoder().decode(Manifest.self, from: Data(served.stdout.utf8)).products.first == published)
+
+        #expect(try await store.status("forest.tar.gz", bearer: forest).0 == 200)
+        let expired = try store.receipt(["com.example.forest"], lifetime: 60, now: Date().addingTimeInterval(-7200))
+        #expect(try await store.status("forest.tar.gz", bearer: expired).0 == 401)
+        let id = try Receipt.verify(forest, keys: [store.key.publicKey]).get().id
+        let lines = await store.log.waitFor { lines in lines.contains { $0.contains("GET /forest.tar.gz") && $0.contains("(expired)") } }
+        #expect(lines.contains { $0.contains("GET /forest.tar.gz") && $0.contains(" 200 ") && $0.contains("receipt=\(id) subject=user-42") }, "\(lines)")
+        #expect(lines.contains { $0.contains(" 401 ") && $0.contains("subject=user-42 (expired)") }, "\(lines)")
+        for token in [forest, two, expired] {
+            #expect(!lines.contains { $0.contains(token) || $0.contains(String(token.split(separator: ".")[2])) }, "the token never appears in the log")
+        }
+    }
+
+    @Test func aSignedCatalogIsServedWholeSoItsSignatureHolds() async throws {
+        let store = try await Store("receipt-signed-catalog")
+        defer { Task { await store.server.stop() } }
+        let sign = try await Fixtures.runAsync(CLI.binary, ["manifest", store.site.folder.path, "--sign", store.keys.appending(path: "store.key").path])
+        #expect(sign.status == 0, "\(sign.stderr)")
+        let forest = try store.receipt(["com.example.forest"])
+        #expect(try await store.catalog(bearer: forest) == (try store.site.manifest().products.map(\.productIdentifier).sorted()))
+        let home = try Fixtures.temporaryDirectory("receipt-signed-catalog-home")
+        let fetch = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", store.server.baseURL.appending(path: "manifest.json").absoluteString,
+                                                             "com.example.forest", "--receipt", forest, "--trust", store.keys.appending(path: "store.pub").path])
+        #expect(fetch.status == 0, "a signed catalog behind receipts still verifies: \(fetch.stderr)")
+    }
+
     @Test func fetchPresentsTheReceiptAndIsRefusedForAnotherProduct() async throws {
         let store = try await Store("receipt-fetch")
         defer { Task { await store.server.stop() } }
@@ -89,7 +138,8 @@ import Testing
         #expect(fetch.status == 0, "\(fetch.stderr)")
         #expect(FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.forest/ContentInfo.plist").path))
         let other = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.ocean", "--receipt", file.path])
-        #expect(other.status == 77, "another product: \(other.stderr)")
+        // The catalog served to this receipt does not list ocean at all (its pack by URL is 403, see above).
+        #expect(other.status == 65 && other.stderr.contains("com.example.ocean") && other.stderr.contains("receipt names"), "another product: \(other.stderr)")
         #expect(!other.stderr.contains(made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "the receipt never appears in errors")
     }
 }
