@@ -123,7 +123,7 @@ public enum ManifestBuilder {
     public static func write(folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil) throws(PackDeliveryError) -> Manifest {
         var manifest = try self.build(folder: folder)
         let target = folder.appending(path: "manifest.json")
-        if let key {
+        if key != nil {
             let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }?.version
             manifest.version = version ?? ((previous ?? 0) + 1)
             manifest.expires = expires.map { $0.formatted(.iso8601) }
