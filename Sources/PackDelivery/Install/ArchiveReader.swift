@@ -14,6 +14,9 @@ import Foundation
 ///   libarchive skips data on its own. (Without this, a few KiB of bzip2 can expand to gigabytes inside one
 ///   call.) An uncompressed pack is read from the file with seeks, as zip needs for its central directory.
 ///
+/// With a ``GrowingFile`` the pack is read while it downloads: a read past what is written waits for more,
+/// and nothing is seeked (a zip is then not read at all: see ``StreamedUnpack``).
+///
 /// Not thread-safe; one per unpack or inspection. Freed by its owner (`deinit`).
 final class ArchiveReader {
     /// The reader that parses the archive (tar or zip).
@@ -30,6 +33,8 @@ final class ArchiveReader {
     /// Decompressed bytes handed to the parser so far.
     private var decompressed: Int64 = 0
     private let isCancelled: () -> Bool
+    /// The file is still being written: reads wait for it.
+    private let growing: GrowingFile?
     /// The most decompressed bytes of entry data; headers and padding get an allowance per entry.
     private let maxDecompressed: Int64
     /// Entries read so far (the unpacker counts them).
@@ -52,14 +57,22 @@ final class ArchiveReader {
     ///   - maxDecompressed: the most bytes of entry data the format may read; headers and padding get an allowance per entry.
     ///   - isCancelled: polled for every block read or decompressed.
     /// - Throws: `fileSystem` when the file cannot be opened, `corruptArchive` when it is not a zip or tar.
-    init(_ url: URL, maxDecompressed: Int64, isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) {
+    init(_ url: URL, maxDecompressed: Int64, isCancelled: @escaping () -> Bool = { false }, growing: GrowingFile? = nil) throws(PackDeliveryError) {
         self.path = url.path
         self.isCancelled = isCancelled
         self.maxDecompressed = maxDecompressed
+        self.growing = growing
         let fd = open(url.path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw .io("open the pack", path: url.path, errno: errno) }
         var info = stat()
-        let size = fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(Self.blockSize)
+        var size = fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(Self.blockSize)
+        if let growing {
+            size = growing.length
+            if case .stop(let why) = growing.wait(beyond: 5) {
+                close(fd)
+                throw why
+            }
+        }
         var magic = [UInt8](repeating: 0, count: 6)
         let got = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
         let filter = Self.filter(forMagic: Array(magic.prefix(max(0, got))))
@@ -95,6 +108,10 @@ final class ArchiveReader {
             }
             archive_read_set_read_callback(reader) { _, data, block in
                 Unmanaged<ArchiveReader>.fromOpaque(data!).takeUnretainedValue().readDecompressed(block)
+            }
+        } else if growing != nil {
+            archive_read_set_read_callback(reader) { _, data, block in
+                Unmanaged<ArchiveReader>.fromOpaque(data!).takeUnretainedValue().readFile(block)
             }
         } else {
             archive_read_set_read_callback(reader) { _, data, block in
@@ -166,8 +183,18 @@ final class ArchiveReader {
     /// The file's next block (for the decoder, or for the parser of an uncompressed pack).
     private func readFile(_ block: UnsafeMutablePointer<UnsafeRawPointer?>?) -> la_ssize_t {
         if self.decoder == nil { guard self.checkBounds() else { return -1 } }
+        var want = self.fileBuffer.count
+        if let growing = self.growing {
+            switch growing.wait(beyond: self.position) {
+            case .available(let end): want = Int(min(Int64(want), end - self.position))
+            case .ended: return 0
+            case .stop(let why):
+                self.failure = why
+                return -1
+            }
+        }
         while true {
-            let got = pread(self.fd, self.fileBuffer.baseAddress, self.fileBuffer.count, off_t(self.position))
+            let got = pread(self.fd, self.fileBuffer.baseAddress, want, off_t(self.position))
             if got < 0, errno == EINTR { continue }
             if got < 0 {
                 self.failure = .io("read the pack", path: self.path, errno: errno)

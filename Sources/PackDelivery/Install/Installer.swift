@@ -41,6 +41,12 @@ struct Installer: Sendable {
         /// Without a manifest `unpackedLength`, at most this many times the pack's size.
         var maxExpansionRatio: Int64 = 100
         var maxEntries = 100_000
+
+        /// The most bytes a pack of `packLength` may unpack to: the manifest's `unpackedLength`, else the ratio.
+        func maxBytes(packLength: Int64, unpackedLength: Int64?) -> Int64 {
+            let (maxBytes, overflow) = max(packLength, 1).multipliedReportingOverflow(by: max(1, self.maxExpansionRatio))
+            return unpackedLength ?? (overflow ? Int64.max : maxBytes)
+        }
     }
 
     /// Extended attributes that name the product an install folder belongs to.
@@ -50,34 +56,38 @@ struct Installer: Sendable {
     /// - Parameter recheck: hash the archive first (its verification was recorded by an earlier process,
     ///   and a crash may have damaged it since).
     /// - Returns: the installed folder (the download's `contentURL`).
-    func install(_ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) -> URL {
+    /// - Parameter streamed: the unpack that ran while the pack downloaded, when one did: its folder is taken
+    ///   instead of unpacking again (unless `recheck`, or it failed for a reason that is not the pack's).
+    func install(_ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
+                 streamed: StreamedUnpack? = nil) throws(PackDeliveryError) -> URL {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
         let target = self.home.contentURL(for: download)
         try self.checkOwnership(download)
         try Self.removeTree(staging)
-        if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
+        if recheck { streamed?.discard() }
         do throws(PackDeliveryError) {
             var info = stat()
             guard stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
             let packLength = Int64(info.st_size)
-            if recheck {
-                progress(.verifying, 0)
-                try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
-            }
-            try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
-            let (maxBytes, overflow) = max(packLength, 1).multipliedReportingOverflow(by: max(1, self.limits.maxExpansionRatio))
-            let limit = download.unpackedLength ?? (overflow ? Int64.max : maxBytes)
             let expected = Double(download.unpackedLength ?? max(packLength, 1))
             progress(.unpacking, 0)
-            var hooked = false
-            let summary = try Unpacker.unpack(archive: archive, into: staging,
-                                              limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
-                                              progress: { bytes in
-                                                  progress(.unpacking, min(0.99, Double(bytes) / expected))
-                                                  if !hooked, bytes > 0 { hooked = true; self.hook?(.unpacking) }
-                                              },
-                                              isCancelled: { cancel.isCancelled }, writer: self.writer)
+            var summary: UnpackSummary?
+            switch streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
+            case .unpacked(let unpacked, let folder)?:
+                // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
+                if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
+                summary = unpacked
+            case .failed(let error)? where StreamedUnpack.isHostile(error):
+                throw error
+            case .failed, nil:
+                if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+            }
+            if summary == nil {
+                summary = try self.unpack(download, archive: archive, staging: staging, length: packLength, recheck: recheck,
+                                          progress: progress, cancel: cancel)
+            }
+            guard let summary else { throw PackDeliveryError(.internalError, message: "No unpack summary.") }
             if summary.entries == 0, download.unpackedLength != 0 {
                 throw PackDeliveryError(.emptyPack, message: "The pack \(download.contentIdentifier) holds no files at all, and the manifest does not say it is empty.",
                                         hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: download.redactedURL)
@@ -113,6 +123,29 @@ struct Installer: Sendable {
             }
             throw error
         }
+    }
+
+    /// Unpacks the archive into a new staging folder (after hashing it again, with `recheck`).
+    private func unpack(_ download: Download, archive: URL, staging: URL, length packLength: Int64, recheck: Bool,
+                        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) -> UnpackSummary {
+        try Self.removeTree(staging)
+        if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
+        if recheck {
+            progress(.verifying, 0)
+            try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
+        }
+        try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
+        let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
+        let expected = Double(download.unpackedLength ?? max(packLength, 1))
+        progress(.unpacking, 0)
+        var hooked = false
+        return try Unpacker.unpack(archive: archive, into: staging,
+                                   limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+                                   progress: { bytes in
+                                       progress(.unpacking, min(0.99, Double(bytes) / expected))
+                                       if !hooked, bytes > 0 { hooked = true; self.hook?(.unpacking) }
+                                   },
+                                   isCancelled: { cancel.isCancelled }, writer: self.writer)
     }
 
     /// The rename, the sync of the parent and the record, shared by a fresh install and crash recovery.

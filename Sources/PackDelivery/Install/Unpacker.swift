@@ -80,11 +80,12 @@ enum Unpacker {
     ///   `isCancelled` returned true. What was written so far stays in `staging`.
     static func unpack(
         archive: URL, into staging: URL, limits: UnpackLimits,
-        progress: (Int64) -> Void = { _ in }, isCancelled: @escaping () -> Bool = { false }, writer: any FileWriting = SystemFileWriter()
+        progress: (Int64) -> Void = { _ in }, isCancelled: @escaping () -> Bool = { false }, writer: any FileWriting = SystemFileWriter(),
+        growing: GrowingFile? = nil
     ) throws(PackDeliveryError) -> UnpackSummary {
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
-        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled)
+        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing)
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
 }
@@ -165,7 +166,8 @@ private final class UnpackRun {
     private var lastProgress: Int64 = 0
     private var lastEntryName: String?
 
-    init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool) throws(PackDeliveryError) {
+    init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
+         growing: GrowingFile?) throws(PackDeliveryError) {
         self.writer = writer
         self.archiveURL = archive
         self.stagingPath = staging.path
@@ -187,7 +189,7 @@ private final class UnpackRun {
         }
 
         do {
-            self.source = try ArchiveReader(archive, maxDecompressed: limits.maxBytes, isCancelled: isCancelled)
+            self.source = try ArchiveReader(archive, maxDecompressed: limits.maxBytes, isCancelled: isCancelled, growing: growing)
         } catch {
             close(rootFD)
             throw error

@@ -132,6 +132,13 @@ struct DownloadMachine: Sendable, Hashable {
         return true
     }
 
+    /// The unpack that follows the transfer wrote `bytes`: while downloading, `phaseProgress` is the unpack's.
+    mutating func streamProgress(token: Int, bytes: Int64, now: Date = Date()) {
+        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
+        let expected = max(1, self.download.unpackedLength ?? self.download.contentLength)
+        self.download.phaseProgress = min(0.99, Double(bytes) / Double(expected))
+    }
+
     /// The hash thread synced the partial file up to `bytes`.
     mutating func durable(token: Int, bytes: Int64) {
         guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
@@ -203,6 +210,14 @@ struct DownloadMachine: Sendable, Hashable {
                 self.credentialsRefused = false
                 self.enterPaused(.unauthorized, error: failure.error)
                 return []
+            }
+            if StreamedUnpack.isHostile(failure.error) {
+                // Unpacked while downloading, the pack showed an entry that is never installed: nothing is kept.
+                self.verified = false
+                self.download.bytesReceived = 0
+                self.download.progress = 0
+                self.mostBytesKept = 0
+                return self.fail(failure.error) + [.deleteFiles(staging: true)]
             }
             if failure.error.httpStatus == 404 || failure.error.httpStatus == 410, !self.manifestReloaded {
                 // The pack is not at its URL any more: the manifest may name its new place.

@@ -1,3 +1,4 @@
+import Synchronization
 import Foundation
 
 // The driver: runs what the machines decide. Everything here runs on `driver`, one call at a time.
@@ -55,7 +56,8 @@ extension DownloadQueue {
                                                       receipt: self.recordedAccess(download.transactionID)?.receipt)
             let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: archive,
                                           expectedLength: download.contentLength, validator: machine.validator,
-                                          fromZero: fromZero, options: options, writer: self.configuration.writer)
+                                          fromZero: fromZero, options: options, writer: self.configuration.writer,
+                                          stream: self.startStream(for: download, token: token))
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
             self.engineBox.withLock { $0 }?.stop("\(id)#\(token)")
@@ -66,7 +68,10 @@ extension DownloadQueue {
             }
         case .install(let token):
             let flag = CancelFlag()
-            self.state.withLock { $0.cancelFlags[id] = flag }
+            let streamed = self.state.withLock { state in
+                state.cancelFlags[id] = flag
+                return state.streams.removeValue(forKey: id)
+            }
             let installer = self.installer
             let recheck = machine.recheckArchive
             DispatchQueue.global().async { [weak self] in
@@ -76,7 +81,7 @@ extension DownloadQueue {
                 }
                 let result: Result<URL, PackDeliveryError>
                 do throws(PackDeliveryError) {
-                    result = .success(try installer.install(download, recheck: recheck, progress: progress, cancel: flag))
+                    result = .success(try installer.install(download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed))
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 self.driver.async {
@@ -89,10 +94,30 @@ extension DownloadQueue {
         case .stopInstall:
             self.state.withLock { $0.cancelFlags[id] }?.cancel()
         case .deleteFiles(let staging):
+            self.state.withLock { $0.streams.removeValue(forKey: id) }?.discard()
             self.discard(self.home.archiveURL(for: download))
             if staging { self.discard(self.home.stagingURL(for: download)) }
         }
         return []
+    }
+
+    /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.
+    private func startStream(for download: Download, token: Int) -> StreamedUnpack? {
+        let id = download.id
+        self.state.withLock { $0.streams.removeValue(forKey: id) }?.discard()
+        guard self.configuration.streamingUnpack else { return nil }
+        let limits = UnpackLimits(maxBytes: self.installer.limits.maxBytes(packLength: download.contentLength, unpackedLength: download.unpackedLength),
+                                  maxEntries: self.installer.limits.maxEntries)
+        let hook = self.installer.hook
+        let hooked = Atomic<Bool>(false)
+        let stream = StreamedUnpack(archive: self.home.archiveURL(for: download), folder: URL(filePath: self.home.stagingURL(for: download).path + ".s\(token)"),
+                                    length: download.contentLength, limits: limits, writer: self.configuration.writer) { [weak self] bytes in
+            if bytes > 0, !hooked.exchange(true, ordering: .relaxed) { hook?(.unpacking) }
+            guard let self else { return }
+            self.driver.async { self.change { $0.handle(id, .streamProgress(token: token, bytes: bytes)) } }
+        }
+        self.state.withLock { $0.streams[id] = stream }
+        return stream
     }
 
     /// The credential headers of a request for `download`'s transaction: the provider's, and its stored receipt

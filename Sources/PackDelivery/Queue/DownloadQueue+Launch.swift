@@ -90,13 +90,14 @@ extension DownloadQueue {
                         self.janitor.async { try? Installer.removeTree(item) }
                         continue
                     }
-                    let id = folder == "downloads" ? String(name.dropLast(name.hasSuffix(".pack") ? 5 : 0)) : name
+                    // downloads/<id>.pack; staging/<id>, or staging/<id>.s<token> for an unpack that followed a transfer.
+                    let id = folder == "downloads" ? String(name.dropLast(name.hasSuffix(".pack") ? 5 : 0)) : String(name.prefix { $0 != "." })
                     let record: DownloadRecord?
                     do { record = try self.store.downloadRecord(id) } catch { continue }  // the store cannot be read: leave it
                     if let record {
                         if let owner = record.owner, owner.isAlive { continue }
                         if !record.state.isSettled, folder == "downloads" { continue }
-                        if folder == "staging", record.stagingInode != nil, !record.state.isSettled { continue }
+                        if folder == "staging", name == id, record.stagingInode != nil, !record.state.isSettled { continue }
                     }
                     self.discard(item)
                 }

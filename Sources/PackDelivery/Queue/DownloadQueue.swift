@@ -46,6 +46,10 @@ public final class DownloadQueue: Sendable {
         /// Gives the headers that authorize each pack request (a token that expires); with one, a refused request
         /// (401, 403) is tried once more with fresh credentials before the download pauses (`unauthorized`).
         public var credentials: CredentialProvider? = nil
+        /// Unpack tar packs (plain or compressed) while they download, into a staging folder that is moved into
+        /// place only once the whole pack's SHA-256 matched; false unpacks after the download, from the archive.
+        /// Zip packs are always unpacked after the download (their central directory comes last).
+        public var streamingUnpack = true
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
@@ -119,6 +123,8 @@ public final class DownloadQueue: Sendable {
         var restores: [UUID: RestoreBatch] = [:]
         /// Installs running, by download, so pause and cancel can stop them.
         var cancelFlags: [String: CancelFlag] = [:]
+        /// Unpacks that run while their download does, until the install takes them or they are discarded.
+        var streams: [String: StreamedUnpack] = [:]
         var saveScheduled = false
         var closed = false
         var ticks = 0
@@ -414,6 +420,7 @@ public final class DownloadQueue: Sendable {
         self.onDriver { self.change { $0.pauseAll(.interrupted, closing: true) } }
         self.engineBox.withLock { $0 }?.shutdown()
         self.onDriver {
+            for stream in self.state.withLock({ state in defer { state.streams = [:] }; return state.streams.values }) { stream.discard() }
             self.save(includingProgress: true)
             let ids = self.state.withLock { Array($0.machine.entries.keys) }
             do { try self.store.release(ids, owner: self.owner) } catch {

@@ -30,6 +30,8 @@ struct QueueMachine: Sendable {
         case retryDue(token: Int)
         /// The manifest was read again: the pack's URL in it, or why not.
         case manifestReloaded(token: Int, result: Result<URL, PackDeliveryError>)
+        /// The unpack that follows the transfer has written this many bytes.
+        case streamProgress(token: Int, bytes: Int64)
         case installProgress(token: Int, phase: DownloadPhase, fraction: Double)
         case installFinished(token: Int, result: Result<URL, PackDeliveryError>)
         case pause(PauseReason, PackDeliveryError?)
@@ -120,6 +122,9 @@ struct QueueMachine: Sendable {
                 return machine.retryDue(token: token, now: now)
             case .manifestReloaded(let token, let result):
                 return machine.manifestReloaded(token: token, result: result, jitter: jitter, now: now)
+            case .streamProgress(let token, let bytes):
+                machine.streamProgress(token: token, bytes: bytes, now: now)
+                return []
             case .installProgress(let token, let phase, let fraction):
                 _ = machine.installProgress(token: token, phase: phase, fraction: fraction, now: now)
                 return []

@@ -76,10 +76,12 @@ final class CurlTransfer {
         let (id, report) = (request.id, onEvent)
         self.follower = HashFollower(file: request.file, length: request.expectedLength) { durable in report(.durable(id: id, bytes: durable)) }
         self.follower.advance(to: offset)
+        self.request.stream?.growth.advance(to: offset)
         do {
             self.easy = try CurlEasy(url: request.url)
         } catch {
             self.follower.cancel()
+            self.request.stream?.discard()
             self.pending.deallocate()
             close(fd)
             throw error
@@ -111,6 +113,7 @@ final class CurlTransfer {
             })
         } catch {
             self.follower.cancel()
+            self.request.stream?.discard()
             self.pending.deallocate()
             close(fd)
             throw error
@@ -128,11 +131,15 @@ final class CurlTransfer {
         if case .append? = self.decision { _ = self.flush() } else if case .restartFromZero? = self.decision { _ = self.flush() }
         _ = Durability.syncData(self.fd)
         self.follower.cancel()
+        self.request.stream?.discard()
         self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
     }
 
-    /// Stops hashing: the transfer failed.
-    func cancelHashing() { self.follower.cancel() }
+    /// Stops hashing (and unpacking): the transfer failed.
+    func cancelHashing() {
+        self.follower.cancel()
+        self.request.stream?.discard()
+    }
 
     // MARK: Callbacks
 
@@ -163,6 +170,7 @@ final class CurlTransfer {
                 ftruncate(self.fd, 0)
                 self.offset = 0
                 self.follower.restart()
+                self.request.stream?.growth.restart()
             }
             self.validator = Self.validator(from: self.headers) ?? self.request.validator
         }
@@ -193,6 +201,7 @@ final class CurlTransfer {
             ftruncate(self.fd, 0)
             self.offset = 0
             self.follower.restart()
+            self.request.stream?.growth.restart()
             return 0
         }
         var remaining = bytes[...]
@@ -211,6 +220,10 @@ final class CurlTransfer {
     /// Writes the pending bytes at `offset`. - Returns: false when the write failed (recorded in `writeFailure`).
     private func flush() -> Bool {
         self.lastFlush = Date()
+        if let hostile = self.request.stream?.hostile, self.writeFailure == nil {
+            // The pack streamed so far holds an entry that is never installed: the rest is not worth fetching.
+            self.writeFailure = TransferFailure(error: hostile, retryable: false)
+        }
         guard self.pendingCount > 0, self.writeFailure == nil else { return self.writeFailure == nil }
         // Something else shortened the file under us: writing on would leave a hole of zeros that the hash thread
         // may already be reading. End the attempt; the retry resumes from what the file still holds.
@@ -233,6 +246,7 @@ final class CurlTransfer {
                 self.offset += Int64(written)
                 ftruncate(self.fd, off_t(self.offset))
                 self.follower.advance(to: self.offset)
+                self.request.stream?.growth.advance(to: self.offset)
                 self.pendingCount = 0
                 // The kept bytes and the validator they came with, before the failure is reported.
                 self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
@@ -250,6 +264,7 @@ final class CurlTransfer {
         self.offset += Int64(self.pendingCount)
         self.pendingCount = 0
         self.follower.advance(to: self.offset)
+        self.request.stream?.growth.advance(to: self.offset)
         let now = Date()
         if now.timeIntervalSince(self.lastReport) >= 0.1 {
             self.lastReport = now
@@ -271,10 +286,12 @@ final class CurlTransfer {
         let outcome = stalled ? self.stalledOutcome() : self.outcome(curlCode: curlCode)
         guard case .completed(_, let length, let resumedFrom) = outcome else {
             self.follower.cancel()
+            self.request.stream?.discard()
             report(outcome)
             return
         }
         let bytes = self.offset
+        self.request.stream?.growth.finish(length: length)
         self.follower.finish(length: length) { result in
             switch result {
             case .success(let sha256):

@@ -99,6 +99,8 @@ struct TransferRequest: Sendable {
     var fromZero: Bool
     var options: TransferOptions
     var writer: any FileWriting
+    /// Unpacks the pack while it downloads (issue 14); told how far the file is written.
+    var stream: StreamedUnpack? = nil
 }
 
 /// Why a transfer attempt ended without the whole pack.

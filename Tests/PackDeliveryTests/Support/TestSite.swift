@@ -63,13 +63,15 @@ struct TestSite {
         return TestSite(folder: folder)
     }
 
-    /// A site with one pack of random bytes (an uncompressed tar, so its size is about `size`).
-    static func random(_ label: String, product: String = "com.example.big", version: String = "1.0", size: Int) throws -> TestSite {
+    /// A site with one pack of random bytes, `big.tar` (uncompressed, so its size is about `size`), or
+    /// `big.zip` with `format: .zip`.
+    static func random(_ label: String, product: String = "com.example.big", version: String = "1.0", size: Int,
+                       format: PackFormat = .tar) throws -> TestSite {
         let folder = try Fixtures.temporaryDirectory(label)
         let content = try Fixtures.temporaryDirectory(label + "-content")
         try FileManager.default.createDirectory(at: content.appending(path: "Contents"), withIntermediateDirectories: true)
         try Fixtures.randomFile(at: content.appending(path: "Contents/data.bin"), size: size)
-        try PackWriter.write(folder: content, to: folder.appending(path: "big.tar"), format: .tar,
+        try PackWriter.write(folder: content, to: folder.appending(path: format == .zip ? "big.zip" : "big.tar"), format: format,
                              contentInfo: (productIdentifier: product, contentVersion: version))
         try ManifestBuilder.write(folder: folder)
         return TestSite(folder: folder, dataSHA256: try Fixtures.sha256Hex(of: content.appending(path: "Contents/data.bin")))

@@ -1,0 +1,255 @@
+import Foundation
+import Synchronization
+
+/// How far a download has written its partial file, for readers that follow it (issue 14).
+///
+/// The transfer reports what it wrote (``advance(to:)``), a restart from byte 0 (``restart()``), the end
+/// (``finish(length:)``) or that it stopped (``stop(_:)``); a reader waits in ``GrowingFile/wait(beyond:)``.
+/// Wake-ups come per MiB written (and at the end), never per piece.
+final class PartialFileGrowth: Sendable {
+    private struct State {
+        var written: Int64 = 0
+        /// The length of the finished file, once the transfer completed.
+        var finished: Int64?
+        /// Bumped by restart(): readers of an earlier generation stop.
+        var generation = 0
+        var stopped: PackDeliveryError?
+        var signalled: Int64 = 0
+    }
+
+    /// The pack's length, from the manifest.
+    let length: Int64
+    private let state = Mutex(State())
+    private let wake = DispatchSemaphore(value: 0)
+
+    init(length: Int64) {
+        self.length = length
+    }
+
+    /// The writer has written the file up to `offset`.
+    func advance(to offset: Int64) {
+        let signal = self.state.withLock { state -> Bool in
+            state.written = max(state.written, offset)
+            guard state.written - state.signalled >= HashFollower.wakeEvery else { return false }
+            state.signalled = state.written
+            return true
+        }
+        if signal { self.wake.signal() }
+    }
+
+    /// The writer truncated the file and writes it again from byte 0.
+    func restart() {
+        self.state.withLock { state in
+            state.generation += 1
+            state.written = 0
+            state.signalled = 0
+        }
+        self.wake.signal()
+    }
+
+    /// The file is complete at `length` bytes.
+    func finish(length: Int64) {
+        self.state.withLock { state in
+            state.written = length
+            state.finished = length
+        }
+        self.wake.signal()
+    }
+
+    /// The transfer stopped (paused, failed, cancelled): readers stop with `why`.
+    func stop(_ why: PackDeliveryError) {
+        self.state.withLock { state in
+            if state.stopped == nil { state.stopped = why }
+        }
+        self.wake.signal()
+    }
+
+    var generation: Int { self.state.withLock { $0.generation } }
+
+    /// Whether a reader of `generation` must stop.
+    func isStopped(_ generation: Int) -> Bool {
+        self.state.withLock { $0.stopped != nil || $0.generation != generation }
+    }
+
+    fileprivate func wait(beyond position: Int64, generation: Int) -> GrowingFile.Wait {
+        while true {
+            let answer = self.state.withLock { state -> GrowingFile.Wait? in
+                if let stopped = state.stopped { return .stop(stopped) }
+                if state.generation != generation { return .stop(PackDeliveryError.stopped("The download restarted from byte 0.")) }
+                if state.written > position { return .available(state.written) }
+                if let finished = state.finished, position >= finished { return .ended }
+                return nil
+            }
+            if let answer { return answer }
+            // A missed wake-up costs at most this long.
+            _ = self.wake.wait(timeout: .now() + 0.05)
+        }
+    }
+}
+
+/// One generation of a ``PartialFileGrowth``, as an ``ArchiveReader`` reads it.
+struct GrowingFile: Sendable {
+    enum Wait: Sendable {
+        /// Bytes are written up to this offset.
+        case available(Int64)
+        /// The file ends here.
+        case ended
+        /// Stop reading: the download stopped or restarted.
+        case stop(PackDeliveryError)
+    }
+
+    let growth: PartialFileGrowth
+    let generation: Int
+
+    var length: Int64 { self.growth.length }
+
+    /// Waits until the file holds more than `position` bytes, ends, or the download stops.
+    func wait(beyond position: Int64) -> Wait {
+        self.growth.wait(beyond: position, generation: self.generation)
+    }
+}
+
+/// Unpacks a pack while it downloads (issue 14): a thread follows the partial file as the transfer writes it
+/// and unpacks it into a staging folder of its own, with every check of ``Unpacker``. Nothing leaves that
+/// folder here: the installer takes it (``take(cancel:progress:)``) only once the whole pack's SHA-256
+/// matched, then moves it into place as it would a folder it unpacked itself.
+///
+/// - A restart from byte 0 unpacks again from the start; a stop (pause, failure, cancel, disk full) ends it
+///   and deletes its folder. The next transfer starts a new one, which reads the kept bytes again from the
+///   page cache: no byte is downloaded twice.
+/// - A hostile entry (unsafe, over the limits, encrypted) is reported at once (``hostile``), so the transfer
+///   stops instead of downloading the rest of a pack that will never be installed.
+/// - Any other failure (a zip, which needs its central directory; a corrupt stream; a full disk) only means
+///   the installer unpacks from the archive after the download, as it always did.
+final class StreamedUnpack: Sendable {
+    enum Outcome: Sendable {
+        case unpacked(UnpackSummary, folder: URL)
+        case failed(PackDeliveryError)
+    }
+
+    private struct State {
+        var outcome: Outcome?
+        var taken = false
+        var discarded = false
+        var unpacked: Int64 = 0
+        var hostile: PackDeliveryError?
+    }
+
+    let growth: PartialFileGrowth
+    /// The folder it unpacks into: `staging/<download>.s<token>`, its own, so that a stopped unpack still
+    /// winding down never shares a folder with the next one.
+    let folder: URL
+    private let state = Mutex(State())
+    private let done = DispatchSemaphore(value: 0)
+
+    /// Errors that mean the pack itself is refused, whatever its remaining bytes.
+    static func isHostile(_ error: PackDeliveryError) -> Bool {
+        [.unsafeEntry, .unpackLimitExceeded, .encryptedArchive].contains(error.code)
+    }
+
+    /// Starts following `archive` on a new thread.
+    ///
+    /// - Parameters:
+    ///   - archive: the partial file.
+    ///   - folder: the staging folder to create and unpack into.
+    ///   - length: the pack's length, from the manifest.
+    ///   - limits: as for ``Unpacker/unpack(archive:into:limits:progress:isCancelled:writer:growing:)``.
+    ///   - writer: writes the files' bytes.
+    ///   - onProgress: bytes unpacked so far, about every MiB (on the unpack's thread).
+    init(archive: URL, folder: URL, length: Int64, limits: UnpackLimits, writer: any FileWriting,
+         onProgress: @escaping @Sendable (Int64) -> Void) {
+        self.growth = PartialFileGrowth(length: length)
+        self.folder = folder
+        let thread = Thread { [self] in
+            let outcome = self.run(archive: archive, limits: limits, writer: writer, onProgress: onProgress)
+            let remove = self.state.withLock { state -> Bool in
+                state.outcome = outcome
+                if case .failed(let error) = outcome, Self.isHostile(error) { state.hostile = error }
+                if case .unpacked = outcome { return state.discarded }
+                return true
+            }
+            if remove { try? Installer.removeTree(self.folder) }
+            self.done.signal()
+        }
+        thread.name = "PackDelivery.unpack"
+        thread.start()
+    }
+
+    private func run(archive: URL, limits: UnpackLimits, writer: any FileWriting, onProgress: @escaping @Sendable (Int64) -> Void) -> Outcome {
+        while true {
+            let generation = self.growth.generation
+            let file = GrowingFile(growth: self.growth, generation: generation)
+            do throws(PackDeliveryError) {
+                try Installer.removeTree(self.folder)
+                if mkdir(self.folder.path, 0o700) != 0 { throw PackDeliveryError.io("create the staging folder", path: self.folder.path, errno: errno) }
+                try Self.requireStreamable(archive, file)
+                let summary = try Unpacker.unpack(archive: archive, into: self.folder, limits: limits,
+                                                  progress: { bytes in
+                                                      self.state.withLock { $0.unpacked = bytes }
+                                                      onProgress(bytes)
+                                                  },
+                                                  isCancelled: { self.growth.isStopped(generation) }, writer: writer, growing: file)
+                return .unpacked(summary, folder: self.folder)
+            } catch {
+                // A restart from byte 0 while unpacking: start over with the new bytes.
+                if self.growth.generation != generation, !self.growth.isStopped(self.growth.generation) { continue }
+                return .failed(error)
+            }
+        }
+    }
+
+    /// A zip is read by its central directory at the end, which a stream has not got yet: it is unpacked after
+    /// the download, as before.
+    private static func requireStreamable(_ archive: URL, _ file: GrowingFile) throws(PackDeliveryError) {
+        if case .stop(let why) = file.wait(beyond: 3) { throw why }
+        let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw .io("open the partial download", path: archive.path, errno: errno) }
+        defer { close(fd) }
+        var magic = [UInt8](repeating: 0, count: 4)
+        let got = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, 4, 0) }
+        if got == 4, magic == [0x50, 0x4B, 0x03, 0x04] || magic == [0x50, 0x4B, 0x05, 0x06] {
+            throw PackDeliveryError(.corruptArchive, message: "A zip is unpacked once downloaded, from its central directory.")
+        }
+    }
+
+    /// The hostile entry that ended the unpack, once it did: the transfer stops.
+    var hostile: PackDeliveryError? { self.state.withLock { $0.hostile } }
+
+    /// Bytes unpacked so far.
+    var unpacked: Int64 { self.state.withLock { $0.unpacked } }
+
+    /// For the installer, once the archive is verified: waits for the unpack to end, then hands over its folder.
+    ///
+    /// - Parameters:
+    ///   - cancel: polled while waiting; when it is set, the unpack is stopped and nil returned.
+    ///   - progress: bytes unpacked so far, while waiting.
+    /// - Returns: the summary and folder, or the failure; nil when cancelled or already discarded.
+    func take(cancel: CancelFlag, progress: (Int64) -> Void) -> Outcome? {
+        while self.done.wait(timeout: .now() + 0.1) == .timedOut {
+            if cancel.isCancelled {
+                self.discard()
+                return nil
+            }
+            progress(self.unpacked)
+        }
+        self.done.signal()  // later waiters (discard) see it done too
+        return self.state.withLock { state -> Outcome? in
+            guard !state.discarded, !state.taken else { return nil }
+            state.taken = true
+            return state.outcome
+        }
+    }
+
+    /// Stops the unpack if it runs and deletes its folder, unless the installer took it.
+    func discard() {
+        self.growth.stop(PackDeliveryError.stopped("The download stopped."))
+        let remove = self.state.withLock { state -> Bool in
+            guard !state.taken, !state.discarded else { return false }
+            state.discarded = true
+            // Still running: the thread removes the folder when it ends.
+            if case .unpacked? = state.outcome { return true }
+            return false
+        }
+        if remove { try? Installer.removeTree(self.folder) }
+    }
+}

@@ -1,0 +1,151 @@
+import Foundation
+import PackDelivery
+import PackTestSupport
+import Synchronization
+import Testing
+
+/// Issue 14: a tar pack is unpacked while it downloads, into a staging folder of its own that is moved into
+/// place only once the whole pack's SHA-256 matched. Real libcurl, libarchive and a throttled server (so the
+/// unpack really overlaps the download); trees compared with `bsdtar -xf`.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct StreamingTests {
+    /// A content folder of a few files (3 MiB of random bytes in all, so every compression keeps the size),
+    /// nested folders and a relative symlink.
+    static func content(_ label: String) throws -> URL {
+        let content = try Fixtures.temporaryDirectory(label)
+        let contents = content.appending(path: "Contents")
+        try FileManager.default.createDirectory(at: contents.appending(path: "levels/deep"), withIntermediateDirectories: true)
+        try Fixtures.randomFile(at: contents.appending(path: "a.bin"), size: 2 << 20)
+        try Fixtures.randomFile(at: contents.appending(path: "levels/deep/c.bin"), size: 1 << 20)
+        try Data("hello\n".utf8).write(to: contents.appending(path: "levels/b.txt"))
+        try FileManager.default.createSymbolicLink(atPath: contents.appending(path: "levels/link").path, withDestinationPath: "b.txt")
+        return content
+    }
+
+    /// A site serving `pack` (named `big.<format>`) with a manifest for com.example.big.
+    static func site(_ label: String, content: URL, format: PackFormat) throws -> URL {
+        let folder = try Fixtures.temporaryDirectory(label)
+        try PackWriter.write(folder: content, to: folder.appending(path: "big.\(format.rawValue)"), format: format,
+                             contentInfo: (productIdentifier: "com.example.big", contentVersion: "1.0"))
+        try ManifestBuilder.write(folder: folder)
+        return folder
+    }
+
+    /// Runs one download through a queue, recording whether an update showed the unpack going on during the download.
+    static func fetch(_ manifest: LoadedManifest, home: Home) async throws -> (download: Download, streamed: Bool) {
+        let queue = try DownloadQueue(home: home, configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        defer { queue.close() }
+        let streamed = Mutex(false)
+        let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let download = try #require(await waitFor(queue, id) { download in
+            if download.phase == .downloading, download.phaseProgress > 0 { streamed.withLock { $0 = true } }
+            return !download.state.isRunning
+        }, "the download settles")
+        return (download, streamed.withLock { $0 })
+    }
+
+    @Test(arguments: [PackFormat.tar, .tarGzip, .tarBzip2, .tarXz, .tarZstd, .zip])
+    func eachFormatUnpacksWhileDownloadingToTheTreeBsdtarMakes(format: PackFormat) async throws {
+        let label = "stream-\(format.rawValue)"
+        let folder = try Self.site(label + "-site", content: try Self.content(label + "-content"), format: format)
+        let server = try FaultServer(root: folder)
+        defer { server.stop() }
+        let pack = "big.\(format.rawValue)"
+        let packURL = server.url(pack, fault: .slow(bytesPerSecond: 6 << 20))
+        let manifest = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        var edited = manifest.manifest
+        edited.products[0].contents[0].url = packURL.absoluteString
+        let homeFolder = try Fixtures.temporaryDirectory(label + "-home")
+        let (download, streamed) = try await Self.fetch(try LoadedManifest(manifest: edited, baseURL: manifest.baseURL), home: Home(folder: homeFolder))
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        // A zip waits for its central directory: it is unpacked after the download, as before.
+        #expect(streamed == (format != .zip), "unpacked while downloading: \(streamed)")
+
+        let reference = try Fixtures.temporaryDirectory(label + "-bsdtar")
+        let bsdtar = try Fixtures.run("bsdtar", ["-xf", folder.appending(path: pack).path, "-C", reference.path])
+        #expect(bsdtar.status == 0, "\(bsdtar.stderr)")
+        let installed = try #require(download.contentURL)
+        #expect(try treeContents(installed) == (try treeContents(reference)), "the same files, byte for byte")
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/levels/link").path) == "b.txt")
+        #expect(server.bodyBytesSent(pack) == (try FileManager.default.attributesOfItem(atPath: folder.appending(path: pack).path)[.size] as? Int))
+        #expect(leftovers(homeFolder) == [], "no staging or archive left")
+    }
+
+    @Test func aHostileEntryLateInTheStreamStopsTheDownloadAndInstallsNothing() async throws {
+        let content = try Self.content("stream-hostile-content")
+        let folder = try Fixtures.temporaryDirectory("stream-hostile-site")
+        let pack = folder.appending(path: "big.tar.gz")
+        // 3 MiB of good files, then "../escaped", then 8 MiB more that should never be fetched.
+        let script = """
+            import io, os, tarfile, sys
+            src, out = sys.argv[1], sys.argv[2]
+            with tarfile.open(out, "w:gz", compresslevel=1) as tar:
+                tar.add(src, arcname=".")
+                data = b"owned\\n"
+                info = tarfile.TarInfo("../escaped"); info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+                tail = os.urandom(8 << 20)
+                info = tarfile.TarInfo("Contents/tail.bin"); info.size = len(tail)
+                tar.addfile(info, io.BytesIO(tail))
+            """
+        let made = try Fixtures.run("python3", ["-c", script, content.path, pack.path])
+        #expect(made.status == 0, "\(made.stderr)")
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
+        let server = try FaultServer(root: folder)
+        defer { server.stop() }
+        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
+            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0", url: server.url("big.tar.gz", fault: .slow(bytesPerSecond: 4 << 20)).absoluteString,
+                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
+        ])])
+        let home = try Fixtures.temporaryDirectory("stream-hostile-home")
+        let (download, _) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: server.baseURL), home: Home(folder: home))
+        #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
+        #expect(download.error?.subject?.contains("escaped") == true, "the entry is named: \(download.error?.description ?? "")")
+        #expect(server.bodyBytesSent("big.tar.gz") < size - (4 << 20), "the download stopped early: \(server.bodyBytesSent("big.tar.gz")) of \(size)")
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/escaped").path))
+        #expect(leftovers(home) == [], "staging and archive discarded")
+    }
+
+    @Test func aChecksumMismatchOfAPackWhoseEntriesWereAllSafeInstallsNothing() async throws {
+        let content = try Self.content("stream-mismatch-content")
+        let folder = try Self.site("stream-mismatch-site", content: content, format: .tarGzip)
+        let server = try FaultServer(root: folder)
+        defer { server.stop() }
+        let loaded = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        var manifest = loaded.manifest
+        manifest.products[0].contents[0].url = server.url("big.tar.gz", fault: .slow(bytesPerSecond: 6 << 20)).absoluteString
+        manifest.products[0].contents[0].sha256 = String(repeating: "0", count: 64)
+        let home = try Fixtures.temporaryDirectory("stream-mismatch-home")
+        let (download, streamed) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: loaded.baseURL), home: Home(folder: home))
+        #expect(streamed, "the pack was unpacked while downloading")
+        #expect(download.state == .failed && download.error?.code == .checksumMismatch, "\(download.error?.description ?? "")")
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
+        #expect(leftovers(home) == [], "the unpacked staging was discarded")
+    }
+
+    @Test func killedMidStreamThenResumedTheResultIsByteExactAndNoByteIsFetchedTwice() throws {
+        let content = try Self.content("stream-kill-content")
+        try Fixtures.randomFile(at: content.appending(path: "Contents/more.bin"), size: 5 << 20)
+        let folder = try Self.site("stream-kill-site", content: content, format: .tarZstd)
+        let server = try FaultServer(root: folder)
+        defer { server.stop() }
+        let packURL = server.url("big.tar.zst", fault: .slow(bytesPerSecond: 3 << 20))
+        var manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: folder.appending(path: "manifest.json")))
+        manifest.products[0].contents[0].url = packURL.absoluteString
+        try JSONEncoder().encode(manifest).write(to: folder.appending(path: "manifest.json"))
+        let home = try Fixtures.temporaryDirectory("stream-kill-home")
+        let killed = try runAndKill(home: home, ["fetch", server.url("manifest.json").absoluteString, "com.example.big"]) { event in
+            event["phase"] as? String == "downloading" && (event["phaseProgress"] as? Double ?? 0) > 0.2
+        }
+        #expect(killed, "killed while unpacking during the download")
+        let partial = try #require(try FileManager.default.contentsOfDirectory(atPath: home.appending(path: "Caches/.packdelivery/downloads").path).first)
+        let kept = try #require(try FileManager.default.attributesOfItem(atPath: home.appending(path: "Caches/.packdelivery/downloads/\(partial)").path)[.size] as? Int)
+        let resume = try CLI.run(home: home, ["resume"])
+        #expect(resume.status == 0, "\(resume.stderr)")
+        let requests = server.requests().filter { $0.file == "big.tar.zst" }
+        #expect(requests.count == 2 && requests.last?.range == "bytes=\(kept)-", "resumed from the \(kept) bytes kept: \(requests)")
+        let installed = home.appending(path: "Caches/com.example.big")
+        #expect(try treeContents(installed.appending(path: "Contents")) == (try treeContents(content.appending(path: "Contents"))), "byte-exact")
+        #expect(leftovers(home) == [])
+    }
+}
