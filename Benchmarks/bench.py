@@ -257,6 +257,21 @@ class Bench:
             for n in (1_000, 10_000):
                 log(f"data: a catalog of {n:,} tiny packs (tar, one 160-byte file each)…")
                 self.data[f"catalog{n}"] = self.make_catalog(f"catalog{n}", n)
+        if self.wants(10):
+            log("data: 1 GiB of compressible content (4 × 256 MiB, half random), tar.zst…")
+            src = os.path.join(self.src_root, "zst", "com.bench.zst")
+            for i in range(4):
+                path = os.path.join(src, "Contents", f"level{i}.dat")
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    for _ in range(256):
+                        # Like game data: half of each MiB incompressible (textures, audio), half runs and tables.
+                        f.write(self.rng.randbytes(512 * KiB) + bytes(range(256)) * 2048)
+            os.makedirs(os.path.join(self.site, "zst"), exist_ok=True)
+            self.sh([self.packs, "pack", src, "--output", os.path.join(self.site, "zst", "zst.tar.zst"),
+                     "--product", "com.bench.zst", "--version", "1"])
+            shutil.rmtree(src)
+            self.data["zst"] = self.manifest("zst")["com.bench.zst"]
         if self.wants(8):
             log("data: a 4 MiB file for the server load case…")
             self.random_file(os.path.join(self.site, "load", "pack4m.bin"), 4 * MiB)
@@ -468,6 +483,33 @@ class Bench:
             previous_name, previous_t = name, t
         spans.append((f"{previous_name} → exit", end - previous_t))
         return spans, end
+
+    # ---- case 10: a compressed pack of compressible content (issue 14) ---------------------------
+
+    def case_zst(self):
+        zst = self.data["zst"]
+        url = f"{self.base}/zst/{zst['url']}"
+        manifest = f"{self.base}/zst/manifest.json"
+        commands = [
+            ("packs", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, "com.bench.zst")),
+            ("curl+openssl+bsdtar", lambda w: (
+                f"curl -s -f -o {w}/zst.tar.zst {url} && "
+                f"[ \"$(openssl dgst -sha256 -r {w}/zst.tar.zst | cut -d' ' -f1)\" = {zst['sha256']} ] && "
+                f"mkdir {w}/out && bsdtar -xf {w}/zst.tar.zst -C {w}/out")),
+            ("curl+openssl+bsdtar+sync", lambda w: (
+                f"curl -s -f -o {w}/zst.tar.zst {url} && "
+                f"[ \"$(openssl dgst -sha256 -r {w}/zst.tar.zst | cut -d' ' -f1)\" = {zst['sha256']} ] && "
+                f"mkdir {w}/out && bsdtar -xf {w}/zst.tar.zst -C {w}/out && sync -f {w}/out")),
+        ]
+        log(f"case 10: {zst['contentLength'] / MiB:.0f} MiB tar.zst of 1 GiB compressible content…")
+        served = [os.path.join(self.site, "zst", zst["url"])]
+        res = self.alternate(10, commands, self.reps, check=self.expect_content(4, GiB),
+                             warm_bytes=zst["contentLength"] + GiB + 256 * MiB, served=served)
+        walls = {name: [r.wall for r in runs] for name, runs in res.items()}
+        what = f"tar.zst, {zst['contentLength'] / MiB:.0f} MiB pack → 1 GiB"
+        self.row(10, what, walls["packs"], "curl + openssl dgst + bsdtar -xf", walls["curl+openssl+bsdtar"], target=0.6)
+        self.row(10, what + " (durable)", walls["packs"], "curl + openssl dgst + bsdtar -xf && sync -f", walls["curl+openssl+bsdtar+sync"])
+        self.rows.append(("10", "packs peak RSS (max of runs)", fmt_mib(max(r.rss_kib for r in res["packs"])), "", "", "", "≤ 64 MiB", ""))
 
     # ---- case 3: peak memory --------------------------------------------------------------------
 
@@ -1067,7 +1109,8 @@ def main():
     started = time.time()
     bench.make_data()
     cases = [((1, 2, 7), bench.case_big), ((3,), bench.case_memory), ((4,), bench.case_small),
-             ((5,), bench.case_resume), ((6,), bench.case_unpack), ((8,), bench.case_server_load), ((9,), bench.case_catalog)]
+             ((5,), bench.case_resume), ((6,), bench.case_unpack), ((8,), bench.case_server_load), ((9,), bench.case_catalog),
+             ((10,), bench.case_zst)]
     for numbers, case in cases:
         if not any(bench.wants(n) for n in numbers):
             continue

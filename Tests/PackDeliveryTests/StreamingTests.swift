@@ -57,7 +57,7 @@ import Testing
         let homeFolder = try Fixtures.temporaryDirectory(label + "-home")
         let (download, streamed) = try await Self.fetch(try LoadedManifest(manifest: edited, baseURL: manifest.baseURL), home: Home(folder: homeFolder))
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
-        // A zip waits for its central directory: it is unpacked after the download, as before.
+        // A zip keeps its files' types and modes in its central directory, at the end: it is unpacked once downloaded.
         #expect(streamed == (format != .zip), "unpacked while downloading: \(streamed)")
 
         let reference = try Fixtures.temporaryDirectory(label + "-bsdtar")
@@ -146,6 +146,44 @@ import Testing
         #expect(requests.count == 2 && requests.last?.range == "bytes=\(kept)-", "resumed from the \(kept) bytes kept: \(requests)")
         let installed = home.appending(path: "Caches/com.example.big")
         #expect(try treeContents(installed.appending(path: "Contents")) == (try treeContents(content.appending(path: "Contents"))), "byte-exact")
+        #expect(leftovers(home) == [])
+    }
+
+    /// libarchive (bsdtar) reads a zip's file names from its local headers, `unzip` from its central directory:
+    /// a zip whose two disagree is refused before anything is unpacked.
+    @Test func aZipWhoseCentralDirectoryDisagreesWithItsLocalHeadersIsRefused() async throws {
+        let folder = try Fixtures.temporaryDirectory("zipdirs-site")
+        let pack = folder.appending(path: "big.zip")
+        let script = [
+            "import io, os, zipfile, sys",
+            "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
+            "raw = io.BytesIO()",
+            "with zipfile.ZipFile(raw, 'w', zipfile.ZIP_DEFLATED) as z:",
+            "    z.writestr('ContentInfo.plist', plist)",
+            "    z.writestr('Contents/a.txt', b'hello')",
+            "    z.writestr('Contents/big.bin', os.urandom(1 << 20))",
+            "data = bytearray(raw.getvalue())",
+            "i = data.find(b'Contents/a.txt')",
+            "data[i:i + 14] = b'Contents/b.txt'",
+            "open(sys.argv[1], 'wb').write(data)",
+        ].joined(separator: "\n")
+        let made = try Fixtures.run("python3", ["-c", script, pack.path])
+        #expect(made.status == 0, "\(made.stderr)")
+        let listed = try Fixtures.run("bsdtar", ["-tf", pack.path])
+        #expect(listed.stdout.contains("Contents/b.txt"), "libarchive follows the local header: \(listed.stdout)")
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
+        let server = try FaultServer(root: folder)
+        defer { server.stop() }
+        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
+            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0", url: server.url("big.zip").absoluteString,
+                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
+        ])])
+        let home = try Fixtures.temporaryDirectory("zipdirs-home")
+        let (download, _) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: server.baseURL), home: Home(folder: home))
+        #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
+        #expect(download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
+                "\(download.error?.description ?? "")")
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
         #expect(leftovers(home) == [])
     }
 }

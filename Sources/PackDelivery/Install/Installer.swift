@@ -134,18 +134,20 @@ struct Installer: Sendable {
             progress(.verifying, 0)
             try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
         }
+        try ZipDirectories.check(archive)
         try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
         let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
         let expected = Double(download.unpackedLength ?? max(packLength, 1))
         progress(.unpacking, 0)
         var hooked = false
-        return try Unpacker.unpack(archive: archive, into: staging,
-                                   limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
-                                   progress: { bytes in
-                                       progress(.unpacking, min(0.99, Double(bytes) / expected))
-                                       if !hooked, bytes > 0 { hooked = true; self.hook?(.unpacking) }
-                                   },
-                                   isCancelled: { cancel.isCancelled }, writer: self.writer)
+        let summary = try Unpacker.unpack(archive: archive, into: staging,
+                                          limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+                                          progress: { bytes in
+                                              progress(.unpacking, min(0.99, Double(bytes) / expected))
+                                              if !hooked, bytes > 0 { hooked = true; self.hook?(.unpacking) }
+                                          },
+                                          isCancelled: { cancel.isCancelled }, writer: self.writer)
+        return summary
     }
 
     /// The rename, the sync of the parent and the record, shared by a fresh install and crash recovery.

@@ -25,6 +25,11 @@ public enum DownloadState: String, Sendable, Hashable, Codable, CaseIterable {
 public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
     /// `downloading`: bytes are arriving; `verifying`: the SHA-256 is being checked; `unpacking`: the archive is being
     /// extracted into staging; `installing`: the unpacked folder is being moved into place.
+    ///
+    /// A tar pack is unpacked while it downloads (``DownloadQueue/Configuration/streamingUnpack``): the phase stays
+    /// `downloading` while both run, with ``Download/progress`` for the bytes and ``Download/phaseProgress`` for
+    /// the unpack; then `verifying` (the digest comparison), `unpacking` (only while the unpack catches up with
+    /// the last bytes) and `installing`. A zip is unpacked after the download, in `unpacking`.
     case downloading, verifying, unpacking, installing
 }
 
@@ -63,7 +68,8 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var phase: DownloadPhase?
     /// Bytes known good ÷ `contentLength`, 0…1; exactly 1 when finished.
     public var progress: Double
-    /// 0…1 within the current phase: moves during a long unpack, while `progress` stays at 1.
+    /// 0…1 within the current phase: moves during a long unpack, while `progress` stays at 1; while `downloading`,
+    /// how far the unpack that runs beside the download has got (0 when none runs).
     public var phaseProgress: Double = 0
     /// Estimated seconds left to download, or -1 while unknown (and outside the `downloading` phase); 0 once finished.
     public var timeRemaining: Double

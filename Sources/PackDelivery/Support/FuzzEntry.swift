@@ -15,8 +15,8 @@ import Foundation
         try PackInspector.inspect(archive).unpackedLength
     }
 
-    /// Unpacks a pack with the limits `fetch` uses by default for a pack whose manifest gives no
-    /// `unpackedLength` (100 times the pack's size, 100,000 entries).
+    /// Checks a zip's two directories, then unpacks it, as an install does, with the limits `fetch` uses by
+    /// default for a pack whose manifest gives no `unpackedLength` (100 times the pack's size, 100,000 entries).
     ///
     /// - Parameters:
     ///   - archive: any file.
@@ -27,8 +27,8 @@ import Foundation
         var info = stat()
         let length = stat(archive.path, &info) == 0 ? Int64(info.st_size) : 0
         let policy = Installer.UnpackLimitsPolicy()
-        let (maxBytes, overflow) = max(length, 1).multipliedReportingOverflow(by: policy.maxExpansionRatio)
-        let limits = UnpackLimits(maxBytes: overflow ? .max : maxBytes, maxEntries: policy.maxEntries)
+        let limits = UnpackLimits(maxBytes: policy.maxBytes(packLength: length, unpackedLength: nil), maxEntries: policy.maxEntries)
+        try ZipDirectories.check(archive)
         return try Unpacker.unpack(archive: archive, into: staging, limits: limits).entries
     }
 }

@@ -1,0 +1,100 @@
+import Foundation
+
+/// A zip names each file twice: in the local header before its data, and in the central directory at the end.
+/// Tools disagree about which to believe (libarchive takes the local header's name, `unzip` the central
+/// directory's), so a zip whose two names differ unpacks to different files in different tools: a way to get a
+/// file past a review. Such a zip is refused before anything is unpacked.
+///
+/// Only the structure is read (APPNOTE 4.3.7, 4.3.12, 4.3.16, and the ZIP64 records 4.3.14–4.3.15): the end
+/// record, the central directory, and each local header it points at. A file that is not a zip, or whose
+/// structure cannot be followed, is left to libarchive, which refuses what it cannot read.
+enum ZipDirectories {
+    /// The largest central directory read (a pack's directory of 100,000 entries is about 10 MiB).
+    static let maxDirectory = 64 << 20
+
+    /// - Parameter archive: the complete pack.
+    /// - Throws: `unsafeEntry` naming the first file whose two names differ.
+    static func check(_ archive: URL) throws(PackDeliveryError) {
+        let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw .io("open the pack", path: archive.path, errno: errno) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, info.st_size >= 22, Self.read(fd, at: 0, count: 2) == [0x50, 0x4B] else { return }
+        let size = Int64(info.st_size)
+        // The end record: the last "PK\5\6" within the last 64 KiB + 22 bytes (a comment may follow it).
+        let tailStart = max(0, size - 65_557)
+        guard let tail = Self.read(fd, at: tailStart, count: Int(size - tailStart)),
+              let end = (0...(tail.count - 22)).reversed().first(where: { Self.u32(tail, $0) == 0x0605_4B50 }) else { return }
+        var entries = Int64(Self.u16(tail, end + 10))
+        var directorySize = Int64(Self.u32(tail, end + 12))
+        var directoryOffset = Int64(Self.u32(tail, end + 16))
+        if entries == 0xFFFF || directorySize == 0xFFFF_FFFF || directoryOffset == 0xFFFF_FFFF {
+            // ZIP64: the locator just before the end record points at the ZIP64 end record.
+            guard end >= 20, Self.u32(tail, end - 20) == 0x0706_4B50,
+                  let record = Self.read(fd, at: Int64(truncatingIfNeeded: Self.u64(tail, end - 20 + 8)), count: 56),
+                  Self.u32(record, 0) == 0x0606_4B50 else { return }
+            entries = Int64(truncatingIfNeeded: Self.u64(record, 32))
+            directorySize = Int64(truncatingIfNeeded: Self.u64(record, 40))
+            directoryOffset = Int64(truncatingIfNeeded: Self.u64(record, 48))
+        }
+        guard entries >= 0, directorySize >= 0, directorySize <= Self.maxDirectory, directoryOffset >= 0, directoryOffset <= size - directorySize,
+              let directory = Self.read(fd, at: directoryOffset, count: Int(directorySize)) else { return }
+        var position = 0
+        for _ in 0..<entries {
+            guard position + 46 <= directory.count, Self.u32(directory, position) == 0x0201_4B50 else { return }
+            let nameLength = Int(Self.u16(directory, position + 28))
+            let extraLength = Int(Self.u16(directory, position + 30))
+            let commentLength = Int(Self.u16(directory, position + 32))
+            guard position + 46 + nameLength + extraLength <= directory.count else { return }
+            let name = Array(directory[(position + 46)..<(position + 46 + nameLength)])
+            var localOffset = Int64(Self.u32(directory, position + 42))
+            if localOffset == 0xFFFF_FFFF {
+                // In the ZIP64 extra field, after the sizes that are also saturated.
+                localOffset = Self.zip64Offset(Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]),
+                                               uncompressedSaturated: Self.u32(directory, position + 24) == 0xFFFF_FFFF,
+                                               compressedSaturated: Self.u32(directory, position + 20) == 0xFFFF_FFFF) ?? -1
+            }
+            guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return }
+            let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
+            if localName != name {
+                let shown = PackDeliveryError.printable(String(decoding: name, as: UTF8.self))
+                throw PackDeliveryError(.unsafeEntry,
+                                        message: "The zip's central directory and its local headers disagree about '\(shown)' (the local header says '\(PackDeliveryError.printable(String(decoding: localName, as: UTF8.self)))'): tools would unpack different files from it.",
+                                        hint: "Nothing was installed; rebuild the pack with a standard zip tool.", subject: shown)
+            }
+            position += 46 + nameLength + extraLength + commentLength
+        }
+    }
+
+    private static func zip64Offset(_ extra: [UInt8], uncompressedSaturated: Bool, compressedSaturated: Bool) -> Int64? {
+        var position = 0
+        while position + 4 <= extra.count {
+            let id = Self.u16(extra, position)
+            let length = Int(Self.u16(extra, position + 2))
+            if id == 0x0001 {
+                let skip = (uncompressedSaturated ? 8 : 0) + (compressedSaturated ? 8 : 0)
+                guard position + 4 + skip + 8 <= extra.count, skip + 8 <= length else { return nil }
+                return Int64(truncatingIfNeeded: Self.u64(extra, position + 4 + skip))
+            }
+            position += 4 + length
+        }
+        return nil
+    }
+
+    private static func read(_ fd: Int32, at offset: Int64, count: Int) -> [UInt8]? {
+        guard count >= 0, offset >= 0 else { return nil }
+        var bytes = [UInt8](repeating: 0, count: count)
+        var done = 0
+        while done < count {
+            let got = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, count - done, off_t(offset) + off_t(done)) }
+            if got < 0, errno == EINTR { continue }
+            guard got > 0 else { return nil }
+            done += got
+        }
+        return bytes
+    }
+
+    private static func u16(_ bytes: [UInt8], _ at: Int) -> UInt16 { UInt16(bytes[at]) | UInt16(bytes[at + 1]) << 8 }
+    private static func u32(_ bytes: [UInt8], _ at: Int) -> UInt32 { UInt32(Self.u16(bytes, at)) | UInt32(Self.u16(bytes, at + 2)) << 16 }
+    private static func u64(_ bytes: [UInt8], _ at: Int) -> UInt64 { UInt64(Self.u32(bytes, at)) | UInt64(Self.u32(bytes, at + 4)) << 32 }
+}
