@@ -171,6 +171,7 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
     }
 
+    /// Unpacking after the download (a zip, or streaming turned off): the archive is complete and kept.
     @Test func diskFullWhileUnpackingKeepsTheArchiveAndResumeOnlyUnpacks() async throws {
         let site = try TestSite.random("enospc-unpack-site", size: 2 << 20)
         let nginx = try NginxServer(root: site.folder)
@@ -181,6 +182,7 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let writer = DiskFullWriter(space: pack.contentLength + 100_000)
         var configuration = Self.options()
         configuration.writer = writer
+        configuration.streamingUnpack = false
         let queue = try DownloadQueue(home: home, configuration: configuration)
         defer { queue.close() }
         let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
@@ -199,6 +201,44 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(finished.state == .finished)
         #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
         #expect(nginx.requests().filter { $0.uri == "/big.tar" }.count == 1, "resuming only unpacked: no second download")
+        #expect(leftovers(home.stateFolder) == [])
+    }
+
+    /// Unpacking while downloading, the two share the space: whichever write fills the disk, the download pauses
+    /// for space with nothing half-installed, and a resume completes it without fetching a kept byte again.
+    @Test func diskFullWhileStreamingPausesAndResumeCompletesFromTheKeptBytes() async throws {
+        let site = try TestSite.random("enospc-stream-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 8 << 20)
+        defer { nginx.stop() }
+        let pack = try #require(try site.manifest().products.first?.contents.first)
+        let home = Home(folder: try Fixtures.temporaryDirectory("enospc-stream-home"))
+        let writer = DiskFullWriter(space: pack.contentLength + 100_000)
+        var configuration = Self.options()
+        configuration.writer = writer
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused)")
+        #expect(!FileManager.default.fileExists(atPath: home.cachesFolder.appending(path: "com.example.big").path))
+        // The unpack that ran beside the download removes its folder as it stops, a moment after the pause.
+        for _ in 0..<200 where !leftovers(home.stateFolder).allSatisfy({ $0.hasSuffix(".pack") }) { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(leftovers(home.stateFolder).allSatisfy { $0.hasSuffix(".pack") }, "no staging left: \(leftovers(home.stateFolder))")
+        let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
+        let kept = try #require(try FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64)
+
+        writer.setSpace(.max)
+        try queue.resume([id])
+        let finished = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        #expect(finished.state == .finished, "\(finished.error?.description ?? "")")
+        #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
+        let requests = nginx.requests().filter { $0.uri == "/big.tar" }
+        if kept < pack.contentLength {
+            #expect(requests.count == 2 && requests.last?.range == "bytes=\(kept)-", "resumed from the \(kept) bytes kept: \(requests)")
+        } else {
+            #expect(requests.count == 1, "the archive was complete: only unpacked again: \(requests)")
+        }
         #expect(leftovers(home.stateFolder) == [])
     }
 

@@ -242,6 +242,15 @@ final class StreamedUnpack: Sendable {
         }
     }
 
+    /// Waits (at most `timeout` seconds) until the unpack's thread has ended, and with it the removal of a
+    /// discarded folder. - Returns: whether it ended.
+    @discardableResult
+    func waitUntilEnded(timeout: TimeInterval) -> Bool {
+        guard self.done.wait(timeout: .now() + timeout) == .success else { return false }
+        self.done.signal()
+        return true
+    }
+
     /// Stops the unpack if it runs and deletes its folder, unless the installer took it.
     func discard() {
         self.growth.stop(PackDeliveryError.stopped("The download stopped."))

@@ -420,7 +420,10 @@ public final class DownloadQueue: Sendable {
         self.onDriver { self.change { $0.pauseAll(.interrupted, closing: true) } }
         self.engineBox.withLock { $0 }?.shutdown()
         self.onDriver {
-            for stream in self.state.withLock({ state in defer { state.streams = [:] }; return state.streams.values }) { stream.discard() }
+            // Discarded, and waited for (briefly): a process that exits leaves no half-unpacked folder behind.
+            let streams = self.state.withLock { state in defer { state.streams = [:] }; return Array(state.streams.values) }
+            for stream in streams { stream.discard() }
+            for stream in streams { stream.waitUntilEnded(timeout: 2) }
             self.save(includingProgress: true)
             let ids = self.state.withLock { Array($0.machine.entries.keys) }
             do { try self.store.release(ids, owner: self.owner) } catch {

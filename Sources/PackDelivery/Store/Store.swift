@@ -25,6 +25,7 @@ final class Store: Sendable {
     ///   - busyTimeout: how long to wait for another process's write lock before failing with `databaseBusy`.
     /// - Throws: `databaseCorrupt` when the file is damaged (see ``quarantine(_:)``); other database or file errors.
     init(url: URL, busyTimeout: TimeInterval = 15) throws(PackDeliveryError) {
+        Self.loadDateFormatting
         self.reserveURL = url.deletingLastPathComponent().appending(path: "state.reserve")
         Self.makeReserve(self.reserveURL)
         var configuration = Configuration()
@@ -76,6 +77,14 @@ final class Store: Sendable {
         try? Durability.syncFolder(url.deletingLastPathComponent())
         return aside
     }
+
+    /// GRDB stores dates through a Foundation `DateFormatter`, which loads ICU's data at its first use, and
+    /// Foundation traps (SIGILL) when that load fails for want of a descriptor — as it did when a catalog's
+    /// transfers had taken every descriptor before the first transaction was recorded (`ulimit -n 16`). So the
+    /// formatter is used once when the first store opens, while descriptors are free.
+    private static let loadDateFormatting: Void = {
+        _ = Date.fromDatabaseValue(Date().databaseValue)
+    }()
 
     static var migrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
