@@ -149,6 +149,8 @@ private final class TransferLoop {
             }
             self.logger.debug("transfer started", metadata: ["download": "\(request.id)", "offset": "\(transfer.offset)", "url": "\(request.url.redacted)"])
         } catch {
+            // No transfer, so nothing will feed the unpack that was to follow it.
+            request.stream?.discard()
             // A local failure (no descriptor left, a file that cannot be opened) may pass: retried, then failed naming it.
             let failure = TransferFailure(error: error, retryable: error.kind == .io, countsAlways: true)
             self.onEvent(.finished(id: request.id, outcome: .failed(failure, bytesOnDisk: 0)))
