@@ -61,7 +61,12 @@ final class ManifestIndex: Sendable {
 
     private struct ManifestShape: Decodable {
         struct Product: Decodable {
-            struct Content: Decodable { var url: String }
+            struct Content: Decodable {
+                struct Index: Decodable { var url: String }
+                var url: String
+                /// A zip pack's index (`<pack>.index.json`) belongs to the same products as the pack.
+                var index: Index?
+            }
             var productIdentifier: String
             var contents: [Content]
         }
@@ -80,9 +85,11 @@ final class ManifestIndex: Sendable {
         var owners: [String: [String]] = [:]
         for product in manifest.products {
             for content in product.contents {
-                guard let path = Self.packPath(content.url) else { continue }
-                if !(owners[path]?.contains(product.productIdentifier) ?? false) {
-                    owners[path, default: []].append(product.productIdentifier)
+                for url in [content.url] + (content.index.map { [$0.url] } ?? []) {
+                    guard let path = Self.packPath(url) else { continue }
+                    if !(owners[path]?.contains(product.productIdentifier) ?? false) {
+                        owners[path, default: []].append(product.productIdentifier)
+                    }
                 }
             }
         }

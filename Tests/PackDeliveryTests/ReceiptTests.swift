@@ -65,6 +65,11 @@ import Testing
         #expect(try await store.status("manifest.json", bearer: forest).0 == 200)
         // A receipt for forest cannot fetch ocean's pack by its URL.
         #expect(try await store.status("ocean.tar.xz", bearer: forest).0 == 403)
+        // A zip pack's index goes with the pack: to its product's receipts only.
+        let zipped = try #require(try store.site.manifest().products.first { $0.contents[0].index != nil })
+        let index = try #require(zipped.contents[0].index?.url)
+        #expect(try await store.status(index, bearer: try store.receipt([zipped.productIdentifier])).0 == 200)
+        #expect(try await store.status(index, bearer: try store.receipt(["com.example.other"])).0 == 403)
 
         let claims = String(forest.split(separator: ".")[1])
         let forged = try store.receipt(["com.example.forest"], key: try PublisherSigningKey.generate())

@@ -57,6 +57,77 @@ enum PackInspector {
     }
 }
 
+extension PackInspector {
+    /// The index of a zip pack (``PackIndex``); nil for a pack that is not a zip.
+    ///
+    /// The byte ranges come from the central directory (each entry runs from its local header to the next
+    /// one, or to the directory); the sizes and digests from reading every entry with libarchive.
+    /// - Throws: `unsafeEntry` for a zip whose two directories disagree; `corruptArchive` when an entry cannot be read.
+    static func index(_ archive: URL) throws(PackDeliveryError) -> PackIndex? {
+        guard let listing = try ZipDirectories.listing(archive) else { return nil }
+        try ZipDirectories.check(archive)
+        let locale = ArchiveThreadLocale.useUTF8()
+        defer { locale.restore() }
+        let source = try ArchiveReader(archive, maxDecompressed: Self.maxDecompressed)
+        var contents: [String: (kind: PackIndex.Entry.Kind, size: Int64, sha256: String?)] = [:]
+        let hasher = SHA256Hasher()
+        var buffer = [UInt8](repeating: 0, count: 256 << 10)
+        var entry: OpaquePointer?
+        while true {
+            let status = archive_read_next_header(source.reader, &entry)
+            if status == ARCHIVE_EOF { break }
+            guard status == ARCHIVE_OK || status == ARCHIVE_WARN, let entry else { throw source.error(nil) }
+            let path = Self.normalized(archive_entry_pathname_utf8(entry) ?? archive_entry_pathname(entry))
+            switch UInt32(archive_entry_filetype(entry)) & 0o170000 {
+            case 0o040000:
+                contents[path] = (.directory, 0, nil)
+            case 0o120000:
+                let target = Array(((archive_entry_symlink_utf8(entry) ?? archive_entry_symlink(entry)).map { String(cString: $0) } ?? "").utf8)
+                hasher.reset()
+                target.withUnsafeBytes { hasher.update($0) }
+                contents[path] = (.symlink, Int64(target.count), hasher.hexDigest())
+            default:
+                hasher.reset()
+                var size: Int64 = 0
+                while true {
+                    let count = archive_read_data(source.reader, &buffer, buffer.count)
+                    if count < 0 { throw source.error(path) }
+                    if count == 0 { break }
+                    buffer.withUnsafeBytes { hasher.update(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
+                    size += Int64(count)
+                }
+                contents[path] = (.file, size, hasher.hexDigest())
+            }
+        }
+        let starts = listing.entries.map(\.localOffset).sorted()
+        var entries: [PackIndex.Entry] = []
+        for central in listing.entries {
+            let path = Self.normalized(String(decoding: central.name, as: UTF8.self))
+            guard let content = contents[path] ?? contents[String(path.drop { $0 == "/" })] else {
+                throw PackDeliveryError(.corruptArchive, message: "\(archive.lastPathComponent): the entry '\(PackDeliveryError.printable(path))' of its central directory could not be read.",
+                                        hint: "Rebuild the pack with a standard zip tool.", subject: path)
+            }
+            // From this local header to the next one (or to the central directory).
+            let next = starts.first { $0 > central.localOffset } ?? listing.directoryOffset
+            entries.append(PackIndex.Entry(path: path, kind: content.kind, size: content.size, sha256: content.sha256, method: Int(central.method),
+                                           offset: central.localOffset, length: next - central.localOffset))
+        }
+        return PackIndex(entries: entries)
+    }
+
+    /// A name as an index records it: without a leading `./`, and a folder without its trailing `/`.
+    private static func normalized(_ name: UnsafePointer<CChar>?) -> String {
+        Self.normalized(name.map { String(cString: $0) } ?? "")
+    }
+
+    private static func normalized(_ name: String) -> String {
+        var path = Substring(name)
+        while path.hasPrefix("./") { path = path.dropFirst(2) }
+        while path.hasSuffix("/") { path = path.dropLast() }
+        return String(path)
+    }
+}
+
 /// Builds a manifest for the packs in a folder, as content pipelines publish it.
 public enum ManifestBuilder {
     static let packExtensions = [".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst"]
@@ -89,14 +160,34 @@ public enum ManifestBuilder {
             // The first pack of a product is named after it; further packs of the same product after their file.
             let stem = Self.packExtensions.first(where: { name.hasSuffix($0) }).map { String(name.dropLast($0.count)) } ?? name
             let identifier = products[info.productIdentifier] == nil ? info.productIdentifier : "\(info.productIdentifier).\(stem)"
-            let content = Manifest.Content(contentIdentifier: identifier, contentVersion: info.contentVersion,
+            var content = Manifest.Content(contentIdentifier: identifier, contentVersion: info.contentVersion,
                                            url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
                                            contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
                                            unpackedLength: summary.unpackedLength)
+            if let index = try PackInspector.index(url) {
+                content.index = try Self.writeIndex(index, named: name + ".index.json", in: folder)
+            }
             if products[info.productIdentifier] == nil { order.append(info.productIdentifier) }
             products[info.productIdentifier, default: []].append(content)
         }
         return Manifest(products: order.map { Manifest.Product(productIdentifier: $0, contents: products[$0] ?? []) })
+    }
+
+    /// Writes a zip pack's index beside it (atomically) and returns the manifest's reference to it.
+    private static func writeIndex(_ index: PackIndex, named name: String, in folder: URL) throws(PackDeliveryError) -> Manifest.IndexReference {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        let target = folder.appending(path: name)
+        do {
+            let data = try encoder.encode(index)
+            try data.write(to: target, options: .atomic)
+            return Manifest.IndexReference(url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
+                                           sha256: try SHA256Hasher.hexDigest(ofFile: target), length: Int64(data.count))
+        } catch let error as PackDeliveryError {
+            throw error
+        } catch {
+            throw PackDeliveryError(.fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: target.path)
+        }
     }
 
     /// Writes `folder/manifest.json` (atomically) and returns the manifest.

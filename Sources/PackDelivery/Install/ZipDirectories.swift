@@ -12,19 +12,48 @@ enum ZipDirectories {
     /// The largest central directory read (a pack's directory of 100,000 entries is about 10 MiB).
     static let maxDirectory = 64 << 20
 
+    /// One file of a zip as its central directory describes it, with the name its local header gives.
+    struct Entry: Sendable, Hashable {
+        /// The name in the central directory, as stored.
+        var name: [UInt8]
+        /// The name in the entry's local header, as stored.
+        var localName: [UInt8]
+        /// The compression method (0 stored, 8 deflate, …).
+        var method: UInt16
+        /// Where the local header starts.
+        var localOffset: Int64
+    }
+
+    /// A zip's entries in central-directory order, and where the central directory starts.
+    struct Listing: Sendable, Hashable {
+        var entries: [Entry]
+        var directoryOffset: Int64
+    }
+
     /// - Parameter archive: the complete pack.
     /// - Throws: `unsafeEntry` naming the first file whose two names differ.
     static func check(_ archive: URL) throws(PackDeliveryError) {
+        guard let listing = try Self.listing(archive) else { return }
+        for entry in listing.entries where entry.localName != entry.name {
+            let shown = PackDeliveryError.printable(String(decoding: entry.name, as: UTF8.self))
+            throw PackDeliveryError(.unsafeEntry,
+                                    message: "The zip's central directory and its local headers disagree about '\(shown)' (the local header says '\(PackDeliveryError.printable(String(decoding: entry.localName, as: UTF8.self)))'): tools would unpack different files from it.",
+                                    hint: "Nothing was installed; rebuild the pack with a standard zip tool.", subject: shown)
+        }
+    }
+
+    /// Reads a zip's directory; nil when the file is not a zip or its structure cannot be followed.
+    static func listing(_ archive: URL) throws(PackDeliveryError) -> Listing? {
         let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw .io("open the pack", path: archive.path, errno: errno) }
         defer { close(fd) }
         var info = stat()
-        guard fstat(fd, &info) == 0, info.st_size >= 22, Self.read(fd, at: 0, count: 2) == [0x50, 0x4B] else { return }
+        guard fstat(fd, &info) == 0, info.st_size >= 22, Self.read(fd, at: 0, count: 2) == [0x50, 0x4B] else { return nil }
         let size = Int64(info.st_size)
         // The end record: the last "PK\5\6" within the last 64 KiB + 22 bytes (a comment may follow it).
         let tailStart = max(0, size - 65_557)
         guard let tail = Self.read(fd, at: tailStart, count: Int(size - tailStart)),
-              let end = (0...(tail.count - 22)).reversed().first(where: { Self.u32(tail, $0) == 0x0605_4B50 }) else { return }
+              let end = (0...(tail.count - 22)).reversed().first(where: { Self.u32(tail, $0) == 0x0605_4B50 }) else { return nil }
         var entries = Int64(Self.u16(tail, end + 10))
         var directorySize = Int64(Self.u32(tail, end + 12))
         var directoryOffset = Int64(Self.u32(tail, end + 16))
@@ -32,20 +61,21 @@ enum ZipDirectories {
             // ZIP64: the locator just before the end record points at the ZIP64 end record.
             guard end >= 20, Self.u32(tail, end - 20) == 0x0706_4B50,
                   let record = Self.read(fd, at: Int64(truncatingIfNeeded: Self.u64(tail, end - 20 + 8)), count: 56),
-                  Self.u32(record, 0) == 0x0606_4B50 else { return }
+                  Self.u32(record, 0) == 0x0606_4B50 else { return nil }
             entries = Int64(truncatingIfNeeded: Self.u64(record, 32))
             directorySize = Int64(truncatingIfNeeded: Self.u64(record, 40))
             directoryOffset = Int64(truncatingIfNeeded: Self.u64(record, 48))
         }
         guard entries >= 0, directorySize >= 0, directorySize <= Self.maxDirectory, directoryOffset >= 0, directoryOffset <= size - directorySize,
-              let directory = Self.read(fd, at: directoryOffset, count: Int(directorySize)) else { return }
+              let directory = Self.read(fd, at: directoryOffset, count: Int(directorySize)) else { return nil }
+        var listing = Listing(entries: [], directoryOffset: directoryOffset)
         var position = 0
         for _ in 0..<entries {
-            guard position + 46 <= directory.count, Self.u32(directory, position) == 0x0201_4B50 else { return }
+            guard position + 46 <= directory.count, Self.u32(directory, position) == 0x0201_4B50 else { return nil }
             let nameLength = Int(Self.u16(directory, position + 28))
             let extraLength = Int(Self.u16(directory, position + 30))
             let commentLength = Int(Self.u16(directory, position + 32))
-            guard position + 46 + nameLength + extraLength <= directory.count else { return }
+            guard position + 46 + nameLength + extraLength <= directory.count else { return nil }
             let name = Array(directory[(position + 46)..<(position + 46 + nameLength)])
             var localOffset = Int64(Self.u32(directory, position + 42))
             if localOffset == 0xFFFF_FFFF {
@@ -54,16 +84,12 @@ enum ZipDirectories {
                                                uncompressedSaturated: Self.u32(directory, position + 24) == 0xFFFF_FFFF,
                                                compressedSaturated: Self.u32(directory, position + 20) == 0xFFFF_FFFF) ?? -1
             }
-            guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return }
+            guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return nil }
             let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
-            if localName != name {
-                let shown = PackDeliveryError.printable(String(decoding: name, as: UTF8.self))
-                throw PackDeliveryError(.unsafeEntry,
-                                        message: "The zip's central directory and its local headers disagree about '\(shown)' (the local header says '\(PackDeliveryError.printable(String(decoding: localName, as: UTF8.self)))'): tools would unpack different files from it.",
-                                        hint: "Nothing was installed; rebuild the pack with a standard zip tool.", subject: shown)
-            }
+            listing.entries.append(Entry(name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset))
             position += 46 + nameLength + extraLength + commentLength
         }
+        return listing
     }
 
     private static func zip64Offset(_ extra: [UInt8], uncompressedSaturated: Bool, compressedSaturated: Bool) -> Int64? {

@@ -33,6 +33,8 @@ public struct Manifest: Sendable, Hashable, Codable {
         public var sha256: String
         /// The total size of the pack's regular files once unpacked, in bytes; nil when unknown.
         public var unpackedLength: Int64?
+        /// Where the pack's ``PackIndex`` is, for a zip pack indexed by `packs manifest`; nil otherwise.
+        public var index: IndexReference? = nil
         /// Creates a pack entry.
         ///
         /// - Parameters:
