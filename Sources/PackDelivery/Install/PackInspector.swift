@@ -110,7 +110,7 @@ extension PackInspector {
             // From this local header to the next one (or to the central directory).
             let next = starts.first { $0 > central.localOffset } ?? listing.directoryOffset
             entries.append(PackIndex.Entry(path: path, kind: content.kind, size: content.size, sha256: content.sha256, method: Int(central.method),
-                                           offset: central.localOffset, length: next - central.localOffset))
+                                           offset: central.localOffset, length: next - central.localOffset, mode: central.unixMode))
         }
         return PackIndex(entries: entries)
     }

@@ -22,6 +22,8 @@ enum ZipDirectories {
         var method: UInt16
         /// Where the local header starts.
         var localOffset: Int64
+        /// The unix mode from the external attributes, when the entry was made on unix (a symlink, an executable).
+        var unixMode: Int? = nil
     }
 
     /// A zip's entries in central-directory order, and where the central directory starts.
@@ -86,7 +88,10 @@ enum ZipDirectories {
             }
             guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return nil }
             let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
-            listing.entries.append(Entry(name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset))
+            let madeOnUnix = Self.u16(directory, position + 4) >> 8 == 3
+            let mode = Int(Self.u32(directory, position + 38) >> 16)
+            listing.entries.append(Entry(name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset,
+                                         unixMode: madeOnUnix && mode != 0 ? mode : nil))
             position += 46 + nameLength + extraLength + commentLength
         }
         return listing

@@ -27,6 +27,15 @@ public struct PackIndex: Sendable, Hashable, Codable {
         public var offset: Int64
         /// Bytes from `offset` to the next entry: the local header, the data and any data descriptor.
         public var length: Int64
+        /// The unix mode (type and permissions) from the central directory, when the entry was made on unix.
+        /// A delta update needs it: a local header does not say that an entry is a symlink or executable.
+        public var mode: Int? = nil
+
+        /// Creates an entry.
+        public init(path: String, kind: Kind, size: Int64, sha256: String?, method: Int, offset: Int64, length: Int64, mode: Int? = nil) {
+            (self.path, self.kind, self.size, self.sha256, self.method, self.offset, self.length, self.mode) =
+                (path, kind, size, sha256, method, offset, length, mode)
+        }
     }
 
     /// The version of this format: 1.
