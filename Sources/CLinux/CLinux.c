@@ -11,3 +11,11 @@ int clinux_start_writeback(int fd, long long offset, long long count) { return s
 #include <malloc.h>
 int clinux_mallopt(int param, int value) { return mallopt(param, value); }
 int clinux_m_arena_max(void) { return M_ARENA_MAX; }
+
+#include <sys/ioctl.h>
+#include <linux/fs.h>
+// FICLONE: makes `dest` share `src`'s blocks (copy on write), where the filesystem can (btrfs, xfs); -1 with
+// errno (EOPNOTSUPP, EXDEV, EINVAL) elsewhere. ioctl is variadic, which Swift cannot call.
+int clinux_reflink(int dest, int src) {
+    return ioctl(dest, FICLONE, src);
+}

@@ -99,9 +99,11 @@ final class ProgressDisplay {
         let filled = Int((download.progress * Double(width)).rounded(.down))
         let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
         let percent = String(format: "%3d%%", Int((download.progress * 100).rounded(.down)))
-        var line = "\(download.contentIdentifier) \(download.contentVersion) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+        let total = download.delta?.bytesToFetch ?? download.contentLength
+        var line = "\(download.contentIdentifier) \(download.contentVersion) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(total))"
+        if download.delta != nil { line += " (delta)" }
         if download.timeRemaining > 0 {
-            let speed = Double(download.contentLength - download.bytesReceived) / download.timeRemaining
+            let speed = Double(total - download.bytesReceived) / download.timeRemaining
             line += " \(ByteFormat.string(Int64(speed)))/s ETA \(ByteFormat.duration(download.timeRemaining))"
         } else if download.state == .active, download.phase == .downloading {
             line += " --/s ETA --"
@@ -115,7 +117,9 @@ final class ProgressDisplay {
         let paint: (String, String) -> String = { text, code in color ? "\u{1B}[\(code)m\(text)\u{1B}[0m" : text }
         switch download.state {
         case .finished:
-            return "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(ByteFormat.string(download.contentLength))) → \(download.contentURL?.path ?? "?")"
+            let how = download.delta.map { "delta: fetched \(ByteFormat.string($0.bytesToFetch)) of \(ByteFormat.string(download.contentLength)), reused \($0.filesReused) files" }
+                ?? ByteFormat.string(download.contentLength)
+            return "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(how)) → \(download.contentURL?.path ?? "?")"
         case .failed:
             return "\(paint("failed", "31")) \(download.contentIdentifier) \(download.id): \(download.error?.description ?? "unknown error")"
         case .paused:
@@ -174,6 +178,11 @@ enum JSONOutput {
         object["contentURL"] = download.contentURL?.path ?? NSNull()
         object["retryDate"] = download.retryDate.map { ISO8601DateFormatter().string(from: $0) } ?? NSNull()
         object["error"] = download.error.map(self.error) ?? NSNull()
+        if let delta = download.delta {
+            object["delta"] = ["bytesToFetch": delta.bytesToFetch, "bytesReused": delta.bytesReused, "entriesToFetch": delta.entriesToFetch,
+                               "filesReused": delta.filesReused, "bytesKept": delta.bytesKept]
+        }
+        if let reason = download.deltaFallback { object["deltaFallback"] = reason }
         return object
     }
 

@@ -281,7 +281,7 @@ func spawn(_ executable: String, _ arguments: [String], stdout: String, stderr: 
 }
 
 /// Sends `signal` to `pid` and reaps it, escalating to SIGKILL after `grace` seconds.
-func terminate(pid: pid_t, signal: Int32, grace: TimeInterval) {
+public func terminate(pid: pid_t, signal: Int32, grace: TimeInterval) {
     var status: Int32 = 0
     if waitpid(pid, &status, WNOHANG) == pid { return }
     kill(pid, signal)

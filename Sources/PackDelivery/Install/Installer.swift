@@ -58,8 +58,10 @@ struct Installer: Sendable {
     /// - Returns: the installed folder (the download's `contentURL`).
     /// - Parameter streamed: the unpack that ran while the pack downloaded, when one did: its folder is taken
     ///   instead of unpacking again (unless `recheck`, or it failed for a reason that is not the pack's).
+    /// - Parameter delta: the new version a delta update built (each entry already checked): moved into place
+    ///   instead of an unpacked archive.
     func install(_ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
-                 streamed: StreamedUnpack? = nil) throws(PackDeliveryError) -> URL {
+                 streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil) throws(PackDeliveryError) -> URL {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
         let target = self.home.contentURL(for: download)
@@ -68,12 +70,16 @@ struct Installer: Sendable {
         if recheck { streamed?.discard() }
         do throws(PackDeliveryError) {
             var info = stat()
-            guard stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
+            var summary: UnpackSummary?
+            if let delta {
+                if rename(delta.folder.path, staging.path) != 0 { throw Self.fileError("move the updated pack to", staging.path, errno) }
+                summary = delta.summary
+            }
+            guard summary != nil || stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
             let packLength = Int64(info.st_size)
             let expected = Double(download.unpackedLength ?? max(packLength, 1))
             progress(.unpacking, 0)
-            var summary: UnpackSummary?
-            switch streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
+            switch summary != nil ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
             case .unpacked(let unpacked, let folder)?:
                 // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
                 if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
@@ -108,7 +114,7 @@ struct Installer: Sendable {
             return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
         } catch {
             try? Self.removeTree(staging)
-            if error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack,
+            if delta == nil, error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack,
                (try? SHA256Hasher.hexDigest(ofFile: archive)) != download.sha256.lowercased() {
                 // The archive no longer matches what was verified: something changed it on disk since. Not the pack's fault.
                 throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) changed on disk after it was verified.",
@@ -165,9 +171,11 @@ struct Installer: Sendable {
         try self.record(download, contentURL: target, files: files)
         if download.destination == .documents { BackupExclusion.mark(folder: target, tag: false) }
         let archive = self.home.archiveURL(for: download)
+        let deltaFolder = self.home.deltaURL(for: download)
         self.janitor.async {
             try? Self.removeTree(staging)  // the old version, after a swap
             unlink(archive.path)
+            try? Self.removeTree(deltaFolder)
         }
         return target
     }

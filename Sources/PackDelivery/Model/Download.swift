@@ -94,8 +94,33 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var unpackedLength: Int64?
     /// Where the pack is installed: caches or documents.
     public var destination: Destination
-    /// Bytes of the pack on disk and known good.
+    /// Bytes of the pack on disk and known good; during a delta update, bytes of the changed entries fetched
+    /// and checked so far, out of ``Delta/bytesToFetch``.
     public var bytesReceived: Int64
+    /// While this download is a delta update (issue 17): what it fetches and what it reuses; nil for a whole pack.
+    public var delta: Delta? = nil
+    /// Why a delta update was not used for this new version, when one was tried (the whole pack is fetched instead).
+    public var deltaFallback: String? = nil
+    /// The pack's index (absolute URL), when the manifest names one.
+    var index: Manifest.IndexReference? = nil
+
+    /// A delta update: the new version built from the installed files that did not change and the changed
+    /// entries of the new pack, fetched with range requests.
+    ///
+    /// While it runs, ``Download/progress``, ``Download/timeRemaining`` and ``Download/bytesReceived`` count
+    /// the bytes to fetch, whose total is ``bytesToFetch``; ``Download/contentLength`` stays the whole pack's.
+    public struct Delta: Sendable, Hashable, Codable {
+        /// Bytes of the pack fetched with range requests (the changed entries, and the gaps between close ones).
+        public var bytesToFetch: Int64
+        /// Bytes of installed files reused: linked, or copied, into the new version.
+        public var bytesReused: Int64
+        /// Entries fetched.
+        public var entriesToFetch: Int
+        /// Installed files reused.
+        public var filesReused: Int
+        /// Bytes of ``bytesToFetch`` already kept from an earlier attempt (a pause, a kill).
+        public var bytesKept: Int64
+    }
 }
 
 /// Whether a transaction is a purchase or a restore of an earlier purchase.

@@ -112,6 +112,17 @@ public struct LoadedManifest: Sendable {
         self.baseURL = baseURL
     }
 
+    /// A content's index reference with its URL made absolute, or nil when it has none or names a scheme that
+    /// is not allowed (a pack without a usable index is simply never updated by delta).
+    func resolvedIndex(for content: Manifest.Content) -> Manifest.IndexReference? {
+        guard var reference = content.index,
+              let url = URL(string: reference.url, relativeTo: self.baseURL)?.absoluteURL,
+              let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme) || (self.baseURL.isFileURL && scheme == "file")
+        else { return nil }
+        reference.url = url.absoluteString
+        return reference
+    }
+
     /// The absolute URL of a content's pack.
     ///
     /// A manifest read over http(s) may only name http(s) packs; a local manifest may also name `file://` packs.

@@ -72,6 +72,8 @@ struct DownloadMachine: Sendable, Hashable {
     private var restartInstall = false
     /// Whether an install (which owns the staging folder) may still be running.
     private(set) var installRunning = false
+    /// A delta update was refused for this download: the whole pack is fetched (the reason is in `download.deltaFallback`).
+    private(set) var deltaRefused = false
     private var rate = RateEstimator()
     let retryPolicy: RetryPolicy
 
@@ -127,7 +129,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.bytesReceived = bytesOnDisk
         self.validator = validator ?? self.validator
         self.download.progress = self.fraction(bytesOnDisk)
-        self.download.timeRemaining = self.rate.timeRemaining(remaining: self.download.contentLength - bytesOnDisk)
+        self.download.timeRemaining = self.rate.timeRemaining(remaining: self.bytesToFetch - bytesOnDisk)
         self.download.bytesPerSecond = self.rate.bytesPerSecond
         return true
     }
@@ -137,6 +139,19 @@ struct DownloadMachine: Sendable, Hashable {
         guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
         let expected = max(1, self.download.unpackedLength ?? self.download.contentLength)
         self.download.phaseProgress = min(0.99, Double(bytes) / Double(expected))
+    }
+
+    /// A delta update knows what it fetches: progress counts those bytes from now on.
+    mutating func deltaPlanned(token: Int, delta: Download.Delta, now: Date = Date()) {
+        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
+        self.lastMovement = now
+        self.download.delta = delta
+        self.download.deltaFallback = nil
+        self.rate = RateEstimator()
+        self.mostBytesKept = delta.bytesKept
+        self.durableBytes = delta.bytesKept
+        self.download.bytesReceived = delta.bytesKept
+        self.download.progress = self.fraction(delta.bytesKept)
     }
 
     /// The hash thread synced the partial file up to `bytes`.
@@ -162,6 +177,28 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.bytesReceived = bytes
             self.durableBytes = bytes
             return []
+        case .assembled(let fetched):
+            // Each entry was checked against the index's SHA-256: the new version waits in the delta's folder.
+            self.download.bytesReceived = fetched
+            self.download.progress = 1
+            self.download.phase = .verifying
+            self.download.timeRemaining = -1
+            self.download.bytesPerSecond = nil
+            self.download.phaseProgress = 0
+            self.installRunning = true
+            return [.install(token: self.token)]
+        case .deltaRefused(let reason):
+            // Fetch the whole pack instead, saying why.
+            self.deltaRefused = true
+            self.download.delta = nil
+            self.download.deltaFallback = reason
+            self.download.bytesReceived = 0
+            self.download.progress = 0
+            self.mostBytesKept = 0
+            self.durableBytes = 0
+            self.rate = RateEstimator()
+            self.token += 1
+            return [.startTransfer(token: self.token, fromZero: false)]
         case .completed(let sha256, let length, let resumedFrom):
             self.download.bytesReceived = length
             if length == self.download.contentLength, sha256.lowercased() == self.download.sha256.lowercased() {
@@ -476,7 +513,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.phase = nil
         self.download.pauseReason = nil
         self.download.progress = 1
-        self.download.bytesReceived = self.download.contentLength
+        self.download.bytesReceived = self.bytesToFetch
         self.download.timeRemaining = 0
         self.download.bytesPerSecond = nil
         self.download.contentURL = url
@@ -513,9 +550,12 @@ struct DownloadMachine: Sendable, Hashable {
         return []
     }
 
+    /// What the transfer fetches: the whole pack, or during a delta update the bytes of its ranges.
+    var bytesToFetch: Int64 { self.download.delta?.bytesToFetch ?? self.download.contentLength }
+
     private func fraction(_ bytes: Int64) -> Double {
-        guard self.download.contentLength > 0 else { return 0 }
-        return min(1, max(0, Double(bytes) / Double(self.download.contentLength)))
+        guard self.bytesToFetch > 0 else { return self.download.delta == nil ? 0 : 1 }
+        return min(1, max(0, Double(bytes) / Double(self.bytesToFetch)))
     }
 }
 

@@ -21,6 +21,7 @@ extension DownloadQueue {
                     // order, in case a start posted before the cancel creates it again (see TransferEngine.discard).
                     let archive = self.home.archiveURL(for: download)
                     self.discard(archive)
+                    self.discard(self.home.deltaURL(for: download))
                     self.engineBox.withLock { $0 }?.discard(archive)
                     if staging { self.discard(self.home.stagingURL(for: download)) }
                     continue
@@ -54,12 +55,21 @@ extension DownloadQueue {
             var options = self.configuration.transfer
             options.headers += self.credentialHeaders(for: download, url: download.url, refused: machine.credentialsRefused,
                                                       receipt: self.recordedAccess(download.transactionID)?.receipt)
+            if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
+                self.state.withLock { $0.deltas[id] = delta }
+                delta.start { [weak self] event in
+                    guard let self else { return }
+                    self.driver.async { self.handle(event) }
+                }
+                return []
+            }
             let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: archive,
                                           expectedLength: download.contentLength, validator: machine.validator,
                                           fromZero: fromZero, options: options, writer: self.configuration.writer,
                                           stream: self.startStream(for: download, token: token))
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
+            if let delta = self.state.withLock({ $0.deltas[id] }), delta.request.id == "\(id)#\(token)" { delta.stop() }
             self.engineBox.withLock { $0 }?.stop("\(id)#\(token)")
         case .scheduleRetry(let token, let delay):
             self.logger.info("retrying", metadata: ["download": "\(id)", "after": "\(delay)", "error": "\(download.error?.message ?? "")"])
@@ -72,6 +82,7 @@ extension DownloadQueue {
                 state.cancelFlags[id] = flag
                 return state.streams.removeValue(forKey: id)
             }
+            let delta = self.state.withLock { $0.deltas.removeValue(forKey: id) }?.tree.withLock { $0 }
             let installer = self.installer
             let recheck = machine.recheckArchive
             DispatchQueue.global().async { [weak self] in
@@ -81,7 +92,7 @@ extension DownloadQueue {
                 }
                 let result: Result<URL, PackDeliveryError>
                 do throws(PackDeliveryError) {
-                    result = .success(try installer.install(download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed))
+                    result = .success(try installer.install(download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta))
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 self.driver.async {
@@ -95,10 +106,27 @@ extension DownloadQueue {
             self.state.withLock { $0.cancelFlags[id] }?.cancel()
         case .deleteFiles(let staging):
             self.state.withLock { $0.streams.removeValue(forKey: id) }?.discard()
+            self.state.withLock { $0.deltas.removeValue(forKey: id) }?.stop()
+            self.discard(self.home.deltaURL(for: download))
             self.discard(self.home.archiveURL(for: download))
             if staging { self.discard(self.home.stagingURL(for: download)) }
         }
         return []
+    }
+
+    /// A delta update for this download, when one may work: the manifest indexes the pack, another version of it
+    /// is installed in the same destination, and no whole-pack bytes are kept. Nil means: fetch the whole pack.
+    private func deltaTransfer(for download: Download, token: Int, options: TransferOptions) -> DeltaTransfer? {
+        guard self.configuration.deltaUpdates, let index = download.index else { return nil }
+        var info = stat()
+        if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return nil }
+        guard let install = try? self.store.installs(contentIdentifier: download.contentIdentifier)
+            .first(where: { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }),
+              install.contentVersion != download.contentVersion,
+              let files = try? self.store.files(of: install) else { return nil }
+        return DeltaTransfer(DeltaTransfer.Request(id: "\(download.id)#\(token)", download: download, index: index, install: install,
+                                                   installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
+                                                   writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries))
     }
 
     /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.
@@ -188,7 +216,13 @@ extension DownloadQueue {
             self.change { $0.handle(id, .transferDurable(token: token, bytes: bytes)) }
         case .finished(let transferID, let outcome):
             let (id, token) = Self.split(transferID)
+            if case .deltaRefused(let reason) = outcome {
+                self.logger.info("delta update not used; fetching the whole pack", metadata: ["download": "\(id)", "reason": "\(reason)"])
+            }
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
+        case .deltaPlanned(let transferID, let delta):
+            let (id, token) = Self.split(transferID)
+            self.change { $0.handle(id, .deltaPlanned(token: token, delta: delta)) }
         }
     }
 

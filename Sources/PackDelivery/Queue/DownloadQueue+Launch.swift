@@ -91,7 +91,9 @@ extension DownloadQueue {
                         continue
                     }
                     // downloads/<id>.pack; staging/<id>, or staging/<id>.s<token> for an unpack that followed a transfer.
-                    let id = folder == "downloads" ? String(name.dropLast(name.hasSuffix(".pack") ? 5 : 0)) : String(name.prefix { $0 != "." })
+                    // downloads/<id>.delta for the entries a delta update fetched.
+                    let id = folder == "downloads" ? String(name.dropLast(name.hasSuffix(".pack") || name.hasSuffix(".delta") ? (name.hasSuffix(".pack") ? 5 : 6) : 0))
+                        : String(name.prefix { $0 != "." })
                     let record: DownloadRecord?
                     do { record = try self.store.downloadRecord(id) } catch { continue }  // the store cannot be read: leave it
                     if let record {

@@ -50,6 +50,10 @@ public final class DownloadQueue: Sendable {
         /// place only once the whole pack's SHA-256 matched; false unpacks after the download, from the archive.
         /// Zip packs are always unpacked after the download (their central directory comes last).
         public var streamingUnpack = true
+        /// Update an installed pack to a new version by fetching only its changed entries, when the manifest
+        /// indexes the pack (see ``PackIndex``): ``Download/delta`` says what is fetched and reused, and
+        /// ``Download/deltaFallback`` why the whole pack was fetched instead, when it was.
+        public var deltaUpdates = true
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
@@ -125,6 +129,8 @@ public final class DownloadQueue: Sendable {
         var cancelFlags: [String: CancelFlag] = [:]
         /// Unpacks that run while their download does, until the install takes them or they are discarded.
         var streams: [String: StreamedUnpack] = [:]
+        /// Delta updates running or built, by download, until the install takes their tree.
+        var deltas: [String: DeltaTransfer] = [:]
         var saveScheduled = false
         var closed = false
         var ticks = 0
@@ -266,6 +272,9 @@ public final class DownloadQueue: Sendable {
             for content in product.contents { urls.append(try manifest.packURL(for: content)) }
             var downloads = try AddPlan.downloads(for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
                                                   installs: byContent, presentFolders: present, newID: { Self.newID("d") }).get()
+            for (offset, content) in product.contents.enumerated() where offset < downloads.count {
+                downloads[offset].index = manifest.resolvedIndex(for: content)
+            }
             if !start {
                 for index in downloads.indices where downloads[index].state == .waiting {
                     downloads[index].state = .paused
@@ -424,6 +433,9 @@ public final class DownloadQueue: Sendable {
             let streams = self.state.withLock { state in defer { state.streams = [:] }; return Array(state.streams.values) }
             for stream in streams { stream.discard() }
             for stream in streams { stream.waitUntilEnded(timeout: 2) }
+            // Stopped by the pause above; their threads end at the next block of bytes.
+            let deltas = self.state.withLock { state in defer { state.deltas = [:] }; return Array(state.deltas.values) }
+            for delta in deltas { delta.stopAndWait() }
             self.save(includingProgress: true)
             let ids = self.state.withLock { Array($0.machine.entries.keys) }
             do { try self.store.release(ids, owner: self.owner) } catch {

@@ -27,6 +27,8 @@ struct QueueMachine: Sendable {
         case transferProgress(token: Int, bytes: Int64, validator: String?)
         case transferDurable(token: Int, bytes: Int64)
         case transferFinished(token: Int, outcome: TransferOutcome)
+        /// A delta update planned what it fetches and reuses.
+        case deltaPlanned(token: Int, delta: Download.Delta)
         case retryDue(token: Int)
         /// The manifest was read again: the pack's URL in it, or why not.
         case manifestReloaded(token: Int, result: Result<URL, PackDeliveryError>)
@@ -118,6 +120,9 @@ struct QueueMachine: Sendable {
                 return []
             case .transferFinished(let token, let outcome):
                 return machine.transferFinished(token: token, outcome: outcome, jitter: jitter, now: now)
+            case .deltaPlanned(let token, let delta):
+                machine.deltaPlanned(token: token, delta: delta, now: now)
+                return []
             case .retryDue(let token):
                 return machine.retryDue(token: token, now: now)
             case .manifestReloaded(let token, let result):

@@ -77,6 +77,10 @@ public struct Home: Sendable, Hashable {
     func archiveURL(for download: Download) -> URL {
         self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).pack")
     }
+    /// Where a delta update keeps the entries it fetched and builds the new version.
+    func deltaURL(for download: Download) -> URL {
+        self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).delta")
+    }
     func stagingURL(for download: Download) -> URL {
         self.workFolder(for: download.destination).appending(path: "staging/\(download.id)")
     }

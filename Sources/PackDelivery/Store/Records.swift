@@ -61,6 +61,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var ownerPID: Int32?
     var ownerStart: Int64?
     var ownerQueue: String?
+    /// The pack's index reference (JSON), for a delta update.
+    var indexReference: String?
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -92,6 +94,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.bytesReceived = download.bytesReceived
         self.validator = validator
         self.partialPath = partialPath
+        self.indexReference = download.index.flatMap { try? String(decoding: JSONEncoder().encode($0), as: UTF8.self) }
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -110,7 +113,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
                  contentURL: self.contentURL.map { URL(filePath: $0) },
                  error: self.error.flatMap { try? JSONDecoder().decode(PackDeliveryError.self, from: Data($0.utf8)) },
                  url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
-                 destination: self.destination, bytesReceived: self.bytesReceived)
+                 destination: self.destination, bytesReceived: self.bytesReceived,
+                 index: self.indexReference.flatMap { try? JSONDecoder().decode(Manifest.IndexReference.self, from: Data($0.utf8)) })
     }
 }
 

@@ -190,6 +190,9 @@ final class Store: Sendable {
                 t.column("receipt", .text)
             }
         }
+        migrator.registerMigration("v5: the pack index a download may update from (delta updates)") { db in
+            try db.alter(table: "downloads") { t in t.add(column: "indexReference", .text) }
+        }
         return migrator
     }
 

@@ -121,6 +121,11 @@ enum TransferOutcome: Sendable, Hashable {
     case failed(TransferFailure, bytesOnDisk: Int64)
     /// Stopped on request (pause or cancel); the bytes kept were synced to disk.
     case stopped(bytesOnDisk: Int64)
+    /// A delta update built the new version, from `fetched` bytes and the installed files (see ``DeltaTransfer``).
+    case assembled(fetched: Int64)
+    /// A delta update is not possible (the server ignores Range, the installed files do not verify, it would
+    /// fetch too much): fetch the whole pack instead.
+    case deltaRefused(reason: String)
 }
 
 /// What the engine reports, on its own thread, in order per transfer.
@@ -130,4 +135,6 @@ enum TransferEvent: Sendable {
     /// The first `bytes` of the partial file were synced to disk (from the hash thread).
     case durable(id: String, bytes: Int64)
     case finished(id: String, outcome: TransferOutcome)
+    /// A delta update knows what it fetches and what it reuses (before its first `.progress`).
+    case deltaPlanned(id: String, delta: Download.Delta)
 }

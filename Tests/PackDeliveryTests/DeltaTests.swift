@@ -1,0 +1,312 @@
+import Foundation
+@testable import PackDelivery
+import PackTestSupport
+import Synchronization
+import Testing
+
+/// Issue 17: a new version of an indexed zip pack fetches only the entries that changed, with range requests,
+/// and builds the new version from them and the installed files. Real libcurl, libarchive and a loopback server
+/// that counts the bytes it sends; trees compared with `bsdtar -xf` of the new pack.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct DeltaTests {
+    static let product = "com.example.delta"
+
+    /// Version 1's content: 24 random files of 96 KiB in nested folders, a 1 MiB file, an executable script and a symlink.
+    static func content(_ label: String) throws -> URL {
+        let content = try Fixtures.temporaryDirectory(label)
+        let contents = content.appending(path: "Contents")
+        for folder in 0..<4 {
+            try FileManager.default.createDirectory(at: contents.appending(path: "level\(folder)/deep"), withIntermediateDirectories: true)
+            for file in 0..<6 {
+                try Fixtures.randomFile(at: contents.appending(path: "level\(folder)/\(file < 3 ? "deep/" : "")f\(file).bin"), size: 96 << 10)
+            }
+        }
+        try Fixtures.randomFile(at: contents.appending(path: "big.bin"), size: 1 << 20)
+        try Data("#!/bin/sh\necho hi\n".utf8).write(to: contents.appending(path: "run.sh"))
+        chmod(contents.appending(path: "run.sh").path, 0o755)
+        try FileManager.default.createSymbolicLink(atPath: contents.appending(path: "level0/link").path, withDestinationPath: "f3.bin")
+        return content
+    }
+
+    /// Publishes `content` as version `version` of the product: `delta.zip`, its index and `manifest.json`.
+    static func publish(_ content: URL, version: String, site: URL) throws {
+        try PackWriter.write(folder: content, to: site.appending(path: "delta.zip"), format: .zip,
+                             contentInfo: (productIdentifier: Self.product, contentVersion: version))
+        try ManifestBuilder.write(folder: site)
+    }
+
+    /// A queue over `home` that fetches the product from `manifestURL` (its pack URL replaced by `packURL`) and waits for it to settle.
+    static func fetch(_ manifestURL: URL, home: URL, packURL: URL? = nil, writer: (any FileWriting)? = nil,
+                      whileRunning: (@Sendable (Download, DownloadQueue) -> Void)? = nil) async throws -> Download {
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
+        if let writer { configuration.writer = writer }
+        let queue = try DownloadQueue(home: Home(folder: home), configuration: configuration)
+        defer { queue.close() }
+        var manifest = try await LoadedManifest.load(manifestURL.absoluteString)
+        if let packURL {
+            var edited = manifest.manifest
+            edited.products[0].contents[0].url = packURL.absoluteString
+            manifest = try LoadedManifest(manifest: edited, baseURL: manifest.baseURL)
+        }
+        let id = try #require(try await queue.add(product: Self.product, from: manifest).downloads.first?.id)
+        let settled = await waitFor(queue, id) { download in
+            whileRunning?(download, queue)
+            return !download.state.isRunning
+        }
+        return try #require(settled, "the download settles")
+    }
+
+    static func packLength(_ site: URL) throws -> Int {
+        try #require(try FileManager.default.attributesOfItem(atPath: site.appending(path: "delta.zip").path)[.size] as? Int)
+    }
+
+    /// The tree bsdtar makes of the site's pack.
+    static func reference(_ site: URL, _ label: String) throws -> [String: Data] {
+        let folder = try Fixtures.temporaryDirectory(label)
+        let bsdtar = try Fixtures.run("bsdtar", ["-xf", site.appending(path: "delta.zip").path, "-C", folder.path])
+        #expect(bsdtar.status == 0, "\(bsdtar.stderr)")
+        return try treeContents(folder)
+    }
+
+    /// Version 1 installed from a fresh site; returns the site, its server, the home and the content folder.
+    static func installed(_ label: String) async throws -> (site: URL, server: FaultServer, home: URL, content: URL) {
+        let content = try Self.content(label + "-content")
+        let site = try Fixtures.temporaryDirectory(label + "-site")
+        try Self.publish(content, version: "1", site: site)
+        let server = try FaultServer(root: site)
+        let home = try Fixtures.temporaryDirectory(label + "-home")
+        let first = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(first.state == .finished, "version 1 installs: \(first.error?.description ?? "")")
+        #expect(first.delta == nil, "nothing to update from")
+        #expect(server.requests().filter { $0.file == "delta.zip" }.count == 1, "version 1 is fetched once: \(server.requests())")
+        return (site, server, home, content)
+    }
+
+    @Test func anUpdateWithOneChangedFileFetchesOnlyThatEntry() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-one")
+        defer { server.stop() }
+        let before = server.bodyBytesSent("delta.zip")
+        try Fixtures.randomFile(at: content.appending(path: "Contents/level2/f4.bin"), size: 96 << 10)
+        try Self.publish(content, version: "2", site: site)
+
+        let download = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.deltaFallback == nil)
+        let delta = try #require(download.delta, "a delta update")
+        let served = server.bodyBytesSent("delta.zip") - before
+        #expect(served == Int(delta.bytesToFetch), "the server sent exactly the ranges planned")
+        let length = try Self.packLength(site)
+        #expect(served < 400 << 10, "the changed file, ContentInfo.plist, the symlink and what lies between: \(served) of \(length)")
+        #expect(delta.filesReused >= 24, "\(delta)")
+        #expect(download.bytesReceived == delta.bytesToFetch && download.progress == 1)
+        let installed = try #require(download.contentURL)
+        #expect(try treeContents(installed) == (try Self.reference(site, "delta-one-bsdtar")), "the new version, byte for byte")
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/level0/link").path) == "f3.bin")
+        #expect(FileManager.default.isExecutableFile(atPath: installed.appending(path: "Contents/run.sh").path), "modes kept")
+        #expect(leftovers(home) == [], "no delta folder, staging or archive left")
+        let verify = try DownloadQueue(home: Home(folder: home)).verify()
+        #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
+    }
+
+    @Test func addedRemovedAndRenamedFilesAndAnEmptyDelta() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-moves")
+        defer { server.stop() }
+        let contents = content.appending(path: "Contents")
+        try FileManager.default.createDirectory(at: contents.appending(path: "renamed"), withIntermediateDirectories: true)
+        try FileManager.default.moveItem(at: contents.appending(path: "level1/f4.bin"), to: contents.appending(path: "renamed/f4.bin"))
+        try FileManager.default.removeItem(at: contents.appending(path: "level3"))
+        try Fixtures.randomFile(at: contents.appending(path: "added.bin"), size: 50_000)
+        try Self.publish(content, version: "2", site: site)
+        var before = server.bodyBytesSent("delta.zip")
+        let update = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(update.state == .finished, "\(update.error?.description ?? "")")
+        let delta = try #require(update.delta)
+        #expect(server.bodyBytesSent("delta.zip") - before < 200 << 10, "the renamed file is reused, the added one fetched: \(delta)")
+        let installed = try #require(update.contentURL)
+        #expect(try treeContents(installed) == (try Self.reference(site, "delta-moves-bsdtar")))
+        #expect(!FileManager.default.fileExists(atPath: installed.appending(path: "Contents/level3").path), "removed files are gone")
+
+        // Same files, a new version number: only ContentInfo.plist (and the symlink) are fetched.
+        try Self.publish(content, version: "3", site: site)
+        before = server.bodyBytesSent("delta.zip")
+        let empty = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(empty.state == .finished && empty.contentVersion == "3", "\(empty.error?.description ?? "")")
+        #expect(try #require(empty.delta).entriesToFetch <= 2)
+        #expect(server.bodyBytesSent("delta.zip") - before < 8 << 10)
+        #expect(try treeContents(try #require(empty.contentURL)) == (try Self.reference(site, "delta-empty-bsdtar")))
+    }
+
+    @Test func aServerThatIgnoresRangeGetsTheWholePack() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-norange")
+        defer { server.stop() }
+        try Fixtures.randomFile(at: content.appending(path: "Contents/big.bin"), size: 1 << 20)
+        try Self.publish(content, version: "2", site: site)
+        let download = try await Self.fetch(server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .ignoreRange))
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.delta == nil)
+        #expect(download.deltaFallback?.contains("range requests") == true, "\(download.deltaFallback ?? "no reason")")
+        #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-norange-bsdtar")))
+    }
+
+    @Test func pythonsHTTPServerFallsBackToTheWholePack() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-python")
+        server.stop()
+        try Fixtures.randomFile(at: content.appending(path: "Contents/level0/f5.bin"), size: 96 << 10)
+        try Self.publish(content, version: "2", site: site)
+        let port = try Fixtures.freePort()
+        let python = Process()
+        python.executableURL = URL(filePath: "/usr/bin/env")
+        python.arguments = ["python3", "-m", "http.server", "--bind", "127.0.0.1", "--directory", site.path, "\(port)"]
+        python.standardOutput = FileHandle.nullDevice
+        python.standardError = FileHandle.nullDevice
+        try python.run()
+        defer { terminate(pid: python.processIdentifier, signal: SIGTERM, grace: 2) }
+        let deadline = Date().addingTimeInterval(20)
+        var listening = false
+        while !listening, Date() < deadline {
+            listening = (try Fixtures.run("curl", ["-sf", "-o", "/dev/null", "http://127.0.0.1:\(port)/manifest.json"])).status == 0
+            if !listening { usleep(100_000) }
+        }
+        #expect(listening, "python3 -m http.server listens on \(port)")
+        let download = try await Self.fetch(URL(string: "http://127.0.0.1:\(port)/manifest.json")!, home: home)
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.delta == nil && download.deltaFallback != nil, "whole pack, saying why: \(download.deltaFallback ?? "")")
+        #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-python-bsdtar")))
+    }
+
+    @Test func aFileModifiedByHandIsSeenAndTheWholePackIsFetched() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-modified")
+        defer { server.stop() }
+        let installedFile = home.appending(path: "Caches/\(Self.product)/Contents/level1/f4.bin")
+        // Same size (the launch check, which looks at sizes, does not see it), new bytes and a new modification time.
+        // File times come from the kernel's coarse clock, a few milliseconds behind the time the install recorded:
+        // an edit is told apart from the install from one tick later on.
+        usleep(50_000)
+        let handle = try FileHandle(forWritingTo: installedFile)
+        try handle.seek(toOffset: 1000)
+        try handle.write(contentsOf: Data("edited by hand".utf8))
+        try handle.close()
+        try Fixtures.randomFile(at: content.appending(path: "Contents/level0/f5.bin"), size: 96 << 10)
+        try Self.publish(content, version: "2", site: site)
+        let before = server.bodyBytesSent("delta.zip")
+        let download = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.deltaFallback?.contains("level1/f4.bin") == true, "\(download.deltaFallback ?? "no reason")")
+        let served = server.bodyBytesSent("delta.zip") - before, length = try Self.packLength(site)
+        #expect(served == length, "the whole pack: \(served) of \(length) bytes: \(server.requests())")
+        #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-modified-bsdtar")))
+    }
+
+    @Test func aTamperedEntryIsFetchedTwiceThenFailsNamingItAndTheOldVersionStays() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-tampered")
+        defer { server.stop() }
+        let old = try treeContents(home.appending(path: "Caches/\(Self.product)"))
+        try Fixtures.randomFile(at: content.appending(path: "Contents/level2/deep/f1.bin"), size: 96 << 10)
+        try Self.publish(content, version: "2", site: site)
+        // Flip bytes in the middle of the changed entry's data, after the index was made.
+        let index = try JSONDecoder().decode(PackIndex.self, from: Data(contentsOf: site.appending(path: "delta.zip.index.json")))
+        let entry = try #require(index.entries.first { $0.path == "Contents/level2/deep/f1.bin" })
+        var pack = try Data(contentsOf: site.appending(path: "delta.zip"))
+        let middle = Int(entry.offset + entry.length / 2)
+        for at in middle..<(middle + 16) { pack[at] ^= 0xFF }
+        try pack.write(to: site.appending(path: "delta.zip"))
+        let before = server.bodyBytesSent("delta.zip")
+
+        let download = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(download.state == .failed)
+        #expect(download.error?.code == .checksumMismatch && download.error?.subject == entry.path, "\(download.error?.description ?? "")")
+        let served = server.bodyBytesSent("delta.zip") - before
+        #expect(served >= 2 * Int(entry.length), "the entry was fetched once more: \(served)")
+        #expect(served < 3 * Int(entry.length) + (400 << 10), "and no more: \(served)")
+        #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
+        let verify = try DownloadQueue(home: Home(folder: home)).verify()
+        #expect(verify.count == 1 && verify.allSatisfy { $0.isIntact } && verify.first?.content.contentVersion == "1")
+    }
+
+    @Test func pauseAndResumeMidDeltaKeepEveryEntryFetched() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-pause")
+        defer { server.stop() }
+        // Three changed files far apart (separate ranges), fetched slowly.
+        for path in ["level0/f4.bin", "level2/deep/f0.bin", "big.bin"] {
+            try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: path == "big.bin" ? 1 << 20 : 96 << 10)
+        }
+        try Self.publish(content, version: "2", site: site)
+        let before = server.bodyBytesSent("delta.zip")
+        let queue = try DownloadQueue(home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        defer { queue.close() }
+        let loaded = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        var edited = loaded.manifest
+        edited.products[0].contents[0].url = server.url("delta.zip", fault: .slow(bytesPerSecond: 768 << 10)).absoluteString
+        let id = try #require(try await queue.add(product: Self.product, from: LoadedManifest(manifest: edited, baseURL: loaded.baseURL)).downloads.first?.id)
+        let midway = await waitFor(queue, id) { download in
+            guard let delta = download.delta else { return !download.state.isRunning }
+            return download.bytesReceived > delta.bytesToFetch / 2 || !download.state.isRunning
+        }
+        let delta = try #require(midway?.delta, "a delta update: \(String(describing: midway))")
+        try queue.pause([id])
+        let paused = await waitFor(queue, id) { $0.state == .paused }
+        #expect(paused != nil, "paused mid-delta")
+        usleep(300_000)
+        let halfway = server.bodyBytesSent("delta.zip") - before
+        #expect(halfway < Int(delta.bytesToFetch), "paused before the end: \(halfway) of \(delta.bytesToFetch)")
+        try queue.resume([id])
+        let done = await waitFor(queue, id) { !$0.state.isRunning }
+        #expect(done?.state == .finished, "\(done?.error?.description ?? "")")
+        #expect(done?.delta?.bytesKept ?? 0 > 0, "the entries fetched before the pause are kept: \(String(describing: done?.delta))")
+        let total = server.bodyBytesSent("delta.zip") - before
+        // Only the entry in flight at the pause is fetched again: at most the largest changed entry (big.bin, 1 MiB).
+        #expect(total <= Int(delta.bytesToFetch) + (1 << 20) + (64 << 10), "\(halfway) before the pause, \(total) in all, of \(delta.bytesToFetch)")
+        #expect(try treeContents(try #require(done?.contentURL)) == (try Self.reference(site, "delta-pause-bsdtar")))
+    }
+
+    /// `packs fetch` killed with SIGKILL mid-delta, then `packs resume`: the entries verified before the kill are
+    /// kept, so the server sends at most the planned bytes plus the range that was in flight.
+    @Test func killedMidDeltaThenResumedFetchesNoEntryTwiceBeyondTheOneInFlight() throws {
+        let content = try Self.content("delta-kill-content")
+        let site = try Fixtures.temporaryDirectory("delta-kill-site")
+        try Self.publish(content, version: "1", site: site)
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        let home = try Fixtures.temporaryDirectory("delta-kill-home")
+        let manifestURL = server.url("manifest.json").absoluteString
+        let first = try CLI.run(home: home, ["fetch", manifestURL, Self.product])
+        #expect(first.status == 0, "version 1: \(first.stderr)")
+
+        // Four changed files of 192 KiB in separate ranges (unchanged files lie between them), served slowly.
+        for path in ["level0/f4.bin", "level1/deep/f0.bin", "level2/f5.bin", "level3/f4.bin"] {
+            try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: 192 << 10)
+        }
+        try Self.publish(content, version: "2", site: site)
+        var manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
+        manifest.products[0].contents[0].url = server.url("delta.zip", fault: .slow(bytesPerSecond: 384 << 10)).absoluteString
+        try JSONEncoder().encode(manifest).write(to: site.appending(path: "manifest.json"))
+        let before = server.bodyBytesSent("delta.zip")
+        let planned = Mutex<Int64>(0)
+        let killed = try runAndKill(home: home, ["fetch", manifestURL, Self.product]) { event in
+            guard let delta = event["delta"] as? [String: Any], let toFetch = (delta["bytesToFetch"] as? NSNumber)?.int64Value,
+                  let received = (event["bytesReceived"] as? NSNumber)?.int64Value else { return false }
+            planned.withLock { $0 = toFetch }
+            return received > toFetch * 6 / 10
+        }
+        #expect(killed, "killed mid-delta")
+        let bytesToFetch = planned.withLock { $0 }
+        usleep(200_000)
+        let beforeKill = server.bodyBytesSent("delta.zip") - before
+        #expect(beforeKill < Int(bytesToFetch), "killed before the end: \(beforeKill) of \(bytesToFetch)")
+        let early = server.requests().filter { $0.file == "delta.zip" && $0.range != nil }
+        // Every range but the last was answered in full before the kill; the last was in flight.
+        let completed = Set(early.dropLast().compactMap(\.range))
+        #expect(completed.count >= 2, "ranges completed before the kill: \(early)")
+
+        let resume = try CLI.run(home: home, ["resume"])
+        #expect(resume.status == 0, "\(resume.stderr)")
+        let late = server.requests().filter { $0.file == "delta.zip" && $0.range != nil }.dropFirst(early.count).compactMap(\.range)
+        #expect(completed.isDisjoint(with: late), "no range completed before the kill is asked for again: before \(early), after \(late)")
+        let total = server.bodyBytesSent("delta.zip") - before
+        #expect(total <= Int(bytesToFetch) + (192 << 10) + (64 << 10),
+                "at most the range in flight again: \(beforeKill) before the kill, \(total) in all, of \(bytesToFetch)")
+        #expect(server.requests().filter { $0.file == "delta.zip" && $0.range == nil }.count == 1, "the whole pack only for version 1")
+        let installed = home.appending(path: "Caches/\(Self.product)")
+        #expect(try treeContents(installed) == (try Self.reference(site, "delta-kill-bsdtar")), "the new version, byte for byte")
+        #expect(leftovers(home) == [])
+    }
+}
