@@ -147,6 +147,9 @@ struct TransferFlags: ParsableArguments {
     @Option(help: ArgumentHelp("A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself. It is stored with the transaction, so a later resume needs no flag.", valueName: "file|token"))
     var receipt: String?
 
+    @Flag(name: .customLong("no-delta"), help: "Fetch the whole pack of a new version even when only some of its files changed (no delta update).")
+    var noDelta = false
+
     /// The receipt now: the file's first line when `--receipt` names a file, else the token given.
     func currentReceipt() -> String? {
         guard let receipt = self.receipt else { return nil }
@@ -178,6 +181,7 @@ struct TransferFlags: ParsableArguments {
         var configuration = DownloadQueue.Configuration(concurrency: self.concurrency, transfer: packOptions, resumeInterruptedDownloads: resumeInterrupted,
                                                         resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
                                                         maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
+        configuration.deltaUpdates = !self.noDelta
         if self.receipt != nil {
             // Asked before every pack transfer, and again after a 401/403: a receipt file renewed meanwhile is used.
             let flags = self
