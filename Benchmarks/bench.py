@@ -272,6 +272,24 @@ class Bench:
                      "--product", "com.bench.zst", "--version", "1"])
             shutil.rmtree(src)
             self.data["zst"] = self.manifest("zst")["com.bench.zst"]
+        if self.wants(11):
+            log("data: a 1000 MiB zip pack of 2,000 files and its next version with 20 files changed, indexed…")
+            src = os.path.join(self.src_root, "delta", "com.bench.delta")
+            files = [os.path.join(src, "Contents", f"d{i // 100:02d}", f"f{i % 100:02d}.bin") for i in range(2000)]
+            for path in files:
+                self.random_file(path, 512 * KiB)
+            for version, folder in (("1", "delta1"), ("2", "delta2")):
+                if version == "2":
+                    for path in files[37::100]:   # 20 files, one in each folder
+                        self.random_file(path, 512 * KiB)
+                os.makedirs(os.path.join(self.site, folder), exist_ok=True)
+                self.sh([self.packs, "pack", src, "--output", os.path.join(self.site, folder, "d.zip"),
+                         "--product", "com.bench.delta", "--version", version])
+                self.data[folder] = self.manifest(folder)["com.bench.delta"]
+            shutil.rmtree(src)
+            if shutil.which("zsyncmake"):
+                self.sh(["zsyncmake", "-u", f"{self.base}/delta2/d.zip", "-o", os.path.join(self.site, "delta2", "d.zip.zsync"),
+                         os.path.join(self.site, "delta2", "d.zip")])
         if self.wants(8):
             log("data: a 4 MiB file for the server load case…")
             self.random_file(os.path.join(self.site, "load", "pack4m.bin"), 4 * MiB)
@@ -510,6 +528,67 @@ class Bench:
         self.row(10, what, walls["packs"], "curl + openssl dgst + bsdtar -xf", walls["curl+openssl+bsdtar"], target=0.6)
         self.row(10, what + " (durable)", walls["packs"], "curl + openssl dgst + bsdtar -xf && sync -f", walls["curl+openssl+bsdtar+sync"])
         self.rows.append(("10", "packs peak RSS (max of runs)", fmt_mib(max(r.rss_kib for r in res["packs"])), "", "", "", "≤ 64 MiB", ""))
+
+    # ---- case 11: delta update ------------------------------------------------------------------
+
+    def case_delta(self):
+        """Issue 17: version 1 of a 1000 MiB zip of 2,000 files is installed (not timed); then version 2, with 20
+        files changed, is fetched as a delta, as a whole pack (--no-delta), and by zsync from the old pack file."""
+        old, new = self.data["delta1"], self.data["delta2"]
+        length = new["contentLength"]
+        served = {}   # name -> [bytes of /delta2/d.zip the server sent, per run]
+        mark = {}
+
+        def setup(work):
+            home = f"{work}/home"
+            self.sh(self.packs_cmd(home, "fetch", f"{self.base}/delta1/manifest.json", "com.bench.delta"))
+            return home
+
+        def counted(name, make):
+            def wrapped(work):
+                cmd = make(work)
+                mark[name] = len(self.log_lines())
+                return cmd
+            return name, wrapped
+
+        def check(name, work, run):
+            sent = 0
+            for line in self.log_lines()[mark[name]:]:
+                fields = line.split(" ")
+                if fields[0].startswith("/delta2/d.zip") and not fields[0].endswith(".zsync"):
+                    sent += int(fields[2])
+            served.setdefault(name, []).append(sent)
+            if name.startswith("packs"):
+                out = self.sh(self.packs_cmd(f"{work}/home", "--json", "content", "com.bench.delta"))
+                if '"contentVersion":"2"' not in out.replace(" ", ""):
+                    raise Failure(f"{name}: version 2 is not installed: {out}")
+                self.sh(self.packs_cmd(f"{work}/home", "verify", "com.bench.delta"))
+
+        commands = [
+            counted("packs delta", lambda w: self.packs_cmd(setup(w), "fetch", f"{self.base}/delta2/manifest.json", "com.bench.delta")),
+            counted("packs --no-delta", lambda w: self.packs_cmd(setup(w), "fetch", f"{self.base}/delta2/manifest.json", "com.bench.delta", "--no-delta")),
+        ]
+        zsync = shutil.which("zsync") and os.path.exists(os.path.join(self.site, "delta2", "d.zip.zsync"))
+        if zsync:
+            def zsync_cmd(work):
+                shutil.copy(os.path.join(self.site, "delta1", old["url"]), f"{work}/old.zip")
+                return f"cd {work} && zsync -q -i old.zip -o new.zip {self.base}/delta2/d.zip.zsync && [ \"$(openssl dgst -sha256 -r new.zip | cut -d' ' -f1)\" = {new['sha256']} ]"
+            commands.append(counted("zsync", zsync_cmd))
+        else:
+            self.notes.append("case 11: zsync is not installed (Debian has it: apt-get install zsync); compared without it.")
+        log(f"case 11: delta update of a {length / MiB:.0f} MiB zip, 20 of 2,000 files changed…")
+        res = self.alternate(11, commands, self.reps, check=check, warm_bytes=2 * length,
+                             served=[os.path.join(self.site, "delta2", new["url"])])
+        walls = {name: [r.wall for r in runs] for name, runs in res.items()}
+        what = f"update, {length / MiB:.0f} MiB zip, 20 of 2,000 files changed"
+        self.row(11, what, walls["packs delta"], "packs fetch --no-delta (whole pack)", walls["packs --no-delta"], target=0.1)
+        if zsync:
+            self.row(11, what, walls["packs delta"], "zsync -i old pack (file only, no unpack)", walls["zsync"])
+        share = median(served["packs delta"]) / length
+        self.rows.append(("11", "bytes served, share of the pack (median): " + ", ".join(
+            f"{n} {median(v) / MiB:.1f} MiB ({median(v) / length:.2%})" for n, v in served.items()),
+            f"{share:.2%}", "", "", "", "≤ 3%", "pass" if share <= 0.03 else "**FAIL**"))
+        self.rows.append(("11", "packs peak RSS, delta (max of runs)", fmt_mib(max(r.rss_kib for r in res["packs delta"])), "", "", "", "", ""))
 
     # ---- case 3: peak memory --------------------------------------------------------------------
 
@@ -1110,7 +1189,7 @@ def main():
     bench.make_data()
     cases = [((1, 2, 7), bench.case_big), ((3,), bench.case_memory), ((4,), bench.case_small),
              ((5,), bench.case_resume), ((6,), bench.case_unpack), ((8,), bench.case_server_load), ((9,), bench.case_catalog),
-             ((10,), bench.case_zst)]
+             ((10,), bench.case_zst), ((11,), bench.case_delta)]
     for numbers, case in cases:
         if not any(bench.wants(n) for n in numbers):
             continue
