@@ -182,7 +182,7 @@ enum JSONOutput {
             object["delta"] = ["bytesToFetch": delta.bytesToFetch, "bytesReused": delta.bytesReused, "entriesToFetch": delta.entriesToFetch,
                                "filesReused": delta.filesReused, "bytesKept": delta.bytesKept]
         }
-        if let reason = download.deltaFallback { object["deltaFallback"] = reason }
+        if let fallback = download.deltaFallback { object["deltaFallback"] = ["reason": fallback.reason.rawValue, "message": fallback.message] }
         return object
     }
 

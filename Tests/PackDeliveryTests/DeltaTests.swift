@@ -143,7 +143,7 @@ import Testing
         let download = try await Self.fetch(server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .ignoreRange))
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
         #expect(download.delta == nil)
-        #expect(download.deltaFallback?.contains("range requests") == true, "\(download.deltaFallback ?? "no reason")")
+        #expect(download.deltaFallback?.reason == .rangesNotSupported, "\(download.deltaFallback?.message ?? "no reason")")
         #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-norange-bsdtar")))
     }
 
@@ -169,7 +169,7 @@ import Testing
         #expect(listening, "python3 -m http.server listens on \(port)")
         let download = try await Self.fetch(URL(string: "http://127.0.0.1:\(port)/manifest.json")!, home: home)
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
-        #expect(download.delta == nil && download.deltaFallback != nil, "whole pack, saying why: \(download.deltaFallback ?? "")")
+        #expect(download.delta == nil && download.deltaFallback?.reason == .rangesNotSupported, "whole pack, saying why: \(download.deltaFallback?.message ?? "")")
         #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-python-bsdtar")))
     }
 
@@ -190,7 +190,8 @@ import Testing
         let before = server.bodyBytesSent("delta.zip")
         let download = try await Self.fetch(server.url("manifest.json"), home: home)
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
-        #expect(download.deltaFallback?.contains("level1/f4.bin") == true, "\(download.deltaFallback ?? "no reason")")
+        #expect(download.deltaFallback?.reason == .installedFilesChanged, "\(download.deltaFallback?.message ?? "no reason")")
+        #expect(download.deltaFallback?.message.contains("level1/f4.bin") == true, "names the file: \(download.deltaFallback?.message ?? "")")
         let served = server.bodyBytesSent("delta.zip") - before, length = try Self.packLength(site)
         #expect(served == length, "the whole pack: \(served) of \(length) bytes: \(server.requests())")
         #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-modified-bsdtar")))
@@ -308,5 +309,39 @@ import Testing
         let installed = home.appending(path: "Caches/\(Self.product)")
         #expect(try treeContents(installed) == (try Self.reference(site, "delta-kill-bsdtar")), "the new version, byte for byte")
         #expect(leftovers(home) == [])
+    }
+
+    /// The plan itself, with no I/O: what is reused, what is fetched in which ranges, and each reason to fall back.
+    @Test func thePlanReusesByDigestCoalescesCloseEntriesAndSaysWhyItFallsBack() throws {
+        func entry(_ path: String, _ digest: String, at offset: Int64, _ length: Int64) -> PackIndex.Entry {
+            PackIndex.Entry(path: path, kind: .file, size: length - 60, sha256: digest, method: 0, offset: offset, length: length)
+        }
+        func record(_ path: String, _ digest: String, _ size: Int64) -> InstalledFileRecord {
+            InstalledFileRecord(destination: .caches, contentIdentifier: "c", path: path, kind: .file, size: size, sha256: digest)
+        }
+        let digests = (0..<6).map { String(repeating: "\($0)", count: 64) }
+        // Six 100 KB entries; a, b, d, f are installed (b under another name); c and e changed, 100 KB apart.
+        let index = PackIndex(entries: (0..<6).map { entry("f\($0)", digests[$0], at: Int64($0) * 100_000, 100_000) })
+        let installed = [record("f0", digests[0], 99_940), record("old-name", digests[1], 99_940), record("f3", digests[3], 99_940),
+                         record("f5", digests[5], 99_940)]
+        let plan = try DeltaPlan.make(index: index, packLength: 600_000, installed: installed, damaged: []).get()
+        #expect(plan.fetch.sorted() == [2, 4])
+        #expect(Set(plan.reuse.map(\.path)) == ["f0", "f1", "f3", "f5"] && plan.reuse.first { $0.path == "f1" }?.from == "old-name")
+        #expect(plan.ranges.map { [$0.start, $0.end] } == [[200_000, 300_000], [400_000, 500_000]], "100 KB apart: two ranges")
+        // Entries 60 KB apart come in one range, with the gap.
+        let close = PackIndex(entries: [entry("a", digests[2], at: 0, 40_000), entry("b", digests[0], at: 40_000, 60_000),
+                                        entry("c", digests[4], at: 100_000, 40_000), entry("d", digests[1], at: 140_000, 260_000)])
+        let coalesced = try DeltaPlan.make(index: close, packLength: 400_000,
+                                           installed: [record("b", digests[0], 59_940), record("d", digests[1], 259_940)], damaged: []).get()
+        #expect(coalesced.ranges.map { [$0.start, $0.end] } == [[0, 140_000]] && coalesced.bytesToFetch == 140_000)
+
+        func reason(_ result: Result<DeltaPlan, DeltaRefusal>) -> Download.DeltaFallback.Reason? {
+            if case .failure(let refusal) = result { return refusal.fallback.reason } else { return nil }
+        }
+        #expect(reason(DeltaPlan.make(index: index, packLength: 600_000, installed: installed, damaged: ["f3"])) == .installedFilesChanged)
+        #expect(reason(DeltaPlan.make(index: index, packLength: 600_000, installed: [record("f0", digests[0], 99_940)], damaged: [])) == .tooMuchChanged,
+                "five of six entries changed")
+        #expect(reason(DeltaPlan.make(index: index, packLength: 550_000, installed: installed, damaged: [])) == .indexUnusable,
+                "an entry past the pack's end")
     }
 }

@@ -45,16 +45,16 @@ struct DeltaPlan: Sendable, Hashable {
     ///   - damaged: the installed files that do not look as recorded (missing, another kind, size or time).
     static func make(index: PackIndex, packLength: Int64, installed: [InstalledFileRecord], damaged: [String]) -> Result<DeltaPlan, DeltaRefusal> {
         if let first = damaged.first {
-            return .failure(DeltaRefusal("the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"))
+            return .failure(DeltaRefusal(.installedFilesChanged, "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"))
         }
         var seen = Set<String>()
         for entry in index.entries {
             guard entry.offset >= 0, entry.length >= 30, entry.offset <= packLength - entry.length, entry.size >= 0,
                   seen.insert(entry.path).inserted else {
-                return .failure(DeltaRefusal("the pack's index does not fit the pack (entry \(PackDeliveryError.printable(entry.path)))"))
+                return .failure(DeltaRefusal(.indexUnusable, "the pack's index does not fit the pack (entry \(PackDeliveryError.printable(entry.path)))"))
             }
             if entry.kind != .directory, entry.sha256 == nil {
-                return .failure(DeltaRefusal("the pack's index gives no SHA-256 for \(PackDeliveryError.printable(entry.path))"))
+                return .failure(DeltaRefusal(.indexUnusable, "the pack's index gives no SHA-256 for \(PackDeliveryError.printable(entry.path))"))
             }
         }
         var byDigest: [String: InstalledFileRecord] = [:]
@@ -86,7 +86,7 @@ struct DeltaPlan: Sendable, Hashable {
             }
         }
         if Double(plan.bytesToFetch) > Self.maxShare * Double(packLength) {
-            return .failure(DeltaRefusal("the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)"))
+            return .failure(DeltaRefusal(.tooMuchChanged, "the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)"))
         }
         return .success(plan)
     }
@@ -94,8 +94,8 @@ struct DeltaPlan: Sendable, Hashable {
 
 /// Why a delta update is not used: the whole pack is fetched instead.
 struct DeltaRefusal: Error, Sendable, Hashable {
-    var reason: String
-    init(_ reason: String) { self.reason = reason }
+    var fallback: Download.DeltaFallback
+    init(_ reason: Download.DeltaFallback.Reason, _ message: String) { self.fallback = Download.DeltaFallback(reason, message) }
 }
 
 /// One zip entry as fetched (its local header, data and any data descriptor), made into a zip of its own by
@@ -117,7 +117,7 @@ enum DeltaZip {
         let nameLength = Int(u16(header, 26))
         let extraLength = Int(u16(header, 28))
         var name = [UInt8](repeating: 0, count: nameLength)
-        guard nameLength == 0 || pread(fd, &name, nameLength, 30) == nameLength else { throw DeltaRefusal("an entry's local header is cut short") }
+        guard nameLength == 0 || pread(fd, &name, nameLength, 30) == nameLength else { throw DeltaRefusal(.indexUnusable, "an entry's local header is cut short") }
         var shown = String(decoding: name, as: UTF8.self)
         while shown.hasPrefix("./") { shown.removeFirst(2) }
         if shown.count > 1, shown.hasSuffix("/") { shown.removeLast() }
@@ -128,12 +128,12 @@ enum DeltaZip {
         var crc = u32(header, 14)
         var compressed = u32(header, 18)
         var uncompressed = u32(header, 22)
-        if compressed == 0xFFFF_FFFF || uncompressed == 0xFFFF_FFFF { throw DeltaRefusal("the entry \(PackDeliveryError.printable(entry.path)) is a ZIP64 entry") }
+        if compressed == 0xFFFF_FFFF || uncompressed == 0xFFFF_FFFF { throw DeltaRefusal(.indexUnusable, "the entry \(PackDeliveryError.printable(entry.path)) is a ZIP64 entry") }
         let dataStart = 30 + nameLength + extraLength
         if flags & 0x8 != 0 {
             // The sizes follow the data, in a descriptor of 12 bytes or 16 with its signature.
             var tail = [UInt8](repeating: 0, count: 16)
-            guard length >= dataStart + 12, pread(fd, &tail, 16, off_t(length - 16)) == 16 else { throw DeltaRefusal("an entry's data descriptor is missing") }
+            guard length >= dataStart + 12, pread(fd, &tail, 16, off_t(length - 16)) == 16 else { throw DeltaRefusal(.indexUnusable, "an entry's data descriptor is missing") }
             // With or without its signature, the descriptor's last 12 bytes are the CRC and the two sizes.
             crc = u32(tail, 4)
             compressed = u32(tail, 8)

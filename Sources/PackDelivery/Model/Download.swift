@@ -100,7 +100,7 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     /// While this download is a delta update (issue 17): what it fetches and what it reuses; nil for a whole pack.
     public var delta: Delta? = nil
     /// Why a delta update was not used for this new version, when one was tried (the whole pack is fetched instead).
-    public var deltaFallback: String? = nil
+    public var deltaFallback: DeltaFallback? = nil
     /// The pack's index (absolute URL), when the manifest names one.
     var index: Manifest.IndexReference? = nil
 
@@ -120,6 +120,33 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
         public var filesReused: Int
         /// Bytes of ``bytesToFetch`` already kept from an earlier attempt (a pause, a kill).
         public var bytesKept: Int64
+    }
+
+    /// Why a delta update was not used: the whole pack is fetched instead.
+    public struct DeltaFallback: Sendable, Hashable, Codable, CustomStringConvertible {
+        /// Match on this, never on ``message``.
+        public enum Reason: String, Sendable, Hashable, Codable {
+            /// The server answered a range request with the whole file (200), with 416, or with another range.
+            case rangesNotSupported
+            /// An installed file is missing, or changed since the install.
+            case installedFilesChanged
+            /// The delta would fetch more than 60% of the pack.
+            case tooMuchChanged
+            /// The pack's index could not be fetched, does not match the manifest, or does not describe the pack.
+            case indexUnusable
+            /// The pack is not served over http(s).
+            case notServedOverHTTP
+        }
+
+        public var reason: Reason
+        /// A sentence for people (logs, `--verbose`), naming the file or the numbers involved.
+        public var message: String
+        public var description: String { self.message }
+
+        public init(_ reason: Reason, _ message: String) {
+            self.reason = reason
+            self.message = message
+        }
     }
 }
 

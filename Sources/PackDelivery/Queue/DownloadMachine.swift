@@ -187,11 +187,11 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.phaseProgress = 0
             self.installRunning = true
             return [.install(token: self.token)]
-        case .deltaRefused(let reason):
+        case .deltaRefused(let fallback):
             // Fetch the whole pack instead, saying why.
             self.deltaRefused = true
             self.download.delta = nil
-            self.download.deltaFallback = reason
+            self.download.deltaFallback = fallback
             self.download.bytesReceived = 0
             self.download.progress = 0
             self.mostBytesKept = 0

@@ -216,8 +216,9 @@ extension DownloadQueue {
             self.change { $0.handle(id, .transferDurable(token: token, bytes: bytes)) }
         case .finished(let transferID, let outcome):
             let (id, token) = Self.split(transferID)
-            if case .deltaRefused(let reason) = outcome {
-                self.logger.info("delta update not used; fetching the whole pack", metadata: ["download": "\(id)", "reason": "\(reason)"])
+            if case .deltaRefused(let fallback) = outcome {
+                self.logger.info("delta update not used; fetching the whole pack",
+                                 metadata: ["download": "\(id)", "reason": "\(fallback.reason.rawValue)", "why": "\(fallback.message)"])
             }
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
         case .deltaPlanned(let transferID, let delta):

@@ -152,7 +152,7 @@ private final class DeltaRun {
             let tree = try self.assemble(plan, fetched: verified)
             return (.assembled(fetched: self.fetched), tree)
         } catch let refusal as DeltaRefusal {
-            return (.deltaRefused(reason: refusal.reason), nil)
+            return (.deltaRefused(refusal.fallback), nil)
         } catch is Stop {
             return (.stopped(bytesOnDisk: self.fetched), nil)
         } catch let error as PackDeliveryError {
@@ -172,28 +172,28 @@ private final class DeltaRun {
     private func plan() throws -> DeltaPlan {
         let download = self.request.download
         guard let indexURL = URL(string: self.request.index.url), !download.url.isFileURL else {
-            throw DeltaRefusal("the pack is not served over http(s)")
+            throw DeltaRefusal(.notServedOverHTTP, "the pack is not served over http(s)")
         }
-        guard self.request.install.fileCount >= 0 else { throw DeltaRefusal("the installed version has no record of its files") }
+        guard self.request.install.fileCount >= 0 else { throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files") }
         let damaged = DeltaTransfer.damagedFiles(self.request.install, files: self.request.installedFiles)
         let data: Data
         do {
             data = try Curl.fetch(indexURL, options: self.request.options, maxBytes: Int(max(0, self.request.index.length)) + 1)
         } catch {
             if error.kind == .network || error.code == .unauthorized || error.kind == .badData {
-                throw DeltaRefusal("the pack's index could not be fetched (\(error.message))")
+                throw DeltaRefusal(.indexUnusable, "the pack's index could not be fetched (\(error.message))")
             }
             throw error
         }
         let hasher = SHA256Hasher()
         data.withUnsafeBytes { hasher.update($0) }
         guard Int64(data.count) == self.request.index.length, hasher.hexDigest() == self.request.index.sha256.lowercased() else {
-            throw DeltaRefusal("the pack's index does not match the SHA-256 and length the manifest gives")
+            throw DeltaRefusal(.indexUnusable, "the pack's index does not match the SHA-256 and length the manifest gives")
         }
         guard let index = try? JSONDecoder().decode(PackIndex.self, from: data), index.format == 1 else {
-            throw DeltaRefusal("the pack's index cannot be read")
+            throw DeltaRefusal(.indexUnusable, "the pack's index cannot be read")
         }
-        guard index.entries.count <= self.request.maxEntries else { throw DeltaRefusal("the pack's index lists more entries than a pack may hold") }
+        guard index.entries.count <= self.request.maxEntries else { throw DeltaRefusal(.indexUnusable, "the pack's index lists more entries than a pack may hold") }
         self.index = index
         return try DeltaPlan.make(index: index, packLength: download.contentLength, installed: self.request.installedFiles, damaged: damaged).get()
     }
@@ -272,7 +272,7 @@ private final class DeltaRun {
         switch status {
         case 206: break
         case 200, 416:
-            throw DeltaRefusal("the server does not answer range requests (it answered \(status))")
+            throw DeltaRefusal(.rangesNotSupported, "the server does not answer range requests (it answered \(status))")
         case 401, 403:
             throw PackDeliveryError(.unauthorized, message: "The server answered \(status) for \(download.url.redacted).", hint: "Renew the credentials, then resume.",
                                     subject: download.url.redacted, underlying: .init(.http, status), httpStatus: status)
@@ -281,7 +281,7 @@ private final class DeltaRun {
                                     hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted, underlying: .init(.http, status), httpStatus: status)
         }
         guard let contentRange = headers["content-range"], contentRange.lowercased().hasPrefix("bytes \(range.start)-") else {
-            throw DeltaRefusal("the server answered a range request with another range")
+            throw DeltaRefusal(.rangesNotSupported, "the server answered a range request with another range")
         }
         let validator = CurlTransfer.validator(from: headers)
         if let kept = self.validator, validator != kept {

@@ -125,7 +125,7 @@ enum TransferOutcome: Sendable, Hashable {
     case assembled(fetched: Int64)
     /// A delta update is not possible (the server ignores Range, the installed files do not verify, it would
     /// fetch too much): fetch the whole pack instead.
-    case deltaRefused(reason: String)
+    case deltaRefused(Download.DeltaFallback)
 }
 
 /// What the engine reports, on its own thread, in order per transfer.
