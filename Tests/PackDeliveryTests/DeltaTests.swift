@@ -344,4 +344,39 @@ import Testing
         #expect(reason(DeltaPlan.make(index: index, packLength: 550_000, installed: installed, damaged: [])) == .indexUnusable,
                 "an entry past the pack's end")
     }
+
+    /// A full disk mid-delta pauses the download for space, as for a whole pack; once there is room, resume finishes
+    /// the delta, keeping the entries already fetched.
+    @Test func aFullDiskMidDeltaPausesForSpaceAndResumeFinishesTheDelta() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-full")
+        defer { server.stop() }
+        for path in ["level0/f4.bin", "level1/deep/f0.bin", "level2/f5.bin"] {
+            try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: 192 << 10)
+        }
+        try Self.publish(content, version: "2", site: site)
+        let before = server.bodyBytesSent("delta.zip")
+        // Room for a little more than one fetched entry and its check.
+        let writer = DiskFullWriter(space: 450 << 10)
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
+        configuration.writer = writer
+        let queue = try DownloadQueue(home: Home(folder: home), configuration: configuration)
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        let id = try #require(try await queue.add(product: Self.product, from: manifest).downloads.first?.id)
+        let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download stops")
+        #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused.state) \(paused.error?.description ?? "")")
+        #expect(paused.error?.code == .insufficientStorage)
+        let delta = try #require(paused.delta, "still a delta: \(paused.deltaFallback?.message ?? "")")
+        #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")).count > 20, "version 1 still installed")
+
+        writer.setSpace(.max)
+        try queue.resume([id])
+        let done = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        #expect(done.state == .finished, "\(done.error?.description ?? "")")
+        #expect(done.deltaFallback == nil && done.delta?.bytesKept ?? 0 > 0, "the delta went on with what it had kept: \(String(describing: done.delta))")
+        let served = server.bodyBytesSent("delta.zip") - before
+        #expect(served <= Int(delta.bytesToFetch) + (192 << 10) + (64 << 10), "at most the entry cut short again: \(served) of \(delta.bytesToFetch)")
+        #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, "delta-full-bsdtar")))
+        #expect(leftovers(home) == [])
+    }
 }
