@@ -379,4 +379,40 @@ import Testing
         #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, "delta-full-bsdtar")))
         #expect(leftovers(home) == [])
     }
+
+    /// The pack changes on the server mid-delta (a new ETag): the entries kept are discarded and nothing of the two
+    /// versions is mixed. The manifest in hand names the old pack, so the download ends failed, saying the pack
+    /// does not match, and the installed version stays as it was (a fresh manifest is the store client's to load).
+    @Test func aPackChangedOnTheServerMidDeltaIsNeverMixed() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-changed")
+        defer { server.stop() }
+        let old = try treeContents(home.appending(path: "Caches/\(Self.product)"))
+        for path in ["level0/f4.bin", "level1/deep/f0.bin", "level2/f5.bin", "level3/f4.bin"] {
+            try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: 192 << 10)
+        }
+        try Self.publish(content, version: "2", site: site)
+        let queue = try DownloadQueue(home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        defer { queue.close() }
+        let loaded = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        var edited = loaded.manifest
+        edited.products[0].contents[0].url = server.url("delta.zip", fault: .slow(bytesPerSecond: 384 << 10)).absoluteString
+        let id = try #require(try await queue.add(product: Self.product, from: LoadedManifest(manifest: edited, baseURL: loaded.baseURL)).downloads.first?.id)
+        let midway = await waitFor(queue, id) { download in
+            guard let delta = download.delta else { return !download.state.isRunning }
+            return download.bytesReceived > delta.bytesToFetch / 3 || !download.state.isRunning
+        }
+        #expect(midway?.delta != nil && midway?.state.isRunning == true, "mid-delta: \(String(describing: midway))")
+        // Version 3 replaces the pack and its index on the server.
+        for path in ["level0/f4.bin", "level1/deep/f0.bin", "level2/f5.bin", "level3/f4.bin"] {
+            try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: 192 << 10)
+        }
+        try Self.publish(content, version: "3", site: site)
+        let done = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download settles")
+        // The retry reads the new index (it does not match the manifest) and falls back to the whole pack, which
+        // does not match it either: its length (or, were it as long, its SHA-256).
+        #expect(done.state == .failed && [.lengthMismatch, .checksumMismatch].contains(done.error?.code), "\(done.state) \(done.error?.description ?? "")")
+        #expect(done.deltaFallback?.reason == .indexUnusable, "\(done.deltaFallback?.message ?? "no fallback")")
+        #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/.packdelivery/downloads/\(id).delta").path), "no kept entry of either version")
+    }
 }
