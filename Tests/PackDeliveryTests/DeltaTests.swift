@@ -34,25 +34,32 @@ import Testing
         try ManifestBuilder.write(folder: site)
     }
 
-    /// A queue over `home` that fetches the product from `manifestURL` (its pack URL replaced by `packURL`) and waits for it to settle.
-    static func fetch(_ manifestURL: URL, home: URL, packURL: URL? = nil, writer: (any FileWriting)? = nil,
-                      whileRunning: (@Sendable (Download, DownloadQueue) -> Void)? = nil) async throws -> Download {
+    /// A queue over `home` that has started fetching the product from `manifestURL` (its pack URL replaced by
+    /// `packURL`); the caller closes it.
+    static func start(_ manifestURL: URL, home: URL, packURL: URL? = nil, writer: (any FileWriting)? = nil) async throws -> (queue: DownloadQueue, id: String) {
         var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
         if let writer { configuration.writer = writer }
         let queue = try DownloadQueue(home: Home(folder: home), configuration: configuration)
-        defer { queue.close() }
         var manifest = try await LoadedManifest.load(manifestURL.absoluteString)
         if let packURL {
             var edited = manifest.manifest
             edited.products[0].contents[0].url = packURL.absoluteString
             manifest = try LoadedManifest(manifest: edited, baseURL: manifest.baseURL)
         }
-        let id = try #require(try await queue.add(product: Self.product, from: manifest).downloads.first?.id)
-        let settled = await waitFor(queue, id) { download in
-            whileRunning?(download, queue)
-            return !download.state.isRunning
+        do {
+            let id = try await queue.add(product: Self.product, from: manifest).downloads.first?.id
+            return (queue, try #require(id, "a download"))
+        } catch {
+            await queue.close()
+            throw error
         }
-        return try #require(settled, "the download settles")
+    }
+
+    /// ``start(_:home:packURL:writer:)``, then waits for the download to settle.
+    static func fetch(_ manifestURL: URL, home: URL, packURL: URL? = nil) async throws -> Download {
+        let (queue, id) = try await Self.start(manifestURL, home: home, packURL: packURL)
+        defer { queue.close() }
+        return try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download settles")
     }
 
     static func packLength(_ site: URL) throws -> Int {
@@ -232,12 +239,8 @@ import Testing
         }
         try Self.publish(content, version: "2", site: site)
         let before = server.bodyBytesSent("delta.zip")
-        let queue = try DownloadQueue(home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        let (queue, id) = try await Self.start(server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .slow(bytesPerSecond: 768 << 10)))
         defer { queue.close() }
-        let loaded = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
-        var edited = loaded.manifest
-        edited.products[0].contents[0].url = server.url("delta.zip", fault: .slow(bytesPerSecond: 768 << 10)).absoluteString
-        let id = try #require(try await queue.add(product: Self.product, from: LoadedManifest(manifest: edited, baseURL: loaded.baseURL)).downloads.first?.id)
         let midway = await waitFor(queue, id) { download in
             guard let delta = download.delta else { return !download.state.isRunning }
             return download.bytesReceived > delta.bytesToFetch / 2 || !download.state.isRunning
@@ -357,12 +360,8 @@ import Testing
         let before = server.bodyBytesSent("delta.zip")
         // Room for a little more than one fetched entry and its check.
         let writer = DiskFullWriter(space: 450 << 10)
-        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
-        configuration.writer = writer
-        let queue = try DownloadQueue(home: Home(folder: home), configuration: configuration)
+        let (queue, id) = try await Self.start(server.url("manifest.json"), home: home, writer: writer)
         defer { queue.close() }
-        let manifest = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
-        let id = try #require(try await queue.add(product: Self.product, from: manifest).downloads.first?.id)
         let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download stops")
         #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused.state) \(paused.error?.description ?? "")")
         #expect(paused.error?.code == .insufficientStorage)
@@ -391,12 +390,8 @@ import Testing
             try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: 192 << 10)
         }
         try Self.publish(content, version: "2", site: site)
-        let queue = try DownloadQueue(home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        let (queue, id) = try await Self.start(server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .slow(bytesPerSecond: 384 << 10)))
         defer { queue.close() }
-        let loaded = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
-        var edited = loaded.manifest
-        edited.products[0].contents[0].url = server.url("delta.zip", fault: .slow(bytesPerSecond: 384 << 10)).absoluteString
-        let id = try #require(try await queue.add(product: Self.product, from: LoadedManifest(manifest: edited, baseURL: loaded.baseURL)).downloads.first?.id)
         let midway = await waitFor(queue, id) { download in
             guard let delta = download.delta else { return !download.state.isRunning }
             return download.bytesReceived > delta.bytesToFetch / 3 || !download.state.isRunning

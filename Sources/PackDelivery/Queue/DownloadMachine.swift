@@ -180,13 +180,7 @@ struct DownloadMachine: Sendable, Hashable {
         case .assembled(let fetched):
             // Each entry was checked against the index's SHA-256: the new version waits in the delta's folder.
             self.download.bytesReceived = fetched
-            self.download.progress = 1
-            self.download.phase = .verifying
-            self.download.timeRemaining = -1
-            self.download.bytesPerSecond = nil
-            self.download.phaseProgress = 0
-            self.installRunning = true
-            return [.install(token: self.token)]
+            return self.startInstall()
         case .deltaRefused(let fallback):
             // Fetch the whole pack instead, saying why.
             self.deltaRefused = true
@@ -204,14 +198,8 @@ struct DownloadMachine: Sendable, Hashable {
             if length == self.download.contentLength, sha256.lowercased() == self.download.sha256.lowercased() {
                 self.verified = true
                 self.recheckArchive = false
-                self.download.progress = 1
                 // Hashed while the bytes arrived: verifying is the comparison just made; the installer moves on to unpacking.
-                self.download.phase = .verifying
-                self.download.timeRemaining = -1
-                self.download.bytesPerSecond = nil
-                self.download.phaseProgress = 0
-                self.installRunning = true
-                return [.install(token: self.token)]
+                return self.startInstall()
             }
             if resumedFrom > 0, !self.retriedFromZero {
                 // A resumed file may have mixed two versions of the pack: fetch once more from zero.
@@ -548,6 +536,17 @@ struct DownloadMachine: Sendable, Hashable {
         self.download.timeRemaining = -1
         self.download.bytesPerSecond = nil
         return []
+    }
+
+    /// The transfer's bytes are all in and checked: the install takes over, in the verifying phase.
+    private mutating func startInstall() -> [Action] {
+        self.download.progress = 1
+        self.download.phase = .verifying
+        self.download.timeRemaining = -1
+        self.download.bytesPerSecond = nil
+        self.download.phaseProgress = 0
+        self.installRunning = true
+        return [.install(token: self.token)]
     }
 
     /// What the transfer fetches: the whole pack, or during a delta update the bytes of its ranges.

@@ -92,7 +92,7 @@ extension DownloadQueue {
                     }
                     // downloads/<id>.pack; staging/<id>, or staging/<id>.s<token> for an unpack that followed a transfer.
                     // downloads/<id>.delta for the entries a delta update fetched.
-                    let id = folder == "downloads" ? String(name.dropLast(name.hasSuffix(".pack") || name.hasSuffix(".delta") ? (name.hasSuffix(".pack") ? 5 : 6) : 0))
+                    let id = folder == "downloads" ? [".pack", ".delta"].first(where: name.hasSuffix).map { String(name.dropLast($0.count)) } ?? name
                         : String(name.prefix { $0 != "." })
                     let record: DownloadRecord?
                     do { record = try self.store.downloadRecord(id) } catch { continue }  // the store cannot be read: leave it
@@ -123,15 +123,43 @@ extension DownloadQueue {
     static func looksIntact(_ install: InstallRecord, files: [InstalledFileRecord]) -> Bool {
         var info = stat()
         guard lstat(install.contentURL, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return false }
+        return Self.damagedFiles(install, files: files, modifiedSinceInstall: false, first: true).isEmpty
+    }
+
+    /// The installed files that do not look as recorded, by `lstat` alone: missing, another kind, another size,
+    /// and with `modifiedSinceInstall` also a regular file modified after the install. Hashing every file would
+    /// cost as much as a delta update saves; `verify` hashes them.
+    ///
+    /// File times come from the kernel's coarse clock (a tick, a few milliseconds, behind the recorded install
+    /// time), so an edit within a tick of the install goes unseen; an edit of a file that keeps its size and
+    /// resets its time by hand (`touch -d`) too: `verify` finds those.
+    ///
+    /// - Parameter first: stop at the first damaged file.
+    static func damagedFiles(_ install: InstallRecord, files: [InstalledFileRecord], modifiedSinceInstall: Bool, first: Bool = false) -> [String] {
+        var damaged: [String] = []
+        var info = stat()
+        let installedAt = install.installedAt.timeIntervalSince1970
         for file in files {
             let path = install.contentURL + "/" + file.path
-            guard lstat(path, &info) == 0 else { return false }
-            switch file.kind {
-            case .file: if (info.st_mode & S_IFMT) != S_IFREG || Int64(info.st_size) != file.size { return false }
-            case .symlink: if (info.st_mode & S_IFMT) != S_IFLNK { return false }
+            let looksRight: Bool
+            if lstat(path, &info) != 0 {
+                looksRight = false
+            } else {
+                switch file.kind {
+                case .file:
+                    let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
+                    looksRight = (info.st_mode & S_IFMT) == S_IFREG && Int64(info.st_size) == file.size
+                        && !(modifiedSinceInstall && modified > installedAt)
+                case .symlink:
+                    looksRight = (info.st_mode & S_IFMT) == S_IFLNK
+                }
+            }
+            if !looksRight {
+                damaged.append(file.path)
+                if first { break }
             }
         }
-        return true
+        return damaged
     }
 
     /// Compares installed content with the record made at install: every file's presence, kind, size and

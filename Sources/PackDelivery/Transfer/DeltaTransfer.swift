@@ -67,29 +67,6 @@ final class DeltaTransfer: Sendable {
         self.done.wait()
         self.done.signal()
     }
-
-    /// Whether the installed files still look as installed: kind, size, and not modified since the install
-    /// (a modification time after it). Hashing every file would cost as much as the update saves; `packs verify`
-    /// hashes them. File times come from the kernel's coarse clock (a tick, a few milliseconds, behind the
-    /// recorded install time), so an edit within a tick of the install goes unseen; an edit of a file that keeps
-    /// its size and resets its time by hand (`touch -d`) too: `packs verify` finds those.
-    static func damagedFiles(_ install: InstallRecord, files: [InstalledFileRecord]) -> [String] {
-        var damaged: [String] = []
-        var info = stat()
-        let installedAt = install.installedAt.timeIntervalSince1970
-        for file in files {
-            let path = install.contentURL + "/" + file.path
-            guard lstat(path, &info) == 0 else { damaged.append(file.path); continue }
-            let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
-            switch file.kind {
-            case .file:
-                if (info.st_mode & S_IFMT) != S_IFREG || Int64(info.st_size) != file.size || modified > installedAt { damaged.append(file.path) }
-            case .symlink:
-                if (info.st_mode & S_IFMT) != S_IFLNK { damaged.append(file.path) }
-            }
-        }
-        return damaged
-    }
 }
 
 /// One run of a delta transfer, on its thread. Not Sendable: it lives there.
@@ -175,7 +152,7 @@ private final class DeltaRun {
             throw DeltaRefusal(.notServedOverHTTP, "the pack is not served over http(s)")
         }
         guard self.request.install.fileCount >= 0 else { throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files") }
-        let damaged = DeltaTransfer.damagedFiles(self.request.install, files: self.request.installedFiles)
+        let damaged = DownloadQueue.damagedFiles(self.request.install, files: self.request.installedFiles, modifiedSinceInstall: true)
         let data: Data
         do {
             data = try Curl.fetch(indexURL, options: self.request.options, maxBytes: Int(max(0, self.request.index.length)) + 1)
@@ -420,14 +397,7 @@ private final class DeltaRun {
             if count < 0 { throw Installer.fileError("read", source.path, errno) }
             if count == 0 { break }
             let written = buffer.withUnsafeBytes { self.request.writer.pwrite(copy, $0.baseAddress!, count, offset) }
-            if written != count {
-                let code = written < 0 ? errno : ENOSPC
-                if code == ENOSPC || code == EDQUOT {
-                    throw PackDeliveryError.insufficientStorage(path: target.deletingLastPathComponent().path, needed: size,
-                                                                available: SpaceCheck.available(at: target.deletingLastPathComponent()), errno: code)
-                }
-                throw Installer.fileError("write", target.path, code)
-            }
+            if written != count { throw Self.writeFailure(written, file: target, needed: size) }
             offset += Int64(count)
         }
         var times = [info.st_atim, info.st_mtim]
@@ -461,6 +431,14 @@ private final class DeltaRun {
             }
             made.insert(relative)
         }
+    }
+
+    /// A write that wrote `written` bytes, not all: a full disk (with the space its folder has left) or another error.
+    static func writeFailure(_ written: Int, file: URL, needed: Int64) -> PackDeliveryError {
+        let code = written < 0 ? errno : ENOSPC
+        guard code == ENOSPC || code == EDQUOT else { return Installer.fileError("write", file.path, code) }
+        let folder = file.deletingLastPathComponent()
+        return .insufficientStorage(path: folder.path, needed: needed, available: SpaceCheck.available(at: folder), errno: code)
     }
 
     static func writeDurably(_ data: Data, to url: URL) throws(PackDeliveryError) {
@@ -545,14 +523,7 @@ private final class RangeSink {
                 guard let current = self.open else { break }
                 let count = Int(min(Int64(remaining), entry.offset + entry.length - self.position))
                 let written = self.run.writer.pwrite(current.fd, bytes.baseAddress! + taken, count, self.position - entry.offset)
-                if written != count {
-                    let code = written < 0 ? errno : ENOSPC
-                    if code == ENOSPC || code == EDQUOT {
-                        throw PackDeliveryError.insufficientStorage(path: current.part.deletingLastPathComponent().path, needed: entry.length,
-                                                                    available: SpaceCheck.available(at: current.part.deletingLastPathComponent()), errno: code)
-                    }
-                    throw Installer.fileError("write", current.part.path, code)
-                }
+                if written != count { throw DeltaRun.writeFailure(written, file: current.part, needed: entry.length) }
                 taken += count
                 self.position += Int64(count)
                 if self.position == entry.offset + entry.length {
