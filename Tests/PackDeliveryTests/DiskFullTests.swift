@@ -1,5 +1,7 @@
 import Foundation
+@_spi(Testing) import PackDelivery
 import PackTestSupport
+import Synchronization
 import Testing
 
 /// A small real filesystem (tmpfs) as the home folder; mounting needs root.
@@ -117,25 +119,36 @@ struct DiskFullTests {
         #expect(!FileManager.default.fileExists(atPath: disk.folder.appending(path: "Caches/.packdelivery/downloads/\(id).pack").path))
     }
 
-    @Test func theDiskFillsBeforeUnpackingThenResumeOnlyUnpacks() throws {
+    /// The unpack after the download (what runs when a pack was not unpacked while it downloaded: streaming
+    /// turned off here, the library's option) fills the real disk: the archive is kept, and resume only unpacks.
+    @Test func theDiskFillsWhileUnpackingThenResumeOnlyUnpacks() async throws {
         let disk = try Tmpfs(megabytes: 48)
-        // A zip: it is unpacked once downloaded (a tar would be unpacked while it downloads, using the space as it goes).
         let site = try TestSite.random("unpackfill-site", size: 16 << 20, format: .zip)
-        let nginx = try NginxServer(root: site.folder, limitRate: 4 << 20)
+        let nginx = try NginxServer(root: site.folder)
         defer { nginx.stop() }
-        // Near the end of the download, leave room for its last bytes but not for unpacking.
-        let fetch = try runWatching(home: disk.folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
-                                    when: { ($0["progress"] as? Double ?? 0) > 0.85 }) { _ in disk.fill(leaving: 4 << 20) }
-        #expect(fetch.matched && fetch.status == 75)
-        let id = try Self.downloadID(disk.folder)
+        final class Once: Sendable { let done = Atomic<Bool>(false) }
+        let filled = Once()
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
+        configuration.streamingUnpack = false
+        // The first MiB is unpacked: take all the space that is left.
+        configuration.installHook = { step in if step == .unpacking, !filled.done.exchange(true, ordering: .relaxed) { disk.fill() } }
+        let queue = try DownloadQueue(home: Home(folder: disk.folder), configuration: configuration)
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+
+        let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download settles")
+        let reached = filled.done.load(ordering: .relaxed)
+        #expect(reached, "the unpack reached its first MiB")
+        #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused)")
         let archive = disk.folder.appending(path: "Caches/.packdelivery/downloads/\(id).pack")
         #expect(FileManager.default.fileExists(atPath: archive.path), "the downloaded archive is kept")
         #expect(leftovers(disk.folder) == ["Caches/.packdelivery/downloads/\(id).pack"], "no staging left")
         disk.unfill()
-        let resume = try CLI.run(home: disk.folder, ["resume"])
-        #expect(resume.status == 0, "stderr: \(resume.stderr)")
+        try queue.resume([id])
+        let finished = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the resumed download settles")
+        #expect(finished.state == .finished, "\(finished.error?.description ?? "")")
         #expect(nginx.requests().filter { $0.uri == "/big.zip" }.count == 1, "nothing downloaded again")
-        let content = try CLI.run(home: disk.folder, ["content", "com.example.big"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
-        #expect(try Fixtures.sha256Hex(of: URL(filePath: content).appending(path: "Contents/data.bin")) == site.dataSHA256)
+        #expect(try Fixtures.sha256Hex(of: try #require(finished.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
     }
 }

@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Issue 14: a tar pack is unpacked while it downloads, into a staging folder of its own that is moved into
+/// Issue 14: a pack is unpacked while it downloads, into a staging folder of its own that is moved into
 /// place only once the whole pack's SHA-256 matched. Real libcurl, libarchive and a throttled server (so the
 /// unpack really overlaps the download); trees compared with `bsdtar -xf`.
 @Suite(.serialized, .timeLimit(.minutes(3))) struct StreamingTests {
@@ -57,8 +57,7 @@ import Testing
         let homeFolder = try Fixtures.temporaryDirectory(label + "-home")
         let (download, streamed) = try await Self.fetch(try LoadedManifest(manifest: edited, baseURL: manifest.baseURL), home: Home(folder: homeFolder))
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
-        // A zip keeps its files' types and modes in its central directory, at the end: it is unpacked once downloaded.
-        #expect(streamed == (format != .zip), "unpacked while downloading: \(streamed)")
+        #expect(streamed, "unpacked while downloading")
 
         let reference = try Fixtures.temporaryDirectory(label + "-bsdtar")
         let bsdtar = try Fixtures.run("bsdtar", ["-xf", folder.appending(path: pack).path, "-C", reference.path])
@@ -184,6 +183,43 @@ import Testing
         #expect(download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
                 "\(download.error?.description ?? "")")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
+        #expect(leftovers(home) == [])
+    }
+
+    /// A zip read while it downloads is read by its local headers; one whose local headers hold an entry that its
+    /// central directory does not list installs what an unpack by the central directory gives (`bsdtar -xf`).
+    @Test func aZipEntryHiddenFromTheCentralDirectoryIsNotInstalled() async throws {
+        let folder = try Fixtures.temporaryDirectory("zip-hidden-site")
+        let pack = folder.appending(path: "big.zip")
+        let script = [
+            "import os, zipfile, sys",
+            "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
+            "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED)",
+            "z.writestr('ContentInfo.plist', plist)",
+            "z.writestr('Contents/big.bin', os.urandom(2 << 20))",
+            "z.writestr('Contents/hidden.txt', b'not listed')",
+            "z.writestr('Contents/a.txt', b'hello')",
+            "z.filelist = [i for i in z.filelist if i.filename != 'Contents/hidden.txt']",
+            "z.close()",
+        ].joined(separator: "\n")
+        let made = try Fixtures.run("python3", ["-c", script, pack.path])
+        #expect(made.status == 0, "\(made.stderr)")
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
+        let server = try FaultServer(root: folder)
+        defer { server.stop() }
+        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
+            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0",
+                             url: server.url("big.zip", fault: .slow(bytesPerSecond: 4 << 20)).absoluteString,
+                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
+        ])])
+        let home = try Fixtures.temporaryDirectory("zip-hidden-home")
+        let (download, _) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: server.baseURL), home: Home(folder: home))
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        let reference = try Fixtures.temporaryDirectory("zip-hidden-bsdtar")
+        #expect(try Fixtures.run("bsdtar", ["-xf", pack.path, "-C", reference.path]).status == 0)
+        let installed = try #require(download.contentURL)
+        #expect(try treeContents(installed) == (try treeContents(reference)), "the same files, byte for byte")
+        #expect(!FileManager.default.fileExists(atPath: installed.appending(path: "Contents/hidden.txt").path), "the hidden entry is not installed")
         #expect(leftovers(home) == [])
     }
 }

@@ -490,6 +490,75 @@ struct UnpackerTests {
 
     // MARK: Formats
 
+    // MARK: Zips unpacked while downloading (issue 14)
+
+    @Test("A zip read by its local headers and finished by its central directory is the tree of the whole zip's unpack")
+    func streamedZipAdopted() throws {
+        let fixture = try UnpackFixture()
+        defer { fixture.remove() }
+        let source = try fixture.tree(random: 3 << 20)
+        try FileManager.default.createDirectory(at: source.appendingPathComponent("private"), withIntermediateDirectories: true)
+        try Data("secret".utf8).write(to: source.appendingPathComponent("private/key"))
+        try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: source.appendingPathComponent("private").path)
+        let pack = fixture.packs.appendingPathComponent("tree.zip")
+        let zipped = try Fixtures.run("sh", ["-c", "cd \"$1\" && zip -qry \"$2\" .", "sh", source.path, pack.path])
+        #expect(zipped.status == 0, "\(zipped.stderr)")
+        let limits = UnpackLimits(maxBytes: 1 << 30)
+
+        // As the download's unpack reads it: from the start, by its local headers.
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
+        let growth = PartialFileGrowth(length: size)
+        growth.finish(length: size)
+        let streamedFolder = try fixture.freshStaging("streamed")
+        let streamed = try Unpacker.unpack(archive: pack, into: streamedFolder, limits: limits,
+                                           growing: GrowingFile(growth: growth, generation: growth.generation))
+        #expect(streamed.zipEntryNames?.isEmpty == false)
+        // The local headers alone cannot tell the symlink or the modes: that is why the central directory has the last word.
+        #expect(streamed.files.first { $0.path == "link" }?.kind == .file)
+
+        let adopted = try fixture.freshStaging("adopted")
+        let summary = try Unpacker.adopt(archive: pack, streamed: (streamedFolder, streamed), into: adopted, limits: limits)
+        let whole = try fixture.freshStaging("whole")
+        let reference = try Unpacker.unpack(archive: pack, into: whole, limits: limits)
+
+        #expect(try modesAndContents(adopted) == (try modesAndContents(whole)), "types, modes and bytes as the whole zip's unpack")
+        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: adopted.path + "/link") == "nested/deeper/data.bin")
+        #expect(try modesAndContents(adopted)["nested/deeper/tool.sh"]?.hasPrefix("file 755") == true)
+        #expect(try modesAndContents(adopted)["private"] == "dir 700")
+        #expect(summary.files == reference.files, "the same sizes and SHA-256s are recorded")
+        #expect(summary.directories == reference.directories && summary.entries == reference.entries && summary.bytes == reference.bytes)
+        // Files were moved, not unpacked again: only the symlink's stand-in is left behind.
+        let left = try FileManager.default.subpathsOfDirectory(atPath: streamedFolder.path).filter { path in
+            (try? FileManager.default.attributesOfItem(atPath: streamedFolder.path + "/" + path)[.type] as? FileAttributeType) == .typeRegular
+        }
+        #expect(left == ["link"], "\(left)")
+    }
+
+    @Test("A zip whose local headers hold an entry its central directory does not list is not adopted")
+    func streamedZipWithHiddenEntryNotAdopted() throws {
+        let fixture = try UnpackFixture()
+        defer { fixture.remove() }
+        // python's zipfile writes the central directory from `filelist` at close: the hidden entry keeps its local header only.
+        let pack = try fixture.zip(#"""
+            z.writestr("a.txt", b"a"); z.writestr("hidden.txt", b"not listed"); z.writestr("b.txt", b"b")
+            z.filelist = [i for i in z.filelist if i.filename != "hidden.txt"]
+            """#)
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
+        let growth = PartialFileGrowth(length: size)
+        growth.finish(length: size)
+        let streamedFolder = try fixture.freshStaging("streamed")
+        let limits = UnpackLimits(maxBytes: 1 << 20)
+        let streamed = try Unpacker.unpack(archive: pack, into: streamedFolder, limits: limits,
+                                           growing: GrowingFile(growth: growth, generation: growth.generation))
+        #expect(streamed.files.map(\.path) == ["a.txt", "b.txt", "hidden.txt"])
+        let adopted = try fixture.freshStaging("adopted")
+        #expect(throws: PackDeliveryError.self) {
+            try Unpacker.adopt(archive: pack, streamed: (streamedFolder, streamed), into: adopted, limits: limits)
+        }
+        let whole = try fixture.freshStaging("whole")
+        #expect(try Unpacker.unpack(archive: pack, into: whole, limits: limits).files.map(\.path) == ["a.txt", "b.txt"])
+    }
+
     @Test("zip, tar, tar.gz, tar.bz2, tar.xz and tar.zst unpack to identical bytes")
     func allFormats() throws {
         let fixture = try UnpackFixture()
@@ -702,6 +771,22 @@ private final class UnpackFixture {
 
 /// Every path under `root` (relative, not following symlinks) with its type and contents, except
 /// the packs, the sources and the staging folders.
+/// Every item under `folder`: its type, permission bits and bytes or target.
+private func modesAndContents(_ folder: URL) throws -> [String: String] {
+    var result: [String: String] = [:]
+    for relative in try FileManager.default.subpathsOfDirectory(atPath: folder.path) {
+        var info = stat()
+        guard lstat(folder.path + "/" + relative, &info) == 0 else { continue }
+        let mode = String(info.st_mode & 0o7777, radix: 8)
+        switch info.st_mode & S_IFMT {
+        case S_IFDIR: result[relative] = "dir \(mode)"
+        case S_IFLNK: result[relative] = "symlink -> " + (try FileManager.default.destinationOfSymbolicLink(atPath: folder.path + "/" + relative))
+        default: result[relative] = "file \(mode) " + (try Data(contentsOf: folder.appending(path: relative)).base64EncodedString())
+        }
+    }
+    return result
+}
+
 private func unpackSnapshot(_ root: URL) throws -> [String: String] {
     let prefixes = ["packs", "sources", "outer/inner/staging"]
     var result: [String: String] = [:]

@@ -15,7 +15,7 @@ import Foundation
 ///   call.) An uncompressed pack is read from the file with seeks, as zip needs for its central directory.
 ///
 /// With a ``GrowingFile`` the pack is read while it downloads: a read past what is written waits for more,
-/// and nothing is seeked (a zip is then not read at all: see ``StreamedUnpack``).
+/// and nothing is seeked: a zip is then read by its local headers (libarchive's streamable zip reader; see ``StreamedUnpack``).
 ///
 /// Not thread-safe; one per unpack or inspection. Freed by its owner (`deinit`).
 final class ArchiveReader {
@@ -62,17 +62,12 @@ final class ArchiveReader {
         self.isCancelled = isCancelled
         self.maxDecompressed = maxDecompressed
         self.growing = growing
+        // A growing file may not exist yet: its first bytes (the magic) are waited for before it is opened.
+        if let growing, case .stop(let why) = growing.wait(beyond: 5) { throw why }
         let fd = open(url.path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw .io("open the pack", path: url.path, errno: errno) }
         var info = stat()
-        var size = fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(Self.blockSize)
-        if let growing {
-            size = growing.length
-            if case .stop(let why) = growing.wait(beyond: 5) {
-                close(fd)
-                throw why
-            }
-        }
+        let size = growing?.length ?? (fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(Self.blockSize))
         var magic = [UInt8](repeating: 0, count: 6)
         let got = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
         let filter = Self.filter(forMagic: Array(magic.prefix(max(0, got))))

@@ -80,10 +80,24 @@ struct Installer: Sendable {
             let expected = Double(download.unpackedLength ?? max(packLength, 1))
             progress(.unpacking, 0)
             switch summary != nil ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
-            case .unpacked(let unpacked, let folder)?:
+            case .unpacked(let unpacked, let folder)? where unpacked.zipEntryNames == nil:
                 // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
                 if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
                 summary = unpacked
+            case .unpacked(let unpacked, let folder)?:
+                // A zip, unpacked while downloading by its local headers: its central directory has the last word.
+                defer { try? Self.removeTree(folder) }
+                try ZipDirectories.check(archive)
+                if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
+                do throws(PackDeliveryError) {
+                    let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
+                    summary = try Unpacker.adopt(archive: archive, streamed: (folder, unpacked), into: staging,
+                                                 limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+                                                 isCancelled: { cancel.isCancelled })
+                } catch {
+                    // Whatever it was, the unpack of the whole archive below settles it (and reports it, if it is the pack's).
+                    if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+                }
             case .failed(let error)? where StreamedUnpack.isHostile(error):
                 throw error
             case .failed, nil:

@@ -119,9 +119,10 @@ struct GrowingFile: Sendable {
 ///   page cache: no byte is downloaded twice.
 /// - A hostile entry (unsafe, over the limits, encrypted) is reported at once (``hostile``), so the transfer
 ///   stops instead of downloading the rest of a pack that will never be installed.
-/// - Any other failure (a zip, whose files' types and modes are in its central directory at the end; a
-///   corrupt stream; a full disk) only means the installer unpacks from the archive after the download, as
-///   it always did.
+/// - A zip is read by its local headers as it arrives; its files' types and modes are in the central directory
+///   at the end, which the installer applies once the pack is verified (``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)``).
+/// - Any other failure (a corrupt stream, a full disk, a zip whose local headers are not its central
+///   directory's entries) only means the installer unpacks from the archive after the download, as it always did.
 final class StreamedUnpack: Sendable {
     enum Outcome: Sendable {
         case unpacked(UnpackSummary, folder: URL)
@@ -183,11 +184,6 @@ final class StreamedUnpack: Sendable {
             do throws(PackDeliveryError) {
                 try Installer.removeTree(self.folder)
                 if mkdir(self.folder.path, 0o700) != 0 { throw PackDeliveryError.io("create the staging folder", path: self.folder.path, errno: errno) }
-                if try Self.isZip(archive, file) {
-                    // A zip keeps its files' types and modes in its central directory, at the end: it is unpacked
-                    // once downloaded, by that directory.
-                    throw PackDeliveryError(.corruptArchive, message: "A zip is unpacked once downloaded, by its central directory.")
-                }
                 let summary = try Unpacker.unpack(archive: archive, into: self.folder, limits: limits,
                                                   progress: { bytes in
                                                       self.state.withLock { $0.unpacked = bytes }
@@ -201,17 +197,6 @@ final class StreamedUnpack: Sendable {
                 return .failed(error)
             }
         }
-    }
-
-    /// Whether the pack is a zip (from its first bytes, once they are written).
-    private static func isZip(_ archive: URL, _ file: GrowingFile) throws(PackDeliveryError) -> Bool {
-        if case .stop(let why) = file.wait(beyond: 3) { throw why }
-        let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw .io("open the partial download", path: archive.path, errno: errno) }
-        defer { close(fd) }
-        var magic = [UInt8](repeating: 0, count: 4)
-        let got = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, 4, 0) }
-        return got == 4 && magic[0] == 0x50 && magic[1] == 0x4B
     }
 
     /// The hostile entry that ended the unpack, once it did: the transfer stops.

@@ -33,6 +33,8 @@ struct UnpackSummary: Sendable, Hashable {
     var files: [InstalledFile] = []
     /// Every folder created, implicit ones included, relative to the staging folder (`""` is the staging folder).
     var directories: [String] = []
+    /// The pack is a zip; its entries' names as stored, in the order read (for ``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)``).
+    var zipEntryNames: [[UInt8]]? = nil
 }
 
 /// Unpacks a pack from an untrusted server into a private staging folder.
@@ -88,6 +90,43 @@ enum Unpacker {
         let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing)
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
+
+    /// Finishes a zip that was unpacked while it downloaded (issue 14).
+    ///
+    /// Read as it arrives, a zip can only be read by its local headers, which carry neither the files' types
+    /// (a symlink arrives as a file holding its target) nor their modes: those are in the central directory at
+    /// the end, which is what an unpack of the whole archive follows. So the complete, verified archive is read
+    /// once more, by its central directory, with every check of ``unpack(archive:into:limits:progress:isCancelled:writer:growing:)``,
+    /// into the new, empty folder `staging`; but a regular file's bytes are not unpacked again: the file the
+    /// streamed unpack wrote for the same entry is moved in, once its size matches the central directory's, and
+    /// given the central directory's mode. Folders and symlinks are made from the central directory.
+    ///
+    /// - Parameters:
+    ///   - archive: the complete zip, already verified.
+    ///   - streamed: the folder and summary of the streamed unpack; the folder is emptied of the files moved.
+    ///   - staging: an existing, empty folder.
+    /// - Throws: any error the unpack of the whole archive could throw, and `corruptArchive` when the entries
+    ///   the central directory lists are not those the local headers gave, in the same order, of the same
+    ///   sizes. The caller then unpacks the whole archive instead, which settles it.
+    static func adopt(archive: URL, streamed: (folder: URL, summary: UnpackSummary), into staging: URL, limits: UnpackLimits,
+                      isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) -> UnpackSummary {
+        guard let names = streamed.summary.zipEntryNames else { throw UnpackRun.notAdoptable("it was not read as a zip") }
+        var files: [String: InstalledFile] = [:]
+        for file in streamed.summary.files {
+            // A symlink would mean the local headers gave types of their own; names that decode alike are ambiguous.
+            guard file.kind == .file, files.updateValue(file, forKey: file.path) == nil else {
+                throw UnpackRun.notAdoptable("'\(PackDeliveryError.printable(file.path))' cannot be matched")
+            }
+        }
+        let folder = open(streamed.folder.path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard folder >= 0 else { throw .io("open the streamed unpack's folder", path: streamed.folder.path, errno: errno) }
+        defer { close(folder) }
+        let locale = ArchiveThreadLocale.useUTF8()
+        defer { locale.restore() }
+        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: SystemFileWriter(), isCancelled: isCancelled,
+                                growing: nil, adopting: UnpackRun.Adoption(folderFD: folder, names: names, files: files))
+        return try run.run(progress: { _ in }, isCancelled: isCancelled)
+    }
 }
 
 // MARK: - Thread locale
@@ -142,14 +181,29 @@ private let dot = UInt8(ascii: ".")
 private final class UnpackRun {
     private enum Node { case directory, file, symlink }
 
+    /// What ``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)`` takes from a streamed unpack.
+    struct Adoption {
+        /// The streamed unpack's folder (it holds no symlinks: checked by the caller).
+        let folderFD: Int32
+        /// The entries' names as the streamed unpack read them, in order.
+        let names: [[UInt8]]
+        /// Its regular files, by path.
+        let files: [String: InstalledFile]
+    }
+
     private let archiveURL: URL
     private let stagingPath: String
     private let limits: UnpackLimits
     private let writer: any FileWriting
     private let source: ArchiveReader
     private var reader: OpaquePointer { self.source.reader }
-    /// One hash context for every entry, reset before each (an `EVP_MD_CTX` per file cost a malloc and free each).
+    /// One hash context for symlinks and files written out of order, reset before each (an `EVP_MD_CTX` per
+    /// file cost a malloc and free each).
     private let entryHasher = SHA256Hasher()
+    /// Regular files' digests, made on a queue beside this thread.
+    private let digests = FileDigests()
+    /// Files whose digest ``digests`` makes: its id, by path (a hard link shares its target's).
+    private var pendingDigests: [[UInt8]: Int] = [:]
     private let rootFD: Int32
 
     /// Every path created so far (components joined by `/`), including implicit folders.
@@ -165,10 +219,25 @@ private final class UnpackRun {
     private var entries = 0
     private var lastProgress: Int64 = 0
     private var lastEntryName: String?
+    /// The names read so far, once the pack turned out to be a zip.
+    private var zipEntryNames: [[UInt8]]?
+    private let adoption: Adoption?
+    /// The pack is read while it downloads.
+    private let streaming: Bool
+
+    /// The most bytes of file contents. A zip read by its local headers cannot tell a symlink from a file (the
+    /// target arrives as the file's bytes), so each of its entries may add a target's worth (`PATH_MAX`); the
+    /// central directory's pass (`Unpacker.adopt`) then holds its regular files to the limit itself.
+    private var maxBytes: Int64 {
+        guard self.streaming, self.zipEntryNames != nil else { return self.limits.maxBytes }
+        return self.limits.maxBytes + Int64(self.entries) * Int64(unpackPathMax)
+    }
 
     init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
-         growing: GrowingFile?) throws(PackDeliveryError) {
+         growing: GrowingFile?, adopting adoption: Adoption? = nil) throws(PackDeliveryError) {
         self.writer = writer
+        self.adoption = adoption
+        self.streaming = growing != nil
         self.archiveURL = archive
         self.stagingPath = staging.path
         self.limits = limits
@@ -220,8 +289,16 @@ private final class UnpackRun {
             if !self.source.checkBounds() { throw self.source.error(self.lastEntryName) }
             try self.extract(entry, progress: progress, isCancelled: isCancelled)
         }
+        if let adoption, adoption.names.count != self.entries {
+            throw Self.notAdoptable("the local headers gave \(adoption.names.count) entries, the central directory \(self.entries)")
+        }
+        let made = self.digests.finish()
+        for (key, id) in self.pendingDigests {
+            guard let digest = made[id] else { throw PackDeliveryError(.internalError, message: "A file's digest was not made.") }
+            self.records[key]?.sha256 = digest
+        }
         progress(self.bytes)
-        var summary = UnpackSummary(bytes: self.bytes, entries: self.entries)
+        var summary = UnpackSummary(bytes: self.bytes, entries: self.entries, zipEntryNames: self.zipEntryNames)
         summary.files = self.records.map { path, record in
             InstalledFile(path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256)
         }.sorted { $0.path < $1.path }
@@ -235,6 +312,11 @@ private final class UnpackRun {
         }
         let name = String(decoding: rawName, as: UTF8.self)
         self.lastEntryName = name
+        if self.entries == 0, archive_format(self.reader) & 0xFF0000 == ARCHIVE_FORMAT_ZIP { self.zipEntryNames = [] }
+        self.zipEntryNames?.append(rawName)
+        if let adoption, self.entries >= adoption.names.count || adoption.names[self.entries] != rawName {
+            throw Self.notAdoptable("the central directory's entry \(self.entries + 1), '\(PackDeliveryError.printable(name))', is not the local headers' one")
+        }
         self.entries += 1
         self.source.entries = self.entries
         if self.entries > self.limits.maxEntries {
@@ -414,6 +496,7 @@ private final class UnpackRun {
         _ archiveEntry: OpaquePointer, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String,
         progress: (Int64) -> Void, isCancelled: () -> Bool
     ) throws(PackDeliveryError) {
+        if let adoption { return try self.adoptFile(archiveEntry, components, key: key, mode: mode, entry: entry, from: adoption) }
         let parent = try self.parentDirectory(components, entry: entry)
         let fd = Self.withComponent(components[components.count - 1]) {
             openat(parent, $0, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o600)
@@ -425,8 +508,7 @@ private final class UnpackRun {
 
         var fileEnd: Int64 = 0  // logical end so far, holes included
         var dataEnd: Int64 = 0  // end of the last bytes actually written
-        let hasher = self.entryHasher
-        hasher.reset()
+        let digest = self.digests.begin()
         var hashedEnd: Int64 = 0  // the hash covers [0, hashedEnd); holes hash as zeros
         var inOrder = true        // blocks arrived in order, so the hash needs no second read
         var writebackStart: Int64 = 0  // bytes before this were handed to the kernel's writeback
@@ -448,7 +530,7 @@ private final class UnpackRun {
             let (end, overflow) = offset.addingReportingOverflow(Int64(size))
             guard !overflow else { throw PackDeliveryError.corruptArchive("a block lies beyond any file size", entry: entry) }
             let charge = Int64(size) + max(0, offset - fileEnd)
-            if charge > self.limits.maxBytes - self.bytes {
+            if charge > self.maxBytes - self.bytes {
                 throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
             }
             if size > 0, let buffer {
@@ -462,8 +544,8 @@ private final class UnpackRun {
                     writebackStart = dataEnd
                 }
                 if inOrder, offset >= hashedEnd {
-                    Self.hashZeros(hasher, count: offset - hashedEnd)
-                    hasher.update(UnsafeRawBufferPointer(start: buffer, count: size))
+                    self.digests.addZeros(offset - hashedEnd)
+                    self.digests.add(UnsafeRawBufferPointer(start: buffer, count: size))
                     hashedEnd = end
                 } else {
                     inOrder = false
@@ -480,7 +562,7 @@ private final class UnpackRun {
         if archive_entry_sparse_count(archiveEntry) > 0, archive_entry_size_is_set(archiveEntry) != 0 {
             let size = Int64(archive_entry_size(archiveEntry))
             if size > fileEnd {
-                if size - fileEnd > self.limits.maxBytes - self.bytes {
+                if size - fileEnd > self.maxBytes - self.bytes {
                     throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
                 }
                 self.bytes += size - fileEnd
@@ -491,23 +573,66 @@ private final class UnpackRun {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
         if inOrder {
-            Self.hashZeros(hasher, count: fileEnd - hashedEnd)
+            self.digests.addZeros(fileEnd - hashedEnd)
+            self.digests.end()
+            self.records[key] = (.file, fileEnd, "")
+            self.pendingDigests[key] = digest
         } else {
-            // Blocks out of order (rare sparse layouts): hash what was written, once.
+            // Blocks out of order (rare sparse layouts): hash what was written, once, here.
+            let hasher = self.entryHasher
             hasher.reset()
             do throws(PackDeliveryError) { try hasher.update(fileDescriptor: fd, length: fileEnd) } catch {
                 throw self.failure("read back", components, errno: Int32(error.underlying?.value ?? Int(EIO)), entry: entry)
             }
+            self.records[key] = (.file, fileEnd, hasher.hexDigest())
         }
-        self.records[key] = (.file, fileEnd, hasher.hexDigest())
+        try self.setModeAndTime(fd, archiveEntry, mode: mode, components, entry: entry)
+        closed = true
+        if close(fd) != 0 { throw self.failure("write", components, errno: errno, entry: entry) }
+    }
+
+    private func setModeAndTime(_ fd: Int32, _ archiveEntry: OpaquePointer, mode: mode_t, _ components: [[UInt8]], entry: String) throws(PackDeliveryError) {
         if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
         if archive_entry_mtime_is_set(archiveEntry) != 0 {
             let mtime = timespec(tv_sec: time_t(archive_entry_mtime(archiveEntry)), tv_nsec: Int(archive_entry_mtime_nsec(archiveEntry)))
             var times = [mtime, mtime]
             _ = futimens(fd, &times)  // best effort
         }
-        closed = true
-        if close(fd) != 0 { throw self.failure("write", components, errno: errno, entry: entry) }
+    }
+
+    /// A regular file of a zip read by its central directory: the file the streamed unpack wrote for it is moved
+    /// in, with the central directory's mode, instead of unpacking its bytes again (libarchive skips them).
+    private func adoptFile(_ archiveEntry: OpaquePointer, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String,
+                           from adoption: Adoption) throws(PackDeliveryError) {
+        let path = String(decoding: key, as: UTF8.self)
+        guard let file = adoption.files[path] else { throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' was not unpacked as a file") }
+        if archive_entry_size_is_set(archiveEntry) != 0, Int64(archive_entry_size(archiveEntry)) != file.size {
+            throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' has another size in the central directory")
+        }
+        if file.size > self.limits.maxBytes - self.bytes {
+            throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
+        }
+        let parent = try self.parentDirectory(components, entry: entry)
+        let moved = Self.withCName(key) { from in
+            Self.withComponent(components[components.count - 1]) { renameat(adoption.folderFD, from, parent, $0) }
+        }
+        if moved != 0 { throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' could not be moved (errno \(errno))") }
+        self.nodes[key] = .file
+        let fd = Self.withComponent(components[components.count - 1]) { openat(parent, $0, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) }
+        guard fd >= 0 else { throw self.failure("open", components, errno: errno, entry: entry) }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == file.size else {
+            throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' is not the file the streamed unpack wrote")
+        }
+        try self.setModeAndTime(fd, archiveEntry, mode: mode, components, entry: entry)
+        self.records[key] = (.file, file.size, file.sha256)
+        self.bytes += file.size
+    }
+
+    /// The streamed unpack of a zip does not match its central directory: the caller unpacks the whole archive.
+    static func notAdoptable(_ why: String) -> PackDeliveryError {
+        PackDeliveryError(.corruptArchive, message: "The zip's central directory does not match its local headers as they arrived: \(why).")
     }
 
     private func writeAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ size: Int, at offset: Int64, _ components: [[UInt8]], entry: String) throws(PackDeliveryError) {
@@ -591,6 +716,7 @@ private final class UnpackRun {
         if status != 0 { throw self.failure("create the hard link", components, errno: errno, entry: entry) }
         self.nodes[key] = .file
         self.records[key] = self.records[Self.join(target)]
+        self.pendingDigests[key] = self.pendingDigests[Self.join(target)]
     }
 
     // MARK: Errors and helpers
@@ -631,18 +757,6 @@ private final class UnpackRun {
             if !isDotOrDotDot { return false }
         }
         return true
-    }
-
-    private static let zeros = [UInt8](repeating: 0, count: 64 << 10)
-
-    /// Feeds `count` zero bytes (a hole) to the hasher.
-    private static func hashZeros(_ hasher: SHA256Hasher, count: Int64) {
-        var left = count
-        while left > 0 {
-            let step = Int(min(left, Int64(Self.zeros.count)))
-            Self.zeros.withUnsafeBytes { hasher.update(UnsafeRawBufferPointer(rebasing: $0[0..<step])) }
-            left -= Int64(step)
-        }
     }
 
     private static func join(_ components: [[UInt8]]) -> [UInt8] {

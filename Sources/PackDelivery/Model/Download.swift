@@ -26,10 +26,10 @@ public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
     /// `downloading`: bytes are arriving; `verifying`: the SHA-256 is being checked; `unpacking`: the archive is being
     /// extracted into staging; `installing`: the unpacked folder is being moved into place.
     ///
-    /// A tar pack is unpacked while it downloads (``DownloadQueue/Configuration/streamingUnpack``): the phase stays
+    /// A pack is unpacked while it downloads (``DownloadQueue/Configuration/streamingUnpack``): the phase stays
     /// `downloading` while both run, with ``Download/progress`` for the bytes and ``Download/phaseProgress`` for
-    /// the unpack; then `verifying` (the digest comparison), `unpacking` (only while the unpack catches up with
-    /// the last bytes) and `installing`. A zip is unpacked after the download, in `unpacking`.
+    /// the unpack; then `verifying` (the digest comparison), `unpacking` (while the unpack catches up with the
+    /// last bytes, and for a zip while its central directory's types and modes are applied) and `installing`.
     case downloading, verifying, unpacking, installing
 }
 

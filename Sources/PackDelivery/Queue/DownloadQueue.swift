@@ -46,9 +46,11 @@ public final class DownloadQueue: Sendable {
         /// Gives the headers that authorize each pack request (a token that expires); with one, a refused request
         /// (401, 403) is tried once more with fresh credentials before the download pauses (`unauthorized`).
         public var credentials: CredentialProvider? = nil
-        /// Unpack tar packs (plain or compressed) while they download, into a staging folder that is moved into
-        /// place only once the whole pack's SHA-256 matched; false unpacks after the download, from the archive.
-        /// Zip packs are always unpacked after the download (their central directory comes last).
+        /// Unpack packs while they download, into a staging folder that is moved into place only once the whole
+        /// pack's SHA-256 matched; false unpacks after the download, from the archive. A zip is read by its local
+        /// headers as it arrives; once it is verified, its central directory (which comes last) decides the files'
+        /// types and modes, and a zip whose local headers are not the central directory's entries is unpacked
+        /// again from the archive.
         public var streamingUnpack = true
         /// Update an installed pack to a new version by fetching only its changed entries, when the manifest
         /// indexes the pack (see ``PackIndex``): ``Download/delta`` says what is fetched and reused, and
