@@ -140,6 +140,7 @@ def fmt_mib(kib):
 class Bench:
     def __init__(self, args):
         self.packs = args.packs
+        self.packs_compare = args.packs_compare or None
         self.tmp = args.tmp
         self.site = os.path.join(args.tmp, "site")
         self.runs = os.path.join(args.tmp, "runs")
@@ -389,8 +390,18 @@ class Bench:
                           f"≤ {target}" if target is not None else "–", verdict))
         return ratio
 
-    def packs_cmd(self, home, *rest):
-        return [self.packs, "--home", home, "--quiet", *rest]
+    def packs_cmd(self, home, *rest, binary=None):
+        return [binary or self.packs, "--home", home, "--quiet", *rest]
+
+    def compare_commands(self, manifest, product):
+        """With --compare: the same fetch by another build of packs, alternated with this one's."""
+        if not self.packs_compare:
+            return []
+        return [("packs (compare)", lambda w: self.packs_cmd(f"{w}/home", "fetch", manifest, product, binary=self.packs_compare))]
+
+    def compare_row(self, case, what, walls):
+        if "packs (compare)" in walls:
+            self.row(case, what + ": this build ÷ the --compare build", walls["packs"], "packs (compare)", walls["packs (compare)"])
 
     # ---- case 1 (and 2, 3, 7): one 1 GiB pack ----------------------------------------------------
 
@@ -416,7 +427,7 @@ class Bench:
                 f"curl -s -f -o {w}/big.tar {url} && "
                 f"[ \"$(openssl dgst -sha256 -r {w}/big.tar | cut -d' ' -f1)\" = {sha} ] && "
                 f"mkdir {w}/out && bsdtar -xf {w}/big.tar -C {w}/out && sync -f {w}/out")),
-        ]
+        ] + self.compare_commands(manifest, "com.bench.big")
         log("case 1: 1 GiB pack end to end (one warm-up round, not counted)…")
         served = [os.path.join(self.site, "big", big["url"])]
         warm = size * 2 + 256 * MiB   # the archive and its content
@@ -429,6 +440,7 @@ class Bench:
         self.row(1, "1 GiB pack, end to end", walls["packs"], "aria2c --checksum + bsdtar -xf", walls["aria2c+bsdtar"])
         self.row(1, "1 GiB pack, end to end (durable)", walls["packs"], "curl + openssl dgst + bsdtar -xf && sync -f",
                  walls["curl+openssl+bsdtar+sync"])
+        self.compare_row(1, "1 GiB pack", walls)
         self.big_results = res
 
         # case 2: each stage alone
@@ -519,7 +531,7 @@ class Bench:
                 f"curl -s -f -o {w}/zst.tar.zst {url} && "
                 f"[ \"$(openssl dgst -sha256 -r {w}/zst.tar.zst | cut -d' ' -f1)\" = {zst['sha256']} ] && "
                 f"mkdir {w}/out && bsdtar -xf {w}/zst.tar.zst -C {w}/out && sync -f {w}/out")),
-        ]
+        ] + self.compare_commands(manifest, "com.bench.zst")
         log(f"case 10: {zst['contentLength'] / MiB:.0f} MiB tar.zst of 1 GiB compressible content…")
         served = [os.path.join(self.site, "zst", zst["url"])]
         res = self.alternate(10, commands, self.reps, check=self.expect_content(4, GiB),
@@ -528,6 +540,7 @@ class Bench:
         what = f"tar.zst, {zst['contentLength'] / MiB:.0f} MiB pack → 1 GiB"
         self.row(10, what, walls["packs"], "curl + openssl dgst + bsdtar -xf", walls["curl+openssl+bsdtar"], target=0.6)
         self.row(10, what + " (durable)", walls["packs"], "curl + openssl dgst + bsdtar -xf && sync -f", walls["curl+openssl+bsdtar+sync"])
+        self.compare_row(10, what, walls)
         self.rows.append(("10", "packs peak RSS (max of runs)", fmt_mib(max(r.rss_kib for r in res["packs"])), "", "", "", "≤ 64 MiB", ""))
 
     # ---- case 11: delta update ------------------------------------------------------------------
@@ -1187,6 +1200,7 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--access-log", required=True)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--packs-compare", default="", help="another packs binary, alternated with --packs in cases 1 and 10")
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--only", default="")
     ap.add_argument("--warm", type=int, default=1)

@@ -132,6 +132,9 @@ final class ArchiveReader {
         self.decompressedBuffer?.deallocate()
     }
 
+    /// The pack is compressed as a whole (a tar.gz, .bz2, .xz or .zst): this reader decompresses it.
+    var isCompressed: Bool { self.decoder != nil }
+
     /// The compression of a pack, from its first bytes.
     static func filter(forMagic bytes: [UInt8]) -> (code: Int32, name: String)? {
         if bytes.starts(with: [0x1F, 0x8B]) { return (ARCHIVE_FILTER_GZIP, "gzip") }

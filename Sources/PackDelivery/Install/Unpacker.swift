@@ -312,7 +312,12 @@ private final class UnpackRun {
         }
         let name = String(decoding: rawName, as: UTF8.self)
         self.lastEntryName = name
-        if self.entries == 0, archive_format(self.reader) & 0xFF0000 == ARCHIVE_FORMAT_ZIP { self.zipEntryNames = [] }
+        if self.entries == 0 {
+            if archive_format(self.reader) & 0xFF0000 == ARCHIVE_FORMAT_ZIP { self.zipEntryNames = [] }
+            // Files' hashes go to a queue of their own when this thread also decompresses (a compressed tar, a zip's
+            // deflated entries): see FileDigests.
+            self.digests.onQueue = self.zipEntryNames != nil || self.source.isCompressed
+        }
         self.zipEntryNames?.append(rawName)
         if let adoption, self.entries >= adoption.names.count || adoption.names[self.entries] != rawName {
             throw Self.notAdoptable("the central directory's entry \(self.entries + 1), '\(PackDeliveryError.printable(name))', is not the local headers' one")
