@@ -70,8 +70,9 @@ final class FileDigests {
     /// At most this many chunks wait for the queue (so at most 4 MiB per unpack).
     static let chunksInFlight = 4
 
-    private let worker = Worker()
-    private var chunk = Chunk()
+    // Made on first use: an unpack that hashes on its own thread allocates neither.
+    private lazy var worker = Worker()
+    private lazy var chunk = Chunk()
     private var nextID = 0
     /// Hash on the queue (true) or on the calling thread; set before the first ``begin()``.
     var onQueue = true
@@ -118,9 +119,10 @@ final class FileDigests {
 
     /// Waits for every chunk to be hashed. - Returns: the digests by id (of files that were ended).
     func finish() -> [Int: String] {
+        guard self.onQueue else { return self.digests }
         self.flush()
         self.worker.queue.sync {}
-        return self.worker.digests.withLock { $0 }.merging(self.digests) { queued, _ in queued }
+        return self.worker.digests.withLock { $0 }
     }
 
     /// Hands the current chunk to the queue, waiting while `chunksInFlight` chunks are queued.
