@@ -8,9 +8,11 @@ import Synchronization
 /// Decompressing, parsing, writing and hashing, the unpack's thread was the slowest of a streamed fetch: it
 /// fell behind the download and caught up after the last byte. With ``onQueue``, the unpack copies each
 /// block into a 1 MiB chunk and hands full chunks to a serial queue (many small files share a chunk): a
-/// 1 GiB tar.zst fetch took 0.83 of the time it took with the hashes on the unpack's thread. For a plain
-/// tar, whose unpack only copies, the copy and the second thread cost more than they saved (1.08), so
-/// its blocks are hashed where they are, as before.
+/// 1 GiB tar.zst fetch took 0.82–0.88 of the time it took with the hashes on the unpack's thread. For a
+/// plain tar, whose unpack only copies, the catch-up vanished too, but the download itself slowed by as
+/// much: on two cores the fetch is bound by its total CPU, which the copy and the second thread raise
+/// (1.11 of the time in the best-balanced run, 0.1–0.9 CPU-s more). So a plain tar's blocks are hashed
+/// where they are, as before.
 ///
 /// Used from one thread (the unpack's), which calls ``begin()``, ``add(_:)``, ``addZeros(_:)``, ``end()``
 /// per file and ``finish()`` once.
