@@ -559,6 +559,40 @@ struct UnpackerTests {
         #expect(try Unpacker.unpack(archive: pack, into: whole, limits: limits).files.map(\.path) == ["a.txt", "b.txt"])
     }
 
+    @Test("A zip whose stream stops at a fake central directory, before the entry the real one points at, is not adopted")
+    func streamedZipStoppedEarlyNotAdopted() throws {
+        let fixture = try UnpackFixture()
+        defer { fixture.remove() }
+        // [local header "a", data A]["PK\1\2" and junk][local header "a", data B][central directory → the second "a"].
+        let pack = fixture.packs.appendingPathComponent("decoy.zip")
+        let script = """
+            import io, sys, zipfile
+            first = io.BytesIO()
+            with zipfile.ZipFile(first, "w") as z: z.writestr("a", b"A" * 1000)
+            raw = first.getvalue()
+            prefix = raw[:raw.index(b"PK\\x01\\x02")] + b"PK\\x01\\x02" + b"\\0" * 60
+            open(sys.argv[1], "wb").write(prefix)
+            with zipfile.ZipFile(sys.argv[1], "a") as z: z.writestr("a", b"B" * 1000)
+            """
+        try unpackRunTool(["python3", "-c", script, pack.path])
+        let limits = UnpackLimits(maxBytes: 1 << 20)
+        let whole = try fixture.freshStaging("whole")
+        _ = try Unpacker.unpack(archive: pack, into: whole, limits: limits)
+        #expect(try String(contentsOfFile: whole.path + "/a", encoding: .utf8) == String(repeating: "B", count: 1000),
+                "an unpack by the central directory gives B")
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
+        let growth = PartialFileGrowth(length: size)
+        growth.finish(length: size)
+        let streamedFolder = try fixture.freshStaging("streamed")
+        let streamed = try Unpacker.unpack(archive: pack, into: streamedFolder, limits: limits,
+                                           growing: GrowingFile(growth: growth, generation: growth.generation))
+        #expect(streamed.files.map(\.path) == ["a"], "the stream read the decoy only")
+        let adopted = try fixture.freshStaging("adopted")
+        #expect(throws: PackDeliveryError.self, "the decoy's bytes are never adopted") {
+            try Unpacker.adopt(archive: pack, streamed: (streamedFolder, streamed), into: adopted, limits: limits)
+        }
+    }
+
     @Test("zip, tar, tar.gz, tar.bz2, tar.xz and tar.zst unpack to identical bytes")
     func allFormats() throws {
         let fixture = try UnpackFixture()

@@ -35,6 +35,8 @@ struct UnpackSummary: Sendable, Hashable {
     var directories: [String] = []
     /// The pack is a zip; its entries' names as stored, in the order read (for ``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)``).
     var zipEntryNames: [[UInt8]]? = nil
+    /// Where each of those entries' local header starts in the pack, in the same order.
+    var zipEntryOffsets: [Int64] = []
 }
 
 /// Unpacks a pack from an untrusted server into a private staging folder.
@@ -111,6 +113,12 @@ enum Unpacker {
     static func adopt(archive: URL, streamed: (folder: URL, summary: UnpackSummary), into staging: URL, limits: UnpackLimits,
                       isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) -> UnpackSummary {
         guard let names = streamed.summary.zipEntryNames else { throw UnpackRun.notAdoptable("it was not read as a zip") }
+        // The local headers read as the zip arrived must be exactly those its central directory points at: a
+        // stream can be made to stop early, or to read a header the directory skips, with the same names.
+        guard let listing = try ZipDirectories.listing(archive),
+              listing.entries.map(\.localOffset).sorted() == streamed.summary.zipEntryOffsets.sorted() else {
+            throw UnpackRun.notAdoptable("its local headers are not the ones its central directory points at")
+        }
         var files: [String: InstalledFile] = [:]
         for file in streamed.summary.files {
             // A symlink would mean the local headers gave types of their own; names that decode alike are ambiguous.
@@ -221,16 +229,20 @@ private final class UnpackRun {
     private var lastEntryName: String?
     /// The names read so far, once the pack turned out to be a zip.
     private var zipEntryNames: [[UInt8]]?
+    private var zipEntryOffsets: [Int64] = []
+    /// What a streamed zip's files may add to the byte limit: up to a symlink target's worth each.
+    private var zipSymlinkAllowance: Int64 = 0
     private let adoption: Adoption?
     /// The pack is read while it downloads.
     private let streaming: Bool
 
     /// The most bytes of file contents. A zip read by its local headers cannot tell a symlink from a file (the
-    /// target arrives as the file's bytes), so each of its entries may add a target's worth (`PATH_MAX`); the
-    /// central directory's pass (`Unpacker.adopt`) then holds its regular files to the limit itself.
+    /// target arrives as the file's bytes), so each file shorter than `PATH_MAX` adds its size (it may be a
+    /// symlink), and the file being written a `PATH_MAX`; the central directory's pass (`Unpacker.adopt`) then
+    /// holds its regular files to the limit itself.
     private var maxBytes: Int64 {
         guard self.streaming, self.zipEntryNames != nil else { return self.limits.maxBytes }
-        return self.limits.maxBytes + Int64(self.entries) * Int64(unpackPathMax)
+        return self.limits.maxBytes + self.zipSymlinkAllowance + Int64(unpackPathMax)
     }
 
     init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
@@ -299,6 +311,7 @@ private final class UnpackRun {
         }
         progress(self.bytes)
         var summary = UnpackSummary(bytes: self.bytes, entries: self.entries, zipEntryNames: self.zipEntryNames)
+        summary.zipEntryOffsets = self.zipEntryOffsets
         summary.files = self.records.map { path, record in
             InstalledFile(path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256)
         }.sorted { $0.path < $1.path }
@@ -318,7 +331,10 @@ private final class UnpackRun {
             // deflated entries): see FileDigests.
             self.digests.onQueue = self.zipEntryNames != nil || self.source.isCompressed
         }
-        self.zipEntryNames?.append(rawName)
+        if self.zipEntryNames != nil {
+            self.zipEntryNames?.append(rawName)
+            self.zipEntryOffsets.append(Int64(archive_read_header_position(self.reader)))
+        }
         if let adoption, self.entries >= adoption.names.count || adoption.names[self.entries] != rawName {
             throw Self.notAdoptable("the central directory's entry \(self.entries + 1), '\(PackDeliveryError.printable(name))', is not the local headers' one")
         }
@@ -577,6 +593,7 @@ private final class UnpackRun {
         if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
+        if self.streaming, self.zipEntryNames != nil, fileEnd < Int64(unpackPathMax) { self.zipSymlinkAllowance += fileEnd }
         if inOrder {
             self.digests.addZeros(fileEnd - hashedEnd)
             self.digests.end()
