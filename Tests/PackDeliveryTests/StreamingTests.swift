@@ -43,6 +43,26 @@ import Testing
         return (download, streamed.withLock { $0 })
     }
 
+    /// A manifest of com.example.big whose one pack is `pack` (made by hand, in the server's root), served with `fault`.
+    static func manifest(of pack: URL, server: FaultServer, fault: Fault = .none) throws -> LoadedManifest {
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
+        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
+            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0", url: server.url(pack.lastPathComponent, fault: fault).absoluteString,
+                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
+        ])])
+        return try LoadedManifest(manifest: manifest, baseURL: server.baseURL)
+    }
+
+    /// Writes the zip `pack` with python's zipfile: `lines` run once `plist` (com.example.big's ContentInfo.plist) is defined.
+    static func pythonZip(_ pack: URL, _ lines: [String]) throws {
+        let script = [
+            "import io, os, zipfile, sys",
+            "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
+        ] + lines
+        let made = try Fixtures.run("python3", ["-c", script.joined(separator: "\n"), pack.path])
+        #expect(made.status == 0, "\(made.stderr)")
+    }
+
     @Test(arguments: [PackFormat.tar, .tarGzip, .tarBzip2, .tarXz, .tarZstd, .zip])
     func eachFormatUnpacksWhileDownloadingToTheTreeBsdtarMakes(format: PackFormat) async throws {
         let label = "stream-\(format.rawValue)"
@@ -100,12 +120,8 @@ import Testing
         let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
         let server = try FaultServer(root: folder)
         defer { server.stop() }
-        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
-            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0", url: server.url(name, fault: .slow(bytesPerSecond: 4 << 20)).absoluteString,
-                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
-        ])])
         let home = try Fixtures.temporaryDirectory("stream-hostile-home")
-        let (download, _) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: server.baseURL), home: Home(folder: home))
+        let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server, fault: .slow(bytesPerSecond: 4 << 20)), home: Home(folder: home))
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
         #expect(download.error?.subject?.contains("escaped") == true, "the entry is named: \(download.error?.description ?? "")")
         #expect(server.bodyBytesSent(name) < size - (4 << 20), "the download stopped early: \(server.bodyBytesSent(name)) of \(size)")
@@ -164,9 +180,7 @@ import Testing
     @Test func aZipWhoseCentralDirectoryDisagreesWithItsLocalHeadersIsRefused() async throws {
         let folder = try Fixtures.temporaryDirectory("zipdirs-site")
         let pack = folder.appending(path: "big.zip")
-        let script = [
-            "import io, os, zipfile, sys",
-            "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
+        try Self.pythonZip(pack, [
             "raw = io.BytesIO()",
             "with zipfile.ZipFile(raw, 'w', zipfile.ZIP_DEFLATED) as z:",
             "    z.writestr('ContentInfo.plist', plist)",
@@ -176,20 +190,13 @@ import Testing
             "i = data.find(b'Contents/a.txt')",
             "data[i:i + 14] = b'Contents/b.txt'",
             "open(sys.argv[1], 'wb').write(data)",
-        ].joined(separator: "\n")
-        let made = try Fixtures.run("python3", ["-c", script, pack.path])
-        #expect(made.status == 0, "\(made.stderr)")
+        ])
         let listed = try Fixtures.run("bsdtar", ["-tf", pack.path])
         #expect(listed.stdout.contains("Contents/b.txt"), "libarchive follows the local header: \(listed.stdout)")
-        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
         let server = try FaultServer(root: folder)
         defer { server.stop() }
-        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
-            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0", url: server.url("big.zip").absoluteString,
-                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
-        ])])
         let home = try Fixtures.temporaryDirectory("zipdirs-home")
-        let (download, _) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: server.baseURL), home: Home(folder: home))
+        let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server), home: Home(folder: home))
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
         #expect(download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
                 "\(download.error?.description ?? "")")
@@ -202,9 +209,7 @@ import Testing
     @Test func aZipEntryHiddenFromTheCentralDirectoryIsNotInstalled() async throws {
         let folder = try Fixtures.temporaryDirectory("zip-hidden-site")
         let pack = folder.appending(path: "big.zip")
-        let script = [
-            "import os, zipfile, sys",
-            "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
+        try Self.pythonZip(pack, [
             "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED)",
             "z.writestr('ContentInfo.plist', plist)",
             "z.writestr('Contents/big.bin', os.urandom(2 << 20))",
@@ -212,19 +217,11 @@ import Testing
             "z.writestr('Contents/a.txt', b'hello')",
             "z.filelist = [i for i in z.filelist if i.filename != 'Contents/hidden.txt']",
             "z.close()",
-        ].joined(separator: "\n")
-        let made = try Fixtures.run("python3", ["-c", script, pack.path])
-        #expect(made.status == 0, "\(made.stderr)")
-        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
+        ])
         let server = try FaultServer(root: folder)
         defer { server.stop() }
-        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
-            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0",
-                             url: server.url("big.zip", fault: .slow(bytesPerSecond: 4 << 20)).absoluteString,
-                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
-        ])])
         let home = try Fixtures.temporaryDirectory("zip-hidden-home")
-        let (download, _) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: server.baseURL), home: Home(folder: home))
+        let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server, fault: .slow(bytesPerSecond: 4 << 20)), home: Home(folder: home))
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
         let reference = try Fixtures.temporaryDirectory("zip-hidden-bsdtar")
         #expect(try Fixtures.run("bsdtar", ["-xf", pack.path, "-C", reference.path]).status == 0)

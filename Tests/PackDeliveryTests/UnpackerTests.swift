@@ -506,18 +506,12 @@ struct UnpackerTests {
         let limits = UnpackLimits(maxBytes: 1 << 30)
 
         // As the download's unpack reads it: from the start, by its local headers.
-        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
-        let growth = PartialFileGrowth(length: size)
-        growth.finish(length: size)
-        let streamedFolder = try fixture.freshStaging("streamed")
-        let streamed = try Unpacker.unpack(archive: pack, into: streamedFolder, limits: limits,
-                                           growing: GrowingFile(growth: growth, generation: growth.generation))
-        #expect(streamed.zipEntryNames?.isEmpty == false)
+        let (streamedFolder, streamed) = try fixture.streamedUnpack(pack, limits: limits)
+        #expect(streamed.zipEntries?.isEmpty == false)
         // The local headers alone cannot tell the symlink or the modes: that is why the central directory has the last word.
         #expect(streamed.files.first { $0.path == "link" }?.kind == .file)
 
-        let adopted = try fixture.freshStaging("adopted")
-        let summary = try Unpacker.adopt(archive: pack, streamed: (streamedFolder, streamed), into: adopted, limits: limits)
+        let (adopted, summary) = try fixture.adopt(pack, (streamedFolder, streamed), limits: limits)
         let whole = try fixture.freshStaging("whole")
         let reference = try Unpacker.unpack(archive: pack, into: whole, limits: limits)
 
@@ -543,18 +537,10 @@ struct UnpackerTests {
             z.writestr("a.txt", b"a"); z.writestr("hidden.txt", b"not listed"); z.writestr("b.txt", b"b")
             z.filelist = [i for i in z.filelist if i.filename != "hidden.txt"]
             """#)
-        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
-        let growth = PartialFileGrowth(length: size)
-        growth.finish(length: size)
-        let streamedFolder = try fixture.freshStaging("streamed")
         let limits = UnpackLimits(maxBytes: 1 << 20)
-        let streamed = try Unpacker.unpack(archive: pack, into: streamedFolder, limits: limits,
-                                           growing: GrowingFile(growth: growth, generation: growth.generation))
+        let (streamedFolder, streamed) = try fixture.streamedUnpack(pack, limits: limits)
         #expect(streamed.files.map(\.path) == ["a.txt", "b.txt", "hidden.txt"])
-        let adopted = try fixture.freshStaging("adopted")
-        #expect(throws: PackDeliveryError.self) {
-            try Unpacker.adopt(archive: pack, streamed: (streamedFolder, streamed), into: adopted, limits: limits)
-        }
+        #expect(throws: PackDeliveryError.self) { try fixture.adopt(pack, (streamedFolder, streamed), limits: limits) }
         let whole = try fixture.freshStaging("whole")
         #expect(try Unpacker.unpack(archive: pack, into: whole, limits: limits).files.map(\.path) == ["a.txt", "b.txt"])
     }
@@ -580,16 +566,10 @@ struct UnpackerTests {
         _ = try Unpacker.unpack(archive: pack, into: whole, limits: limits)
         #expect(try String(contentsOfFile: whole.path + "/a", encoding: .utf8) == String(repeating: "B", count: 1000),
                 "an unpack by the central directory gives B")
-        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
-        let growth = PartialFileGrowth(length: size)
-        growth.finish(length: size)
-        let streamedFolder = try fixture.freshStaging("streamed")
-        let streamed = try Unpacker.unpack(archive: pack, into: streamedFolder, limits: limits,
-                                           growing: GrowingFile(growth: growth, generation: growth.generation))
+        let (streamedFolder, streamed) = try fixture.streamedUnpack(pack, limits: limits)
         #expect(streamed.files.map(\.path) == ["a"], "the stream read the decoy only")
-        let adopted = try fixture.freshStaging("adopted")
         #expect(throws: PackDeliveryError.self, "the decoy's bytes are never adopted") {
-            try Unpacker.adopt(archive: pack, streamed: (streamedFolder, streamed), into: adopted, limits: limits)
+            try fixture.adopt(pack, (streamedFolder, streamed), limits: limits)
         }
     }
 
@@ -769,6 +749,22 @@ private final class UnpackFixture {
         let staging = self.stagingParent.appendingPathComponent("staging-\(name)")
         try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true)
         return staging
+    }
+
+    /// Unpacks `pack` into a fresh staging folder as a download's unpack reads it: from the start, by a zip's local headers.
+    func streamedUnpack(_ pack: URL, limits: UnpackLimits) throws -> (folder: URL, summary: UnpackSummary) {
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int64)
+        let growth = PartialFileGrowth(length: size)
+        growth.finish(length: size)
+        let folder = try self.freshStaging("streamed")
+        return (folder, try Unpacker.unpack(archive: pack, into: folder, limits: limits, growing: GrowingFile(growth: growth, generation: growth.generation)))
+    }
+
+    /// Finishes a streamed unpack of the zip `pack` by its central directory, into a fresh staging folder.
+    func adopt(_ pack: URL, _ streamed: (folder: URL, summary: UnpackSummary), limits: UnpackLimits) throws -> (folder: URL, summary: UnpackSummary) {
+        let listing = try #require(try ZipDirectories.listing(pack), "the central directory can be followed")
+        let folder = try self.freshStaging("adopted")
+        return (folder, try Unpacker.adopt(archive: pack, listing: listing, streamed: streamed, into: folder, limits: limits))
     }
 
     func unpack(

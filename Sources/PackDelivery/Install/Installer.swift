@@ -80,18 +80,20 @@ struct Installer: Sendable {
             let expected = Double(download.unpackedLength ?? max(packLength, 1))
             progress(.unpacking, 0)
             switch summary != nil ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
-            case .unpacked(let unpacked, let folder)? where unpacked.zipEntryNames == nil:
+            case .unpacked(let unpacked, let folder)? where unpacked.zipEntries == nil:
                 // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
                 if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
                 summary = unpacked
             case .unpacked(let unpacked, let folder)?:
                 // A zip, unpacked while downloading by its local headers: its central directory has the last word.
                 defer { try? Self.removeTree(folder) }
-                try ZipDirectories.check(archive)
+                // A directory that cannot be followed: the unpack of the whole archive below settles it.
+                guard let listing = try ZipDirectories.listing(archive) else { break }
+                try ZipDirectories.check(listing)
                 if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
                 do throws(PackDeliveryError) {
                     let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
-                    summary = try Unpacker.adopt(archive: archive, streamed: (folder, unpacked), into: staging,
+                    summary = try Unpacker.adopt(archive: archive, listing: listing, streamed: (folder, unpacked), into: staging,
                                                  limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
                                                  isCancelled: { cancel.isCancelled })
                 } catch {

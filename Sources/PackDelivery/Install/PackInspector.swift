@@ -65,7 +65,7 @@ extension PackInspector {
     /// - Throws: `unsafeEntry` for a zip whose two directories disagree; `corruptArchive` when an entry cannot be read.
     static func index(_ archive: URL) throws(PackDeliveryError) -> PackIndex? {
         guard let listing = try ZipDirectories.listing(archive) else { return nil }
-        try ZipDirectories.check(archive)
+        try ZipDirectories.check(listing)
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
         let source = try ArchiveReader(archive, maxDecompressed: Self.maxDecompressed)

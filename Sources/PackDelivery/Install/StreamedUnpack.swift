@@ -120,7 +120,7 @@ struct GrowingFile: Sendable {
 /// - A hostile entry (unsafe, over the limits, encrypted) is reported at once (``hostile``), so the transfer
 ///   stops instead of downloading the rest of a pack that will never be installed.
 /// - A zip is read by its local headers as it arrives; its files' types and modes are in the central directory
-///   at the end, which the installer applies once the pack is verified (``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)``).
+///   at the end, which the installer applies once the pack is verified (``Unpacker/adopt(archive:listing:streamed:into:limits:isCancelled:)``).
 /// - Any other failure (a corrupt stream, a full disk, a zip whose local headers are not its central
 ///   directory's entries) only means the installer unpacks from the archive after the download, as it always did.
 final class StreamedUnpack: Sendable {

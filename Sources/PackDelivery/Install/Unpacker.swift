@@ -33,10 +33,16 @@ struct UnpackSummary: Sendable, Hashable {
     var files: [InstalledFile] = []
     /// Every folder created, implicit ones included, relative to the staging folder (`""` is the staging folder).
     var directories: [String] = []
-    /// The pack is a zip; its entries' names as stored, in the order read (for ``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)``).
-    var zipEntryNames: [[UInt8]]? = nil
-    /// Where each of those entries' local header starts in the pack, in the same order.
-    var zipEntryOffsets: [Int64] = []
+    /// The pack is a zip: its entries in the order read (for ``Unpacker/adopt(archive:listing:streamed:into:limits:isCancelled:)``).
+    var zipEntries: [ZipEntryRead]? = nil
+}
+
+/// A zip entry as an unpack read it.
+struct ZipEntryRead: Sendable, Hashable {
+    /// Its name as stored.
+    var name: [UInt8]
+    /// Where its local header starts in the pack.
+    var offset: Int64
 }
 
 /// Unpacks a pack from an untrusted server into a private staging folder.
@@ -105,18 +111,18 @@ enum Unpacker {
     ///
     /// - Parameters:
     ///   - archive: the complete zip, already verified.
+    ///   - listing: its central directory (``ZipDirectories/listing(_:)``), already checked.
     ///   - streamed: the folder and summary of the streamed unpack; the folder is emptied of the files moved.
     ///   - staging: an existing, empty folder.
     /// - Throws: any error the unpack of the whole archive could throw, and `corruptArchive` when the entries
     ///   the central directory lists are not those the local headers gave, in the same order, of the same
     ///   sizes. The caller then unpacks the whole archive instead, which settles it.
-    static func adopt(archive: URL, streamed: (folder: URL, summary: UnpackSummary), into staging: URL, limits: UnpackLimits,
-                      isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) -> UnpackSummary {
-        guard let names = streamed.summary.zipEntryNames else { throw UnpackRun.notAdoptable("it was not read as a zip") }
+    static func adopt(archive: URL, listing: ZipDirectories.Listing, streamed: (folder: URL, summary: UnpackSummary), into staging: URL,
+                      limits: UnpackLimits, isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) -> UnpackSummary {
+        guard let read = streamed.summary.zipEntries else { throw UnpackRun.notAdoptable("it was not read as a zip") }
         // The local headers read as the zip arrived must be exactly those its central directory points at: a
         // stream can be made to stop early, or to read a header the directory skips, with the same names.
-        guard let listing = try ZipDirectories.listing(archive),
-              listing.entries.map(\.localOffset).sorted() == streamed.summary.zipEntryOffsets.sorted() else {
+        guard listing.entries.map(\.localOffset).sorted() == read.map(\.offset).sorted() else {
             throw UnpackRun.notAdoptable("its local headers are not the ones its central directory points at")
         }
         var files: [String: InstalledFile] = [:]
@@ -132,7 +138,7 @@ enum Unpacker {
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
         let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: SystemFileWriter(), isCancelled: isCancelled,
-                                growing: nil, adopting: UnpackRun.Adoption(folderFD: folder, names: names, files: files))
+                                growing: nil, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files))
         return try run.run(progress: { _ in }, isCancelled: isCancelled)
     }
 }
@@ -189,7 +195,7 @@ private let dot = UInt8(ascii: ".")
 private final class UnpackRun {
     private enum Node { case directory, file, symlink }
 
-    /// What ``Unpacker/adopt(archive:streamed:into:limits:isCancelled:)`` takes from a streamed unpack.
+    /// What ``Unpacker/adopt(archive:listing:streamed:into:limits:isCancelled:)`` takes from a streamed unpack.
     struct Adoption {
         /// The streamed unpack's folder (it holds no symlinks: checked by the caller).
         let folderFD: Int32
@@ -227,9 +233,8 @@ private final class UnpackRun {
     private var entries = 0
     private var lastProgress: Int64 = 0
     private var lastEntryName: String?
-    /// The names read so far, once the pack turned out to be a zip.
-    private var zipEntryNames: [[UInt8]]?
-    private var zipEntryOffsets: [Int64] = []
+    /// The entries read so far, once the pack turned out to be a zip.
+    private var zipEntries: [ZipEntryRead]?
     /// What a streamed zip's files may add to the byte limit: up to a symlink target's worth each.
     private var zipSymlinkAllowance: Int64 = 0
     private let adoption: Adoption?
@@ -241,7 +246,7 @@ private final class UnpackRun {
     /// symlink), and the file being written a `PATH_MAX`; the central directory's pass (`Unpacker.adopt`) then
     /// holds its regular files to the limit itself.
     private var maxBytes: Int64 {
-        guard self.streaming, self.zipEntryNames != nil else { return self.limits.maxBytes }
+        guard self.streaming, self.zipEntries != nil else { return self.limits.maxBytes }
         return self.limits.maxBytes + self.zipSymlinkAllowance + Int64(unpackPathMax)
     }
 
@@ -310,8 +315,7 @@ private final class UnpackRun {
             self.records[key]?.sha256 = digest
         }
         progress(self.bytes)
-        var summary = UnpackSummary(bytes: self.bytes, entries: self.entries, zipEntryNames: self.zipEntryNames)
-        summary.zipEntryOffsets = self.zipEntryOffsets
+        var summary = UnpackSummary(bytes: self.bytes, entries: self.entries, zipEntries: self.zipEntries)
         summary.files = self.records.map { path, record in
             InstalledFile(path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256)
         }.sorted { $0.path < $1.path }
@@ -326,15 +330,12 @@ private final class UnpackRun {
         let name = String(decoding: rawName, as: UTF8.self)
         self.lastEntryName = name
         if self.entries == 0 {
-            if archive_format(self.reader) & 0xFF0000 == ARCHIVE_FORMAT_ZIP { self.zipEntryNames = [] }
+            if archive_format(self.reader) & 0xFF0000 == ARCHIVE_FORMAT_ZIP { self.zipEntries = [] }
             // Files' hashes go to a queue of their own when this thread also decompresses (a compressed tar, a zip's
             // deflated entries): see FileDigests.
-            self.digests.onQueue = self.zipEntryNames != nil || self.source.isCompressed
+            self.digests.onQueue = self.zipEntries != nil || self.source.isCompressed
         }
-        if self.zipEntryNames != nil {
-            self.zipEntryNames?.append(rawName)
-            self.zipEntryOffsets.append(Int64(archive_read_header_position(self.reader)))
-        }
+        self.zipEntries?.append(ZipEntryRead(name: rawName, offset: Int64(archive_read_header_position(self.reader))))
         if let adoption, self.entries >= adoption.names.count || adoption.names[self.entries] != rawName {
             throw Self.notAdoptable("the central directory's entry \(self.entries + 1), '\(PackDeliveryError.printable(name))', is not the local headers' one")
         }
@@ -593,7 +594,7 @@ private final class UnpackRun {
         if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
-        if self.streaming, self.zipEntryNames != nil, fileEnd < Int64(unpackPathMax) { self.zipSymlinkAllowance += fileEnd }
+        if self.streaming, self.zipEntries != nil, fileEnd < Int64(unpackPathMax) { self.zipSymlinkAllowance += fileEnd }
         if inOrder {
             self.digests.addZeros(fileEnd - hashedEnd)
             self.digests.end()
@@ -631,7 +632,7 @@ private final class UnpackRun {
         if archive_entry_size_is_set(archiveEntry) != 0, Int64(archive_entry_size(archiveEntry)) != file.size {
             throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' has another size in the central directory")
         }
-        if file.size > self.limits.maxBytes - self.bytes {
+        if file.size > self.maxBytes - self.bytes {
             throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
         }
         let parent = try self.parentDirectory(components, entry: entry)

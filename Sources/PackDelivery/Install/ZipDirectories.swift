@@ -36,6 +36,11 @@ enum ZipDirectories {
     /// - Throws: `unsafeEntry` naming the first file whose two names differ.
     static func check(_ archive: URL) throws(PackDeliveryError) {
         guard let listing = try Self.listing(archive) else { return }
+        try Self.check(listing)
+    }
+
+    /// The same, for a directory already read.
+    static func check(_ listing: Listing) throws(PackDeliveryError) {
         for entry in listing.entries where entry.localName != entry.name {
             let shown = PackDeliveryError.printable(String(decoding: entry.name, as: UTF8.self))
             throw PackDeliveryError(.unsafeEntry,
