@@ -545,6 +545,68 @@ struct UnpackerTests {
         #expect(try Unpacker.unpack(archive: pack, into: whole, limits: limits).files.map(\.path) == ["a.txt", "b.txt"])
     }
 
+    @Test("A zip whose central directory has another CRC-32 than the data descriptor is not adopted, and a whole unpack refuses it")
+    func streamedZipWithOtherDirectoryCRCNotAdopted() throws {
+        let fixture = try UnpackFixture()
+        defer { fixture.remove() }
+        // Written to a stream that cannot seek, python puts each CRC in a data descriptor; the directory's first one is then changed.
+        let pack = fixture.packs.appendingPathComponent("crc.zip")
+        let script = """
+            import io, struct, sys, zipfile
+            class Stream(io.RawIOBase):
+                def __init__(self): self.data = bytearray()
+                def writable(self): return True
+                def write(self, b): self.data += b; return len(b)
+            out = Stream()
+            with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+                z.writestr("a.txt", b"hello " * 100); z.writestr("b.txt", b"world " * 100)
+            raw = out.data
+            directory = raw.index(b"PK\\x01\\x02")
+            assert struct.unpack_from("<H", raw, directory + 8)[0] & 8, "a data descriptor"
+            struct.pack_into("<I", raw, directory + 16, struct.unpack_from("<I", raw, directory + 16)[0] ^ 1)
+            open(sys.argv[1], "wb").write(raw)
+            """
+        try unpackRunTool(["python3", "-c", script, pack.path])
+        let limits = UnpackLimits(maxBytes: 1 << 20)
+        let listing = try #require(try ZipDirectories.listing(pack))
+        #expect(listing.entries.map { $0.localCRC == $0.crc } == [false, true], "the descriptors' CRCs are found")
+        let (streamedFolder, streamed) = try fixture.streamedUnpack(pack, limits: limits)
+        #expect(streamed.files.map(\.path) == ["a.txt", "b.txt"], "the stream checks the descriptor's CRC only")
+        #expect(throws: PackDeliveryError.self, "not adopted") { try fixture.adopt(pack, (streamedFolder, streamed), limits: limits) }
+        #expect(throws: PackDeliveryError.self, "the whole unpack (what the installer falls back to) refuses it") {
+            try Unpacker.unpack(archive: pack, into: try fixture.freshStaging("whole"), limits: limits)
+        }
+    }
+
+    @Test("Zips written by bsdtar, Info-ZIP and python, to files and to pipes, stored and deflated, are adopted: every CRC-32 is found")
+    func zipsOfCommonWritersAreAdopted() throws {
+        let writers = [
+            // A pipe leaves the writer no way back to the local header: the CRC goes into a data descriptor.
+            "bsdtar": "bsdtar --format zip -cf - . | cat > \"$1\"",
+            "bsdtar-stored": "bsdtar --format zip --options zip:compression=store -cf \"$1\" .",
+            "zip": "zip -qr \"$1\" .",
+            "zip-pipe": "zip -qr - . | cat > \"$1\"",
+            "python-pipe": "python3 -c 'import io,os,sys,zipfile\nclass S(io.RawIOBase):\n  def writable(self): return True\n  def write(self, b): sys.stdout.buffer.write(b); return len(b)\nwith zipfile.ZipFile(S(), \"w\", zipfile.ZIP_DEFLATED) as z:\n  for f in (\"dir/big.txt\", \"mixed.bin\", \"empty\"): z.write(f)' > \"$1\"",
+        ]
+        let limits = UnpackLimits(maxBytes: 1 << 20)
+        for (name, command) in writers.sorted(by: { $0.key < $1.key }) {
+            let fixture = try UnpackFixture()
+            defer { fixture.remove() }
+            let tree = fixture.sources.appendingPathComponent("tree")
+            try FileManager.default.createDirectory(at: tree.appendingPathComponent("dir"), withIntermediateDirectories: true)
+            try Data(repeating: 0x61, count: 300_000).write(to: tree.appendingPathComponent("dir/big.txt"))
+            try Data((0..<70_000).map { UInt8(truncatingIfNeeded: $0 &* 7919 >> 3) }).write(to: tree.appendingPathComponent("mixed.bin"))
+            try Data().write(to: tree.appendingPathComponent("empty"))
+            let pack = fixture.packs.appendingPathComponent("\(name).zip")
+            try unpackRunTool(["sh", "-c", "cd \"$2\" && " + command, "sh", pack.path, tree.path])
+            let listing = try #require(try ZipDirectories.listing(pack), "\(name): the central directory can be followed")
+            #expect(listing.entries.allSatisfy { $0.localCRC == $0.crc }, "\(name): \(listing.entries.map { ($0.crc, $0.localCRC) })")
+            let adopted = try fixture.adopt(pack, try fixture.streamedUnpack(pack, limits: limits), limits: limits)
+            let whole = try Unpacker.unpack(archive: pack, into: try fixture.freshStaging("whole"), limits: limits)
+            #expect(adopted.summary.files == whole.files, "\(name): adopted as the whole unpack would install it")
+        }
+    }
+
     @Test("A zip whose stream stops at a fake central directory, before the entry the real one points at, is not adopted")
     func streamedZipStoppedEarlyNotAdopted() throws {
         let fixture = try UnpackFixture()

@@ -116,7 +116,7 @@ enum Unpacker {
     ///   - staging: an existing, empty folder.
     /// - Throws: any error the unpack of the whole archive could throw, and `corruptArchive` when the entries
     ///   the central directory lists are not those the local headers gave, in the same order, of the same
-    ///   sizes. The caller then unpacks the whole archive instead, which settles it.
+    ///   sizes and CRC-32s. The caller then unpacks the whole archive instead, which settles it.
     static func adopt(archive: URL, listing: ZipDirectories.Listing, streamed: (folder: URL, summary: UnpackSummary), into staging: URL,
                       limits: UnpackLimits, isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) -> UnpackSummary {
         guard let read = streamed.summary.zipEntries else { throw UnpackRun.notAdoptable("it was not read as a zip") }
@@ -124,6 +124,11 @@ enum Unpacker {
         // stream can be made to stop early, or to read a header the directory skips, with the same names.
         guard listing.entries.map(\.localOffset).sorted() == read.map(\.offset).sorted() else {
             throw UnpackRun.notAdoptable("its local headers are not the ones its central directory points at")
+        }
+        // The stream checked each entry's data against the CRC-32 of its local header or data descriptor; a whole
+        // unpack checks it against the central directory's. Adopt only when the two are the same.
+        if let entry = listing.entries.first(where: { $0.localCRC != $0.crc }) {
+            throw UnpackRun.notAdoptable("'\(PackDeliveryError.printable(String(decoding: entry.name, as: UTF8.self)))' has another CRC-32 in the central directory")
         }
         var files: [String: InstalledFile] = [:]
         for file in streamed.summary.files {

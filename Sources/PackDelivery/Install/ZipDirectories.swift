@@ -24,6 +24,11 @@ enum ZipDirectories {
         var localOffset: Int64
         /// The unix mode from the external attributes, when the entry was made on unix (a symlink, an executable).
         var unixMode: Int? = nil
+        /// The CRC-32 in the central directory.
+        var crc: UInt32 = 0
+        /// The CRC-32 that a read by local headers checks the data against: the local header's, or the data
+        /// descriptor's when the entry has one; nil when the descriptor cannot be found.
+        var localCRC: UInt32? = nil
     }
 
     /// A zip's entries in central-directory order, and where the central directory starts.
@@ -84,33 +89,44 @@ enum ZipDirectories {
             let commentLength = Int(Self.u16(directory, position + 32))
             guard position + 46 + nameLength + extraLength <= directory.count else { return nil }
             let name = Array(directory[(position + 46)..<(position + 46 + nameLength)])
-            var localOffset = Int64(Self.u32(directory, position + 42))
-            if localOffset == 0xFFFF_FFFF {
-                // In the ZIP64 extra field, after the sizes that are also saturated.
-                localOffset = Self.zip64Offset(Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]),
-                                               uncompressedSaturated: Self.u32(directory, position + 24) == 0xFFFF_FFFF,
-                                               compressedSaturated: Self.u32(directory, position + 20) == 0xFFFF_FFFF) ?? -1
-            }
+            // Saturated sizes and offset are in the ZIP64 extra field, in this order, those saturated only.
+            let zip64 = Self.zip64Fields(Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]),
+                                         saturated: [24, 20, 42].map { Self.u32(directory, position + $0) == 0xFFFF_FFFF })
+            let compressedSize = Self.u32(directory, position + 20) == 0xFFFF_FFFF ? zip64?[1] ?? -1 : Int64(Self.u32(directory, position + 20))
+            let localOffset = Self.u32(directory, position + 42) == 0xFFFF_FFFF ? zip64?[2] ?? -1 : Int64(Self.u32(directory, position + 42))
             guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return nil }
             let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
             let madeOnUnix = Self.u16(directory, position + 4) >> 8 == 3
             let mode = Int(Self.u32(directory, position + 38) >> 16)
+            var localCRC: UInt32? = Self.u32(local, 14)
+            if Self.u16(local, 6) & 0x8 != 0 {
+                // A data descriptor follows the data: its CRC (after an optional signature) is the one checked.
+                let after = localOffset + 30 + Int64(Self.u16(local, 26)) + Int64(Self.u16(local, 28)) + compressedSize
+                localCRC = compressedSize < 0 ? nil : Self.read(fd, at: after, count: 8).map { Self.u32($0, 0) == 0x0807_4B50 ? Self.u32($0, 4) : Self.u32($0, 0) }
+            }
             listing.entries.append(Entry(name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset,
-                                         unixMode: madeOnUnix && mode != 0 ? mode : nil))
+                                         unixMode: madeOnUnix && mode != 0 ? mode : nil, crc: Self.u32(directory, position + 16), localCRC: localCRC))
             position += 46 + nameLength + extraLength + commentLength
         }
         return listing
     }
 
-    private static func zip64Offset(_ extra: [UInt8], uncompressedSaturated: Bool, compressedSaturated: Bool) -> Int64? {
+    /// The ZIP64 extra field's uncompressed size, compressed size and local header offset, each only when
+    /// `saturated` says its 32-bit field is (the field holds just those, in this order); nil when there is none.
+    private static func zip64Fields(_ extra: [UInt8], saturated: [Bool]) -> [Int64?]? {
         var position = 0
         while position + 4 <= extra.count {
             let id = Self.u16(extra, position)
             let length = Int(Self.u16(extra, position + 2))
             if id == 0x0001 {
-                let skip = (uncompressedSaturated ? 8 : 0) + (compressedSaturated ? 8 : 0)
-                guard position + 4 + skip + 8 <= extra.count, skip + 8 <= length else { return nil }
-                return Int64(truncatingIfNeeded: Self.u64(extra, position + 4 + skip))
+                var values: [Int64?] = []
+                var at = position + 4
+                for isSaturated in saturated {
+                    guard isSaturated, at + 8 <= position + 4 + length, at + 8 <= extra.count else { values.append(nil); continue }
+                    values.append(Int64(truncatingIfNeeded: Self.u64(extra, at)))
+                    at += 8
+                }
+                return values
             }
             position += 4 + length
         }
