@@ -319,7 +319,7 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
     }
 
     @Test func cancelDeletesThePartialDataAndPauseKeepsIt() async throws {
-        let site = try TestSite.random("cancel-site", size: 4 << 20)
+        let site = try TestSite.random("cancel-site", size: 32 << 20)  // 32 s at 1 MiB/s: the pause always lands mid-transfer
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
         defer { nginx.stop() }
         let home = Home(folder: try Fixtures.temporaryDirectory("cancel-home"))
