@@ -37,6 +37,7 @@ class Run:
     def __init__(self, wall, user, sys_, rss_kib, code, out, err):
         self.wall, self.user, self.sys, self.rss_kib, self.code, self.out, self.err = wall, user, sys_, rss_kib, code, out, err
         self.other = float("nan")   # CPU seconds used meanwhile by anything but the run and nginx
+        self.nginx = 0.0            # CPU seconds nginx used meanwhile
 
     @property
     def cpu(self):
@@ -91,7 +92,8 @@ def timed(cmd, tmp, timeout=900, env=None):
         fields = f.read().strip().splitlines()[-1].split()
     run = Run(wall, float(fields[1]), float(fields[2]), int(fields[3]), p.returncode,
               p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace"))
-    run.other = max(0.0, (busy1 - busy0) - run.cpu - (nginx1 - nginx0))
+    run.nginx = nginx1 - nginx0
+    run.other = max(0.0, (busy1 - busy0) - run.cpu - run.nginx)
     return run
 
 
@@ -482,6 +484,7 @@ class Bench:
         self.row(2, "case 1 ÷ sum of the stages (no overlap at all)", ours, "sum of the three stages", sum(medians.values()))
         self.stage_medians = medians
         self.stage_results = st
+        self.busy_row(1, res["packs"])
 
         # case 7: CPU seconds per GiB
         gib = size / GiB
@@ -528,6 +531,21 @@ class Bench:
         spans.append((f"{previous_name} → exit", end - previous_t))
         return spans, end
 
+    # ---- how busy the machine was: CPU-bound or waiting ---------------------------------------------
+
+    def busy_row(self, case, runs):
+        """The share of all cores that packs, nginx and the kernel's writeback kept busy during packs's runs
+        (medians). Near 100 % the fetch is bound by the CPU it needs: overlapping its stages better cannot make
+        it faster, only doing less work can."""
+        cores = os.cpu_count() or 1
+        own = median([r.cpu for r in runs])
+        nginx = median([r.nginx for r in runs])
+        other = median([r.other for r in runs])
+        wall = median([r.wall for r in runs])
+        self.rows.append((str(case), f"packs: CPU of packs {own:.2f} s + nginx {nginx:.2f} s + other (writeback) {other:.2f} s "
+                                     f"over {wall:.2f} s × {cores} cores", f"{(own + nginx + other) / (wall * cores):.0%} busy",
+                          "", "", "", "", ""))
+
     # ---- case 10: a compressed pack of compressible content (issue 14) ---------------------------
 
     def case_zst(self):
@@ -556,6 +574,7 @@ class Bench:
         self.row(10, what + " (durable)", walls["packs"], "curl + openssl dgst + bsdtar -xf && sync -f", walls["curl+openssl+bsdtar+sync"])
         self.compare_row(10, what, walls)
         self.rows.append(("10", "packs peak RSS (max of runs)", fmt_mib(max(r.rss_kib for r in res["packs"])), "", "", "", "≤ 64 MiB", ""))
+        self.busy_row(10, res["packs"])
 
     # ---- case 11: delta update ------------------------------------------------------------------
 
