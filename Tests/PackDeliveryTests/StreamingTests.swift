@@ -54,6 +54,19 @@ import Testing
     }
 
     /// Writes the zip `pack` with python's zipfile: `lines` run once `plist` (com.example.big's ContentInfo.plist) is defined.
+    /// Serves `pack` from its folder and fetches it into a new home named `label`; the caller stops the server.
+    static func serveAndFetch(_ pack: URL, home label: String, fault: Fault = .none) async throws -> (download: Download, server: FaultServer, home: URL) {
+        let server = try FaultServer(root: pack.deletingLastPathComponent())
+        do {
+            let home = try Fixtures.temporaryDirectory(label)
+            let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server, fault: fault), home: Home(folder: home))
+            return (download, server, home)
+        } catch {
+            server.stop()
+            throw error
+        }
+    }
+
     static func pythonZip(_ pack: URL, _ lines: [String]) throws {
         let script = [
             "import io, os, zipfile, sys",
@@ -118,10 +131,8 @@ import Testing
         let made = try Fixtures.run("python3", ["-c", script, content.path, pack.path])
         #expect(made.status == 0, "\(made.stderr)")
         let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
-        let server = try FaultServer(root: folder)
+        let (download, server, home) = try await Self.serveAndFetch(pack, home: "stream-hostile-home", fault: .slow(bytesPerSecond: 4 << 20))
         defer { server.stop() }
-        let home = try Fixtures.temporaryDirectory("stream-hostile-home")
-        let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server, fault: .slow(bytesPerSecond: 4 << 20)), home: Home(folder: home))
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
         #expect(download.error?.subject?.contains("escaped") == true, "the entry is named: \(download.error?.description ?? "")")
         #expect(server.bodyBytesSent(name) < size - (4 << 20), "the download stopped early: \(server.bodyBytesSent(name)) of \(size)")
@@ -193,10 +204,8 @@ import Testing
         ])
         let listed = try Fixtures.run("bsdtar", ["-tf", pack.path])
         #expect(listed.stdout.contains("Contents/b.txt"), "libarchive follows the local header: \(listed.stdout)")
-        let server = try FaultServer(root: folder)
+        let (download, server, home) = try await Self.serveAndFetch(pack, home: "zipdirs-home")
         defer { server.stop() }
-        let home = try Fixtures.temporaryDirectory("zipdirs-home")
-        let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server), home: Home(folder: home))
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
         #expect(download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
                 "\(download.error?.description ?? "")")
@@ -218,10 +227,8 @@ import Testing
             "z.filelist = [i for i in z.filelist if i.filename != 'Contents/hidden.txt']",
             "z.close()",
         ])
-        let server = try FaultServer(root: folder)
+        let (download, server, home) = try await Self.serveAndFetch(pack, home: "zip-hidden-home", fault: .slow(bytesPerSecond: 4 << 20))
         defer { server.stop() }
-        let home = try Fixtures.temporaryDirectory("zip-hidden-home")
-        let (download, _) = try await Self.fetch(try Self.manifest(of: pack, server: server, fault: .slow(bytesPerSecond: 4 << 20)), home: Home(folder: home))
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
         let reference = try Fixtures.temporaryDirectory("zip-hidden-bsdtar")
         #expect(try Fixtures.run("bsdtar", ["-xf", pack.path, "-C", reference.path]).status == 0)

@@ -89,11 +89,9 @@ enum ZipDirectories {
             let commentLength = Int(Self.u16(directory, position + 32))
             guard position + 46 + nameLength + extraLength <= directory.count else { return nil }
             let name = Array(directory[(position + 46)..<(position + 46 + nameLength)])
-            // Saturated sizes and offset are in the ZIP64 extra field, in this order, those saturated only.
-            let zip64 = Self.zip64Fields(Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]),
-                                         saturated: [24, 20, 42].map { Self.u32(directory, position + $0) == 0xFFFF_FFFF })
-            let compressedSize = Self.u32(directory, position + 20) == 0xFFFF_FFFF ? zip64?[1] ?? -1 : Int64(Self.u32(directory, position + 20))
-            let localOffset = Self.u32(directory, position + 42) == 0xFFFF_FFFF ? zip64?[2] ?? -1 : Int64(Self.u32(directory, position + 42))
+            let (compressedSize, localOffset) = Self.sizeAndOffset(
+                uncompressed: Self.u32(directory, position + 24), compressed: Self.u32(directory, position + 20), offset: Self.u32(directory, position + 42),
+                extra: Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]))
             guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return nil }
             let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
             let madeOnUnix = Self.u16(directory, position + 4) >> 8 == 3
@@ -111,26 +109,25 @@ enum ZipDirectories {
         return listing
     }
 
-    /// The ZIP64 extra field's uncompressed size, compressed size and local header offset, each only when
-    /// `saturated` says its 32-bit field is (the field holds just those, in this order); nil when there is none.
-    private static func zip64Fields(_ extra: [UInt8], saturated: [Bool]) -> [Int64?]? {
+    /// An entry's compressed size and local header offset: its 32-bit fields, or for those saturated (0xFFFFFFFF)
+    /// the ZIP64 extra field's values, which hold the saturated fields only, in the order uncompressed size,
+    /// compressed size, offset; -1 when a saturated one is missing there.
+    private static func sizeAndOffset(uncompressed: UInt32, compressed: UInt32, offset: UInt32, extra: [UInt8]) -> (compressed: Int64, offset: Int64) {
+        var values = [uncompressed, compressed, offset].map { $0 == 0xFFFF_FFFF ? -1 : Int64($0) }
         var position = 0
         while position + 4 <= extra.count {
-            let id = Self.u16(extra, position)
             let length = Int(Self.u16(extra, position + 2))
-            if id == 0x0001 {
-                var values: [Int64?] = []
+            if Self.u16(extra, position) == 0x0001 {
                 var at = position + 4
-                for isSaturated in saturated {
-                    guard isSaturated, at + 8 <= position + 4 + length, at + 8 <= extra.count else { values.append(nil); continue }
-                    values.append(Int64(truncatingIfNeeded: Self.u64(extra, at)))
+                for index in values.indices where values[index] == -1 && at + 8 <= min(position + 4 + length, extra.count) {
+                    values[index] = Int64(truncatingIfNeeded: Self.u64(extra, at))
                     at += 8
                 }
-                return values
+                break
             }
             position += 4 + length
         }
-        return nil
+        return (values[1], values[2])
     }
 
     private static func read(_ fd: Int32, at offset: Int64, count: Int) -> [UInt8]? {
