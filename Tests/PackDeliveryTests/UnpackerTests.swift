@@ -578,15 +578,18 @@ struct UnpackerTests {
         }
     }
 
-    @Test("Zips written by bsdtar, Info-ZIP and python, to files and to pipes, stored and deflated, are adopted: every CRC-32 is found")
+    @Test("Zips written by bsdtar, Info-ZIP and python, to files and to pipes, stored, deflated and ZIP64, are adopted: every CRC-32 is found")
     func zipsOfCommonWritersAreAdopted() throws {
+        let pythonPipe = "python3 -c 'import io,os,sys,zipfile\nif os.environ.get(\"ZIP64\"): zipfile.ZIP64_LIMIT = 100\nclass S(io.RawIOBase):\n  def writable(self): return True\n  def write(self, b): sys.stdout.buffer.write(b); return len(b)\nwith zipfile.ZipFile(S(), \"w\", zipfile.ZIP_DEFLATED) as z:\n  for f in (\"dir/big.txt\", \"mixed.bin\", \"empty\"): z.write(f)' > \"$1\""
         let writers = [
             // A pipe leaves the writer no way back to the local header: the CRC goes into a data descriptor.
             "bsdtar": "bsdtar --format zip -cf - . | cat > \"$1\"",
             "bsdtar-stored": "bsdtar --format zip --options zip:compression=store -cf \"$1\" .",
             "zip": "zip -qr \"$1\" .",
             "zip-pipe": "zip -qr - . | cat > \"$1\"",
-            "python-pipe": "python3 -c 'import io,os,sys,zipfile\nclass S(io.RawIOBase):\n  def writable(self): return True\n  def write(self, b): sys.stdout.buffer.write(b); return len(b)\nwith zipfile.ZipFile(S(), \"w\", zipfile.ZIP_DEFLATED) as z:\n  for f in (\"dir/big.txt\", \"mixed.bin\", \"empty\"): z.write(f)' > \"$1\"",
+            "python-pipe": pythonPipe,
+            // ZIP64_LIMIT lowered: sizes and offsets over 100 bytes are saturated, their values in ZIP64 extra fields.
+            "python-pipe-zip64": "ZIP64=1 " + pythonPipe,
         ]
         let limits = UnpackLimits(maxBytes: 1 << 20)
         for (name, command) in writers.sorted(by: { $0.key < $1.key }) {
