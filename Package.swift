@@ -116,10 +116,11 @@ let package = Package(
 // normal `swift build` or `swift test`, which links no libFuzzer, could not link them.
 if Context.environment["PACKS_FUZZ"] == "1" {
     for name in ["FuzzManifest", "FuzzInspect", "FuzzUnpack"] {
-        package.targets.append(.executableTarget(
-            name: name,
-            dependencies: ["PackFuzzHarness"],
-            path: "Fuzz/Targets/\(name.dropFirst("Fuzz".count))"
-        ))
+        package.targets.append(
+            .executableTarget(
+                name: name,
+                dependencies: ["PackFuzzHarness"],
+                path: "Fuzz/Targets/\(name.dropFirst("Fuzz".count))"
+            ))
     }
 }

@@ -9,13 +9,13 @@ let package = Package(
     dependencies: [
         // `name:` gives a path dependency the identity the product line refers to; without it the identity is
         // the folder's name.
-        .package(name: "PackDelivery", path: "../..", traits: []),
+        .package(name: "PackDelivery", path: "../..", traits: [])
     ],
     targets: [
         .executableTarget(
             name: "StoreClient",
             dependencies: [.product(name: "PackDelivery", package: "PackDelivery")]
-        ),
+        )
     ],
     swiftLanguageModes: [.v6]
 )

@@ -2,7 +2,7 @@ import Foundation
 @_spi(Fuzzing) import PackDelivery
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// What the fuzz targets and the corpus tests run for one input: the library's entry point on the bytes,
@@ -98,7 +98,8 @@ public enum FuzzHarness {
             problems.append("the staging folder's parent now holds \(shown), not [pack, sentinel, staging]")
         }
         if Self.list(Array(sentinel.path.utf8)) != [Array("keep".utf8)]
-            || Self.contents(of: sentinel.appending(path: "keep").path) != Self.sentinelText {
+            || Self.contents(of: sentinel.appending(path: "keep").path) != Self.sentinelText
+        {
             problems.append("the sentinel folder beside the staging folder changed")
         }
         if Self.contents(of: pack.path) != data {
@@ -130,7 +131,9 @@ public enum FuzzHarness {
                 break
             case S_IFLNK:
                 if Self.leavesFolder(staging, link: item) {
-                    problems.append("the symlink \(Self.shown(Self.join([], item))) -> \(Self.shown(Self.readLink(itemPath) ?? [])) leads outside the staging folder")
+                    problems.append(
+                        "the symlink \(Self.shown(Self.join([], item))) -> \(Self.shown(Self.readLink(itemPath) ?? [])) leads outside the staging folder"
+                    )
                 }
             case nil:
                 problems.append("cannot lstat \(Self.shown(Self.join([], item)))")
@@ -146,7 +149,8 @@ public enum FuzzHarness {
     /// kernel would, so a `..` after a symlink counts from where that symlink leads. A missing component is
     /// taken as a folder (the kernel would stop there; so this errs towards reporting). Loops do not escape.
     static func leavesFolder(_ staging: [UInt8], link: [[UInt8]]) -> Bool {
-        let slash = UInt8(ascii: "/"), dot = UInt8(ascii: ".")
+        let slash = UInt8(ascii: "/")
+        let dot = UInt8(ascii: ".")
         var folder = Array(link.dropLast())  // real folders only: `..` from here is the parent on disk too
         var pending: [[UInt8]] = []
         var hops = 0

@@ -57,7 +57,9 @@ struct AuthorizationMiddleware<Context: RequestContext>: RouterMiddleware {
         (context as? PackRequestContext)?.notes.credential = grant.credential
         switch grant.decision {
         case .allow:
-            if case .catalog = resource.kind, let products = grant.products, let answer = self.index.catalog(for: products, logger: context.logger) {
+            if case .catalog = resource.kind, let products = grant.products,
+                let answer = self.index.catalog(for: products, logger: context.logger)
+            {
                 return Self.respond(with: answer, to: request)
             }
             return try await next(request, context)
@@ -97,7 +99,8 @@ struct AuthGateMiddleware<Context: RequestContext>: RouterMiddleware {
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard let original = request.headers[Self.originalURI], let resource = self.index.resource(forRequestTarget: original) else {
-            context.logger.warning("An auth subrequest without a usable X-Original-URI: refused (set proxy_set_header X-Original-URI $request_uri).")
+            context.logger.warning(
+                "An auth subrequest without a usable X-Original-URI: refused (set proxy_set_header X-Original-URI $request_uri).")
             return Response(status: .forbidden)
         }
         let grant = self.authorizer.authorize(authorization: request.headers[.authorization], resource: resource)

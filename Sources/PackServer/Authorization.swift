@@ -204,7 +204,9 @@ public struct ReceiptAuthorizer: PackAuthorizer {
         case .catalog:
             return AccessGrant(.allow, products: receipt.products, credential: credential)
         case .pack(let products):
-            return AccessGrant(products.contains(where: receipt.products.contains) ? .allow : .forbidden, products: receipt.products, credential: credential)
+            return AccessGrant(
+                products.contains(where: receipt.products.contains) ? .allow : .forbidden, products: receipt.products,
+                credential: credential)
         case .unlisted:
             return AccessGrant(.forbidden, products: receipt.products, credential: credential)
         }

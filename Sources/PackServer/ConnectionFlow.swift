@@ -33,7 +33,8 @@ final class ConnectionFlow: Sendable {
     private let regionWriter = Mutex<(write: RegionWrite, abort: @Sendable () -> Void)?>(nil)
 
     /// Writes `count` bytes of `fd` from `offset` and calls `done` once the socket took them.
-    typealias RegionWrite = @Sendable (_ fd: Int32, _ offset: Int, _ count: Int, _ done: @escaping @Sendable (Result<Void, any Error>) -> Void) -> Void
+    typealias RegionWrite =
+        @Sendable (_ fd: Int32, _ offset: Int, _ count: Int, _ done: @escaping @Sendable (Result<Void, any Error>) -> Void) -> Void
 
     /// Lets ``sendFile(_:offset:count:)`` write regions through `write` (which hops to the event
     /// loop); `abort` closes the connection when the sending task is cancelled.

@@ -7,7 +7,7 @@ import NIOHTTPTypesHTTP1
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Guards one HTTP/1.1 connection against clients that hold it without using it. It sits in the
@@ -198,7 +198,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         if closeAfter {
             headers[.connection] = "close"
         }
-        self.trackedWrite(context: context, data: self.wrapOutboundOut(.head(HTTPResponse(status: answer.status, headerFields: headers))), promise: nil)
+        self.trackedWrite(
+            context: context, data: self.wrapOutboundOut(.head(HTTPResponse(status: answer.status, headerFields: headers))), promise: nil)
 
         let logger = fastPath.logger
         let who = credential.map { " " + $0 } ?? ""
@@ -219,7 +220,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
                 return true
             }
             // `file` stays open until its bytes are sent (the closure holds it).
-            self.writeRegion(context: context, codec: codec, fd: file.file.fd, offset: answer.range.lowerBound, count: answer.range.count) { result in
+            self.writeRegion(context: context, codec: codec, fd: file.file.fd, offset: answer.range.lowerBound, count: answer.range.count) {
+                result in
                 withExtendedLifetime(file) {}
                 if case .failure(let error) = result { log(0, error) }
             }
@@ -413,7 +415,8 @@ final class ConnectionGuard: ChannelDuplexHandler, RemovableChannelHandler {
         if let deadline = self.requestDeadline, deadline <= now, case .open = self.state {
             if self.isReadingRequest || (self.isIdle && self.pendingWrites == 0) {
                 self.logger.debug(
-                    self.responsesEnded == 0 ? "No whole request within \(self.requestTimeout): closing the connection."
+                    self.responsesEnded == 0
+                        ? "No whole request within \(self.requestTimeout): closing the connection."
                         : "Idle for \(self.requestTimeout): closing the connection."
                 )
                 self.closeFully(context: context)
@@ -465,7 +468,8 @@ final class IdleMark: Sendable {
     func set(idle: Bool) {
         if idle {
             // Keep the first moment it became idle.
-            _ = self.since.compareExchange(expected: 0, desired: max(1, Int64(NIODeadline.now().uptimeNanoseconds & UInt64(Int64.max))), ordering: .relaxed)
+            _ = self.since.compareExchange(
+                expected: 0, desired: max(1, Int64(NIODeadline.now().uptimeNanoseconds & UInt64(Int64.max))), ordering: .relaxed)
         } else if self.since.load(ordering: .relaxed) != 0 {
             self.since.store(0, ordering: .relaxed)
         }

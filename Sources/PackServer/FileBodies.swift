@@ -3,7 +3,7 @@ import Hummingbird
 import NIOCore
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Response bodies that send a range of an open file with backpressure: memory per response is
@@ -78,6 +78,7 @@ struct FileReadError: Error, CustomStringConvertible {
     let errno: Int32
 
     var description: String {
-        self.errno == 0 ? "The file ended before its announced length." : "Reading the file failed: \(String(cString: strerror(self.errno)))."
+        self.errno == 0
+            ? "The file ended before its announced length." : "Reading the file failed: \(String(cString: strerror(self.errno)))."
     }
 }

@@ -3,7 +3,7 @@ import Logging
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Which products list which pack: `DIR/manifest.json` read as `products[].contents[].url`, each URL
@@ -103,8 +103,9 @@ final class ManifestIndex: Sendable {
     func catalog(for products: [String], logger: Logger) -> Data? {
         guard access(self.manifestPath + ".sig", F_OK) != 0 else { return nil }
         guard let data = FileManager.default.contents(atPath: self.manifestPath),
-              var manifest = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any],
-              let all = manifest["products"] as? [[String: Any]] else { return nil }
+            var manifest = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any],
+            let all = manifest["products"] as? [[String: Any]]
+        else { return nil }
         let wanted = Set(products)
         manifest["products"] = all.filter { ($0["productIdentifier"] as? String).map(wanted.contains) ?? false }
         return try? JSONSerialization.data(withJSONObject: manifest, options: [.sortedKeys, .withoutEscapingSlashes])

@@ -181,7 +181,9 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
             while let last = part.last, last == UInt8(ascii: " ") || last == UInt8(ascii: "\t") { part.removeLast() }
         }
         func number(_ part: ArraySlice<UInt8>) -> Int? {
-            guard !part.isEmpty, part.count <= 18, part.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }
+            guard !part.isEmpty, part.count <= 18, part.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else {
+                return nil
+            }
             return part.reduce(0) { $0 * 10 + Int($1 - UInt8(ascii: "0")) }
         }
         trim(&bytes)
@@ -301,4 +303,3 @@ enum HTTPDate {
         return Int(timegm(&parts))
     }
 }
-

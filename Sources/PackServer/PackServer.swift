@@ -1,8 +1,8 @@
 import Foundation
 import Hummingbird
 import HummingbirdCore
-import NIOCore
 import Logging
+import NIOCore
 import ServiceLifecycle
 import Synchronization
 

@@ -41,13 +41,15 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
             }
             // A file sent with sendfile does not pass through the writer: once the body finished,
             // all of its announced length was sent.
-            Self.log(request, status: status, bytes: body.contentLength ?? counter.value, credential: credential, failure: nil, logger: logger)
+            Self.log(
+                request, status: status, bytes: body.contentLength ?? counter.value, credential: credential, failure: nil, logger: logger)
         }
         return response
     }
 
     private static func log(_ request: Request, status: Int, bytes: Int, credential: String?, failure: (any Error)?, logger: Logger) {
-        let line: Logger.Message = "\(request.method) \(request.uri.path) range=\(request.headers[.range] ?? "-") \(status) \(bytes) bytes\(credential.map { " " + $0 } ?? "")"
+        let line: Logger.Message =
+            "\(request.method) \(request.uri.path) range=\(request.headers[.range] ?? "-") \(status) \(bytes) bytes\(credential.map { " " + $0 } ?? "")"
         if let failure {
             logger.info(line, metadata: ["error": "\(failure)"])
         } else {

@@ -28,7 +28,9 @@ extension Packs {
         @Flag(help: "Fetch every product the manifest lists.")
         var all = false
 
-        @Option(name: .customLong("products-from"), help: ArgumentHelp("Read product identifiers from a file, one per line (- for standard input).", valueName: "file"))
+        @Option(
+            name: .customLong("products-from"),
+            help: ArgumentHelp("Read product identifiers from a file, one per line (- for standard input).", valueName: "file"))
         var productsFrom: String?
 
         @Option(help: "Where to install: caches (may be purged) or documents (kept).")
@@ -43,7 +45,10 @@ extension Packs {
         @Flag(help: "Download again even when the same version is installed.")
         var force = false
 
-        @Option(help: ArgumentHelp("Trust manifests signed by this publisher's public key (a .pub file from packs keygen); repeatable. With it, or with keys added by packs trust add, an unsigned, tampered, expired or older manifest is refused (exit 65) and nothing is downloaded.", valueName: "pub"))
+        @Option(
+            help: ArgumentHelp(
+                "Trust manifests signed by this publisher's public key (a .pub file from packs keygen); repeatable. With it, or with keys added by packs trust add, an unsigned, tampered, expired or older manifest is refused (exit 65) and nothing is downloaded.",
+                valueName: "pub"))
         var trust: [String] = []
 
         func validate() throws {
@@ -56,7 +61,8 @@ extension Packs {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 // The manifest first, then the queue: under a low descriptor limit the queue's files must not take
                 // the manifest request's socket.
-                let publishers = try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
+                let publishers =
+                    try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
                     + DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
                 let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
                 let products = try self.wanted(loaded)
@@ -65,11 +71,13 @@ extension Packs {
                 try queue.acceptManifest(loaded)
                 let session = RunSession(queue: queue, global: self.global)
                 return try await session.run { () throws(PackDeliveryError) in
-                    let transactions = try queue.add(products: products, from: loaded, kind: self.restore ? .restored : .purchased,
-                                                     destination: self.to, autoFinish: !self.noFinish, force: self.force,
-                                                     receipt: self.transfer.currentReceipt())
-                    return RunSession.Follow(downloads: transactions.flatMap(\.downloads),
-                                             finishing: self.noFinish ? [] : Set(transactions.map(\.id)))
+                    let transactions = try queue.add(
+                        products: products, from: loaded, kind: self.restore ? .restored : .purchased,
+                        destination: self.to, autoFinish: !self.noFinish, force: self.force,
+                        receipt: self.transfer.currentReceipt())
+                    return RunSession.Follow(
+                        downloads: transactions.flatMap(\.downloads),
+                        finishing: self.noFinish ? [] : Set(transactions.map(\.id)))
                 }
             }
             if code != 0 { throw ExitCode(code) }
@@ -88,8 +96,9 @@ extension Packs {
                     data = FileManager.default.contents(atPath: file)
                 }
                 guard let data, let text = String(data: data, encoding: .utf8) else {
-                    throw PackDeliveryError(.invalidArgument, message: "Cannot read product identifiers from \(file == "-" ? "standard input" : file).",
-                                            hint: "Pass a UTF-8 text file with one product identifier per line.", subject: file)
+                    throw PackDeliveryError(
+                        .invalidArgument, message: "Cannot read product identifiers from \(file == "-" ? "standard input" : file).",
+                        hint: "Pass a UTF-8 text file with one product identifier per line.", subject: file)
                 }
                 list = text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }
                     .filter { !$0.isEmpty && !$0.hasPrefix("#") }
@@ -99,15 +108,21 @@ extension Packs {
             var seen = Set<String>()
             list = list.filter { seen.insert($0).inserted }
             if list.isEmpty {
-                throw PackDeliveryError(.invalidArgument, message: self.all ? "The manifest lists no products." : "No product identifiers were given.", subject: self.productsFrom)
+                throw PackDeliveryError(
+                    .invalidArgument, message: self.all ? "The manifest lists no products." : "No product identifiers were given.",
+                    subject: self.productsFrom)
             }
             let known = Set(loaded.manifest.products.map(\.productIdentifier))
             if let product = list.first(where: { !known.contains($0) }) {
                 let names = loaded.manifest.products.prefix(20).map(\.productIdentifier).joined(separator: ", ")
-                let receipt = self.transfer.receipt == nil ? "" : " A server that checks receipts lists only the products the receipt names."
-                throw PackDeliveryError(.unknownProduct, message: "The manifest has no product '\(PackDeliveryError.printable(product))'.",
-                                        hint: (known.isEmpty ? "It lists no products." : "It lists: \(PackDeliveryError.printable(names))\(known.count > 20 ? ", …" : "").") + receipt,
-                                        subject: product)
+                let receipt =
+                    self.transfer.receipt == nil ? "" : " A server that checks receipts lists only the products the receipt names."
+                throw PackDeliveryError(
+                    .unknownProduct, message: "The manifest has no product '\(PackDeliveryError.printable(product))'.",
+                    hint: (known.isEmpty
+                        ? "It lists no products." : "It lists: \(PackDeliveryError.printable(names))\(known.count > 20 ? ", …" : "").")
+                        + receipt,
+                    subject: product)
             }
             return list
         }
@@ -143,11 +158,14 @@ extension Packs {
                     if !self.global.quiet {
                         let states = Dictionary(downloads.map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
                         for id in self.ids where !resumed.contains(id) {
-                            let why = states[id].map { $0.isSettled ? "is \($0.rawValue)" : "is being run by another packs process" } ?? "is not in an open transaction"
+                            let why =
+                                states[id].map { $0.isSettled ? "is \($0.rawValue)" : "is being run by another packs process" }
+                                ?? "is not in an open transaction"
                             printError("packs: \(PackDeliveryError.printable(id)) \(why); nothing to resume.")
                         }
                     }
-                    return RunSession.Follow(downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty)
+                    return RunSession.Follow(
+                        downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty)
                 }
             }
             if code != 0 { throw ExitCode(code) }
@@ -170,13 +188,19 @@ extension Packs {
                     printLine(JSONOutput.encode(["transactions": transactions.map(JSONOutput.transaction)]))
                     return
                 }
-                if transactions.isEmpty { printLine("No open transactions."); return }
+                if transactions.isEmpty {
+                    printLine("No open transactions.")
+                    return
+                }
                 for transaction in transactions {
-                    printLine("\(transaction.id)  \(transaction.productIdentifier)  \(transaction.kind.rawValue)\(transaction.isFinishable ? "  (finishable)" : "")")
+                    printLine(
+                        "\(transaction.id)  \(transaction.productIdentifier)  \(transaction.kind.rawValue)\(transaction.isFinishable ? "  (finishable)" : "")"
+                    )
                     for download in transaction.downloads {
                         var line = "  \(download.id)  \(download.state.rawValue)"
                         if let reason = download.pauseReason { line += " (\(reason.rawValue))" }
-                        line += "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(download.contentIdentifier) \(download.contentVersion)"
+                        line +=
+                            "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(download.contentIdentifier) \(download.contentVersion)"
                         if let error = download.error { line += "  — \(error.message)" }
                         printLine(line)
                     }
@@ -186,8 +210,9 @@ extension Packs {
     }
 
     struct Pause: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Pause downloads, keeping their partial data (takes effect on a running fetch within a second).",
-                                                        discussion: "Example:\n  packs pause d-7k2m9x4q")
+        static let configuration = CommandConfiguration(
+            abstract: "Pause downloads, keeping their partial data (takes effect on a running fetch within a second).",
+            discussion: "Example:\n  packs pause d-7k2m9x4q")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids.") var ids: [String]
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to pause (see packs status).") } }
@@ -201,8 +226,9 @@ extension Packs {
     }
 
     struct Cancel: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Cancel downloads and delete their partial data and staging.",
-                                                        discussion: "Example:\n  packs cancel d-7k2m9x4q")
+        static let configuration = CommandConfiguration(
+            abstract: "Cancel downloads and delete their partial data and staging.",
+            discussion: "Example:\n  packs cancel d-7k2m9x4q")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids.") var ids: [String]
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to cancel (see packs status).") } }
@@ -216,8 +242,9 @@ extension Packs {
     }
 
     struct Finish: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Finish a transaction whose downloads are all finished or cancelled.",
-                                                        discussion: "Example:\n  packs finish t-3n8p2w6z")
+        static let configuration = CommandConfiguration(
+            abstract: "Finish a transaction whose downloads are all finished or cancelled.",
+            discussion: "Example:\n  packs finish t-3n8p2w6z")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "The transaction id.") var transaction: String
         func run() async throws {
@@ -247,13 +274,17 @@ extension Packs {
                 defer { queue.close() }
                 let installed = try queue.installedContent(forProductID: self.product)
                 if installed.isEmpty {
-                    throw PackDeliveryError(.notInstalled, message: self.product.map { "Nothing is installed for \(PackDeliveryError.printable($0))." } ?? "Nothing is installed.",
-                                            subject: self.product)
+                    throw PackDeliveryError(
+                        .notInstalled,
+                        message: self.product.map { "Nothing is installed for \(PackDeliveryError.printable($0))." }
+                            ?? "Nothing is installed.",
+                        subject: self.product)
                 }
                 var missing: [InstalledContent] = []
                 for content in installed {
                     var isDirectory: ObjCBool = false
-                    if !FileManager.default.fileExists(atPath: content.contentURL.path, isDirectory: &isDirectory) || !isDirectory.boolValue {
+                    if !FileManager.default.fileExists(atPath: content.contentURL.path, isDirectory: &isDirectory) || !isDirectory.boolValue
+                    {
                         missing.append(content)
                         if self.product != nil { continue }
                     }
@@ -264,12 +295,17 @@ extension Packs {
                     } else if self.product != nil {
                         printLine(content.contentURL.path)
                     } else {
-                        printLine("\(content.productIdentifier)\t\(content.contentVersion)\t\(content.contentURL.path)\(missing.last == content ? "\t(missing)" : "")")
+                        printLine(
+                            "\(content.productIdentifier)\t\(content.contentVersion)\t\(content.contentURL.path)\(missing.last == content ? "\t(missing)" : "")"
+                        )
                     }
                 }
                 if let first = missing.first {
-                    throw PackDeliveryError(.contentDamaged, message: "The installed folder \(first.contentURL.path) of \(PackDeliveryError.printable(first.productIdentifier)) is missing\(missing.count > 1 ? " (and \(missing.count - 1) more)" : "").",
-                                            subject: first.productIdentifier)
+                    throw PackDeliveryError(
+                        .contentDamaged,
+                        message:
+                            "The installed folder \(first.contentURL.path) of \(PackDeliveryError.printable(first.productIdentifier)) is missing\(missing.count > 1 ? " (and \(missing.count - 1) more)" : "").",
+                        subject: first.productIdentifier)
                 }
             }
         }
@@ -301,7 +337,8 @@ extension Packs {
                 if let ids {
                     let installed = Set(try queue.installedContent().map(\.productIdentifier))
                     if let missing = ids.first(where: { !installed.contains($0) }) {
-                        throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(PackDeliveryError.printable(missing)).", subject: missing)
+                        throw PackDeliveryError(
+                            .notInstalled, message: "Nothing is installed for \(PackDeliveryError.printable(missing)).", subject: missing)
                     }
                 }
                 var results = try queue.verify(productIDs: ids)
@@ -340,21 +377,28 @@ extension Packs {
                 if result.folderMissing {
                     printLine("damaged \(name): the folder \(result.content.contentURL.path) is missing")
                 } else if result.damage.isEmpty {
-                    if !self.global.quiet { printLine("intact \(name)\(result.filesRecorded ? "" : " (installed before files were recorded: only its folder was checked)")") }
+                    if !self.global.quiet {
+                        printLine(
+                            "intact \(name)\(result.filesRecorded ? "" : " (installed before files were recorded: only its folder was checked)")"
+                        )
+                    }
                 } else {
                     printLine("damaged \(name): \(result.damage.count) file\(result.damage.count == 1 ? "" : "s")")
                     for damage in result.damage { printLine("  \(damage.problem.rawValue)  \(damage.path)") }
                 }
             }
             if final, let bad = results.first(where: { !$0.isIntact }) {
-                printError("packs: Installed content is damaged (\(results.filter { !$0.isIntact }.count) of \(results.count) packs). Run packs verify --repair \(bad.content.productIdentifier) to deliver it again.")
+                printError(
+                    "packs: Installed content is damaged (\(results.filter { !$0.isIntact }.count) of \(results.count) packs). Run packs verify --repair \(bad.content.productIdentifier) to deliver it again."
+                )
             }
         }
     }
 
     struct Remove: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(abstract: "Delete a product's installed content.",
-                                                        discussion: "Example:\n  packs remove com.example.forest")
+        static let configuration = CommandConfiguration(
+            abstract: "Delete a product's installed content.",
+            discussion: "Example:\n  packs remove com.example.forest")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "A product identifier.") var product: String
         func run() async throws {
@@ -362,7 +406,9 @@ extension Packs {
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 if try queue.deleteContent(forProductID: self.product) == 0 {
-                    throw PackDeliveryError(.notInstalled, message: "Nothing is installed for \(self.product).", hint: "See packs content for what is installed.", subject: self.product)
+                    throw PackDeliveryError(
+                        .notInstalled, message: "Nothing is installed for \(self.product).",
+                        hint: "See packs content for what is installed.", subject: self.product)
                 }
             }
         }
@@ -375,9 +421,11 @@ extension Destination: ExpressibleByArgument {}
 func openQueue(_ global: GlobalOptions, _ configuration: DownloadQueue.Configuration) throws(PackDeliveryError) -> DownloadQueue {
     let queue = try DownloadQueue(home: global.resolvedHome, configuration: configuration, logger: global.logger)
     if let recovery = queue.storeRecovery {
-        var line = "packs: The state database was damaged; it was moved aside to \(recovery.damagedDatabase.path) and rebuilt from the installed content (\(recovery.installsRecovered) installed pack\(recovery.installsRecovered == 1 ? "" : "s") found)."
+        var line =
+            "packs: The state database was damaged; it was moved aside to \(recovery.damagedDatabase.path) and rebuilt from the installed content (\(recovery.installsRecovered) installed pack\(recovery.installsRecovered == 1 ? "" : "s") found)."
         if !recovery.foldersNotRecognised.isEmpty {
-            line += " \(recovery.foldersNotRecognised.count) folder\(recovery.foldersNotRecognised.count == 1 ? " was" : "s were") kept but not recognised: \(recovery.foldersNotRecognised.prefix(5).map(\.path).joined(separator: ", "))."
+            line +=
+                " \(recovery.foldersNotRecognised.count) folder\(recovery.foldersNotRecognised.count == 1 ? " was" : "s were") kept but not recognised: \(recovery.foldersNotRecognised.prefix(5).map(\.path).joined(separator: ", "))."
         }
         line += " Open transactions were lost; fetch unfinished purchases again."
         printError(line)

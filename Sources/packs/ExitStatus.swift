@@ -18,8 +18,8 @@ enum ExitStatus {
         case .finishRefused, .unknownTransaction, .unknownDownload, .notInstalled, .queueClosed, .invalidArgument:
             Self.usage
         case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .unsupportedURL, .lengthMismatch,
-             .checksumMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack,
-             .contentInfoMismatch, .contentDamaged:
+            .checksumMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack,
+            .contentInfoMismatch, .contentDamaged:
             Self.badData
         case .httpStatus where error.httpStatus == 404 || error.httpStatus == 410:
             Self.badData  // nothing at that URL: the manifest (or the URL given) is wrong
@@ -61,22 +61,27 @@ enum ExitStatus {
             return download == nil ? "Check that it is a manifest.json (packs manifest DIR writes one)." : nil
         case .unauthorized:
             let resume = download.map { "packs resume \($0.id)" } ?? "packs resume"
-            return "The server refused the credentials: renew the receipt and run \(resume) --receipt FILE (it is stored for later resumes), or pass other credentials with --header 'Authorization: …'."
+            return
+                "The server refused the credentials: renew the receipt and run \(resume) --receipt FILE (it is stored for later resumes), or pass other credentials with --header 'Authorization: …'."
         case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled:
             return download.map { "The partial download is kept; run packs resume \($0.id) to retry." }
         case .insufficientStorage:
-            return download.map { "Free some space, then run packs resume \($0.id); or packs cancel \($0.id) to discard the partial download." }
+            return download.map {
+                "Free some space, then run packs resume \($0.id); or packs cancel \($0.id) to discard the partial download."
+            }
         case .checksumMismatch, .lengthMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .emptyPack, .contentInfoMismatch,
-             .contentIdentifierTaken, .unsupportedURL:
+            .contentIdentifierTaken, .unsupportedURL:
             return error.hint ?? "Nothing was installed; ask the content provider for a fixed pack or manifest."
         case .unpackLimitExceeded:
-            return "Nothing was installed. If you trust the pack, fetch it with --max-expansion-ratio N or --max-entries N, or publish its unpackedLength in the manifest."
+            return
+                "Nothing was installed. If you trust the pack, fetch it with --max-expansion-ratio N or --max-entries N, or publish its unpackedLength in the manifest."
         case .contentDamaged:
             return "Run packs verify --repair \(error.subject ?? "PRODUCT_ID") to deliver it again."
         case .databaseCorrupt:
             return error.hint
         case .tooManyOpenFiles:
-            return "The process ran out of file descriptors: raise the limit (ulimit -n) or lower --concurrency\(download.map { ", then run packs resume \($0.id)" } ?? "")."
+            return
+                "The process ran out of file descriptors: raise the limit (ulimit -n) or lower --concurrency\(download.map { ", then run packs resume \($0.id)" } ?? "")."
         default:
             return nil
         }

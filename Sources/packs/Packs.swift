@@ -21,8 +21,10 @@ struct Packs: AsyncParsableCommand {
               packs --home ~/packs fetch https://cdn.example.com/manifest.json com.example.forest
             """,
         version: Packs.version,
-        subcommands: [Fetch.self, Resume.self, Status.self, Pause.self, Cancel.self, Finish.self, Content.self, Verify.self, Remove.self,
-                      Serve.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self]
+        subcommands: [
+            Fetch.self, Resume.self, Status.self, Pause.self, Cancel.self, Finish.self, Content.self, Verify.self, Remove.self,
+            Serve.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self,
+        ]
     )
 
     /// Parses `packs [--home DIR] [--json] COMMAND …`: global options may come before the subcommand.
@@ -75,7 +77,9 @@ struct Packs: AsyncParsableCommand {
 
 /// Options every command that touches the home folder shares.
 struct GlobalOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("Root of all state and installed content (default: $PACKS_HOME, else the XDG folders).", valueName: "dir"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("Root of all state and installed content (default: $PACKS_HOME, else the XDG folders).", valueName: "dir"))
     var home: String?
 
     @Flag(name: .long, help: "Print JSON (one object per line for events).")
@@ -123,10 +127,15 @@ struct ByteCount: ExpressibleByArgument, Sendable {
 
 /// Options for commands that transfer (`fetch`, `resume`, `verify --repair`).
 struct TransferFlags: ParsableArguments {
-    @Option(name: .customLong("max-rate"), help: ArgumentHelp("Limit each download to this many bytes per second (500K, 2M: powers of 1024, as curl).", valueName: "rate"))
+    @Option(
+        name: .customLong("max-rate"),
+        help: ArgumentHelp("Limit each download to this many bytes per second (500K, 2M: powers of 1024, as curl).", valueName: "rate"))
     var maxRate: ByteCount?
 
-    @Option(name: .customLong("max-expansion-ratio"), help: ArgumentHelp("Refuse packs that unpack to more than N times their size, unless the manifest gives unpackedLength.", valueName: "n"))
+    @Option(
+        name: .customLong("max-expansion-ratio"),
+        help: ArgumentHelp(
+            "Refuse packs that unpack to more than N times their size, unless the manifest gives unpackedLength.", valueName: "n"))
     var maxExpansionRatio: Int64 = 100
 
     @Option(name: .customLong("max-entries"), help: ArgumentHelp("Refuse packs with more entries than this.", valueName: "n"))
@@ -135,26 +144,38 @@ struct TransferFlags: ParsableArguments {
     @Option(help: "How many downloads run at once.")
     var concurrency = 4
 
-    @Option(help: ArgumentHelp("Retry a failed transfer this many times (without new bytes kept) before the download fails.", valueName: "n"))
+    @Option(
+        help: ArgumentHelp("Retry a failed transfer this many times (without new bytes kept) before the download fails.", valueName: "n"))
     var retries = 5
 
-    @Option(name: .customLong("stall-timeout"), help: ArgumentHelp("Retry a transfer after this many seconds without data.", valueName: "seconds"))
+    @Option(
+        name: .customLong("stall-timeout"),
+        help: ArgumentHelp("Retry a transfer after this many seconds without data.", valueName: "seconds"))
     var stallTimeout: Double = 30
 
-    @Option(name: .customLong("header"), help: ArgumentHelp("Extra request header, e.g. 'Authorization: Bearer …' (repeatable).", valueName: "name: value"))
+    @Option(
+        name: .customLong("header"),
+        help: ArgumentHelp("Extra request header, e.g. 'Authorization: Bearer …' (repeatable).", valueName: "name: value"))
     var headers: [String] = []
 
-    @Option(help: ArgumentHelp("A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself. It is stored with the transaction, so a later resume needs no flag.", valueName: "file|token"))
+    @Option(
+        help: ArgumentHelp(
+            "A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself. It is stored with the transaction, so a later resume needs no flag.",
+            valueName: "file|token"))
     var receipt: String?
 
-    @Flag(name: .customLong("no-delta"), help: "Fetch the whole pack of a new version even when only some of its files changed (no delta update).")
+    @Flag(
+        name: .customLong("no-delta"),
+        help: "Fetch the whole pack of a new version even when only some of its files changed (no delta update).")
     var noDelta = false
 
     /// The receipt now: the file's first line when `--receipt` names a file, else the token given.
     func currentReceipt() -> String? {
         guard let receipt = self.receipt else { return nil }
         if let data = FileManager.default.contents(atPath: receipt) {
-            return String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) }
+            return String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first.map {
+                $0.trimmingCharacters(in: .whitespaces)
+            }
         }
         return receipt
     }
@@ -172,15 +193,17 @@ struct TransferFlags: ParsableArguments {
 
     /// The options of the manifest request: the headers, with the receipt.
     var options: TransferOptions {
-        TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout,
-                        headers: self.headers + (self.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? []))
+        TransferOptions(
+            maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout,
+            headers: self.headers + (self.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? []))
     }
 
     func configuration(resumeInterrupted: Bool = false) -> DownloadQueue.Configuration {
         let packOptions = TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, headers: self.headers)
-        var configuration = DownloadQueue.Configuration(concurrency: self.concurrency, transfer: packOptions, resumeInterruptedDownloads: resumeInterrupted,
-                                                        resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
-                                                        maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
+        var configuration = DownloadQueue.Configuration(
+            concurrency: self.concurrency, transfer: packOptions, resumeInterruptedDownloads: resumeInterrupted,
+            resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
+            maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
         configuration.deltaUpdates = !self.noDelta
         if self.receipt != nil {
             // Asked before every pack transfer, and again after a 401/403: a receipt file renewed meanwhile is used.
@@ -204,7 +227,9 @@ func lookingConfiguration() -> DownloadQueue.Configuration {
 /// and sleeps until the process is killed.
 enum TestPausePoint {
     static let hook: (@Sendable (InstallStep) -> Void)? = {
-        guard let wanted = ProcessInfo.processInfo.environment["PACKS_TEST_PAUSE_AT"].flatMap(InstallStep.init(rawValue:)) else { return nil }
+        guard let wanted = ProcessInfo.processInfo.environment["PACKS_TEST_PAUSE_AT"].flatMap(InstallStep.init(rawValue:)) else {
+            return nil
+        }
         return { step in
             guard step == wanted else { return }
             printError("packs: paused at \(step.rawValue) (PACKS_TEST_PAUSE_AT)")

@@ -4,13 +4,20 @@ import PackDelivery
 /// Shows downloads as they run: live lines on a terminal, plain lines when piped, JSON lines with --json.
 final class ProgressDisplay {
     enum Mode {
-        case json, quiet, terminal(color: Bool), plain
+        case json, quiet
+        case terminal(color: Bool)
+        case plain
 
         init(global: GlobalOptions) {
-            if global.json { self = .json }
-            else if global.quiet { self = .quiet }
-            else if isatty(STDOUT_FILENO) == 1 { self = .terminal(color: ProcessInfo.processInfo.environment["NO_COLOR"].map(\.isEmpty) ?? true) }
-            else { self = .plain }
+            if global.json {
+                self = .json
+            } else if global.quiet {
+                self = .quiet
+            } else if isatty(STDOUT_FILENO) == 1 {
+                self = .terminal(color: ProcessInfo.processInfo.environment["NO_COLOR"].map(\.isEmpty) ?? true)
+            } else {
+                self = .plain
+            }
         }
     }
 
@@ -30,14 +37,16 @@ final class ProgressDisplay {
             switch event {
             case .transactionUpdated(let transaction): printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction)))
             case .downloadUpdated(let download): printLine(JSONOutput.encode(JSONOutput.downloadEvent(download)))
-            case .restoreCompleted(let transactions): printLine(JSONOutput.encode(["event": "restoreCompleted", "transactions": transactions.map(\.id)]))
+            case .restoreCompleted(let transactions):
+                printLine(JSONOutput.encode(["event": "restoreCompleted", "transactions": transactions.map(\.id)]))
             case .restoreFailed(let error): printLine(JSONOutput.encode(["event": "restoreFailed", "error": JSONOutput.error(error)]))
             case .transactionsRemoved: break  // each finished transaction is printed as a transaction event
             }
         case .plain:
             guard case .downloadUpdated(let download) = event else { return }
             // One line per state or phase change, and per wait before a retry; progress steps are left out so logs stay short.
-            let key = "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")/\(download.retryDate.map { "\($0.timeIntervalSince1970)" } ?? "")"
+            let key =
+                "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")/\(download.retryDate.map { "\($0.timeIntervalSince1970)" } ?? "")"
             guard self.lastPlain[download.id] != key else { return }
             self.lastPlain[download.id] = key
             printLine(Self.summary(download))
@@ -100,7 +109,8 @@ final class ProgressDisplay {
         let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
         let percent = String(format: "%3d%%", Int((download.progress * 100).rounded(.down)))
         let total = download.delta?.bytesToFetch ?? download.contentLength
-        var line = "\(download.contentIdentifier) \(download.contentVersion) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(total))"
+        var line =
+            "\(download.contentIdentifier) \(download.contentVersion) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(total))"
         if download.delta != nil { line += " (delta)" }
         if download.timeRemaining > 0 {
             let speed = Double(total - download.bytesReceived) / download.timeRemaining
@@ -117,20 +127,27 @@ final class ProgressDisplay {
         let paint: (String, String) -> String = { text, code in color ? "\u{1B}[\(code)m\(text)\u{1B}[0m" : text }
         switch download.state {
         case .finished:
-            let how = download.delta.map { "delta: fetched \(ByteFormat.string($0.bytesToFetch)) of \(ByteFormat.string(download.contentLength)), reused \($0.filesReused) files" }
+            let how =
+                download.delta.map {
+                    "delta: fetched \(ByteFormat.string($0.bytesToFetch)) of \(ByteFormat.string(download.contentLength)), reused \($0.filesReused) files"
+                }
                 ?? ByteFormat.string(download.contentLength)
-            return "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(how)) → \(download.contentURL?.path ?? "?")"
+            return
+                "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(how)) → \(download.contentURL?.path ?? "?")"
         case .failed:
-            return "\(paint("failed", "31")) \(download.contentIdentifier) \(download.id): \(download.error?.description ?? "unknown error")"
+            return
+                "\(paint("failed", "31")) \(download.contentIdentifier) \(download.id): \(download.error?.description ?? "unknown error")"
         case .paused:
-            return "\(paint("paused", "33")) \(download.contentIdentifier) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+            return
+                "\(paint("paused", "33")) \(download.contentIdentifier) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
         case .cancelled:
             return "cancelled \(download.contentIdentifier) \(download.id)"
         case .waiting:
             return "waiting \(download.contentIdentifier) \(download.contentVersion) \(download.id)"
         case .active:
             let wait = Self.retryWait(download).map { " — \($0)" } ?? ""
-            return "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))\(wait)"
+            return
+                "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))\(wait)"
         }
     }
 
@@ -146,7 +163,10 @@ enum ByteFormat {
         let units = ["B", "KiB", "MiB", "GiB", "TiB"]
         var value = Double(bytes)
         var unit = 0
-        while value >= 1024, unit < units.count - 1 { value /= 1024; unit += 1 }
+        while value >= 1024, unit < units.count - 1 {
+            value /= 1024
+            unit += 1
+        }
         return unit == 0 ? "\(bytes) B" : String(format: "%.1f %@", value, units[unit])
     }
 
@@ -161,14 +181,17 @@ enum ByteFormat {
 /// The JSON the CLI prints, with the library's field names.
 enum JSONOutput {
     static func encode(_ object: [String: Any]) -> String {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else { return "{}" }
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else {
+            return "{}"
+        }
         return String(decoding: data, as: UTF8.self)
     }
 
     static func download(_ download: Download) -> [String: Any] {
         var object: [String: Any] = [
             "id": download.id, "transactionID": download.transactionID, "productIdentifier": download.productIdentifier,
-            "state": download.state.rawValue, "progress": download.progress, "phaseProgress": download.phaseProgress, "timeRemaining": download.timeRemaining,
+            "state": download.state.rawValue, "progress": download.progress, "phaseProgress": download.phaseProgress,
+            "timeRemaining": download.timeRemaining,
             "contentLength": download.contentLength, "contentIdentifier": download.contentIdentifier,
             "contentVersion": download.contentVersion, "bytesReceived": download.bytesReceived,
             "destination": download.destination.rawValue, "url": download.redactedURL,
@@ -179,10 +202,14 @@ enum JSONOutput {
         object["retryDate"] = download.retryDate.map { ISO8601DateFormatter().string(from: $0) } ?? NSNull()
         object["error"] = download.error.map(self.error) ?? NSNull()
         if let delta = download.delta {
-            object["delta"] = ["bytesToFetch": delta.bytesToFetch, "bytesReused": delta.bytesReused, "entriesToFetch": delta.entriesToFetch,
-                               "filesReused": delta.filesReused, "bytesKept": delta.bytesKept]
+            object["delta"] = [
+                "bytesToFetch": delta.bytesToFetch, "bytesReused": delta.bytesReused, "entriesToFetch": delta.entriesToFetch,
+                "filesReused": delta.filesReused, "bytesKept": delta.bytesKept,
+            ]
         }
-        if let fallback = download.deltaFallback { object["deltaFallback"] = ["reason": fallback.reason.rawValue, "message": fallback.message] }
+        if let fallback = download.deltaFallback {
+            object["deltaFallback"] = ["reason": fallback.reason.rawValue, "message": fallback.message]
+        }
         return object
     }
 
@@ -221,7 +248,9 @@ enum JSONOutput {
     }
 
     static func content(_ content: InstalledContent) -> [String: Any] {
-        ["productIdentifier": content.productIdentifier, "contentIdentifier": content.contentIdentifier,
-         "contentVersion": content.contentVersion, "contentURL": content.contentURL.path, "destination": content.destination.rawValue]
+        [
+            "productIdentifier": content.productIdentifier, "contentIdentifier": content.contentIdentifier,
+            "contentVersion": content.contentVersion, "contentURL": content.contentURL.path, "destination": content.destination.rawValue,
+        ]
     }
 }

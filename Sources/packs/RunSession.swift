@@ -41,7 +41,7 @@ struct RunSession {
             source.resume()
             return source
         }
-        defer { signals.forEach { $0.cancel() } }
+        defer { for signal in signals { signal.cancel() } }
 
         let display = ProgressDisplay(mode: .init(global: self.global))
         let follow = try start()
@@ -54,7 +54,11 @@ struct RunSession {
         func record(_ download: Download) {
             if download.state.isRunning { running.insert(download.id) } else { running.remove(download.id) }
             if download.state.isSettled { unsettled.remove(download.id) } else { unsettled.insert(download.id) }
-            if download.state == .finished || download.state.isRunning { notFinished[download.id] = nil } else { notFinished[download.id] = download }
+            if download.state == .finished || download.state.isRunning {
+                notFinished[download.id] = nil
+            } else {
+                notFinished[download.id] = download
+            }
         }
         for download in follow.downloads {
             transactionOf[download.id] = download.transactionID
@@ -98,7 +102,9 @@ struct RunSession {
         if interrupted.load(ordering: .relaxed) {
             let paused = leftOver.filter { $0.state == .paused }.map(\.id)
             let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
-            printError("packs: Interrupted; the downloads are paused with their data kept. Run packs resume\(paused.isEmpty ? "" : " " + shown) to continue.")
+            printError(
+                "packs: Interrupted; the downloads are paused with their data kept. Run packs resume\(paused.isEmpty ? "" : " " + shown) to continue."
+            )
             return ExitStatus.interrupted
         }
         let failed = leftOver.filter { $0.state == .failed }
@@ -113,7 +119,9 @@ struct RunSession {
                 printError(ExitStatus.line(for: error, download: paused))
                 return ExitStatus.code(for: error) == ExitStatus.noPermission ? ExitStatus.noPermission : ExitStatus.resumable
             }
-            printError("packs: \(paused.id) (\(paused.contentIdentifier)) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it.")
+            printError(
+                "packs: \(paused.id) (\(paused.contentIdentifier)) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it."
+            )
             return ExitStatus.resumable
         }
         return 0

@@ -25,17 +25,27 @@ extension Packs {
         var token: String?
         @Option(name: .customLong("token-file"), help: ArgumentHelp("Read the token from this file (its first line).", valueName: "file"))
         var tokenFile: String?
-        @Option(name: .customLong("receipt-key"), help: ArgumentHelp("Serve a pack only to a signed receipt (packs receipt) that names its product, checked with this store public key; repeatable.", valueName: "pub"))
+        @Option(
+            name: .customLong("receipt-key"),
+            help: ArgumentHelp(
+                "Serve a pack only to a signed receipt (packs receipt) that names its product, checked with this store public key; repeatable.",
+                valueName: "pub"))
         var receiptKeys: [String] = []
         @Flag(name: .customLong("auth-only"), help: "Serve no file: answer nginx auth_request subrequests with 204, 401 or 403.")
         var authOnly = false
         @Flag(name: .customLong("serve-dotfiles"), help: "Also serve files and folders whose names start with '.' (.git, .env).")
         var serveDotfiles = false
-        @Option(name: .customLong("request-timeout"), help: ArgumentHelp("Seconds a client may take to send a whole request.", valueName: "seconds"))
+        @Option(
+            name: .customLong("request-timeout"),
+            help: ArgumentHelp("Seconds a client may take to send a whole request.", valueName: "seconds"))
         var requestTimeout: Double = 60
-        @Option(name: .customLong("idle-timeout"), help: ArgumentHelp("Seconds a connection may wait for its next request.", valueName: "seconds"))
+        @Option(
+            name: .customLong("idle-timeout"),
+            help: ArgumentHelp("Seconds a connection may wait for its next request.", valueName: "seconds"))
         var idleTimeout: Double = 60
-        @Option(name: .customLong("send-timeout"), help: ArgumentHelp("Seconds a response may wait for the client to take bytes.", valueName: "seconds"))
+        @Option(
+            name: .customLong("send-timeout"),
+            help: ArgumentHelp("Seconds a response may wait for the client to take bytes.", valueName: "seconds"))
         var sendTimeout: Double = 60
         @Option(name: .customLong("max-connections"), help: "Most connections at once (default: what the descriptor limit allows).")
         var maxConnections: Int?
@@ -43,7 +53,9 @@ extension Packs {
 
         func validate() throws {
             if self.token != nil && self.tokenFile != nil { throw ValidationError("Give --token or --token-file, not both.") }
-            for (name, value) in [("--request-timeout", self.requestTimeout), ("--idle-timeout", self.idleTimeout), ("--send-timeout", self.sendTimeout)]
+            for (name, value) in [
+                ("--request-timeout", self.requestTimeout), ("--idle-timeout", self.idleTimeout), ("--send-timeout", self.sendTimeout),
+            ]
             where !(value > 0 && value <= 86_400) {
                 throw ValidationError("\(name) must be a number of seconds between 0 and 86400.")
             }
@@ -54,20 +66,26 @@ extension Packs {
             let folder = URL(filePath: self.directory).absoluteURL
             var isDirectory: ObjCBool = false
             guard FileManager.default.fileExists(atPath: folder.path, isDirectory: &isDirectory), isDirectory.boolValue else {
-                throw fail(PackDeliveryError(.invalidArgument, message: "\(folder.path) is not a folder.", hint: "Pass the folder holding manifest.json and its packs."))
+                throw fail(
+                    PackDeliveryError(
+                        .invalidArgument, message: "\(folder.path) is not a folder.",
+                        hint: "Pass the folder holding manifest.json and its packs."))
             }
             let token = try self.resolvedToken()
             var authorizer: (any PackAuthorizer)?
             if !self.receiptKeys.isEmpty {
                 do throws(PackDeliveryError) {
-                    authorizer = ReceiptAuthorizer(keys: try self.receiptKeys.map { path throws(PackDeliveryError) in try readPublisherKey(path) })
+                    authorizer = ReceiptAuthorizer(
+                        keys: try self.receiptKeys.map { path throws(PackDeliveryError) in try readPublisherKey(path) })
                 } catch {
                     throw fail(error)
                 }
             }
             if self.authOnly && token == nil && authorizer == nil {
-                throw fail(PackDeliveryError(.invalidArgument, message: "--auth-only needs a credential to check.",
-                                             hint: "Give --token-file FILE or set PACKS_TOKEN."))
+                throw fail(
+                    PackDeliveryError(
+                        .invalidArgument, message: "--auth-only needs a credential to check.",
+                        hint: "Give --token-file FILE or set PACKS_TOKEN."))
             }
             Self.raiseDescriptorLimit()
             var logger = Logger(label: "packs.serve", factory: { StreamLogHandler.standardError(label: $0) })
@@ -81,7 +99,8 @@ extension Packs {
                 maxConnections: self.maxConnections
             )
             let configuration = PackServerConfiguration(
-                directory: folder, host: self.host, port: self.port, token: token, authorizer: authorizer, mode: self.authOnly ? .authOnly : .files,
+                directory: folder, host: self.host, port: self.port, token: token, authorizer: authorizer,
+                mode: self.authOnly ? .authOnly : .files,
                 servesDotfiles: self.serveDotfiles, limits: limits)
             do {
                 try await PackServer.run(configuration, logger: logger) { port in
@@ -89,7 +108,8 @@ extension Packs {
                     printLine("\(what) \(folder.path) at http://\(self.host):\(port)/ (Ctrl-C stops)")
                 }
             } catch {
-                throw fail(PackDeliveryError(.networkFailure, message: "The server stopped: \(error).", hint: "Is the port free? Try --port 0."))
+                throw fail(
+                    PackDeliveryError(.networkFailure, message: "The server stopped: \(error).", hint: "Is the port free? Try --port 0."))
             }
         }
 
@@ -98,13 +118,18 @@ extension Packs {
             if let token { return token }
             if let tokenFile {
                 guard let data = FileManager.default.contents(atPath: tokenFile) else {
-                    throw fail(PackDeliveryError(.invalidArgument, message: "Cannot read the token file \(tokenFile).",
-                                                 hint: "Check that it exists and that this user may read it."))
+                    throw fail(
+                        PackDeliveryError(
+                            .invalidArgument, message: "Cannot read the token file \(tokenFile).",
+                            hint: "Check that it exists and that this user may read it."))
                 }
-                let token = String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first
+                let token =
+                    String(decoding: data, as: UTF8.self).split(whereSeparator: \.isNewline).first
                     .map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
                 guard !token.isEmpty else {
-                    throw fail(PackDeliveryError(.invalidArgument, message: "The token file \(tokenFile) is empty.", hint: "Write the token on its first line."))
+                    throw fail(
+                        PackDeliveryError(
+                            .invalidArgument, message: "The token file \(tokenFile) is empty.", hint: "Write the token on its first line."))
                 }
                 return token
             }
@@ -143,8 +168,9 @@ extension Packs {
             try await mapErrors { () async throws(PackDeliveryError) in
                 let output = URL(filePath: self.output).absoluteURL
                 let info = self.product.flatMap { product in self.version.map { (productIdentifier: product, contentVersion: $0) } }
-                let unpacked = try PackWriter.write(folder: URL(filePath: self.folder).absoluteURL, to: output,
-                                                    format: PackFormat(fileName: self.output)!, contentInfo: info)
+                let unpacked = try PackWriter.write(
+                    folder: URL(filePath: self.folder).absoluteURL, to: output,
+                    format: PackFormat(fileName: self.output)!, contentInfo: info)
                 printLine("wrote \(output.path) (\(unpacked) bytes of content)")
             }
         }
@@ -158,13 +184,20 @@ extension Packs {
 
         @Argument(help: "The folder holding the packs.") var directory: String
 
-        @Option(help: ArgumentHelp("Sign the manifest with this publisher key (a .key file from packs keygen): writes manifest.json.sig beside it.", valueName: "key"))
+        @Option(
+            help: ArgumentHelp(
+                "Sign the manifest with this publisher key (a .key file from packs keygen): writes manifest.json.sig beside it.",
+                valueName: "key"))
         var sign: String?
 
-        @Option(name: .customLong("manifest-version"), help: "The signed manifest's version (default: one more than the manifest.json it replaces, else 1).")
+        @Option(
+            name: .customLong("manifest-version"),
+            help: "The signed manifest's version (default: one more than the manifest.json it replaces, else 1).")
         var manifestVersion: Int?
 
-        @Option(help: ArgumentHelp("How long the signed manifest stays valid: a number of days (30d), hours (12h) or minutes (90m).", valueName: "duration"))
+        @Option(
+            help: ArgumentHelp(
+                "How long the signed manifest stays valid: a number of days (30d), hours (12h) or minutes (90m).", valueName: "duration"))
         var expires: String?
 
         func validate() throws {
@@ -190,16 +223,20 @@ extension Packs {
                 var key: PublisherSigningKey?
                 if let sign = self.sign {
                     guard let text = try? String(contentsOfFile: sign, encoding: .utf8) else {
-                        throw PackDeliveryError(.invalidArgument, message: "Cannot read the key \(PackDeliveryError.printable(sign)).",
-                                                hint: "Pass the .key file written by packs keygen.", subject: sign)
+                        throw PackDeliveryError(
+                            .invalidArgument, message: "Cannot read the key \(PackDeliveryError.printable(sign)).",
+                            hint: "Pass the .key file written by packs keygen.", subject: sign)
                     }
                     key = try PublisherSigningKey(pem: text)
                 }
                 let expiry = self.expires.flatMap(Self.seconds).map { Date().addingTimeInterval($0) }
-                let manifest = try ManifestBuilder.write(folder: URL(filePath: self.directory).absoluteURL, signing: key,
-                                                         version: self.manifestVersion, expires: expiry)
+                let manifest = try ManifestBuilder.write(
+                    folder: URL(filePath: self.directory).absoluteURL, signing: key,
+                    version: self.manifestVersion, expires: expiry)
                 let count = manifest.products.reduce(0) { $0 + $1.contents.count }
-                printLine("wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs")
+                printLine(
+                    "wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs"
+                )
             }
         }
     }
@@ -224,7 +261,8 @@ extension Packs {
                 let formats: [PackFormat] = [.zip, .tarGzip, .tarXz, .tarZstd]
                 for (index, name) in folders.enumerated() {
                     let format = formats[index % formats.count]
-                    try PackWriter.write(folder: samples.appending(path: name), to: site.appending(path: "\(name).\(format.rawValue)"), format: format)
+                    try PackWriter.write(
+                        folder: samples.appending(path: name), to: site.appending(path: "\(name).\(format.rawValue)"), format: format)
                 }
                 let manifest = try ManifestBuilder.write(folder: site)
                 var logger = Logger(label: "packs.demo.server", factory: { StreamLogHandler.standardError(label: $0) })
@@ -241,10 +279,12 @@ extension Packs {
                 }
                 let home = self.global.resolvedHome
                 let loaded = try await LoadedManifest.load(manifestURL.absoluteString)
-                let queue = try DownloadQueue(home: home, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false),
-                                              logger: self.global.logger)
+                let queue = try DownloadQueue(
+                    home: home, configuration: .init(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false),
+                    logger: self.global.logger)
                 let code = try await RunSession(queue: queue, global: self.global).run { () throws(PackDeliveryError) in
-                    let transactions = try queue.add(products: manifest.products.map(\.productIdentifier), from: loaded, autoFinish: true, force: true)
+                    let transactions = try queue.add(
+                        products: manifest.products.map(\.productIdentifier), from: loaded, autoFinish: true, force: true)
                     return RunSession.Follow(downloads: transactions.flatMap(\.downloads), finishing: Set(transactions.map(\.id)))
                 }
                 if code == 0 && !self.global.quiet && !self.global.json {
@@ -272,7 +312,9 @@ extension Packs {
                 folder = folder.deletingLastPathComponent()
             }
             if let found = candidates.first(where: { FileManager.default.fileExists(atPath: $0.path) }) { return found }
-            throw PackDeliveryError(.invalidArgument, message: "Cannot find the SampleContent folder.", hint: "Run packs demo from the package folder, or pass --samples DIR.")
+            throw PackDeliveryError(
+                .invalidArgument, message: "Cannot find the SampleContent folder.",
+                hint: "Run packs demo from the package folder, or pass --samples DIR.")
         }
     }
 }

@@ -3,18 +3,20 @@ import Foundation
 import PackDelivery
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Reads a publisher's public key file (PEM), saying which file when it is not one.
 func readPublisherKey(_ path: String) throws(PackDeliveryError) -> PublisherKey {
     guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
-        throw PackDeliveryError(.invalidArgument, message: "Cannot read the public key \(PackDeliveryError.printable(path)).",
-                                hint: "Pass the .pub file written by packs keygen.", subject: path)
+        throw PackDeliveryError(
+            .invalidArgument, message: "Cannot read the public key \(PackDeliveryError.printable(path)).",
+            hint: "Pass the .pub file written by packs keygen.", subject: path)
     }
     do { return try PublisherKey(pem: text) } catch {
-        throw PackDeliveryError(.invalidArgument, message: "\(PackDeliveryError.printable(path)) is not an Ed25519 public key in PEM.",
-                                hint: "Pass the .pub file written by packs keygen.", subject: path)
+        throw PackDeliveryError(
+            .invalidArgument, message: "\(PackDeliveryError.printable(path)) is not an Ed25519 public key in PEM.",
+            hint: "Pass the .pub file written by packs keygen.", subject: path)
     }
 }
 
@@ -41,9 +43,10 @@ extension Packs {
                 let fd = open(privatePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
                 guard fd >= 0 else {
                     let code = errno
-                    throw PackDeliveryError(code == EEXIST ? .invalidArgument : .fileSystem,
-                                            message: "Cannot create \(privatePath): \(String(cString: strerror(code))).",
-                                            hint: code == EEXIST ? "Choose another name; an existing key is never overwritten." : nil, subject: privatePath)
+                    throw PackDeliveryError(
+                        code == EEXIST ? .invalidArgument : .fileSystem,
+                        message: "Cannot create \(privatePath): \(String(cString: strerror(code))).",
+                        hint: code == EEXIST ? "Choose another name; an existing key is never overwritten." : nil, subject: privatePath)
                 }
                 let bytes = Array(key.pem.utf8)
                 let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
@@ -68,7 +71,8 @@ extension Packs {
             subcommands: [Add.self, List.self])
 
         struct Add: AsyncParsableCommand {
-            static let configuration = CommandConfiguration(abstract: "Trust the publisher of this public key (a .pub file from packs keygen).")
+            static let configuration = CommandConfiguration(
+                abstract: "Trust the publisher of this public key (a .pub file from packs keygen).")
             @OptionGroup var global: GlobalOptions
             @Argument(help: "The public key file.") var key: String
 
@@ -78,7 +82,9 @@ extension Packs {
                     let queue = try openQueue(self.global, lookingConfiguration())
                     defer { queue.close() }
                     try queue.trust(publisher)
-                    if !self.global.quiet { printLine("trusting the publisher key \(publisher.id) for \(self.global.resolvedHome.stateFolder.path)") }
+                    if !self.global.quiet {
+                        printLine("trusting the publisher key \(publisher.id) for \(self.global.resolvedHome.stateFolder.path)")
+                    }
                 }
             }
         }
@@ -124,11 +130,14 @@ extension Packs {
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
                 guard let text = try? String(contentsOfFile: self.key, encoding: .utf8) else {
-                    throw PackDeliveryError(.invalidArgument, message: "Cannot read the key \(PackDeliveryError.printable(self.key)).",
-                                            hint: "Pass the .key file written by packs keygen.", subject: self.key)
+                    throw PackDeliveryError(
+                        .invalidArgument, message: "Cannot read the key \(PackDeliveryError.printable(self.key)).",
+                        hint: "Pass the .key file written by packs keygen.", subject: self.key)
                 }
                 let key = try PublisherSigningKey(pem: text)
-                printLine(try Receipt.issue(products: self.product, subject: self.subject, lifetime: MakeManifest.seconds(self.expires) ?? 3600, key: key))
+                printLine(
+                    try Receipt.issue(
+                        products: self.product, subject: self.subject, lifetime: MakeManifest.seconds(self.expires) ?? 3600, key: key))
             }
         }
     }

@@ -1,9 +1,9 @@
 import Foundation
-import Synchronization
 import Logging
 import PackDelivery
 import PackServer
 import PackTestSupport
+import Synchronization
 import Testing
 
 /// The CLI as people and scripts use it: signals, another shell, authorisation, authoring, terminals.
@@ -14,8 +14,9 @@ import Testing
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory("signal-\(signal)-home")
-        let result = try runWatching(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
-                                     when: { ($0["progress"] as? Double ?? 0) > 0.1 }, do: { pid in kill(pid, signal) })
+        let result = try runWatching(
+            home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
+            when: { ($0["progress"] as? Double ?? 0) > 0.1 }, do: { pid in kill(pid, signal) })
         #expect(result.matched && result.status == 130)
         let status = try CLI.run(home: home, ["--json", "status"])
         #expect(status.stdout.contains(#""state":"paused""#) && status.stdout.contains(#""pauseReason":"user""#), "\(status.stdout)")
@@ -33,10 +34,13 @@ import Testing
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory("sigpipe-home")
         let errors = home.appending(path: "stderr.txt")
-        let command = "'\(CLI.binary)' --home '\(home.path)' --json fetch '\(nginx.baseURL.appending(path: "manifest.json").absoluteString)' com.example.big"
+        let command =
+            "'\(CLI.binary)' --home '\(home.path)' --json fetch '\(nginx.baseURL.appending(path: "manifest.json").absoluteString)' com.example.big"
             + " 2>'\(errors.path)' | head -1 >/dev/null; echo \"${PIPESTATUS[0]}\""
         let result = try Fixtures.run("/bin/bash", ["-c", command], timeout: 60)
-        #expect(result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "130", "exit status of packs: \(result.stdout) \(result.stderr)")
+        #expect(
+            result.stdout.trimmingCharacters(in: .whitespacesAndNewlines) == "130",
+            "exit status of packs: \(result.stdout) \(result.stderr)")
         let said = try String(contentsOf: errors, encoding: .utf8)
         #expect(said.split(separator: "\n").count == 1 && said.contains("paused"), "one line on stderr: \(said)")
         let status = try CLI.run(home: home, ["--json", "status"])
@@ -51,9 +55,12 @@ import Testing
         let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
         final class When: Sendable { let date = Mutex<Date?>(nil) }
         let pausedAt = When()
-        let result = try runWatching(home: home, ["fetch", manifestURL, "com.example.big"], when: { ($0["progress"] as? Double ?? 0) > 0.05 }) { _ in
+        let result = try runWatching(
+            home: home, ["fetch", manifestURL, "com.example.big"], when: { ($0["progress"] as? Double ?? 0) > 0.05 }
+        ) { _ in
             let status = try? CLI.run(home: home, ["--json", "status"])
-            let id = status.flatMap { try? JSONSerialization.jsonObject(with: Data($0.stdout.utf8)) as? [String: Any] }
+            let id =
+                status.flatMap { try? JSONSerialization.jsonObject(with: Data($0.stdout.utf8)) as? [String: Any] }
                 .flatMap { ($0["transactions"] as? [[String: Any]])?.first?["downloads"] as? [[String: Any]] }?.first?["id"] as? String
             pausedAt.date.withLock { $0 = Date() }
             _ = try? CLI.run(home: home, ["pause", id ?? "missing"])
@@ -63,7 +70,9 @@ import Testing
         if let pausedAt = pausedAt.date.withLock({ $0 }) { #expect(ended.timeIntervalSince(pausedAt) < 3) }
         let status = try CLI.run(home: home, ["--json", "status"])
         #expect(status.stdout.contains(#""pauseReason":"user""#))
-        let id = try #require(((try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])?["transactions"] as? [[String: Any]])?.first.flatMap { ($0["downloads"] as? [[String: Any]])?.first?["id"] as? String })
+        let id = try #require(
+            ((try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])?["transactions"] as? [[String: Any]])?
+                .first.flatMap { ($0["downloads"] as? [[String: Any]])?.first?["id"] as? String })
         let partial = home.appending(path: "Caches/.packdelivery/downloads/\(id).pack")
         #expect(FileManager.default.fileExists(atPath: partial.path), "pause keeps the partial data")
         #expect(try CLI.run(home: home, ["cancel", id]).status == 0)
@@ -73,12 +82,14 @@ import Testing
 
     @Test func headersReachAServerThatChecksATokenAndAMissingOneFailsWith77() async throws {
         let site = try TestSite.samples("token-site")
-        let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0, token: "s3cret"), logger: Logger(label: "test"))
+        let server = try await PackServer.start(
+            PackServerConfiguration(directory: site.folder, port: 0, token: "s3cret"), logger: Logger(label: "test"))
         let home = try Fixtures.temporaryDirectory("token-home")
         let manifestURL = server.baseURL.appending(path: "manifest.json").absoluteString
         let denied = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest"])
         #expect(denied.status == 77 && denied.stderr.contains("401"), "stderr: \(denied.stderr)")
-        let allowed = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest", "--header", "Authorization: Bearer s3cret"])
+        let allowed = try await Fixtures.runAsync(
+            CLI.binary, ["--home", home.path, "fetch", manifestURL, "com.example.forest", "--header", "Authorization: Bearer s3cret"])
         await server.stop()
         #expect(allowed.status == 0, "stderr: \(allowed.stderr)")
     }
@@ -119,21 +130,32 @@ import Testing
         try Fixtures.randomFile(at: content.appending(path: "music.bin"), size: 200_000)
         let site = work.appending(path: "site")
         try FileManager.default.createDirectory(at: site, withIntermediateDirectories: true)
-        for (format, product) in [("zip", "com.example.a"), ("tar.gz", "com.example.b"), ("tar.xz", "com.example.c"), ("tar.zst", "com.example.d")] {
-            let pack = try Fixtures.run(CLI.binary, ["pack", content.path, "--product", product, "--version", "3.1", "--output", site.appending(path: "\(product).\(format)").path])
+        for (format, product) in [
+            ("zip", "com.example.a"), ("tar.gz", "com.example.b"), ("tar.xz", "com.example.c"), ("tar.zst", "com.example.d"),
+        ] {
+            let pack = try Fixtures.run(
+                CLI.binary,
+                [
+                    "pack", content.path, "--product", product, "--version", "3.1", "--output",
+                    site.appending(path: "\(product).\(format)").path,
+                ])
             #expect(pack.status == 0, "pack \(format): \(pack.stderr)")
         }
         #expect(try Fixtures.run(CLI.binary, ["manifest", site.path]).status == 0)
         let manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
         #expect(manifest.products.count == 4)
-        #expect(manifest.products.allSatisfy { $0.contents.first?.unpackedLength ?? 0 > 200_000 && $0.contents.first?.contentVersion == "3.1" })
+        #expect(
+            manifest.products.allSatisfy { $0.contents.first?.unpackedLength ?? 0 > 200_000 && $0.contents.first?.contentVersion == "3.1" })
         let home = work.appending(path: "home")
         let nginx = try NginxServer(root: site)
         defer { nginx.stop() }
-        let fetch = try CLI.run(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString] + manifest.products.map(\.productIdentifier))
+        let fetch = try CLI.run(
+            home: home,
+            ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString] + manifest.products.map(\.productIdentifier))
         #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
         for product in manifest.products {
-            let path = try CLI.run(home: home, ["content", product.productIdentifier]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+            let path = try CLI.run(home: home, ["content", product.productIdentifier]).stdout.trimmingCharacters(
+                in: .whitespacesAndNewlines)
             #expect(try treeContents(URL(filePath: path).appending(path: "Contents")) == treeContents(content))
         }
         let bad = try Fixtures.run(CLI.binary, ["pack", content.path, "--output", work.appending(path: "x.rar").path])
@@ -146,7 +168,8 @@ import Testing
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory("tty-home")
         let transcript = home.appending(path: "typescript")
-        let command = "\(CLI.binary) --home \(home.path) fetch \(nginx.baseURL.appending(path: "manifest.json").absoluteString) com.example.big"
+        let command =
+            "\(CLI.binary) --home \(home.path) fetch \(nginx.baseURL.appending(path: "manifest.json").absoluteString) com.example.big"
         // `script` runs the command under a pseudo-terminal and records what the terminal received.
         let run = try Fixtures.run("script", ["-qfec", command, transcript.path], environment: ["TERM": "xterm", "PATH": "/usr/bin:/bin"])
         #expect(run.status == 0, "stderr: \(run.stderr)")

@@ -37,8 +37,11 @@ import Testing
     }
 
     /// Runs `packs --home HOME ARGS…` in a shell with `ulimit -n limit` (and `input` on standard input).
-    static func packs(home: URL, limit: Int? = nil, input: String? = nil, _ arguments: [String], timeout: TimeInterval = 120) throws -> CLI.Result {
-        let quoted = ([CLI.binary, "--home", home.path] + arguments).map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }.joined(separator: " ")
+    static func packs(home: URL, limit: Int? = nil, input: String? = nil, _ arguments: [String], timeout: TimeInterval = 120) throws
+        -> CLI.Result
+    {
+        let quoted = ([CLI.binary, "--home", home.path] + arguments).map { "'" + $0.replacingOccurrences(of: "'", with: "'\\''") + "'" }
+            .joined(separator: " ")
         var command = (limit.map { "ulimit -n \($0) && " } ?? "") + "exec " + quoted
         if let input { command = "printf '%s' '\(input.replacingOccurrences(of: "'", with: "'\\''"))' | (\(command))" }
         let result = try Fixtures.run("/bin/bash", ["-c", command], timeout: timeout)
@@ -50,7 +53,8 @@ import Testing
         let nginx = try NginxServer(root: site)
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory("catalog-300-home")
-        let fetch = try Self.packs(home: home, limit: 64, ["--quiet", "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "--all"])
+        let fetch = try Self.packs(
+            home: home, limit: 64, ["--quiet", "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "--all"])
         #expect(fetch.status == 0, "exit 0 under ulimit -n 64: \(fetch.stderr)")
         let content = try CLI.run(home: home, ["content"])
         #expect(content.stdout.split(separator: "\n").count == 300, "all 300 installed")
@@ -67,10 +71,13 @@ import Testing
         let list = site.appending(path: "wanted.txt")
         try Data("# purchases\ncom.example.p00001\n\n  com.example.p00002  \ncom.example.p00001\n".utf8).write(to: list)
         #expect(try CLI.run(home: home, ["--quiet", "fetch", manifest, "--products-from", list.path]).status == 0)
-        let fromStdin = try Self.packs(home: home, input: "com.example.p00003\ncom.example.p00004\n", ["--quiet", "fetch", manifest, "--products-from", "-"])
+        let fromStdin = try Self.packs(
+            home: home, input: "com.example.p00003\ncom.example.p00004\n", ["--quiet", "fetch", manifest, "--products-from", "-"])
         #expect(fromStdin.status == 0, "\(fromStdin.stderr)")
         let installed = try CLI.run(home: home, ["content"]).stdout
-        #expect(["p00001", "p00002", "p00003", "p00004"].allSatisfy { installed.contains("com.example.\($0)") } && !installed.contains("p00005"), "\(installed)")
+        #expect(
+            ["p00001", "p00002", "p00003", "p00004"].allSatisfy { installed.contains("com.example.\($0)") }
+                && !installed.contains("p00005"), "\(installed)")
         let unknown = try Self.packs(home: home, input: "com.example.nope\n", ["fetch", manifest, "--products-from", "-"])
         #expect(unknown.status == 65 && unknown.stderr.contains("com.example.nope"), "\(unknown.stderr)")
         #expect(try CLI.run(home: home, ["fetch", manifest]).status == 64, "no products, no --all: usage")
@@ -85,13 +92,17 @@ import Testing
         for limit in stride(from: 12, through: 36, by: 4) {
             let home = try Fixtures.temporaryDirectory("catalog-fd-\(limit)")
             let started = Date()
-            let fetch = try Self.packs(home: home, limit: limit, ["--quiet", "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "--all", "--retries", "1"], timeout: 60)
+            let fetch = try Self.packs(
+                home: home, limit: limit,
+                ["--quiet", "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "--all", "--retries", "1"], timeout: 60)
             #expect(Date().timeIntervalSince(started) < 50, "ulimit -n \(limit): ended, not stalled")
             switch fetch.status {
             case 0: installed += 1
             case 74:
                 named += 1
-                #expect(fetch.stderr.contains("file descriptors") || fetch.stderr.contains("Too many open files"), "ulimit -n \(limit): names the cause: \(fetch.stderr)")
+                #expect(
+                    fetch.stderr.contains("file descriptors") || fetch.stderr.contains("Too many open files"),
+                    "ulimit -n \(limit): names the cause: \(fetch.stderr)")
                 #expect(fetch.stderr.split(separator: "\n").count == 1, "one line: \(fetch.stderr)")
             default:
                 Issue.record("ulimit -n \(limit): exit \(fetch.status), not 0 or 74: \(fetch.stderr)")
@@ -125,7 +136,8 @@ final class HangingWriter: FileWriting {
 /// is retried by the watchdog; none leaves a download active forever.
 @Suite(.timeLimit(.minutes(5))) struct StallTests {
     static func setup(_ label: String, size: Int = 2 << 20, fault: Fault = .none, configuration: DownloadQueue.Configuration)
-        throws -> (server: FaultServer, queue: DownloadQueue, manifest: LoadedManifest, site: TestSite, home: URL) {
+        throws -> (server: FaultServer, queue: DownloadQueue, manifest: LoadedManifest, site: TestSite, home: URL)
+    {
         let site = try TestSite.random(label, size: size)
         let server = try FaultServer(root: site.folder)
         var manifest = try site.manifest()
@@ -137,9 +149,15 @@ final class HangingWriter: FileWriting {
 
     @Test func theWatchdogRetriesADownloadWhoseDiskHungThenItFinishes() async throws {
         let writer = HangingWriter(seconds: 6, atLeast: 64 << 10)
-        let (server, queue, manifest, site, _) = try Self.setup("watchdog", configuration: .init(
-            transfer: TransferOptions(stallTimeout: 30), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2, watchdogTimeout: 2, writer: writer))
-        defer { queue.close(); server.stop() }
+        let (server, queue, manifest, site, _) = try Self.setup(
+            "watchdog",
+            configuration: .init(
+                transfer: TransferOptions(stallTimeout: 30), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2, watchdogTimeout: 2,
+                writer: writer))
+        defer {
+            queue.close()
+            server.stop()
+        }
         let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         let stalled = try #require(await waitFor(queue, id, timeout: 20) { $0.error?.code == .stalled }, "the watchdog said so")
         #expect(stalled.state == .active && stalled.error?.message.contains("no progress") == true)
@@ -149,17 +167,27 @@ final class HangingWriter: FileWriting {
     }
 
     @Test func aDatabaseLockedTooLongEndsTheDownloadNamingIt() async throws {
-        let (server, queue, manifest, _, home) = try Self.setup("db-busy", fault: .slow(bytesPerSecond: 400_000), configuration: .init(
-            resumeWhenSpaceReturns: false, maxRetryDelay: 0.2, databaseBusyTimeout: 1))
-        defer { queue.close(); server.stop() }
+        let (server, queue, manifest, _, home) = try Self.setup(
+            "db-busy", fault: .slow(bytesPerSecond: 400_000),
+            configuration: .init(
+                resumeWhenSpaceReturns: false, maxRetryDelay: 0.2, databaseBusyTimeout: 1))
+        defer {
+            queue.close()
+            server.stop()
+        }
         let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         _ = await waitFor(queue, id) { $0.bytesReceived > 0 }
         // Another process takes the write lock and keeps it.
-        let holder = try WatchedProcess("/usr/bin/python3", ["-c", """
-            import sqlite3, sys, time
-            db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
-            db.execute("BEGIN IMMEDIATE"); print("locked", file=sys.stderr, flush=True); time.sleep(30)
-            """, home.appending(path: "state.sqlite").path])
+        let holder = try WatchedProcess(
+            "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import sqlite3, sys, time
+                db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=10)
+                db.execute("BEGIN IMMEDIATE"); print("locked", file=sys.stderr, flush=True); time.sleep(30)
+                """, home.appending(path: "state.sqlite").path,
+            ])
         defer { holder.kill() }
         #expect(holder.waitForStderr("locked", timeout: 10))
         try queue.pause([id])
@@ -168,9 +196,14 @@ final class HangingWriter: FileWriting {
     }
 
     @Test func aPartialFileTruncatedUnderTheQueuesFeetIsNamedAndFetchedAgain() async throws {
-        let (server, queue, manifest, site, home) = try Self.setup("truncated-under", fault: .slow(bytesPerSecond: 1_000_000), configuration: .init(
-            resumeWhenSpaceReturns: false, maxRetryDelay: 0.2))
-        defer { queue.close(); server.stop() }
+        let (server, queue, manifest, site, home) = try Self.setup(
+            "truncated-under", fault: .slow(bytesPerSecond: 1_000_000),
+            configuration: .init(
+                resumeWhenSpaceReturns: false, maxRetryDelay: 0.2))
+        defer {
+            queue.close()
+            server.stop()
+        }
         let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         _ = await waitFor(queue, id) { $0.bytesReceived > 1 << 20 }
         let partial = try #require(partialArchive(home))

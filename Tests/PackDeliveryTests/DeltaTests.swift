@@ -1,8 +1,9 @@
 import Foundation
-@testable import PackDelivery
 import PackTestSupport
 import Synchronization
 import Testing
+
+@testable import PackDelivery
 
 /// Issue 17: a new version of an indexed zip pack fetches only the entries that changed, with range requests,
 /// and builds the new version from them and the installed files. Real libcurl, libarchive and a loopback server
@@ -17,7 +18,8 @@ import Testing
         for folder in 0..<4 {
             try FileManager.default.createDirectory(at: contents.appending(path: "level\(folder)/deep"), withIntermediateDirectories: true)
             for file in 0..<6 {
-                try Fixtures.randomFile(at: contents.appending(path: "level\(folder)/\(file < 3 ? "deep/" : "")f\(file).bin"), size: 96 << 10)
+                try Fixtures.randomFile(
+                    at: contents.appending(path: "level\(folder)/\(file < 3 ? "deep/" : "")f\(file).bin"), size: 96 << 10)
             }
         }
         try Fixtures.randomFile(at: contents.appending(path: "big.bin"), size: 1 << 20)
@@ -29,14 +31,17 @@ import Testing
 
     /// Publishes `content` as version `version` of the product: `delta.zip`, its index and `manifest.json`.
     static func publish(_ content: URL, version: String, site: URL) throws {
-        try PackWriter.write(folder: content, to: site.appending(path: "delta.zip"), format: .zip,
-                             contentInfo: (productIdentifier: Self.product, contentVersion: version))
+        try PackWriter.write(
+            folder: content, to: site.appending(path: "delta.zip"), format: .zip,
+            contentInfo: (productIdentifier: Self.product, contentVersion: version))
         try ManifestBuilder.write(folder: site)
     }
 
     /// A queue over `home` that has started fetching the product from `manifestURL` (its pack URL replaced by
     /// `packURL`); the caller closes it.
-    static func start(_ manifestURL: URL, home: URL, packURL: URL? = nil, writer: (any FileWriting)? = nil) async throws -> (queue: DownloadQueue, id: String) {
+    static func start(_ manifestURL: URL, home: URL, packURL: URL? = nil, writer: (any FileWriting)? = nil) async throws -> (
+        queue: DownloadQueue, id: String
+    ) {
         var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
         if let writer { configuration.writer = writer }
         let queue = try DownloadQueue(home: Home(folder: home), configuration: configuration)
@@ -107,7 +112,8 @@ import Testing
         #expect(download.bytesReceived == delta.bytesToFetch && download.progress == 1)
         let installed = try #require(download.contentURL)
         #expect(try treeContents(installed) == (try Self.reference(site, "delta-one-bsdtar")), "the new version, byte for byte")
-        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/level0/link").path) == "f3.bin")
+        #expect(
+            try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/level0/link").path) == "f3.bin")
         #expect(FileManager.default.isExecutableFile(atPath: installed.appending(path: "Contents/run.sh").path), "modes kept")
         #expect(leftovers(home) == [], "no delta folder, staging or archive left")
         let verify = try DownloadQueue(home: Home(folder: home)).verify()
@@ -176,7 +182,9 @@ import Testing
         #expect(listening, "python3 -m http.server listens on \(port)")
         let download = try await Self.fetch(URL(string: "http://127.0.0.1:\(port)/manifest.json")!, home: home)
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
-        #expect(download.delta == nil && download.deltaFallback?.reason == .rangesNotSupported, "whole pack, saying why: \(download.deltaFallback?.message ?? "")")
+        #expect(
+            download.delta == nil && download.deltaFallback?.reason == .rangesNotSupported,
+            "whole pack, saying why: \(download.deltaFallback?.message ?? "")")
         #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-python-bsdtar")))
     }
 
@@ -198,8 +206,10 @@ import Testing
         let download = try await Self.fetch(server.url("manifest.json"), home: home)
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
         #expect(download.deltaFallback?.reason == .installedFilesChanged, "\(download.deltaFallback?.message ?? "no reason")")
-        #expect(download.deltaFallback?.message.contains("level1/f4.bin") == true, "names the file: \(download.deltaFallback?.message ?? "")")
-        let served = server.bodyBytesSent("delta.zip") - before, length = try Self.packLength(site)
+        #expect(
+            download.deltaFallback?.message.contains("level1/f4.bin") == true, "names the file: \(download.deltaFallback?.message ?? "")")
+        let served = server.bodyBytesSent("delta.zip") - before
+        let length = try Self.packLength(site)
         #expect(served == length, "the whole pack: \(served) of \(length) bytes: \(server.requests())")
         #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-modified-bsdtar")))
     }
@@ -239,7 +249,8 @@ import Testing
         }
         try Self.publish(content, version: "2", site: site)
         let before = server.bodyBytesSent("delta.zip")
-        let (queue, id) = try await Self.start(server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .slow(bytesPerSecond: 768 << 10)))
+        let (queue, id) = try await Self.start(
+            server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .slow(bytesPerSecond: 768 << 10)))
         defer { queue.close() }
         let midway = await waitFor(queue, id) { download in
             guard let delta = download.delta else { return !download.state.isRunning }
@@ -258,7 +269,9 @@ import Testing
         #expect(done?.delta?.bytesKept ?? 0 > 0, "the entries fetched before the pause are kept: \(String(describing: done?.delta))")
         let total = server.bodyBytesSent("delta.zip") - before
         // Only the entry in flight at the pause is fetched again: at most the largest changed entry (big.bin, 1 MiB).
-        #expect(total <= Int(delta.bytesToFetch) + (1 << 20) + (64 << 10), "\(halfway) before the pause, \(total) in all, of \(delta.bytesToFetch)")
+        #expect(
+            total <= Int(delta.bytesToFetch) + (1 << 20) + (64 << 10),
+            "\(halfway) before the pause, \(total) in all, of \(delta.bytesToFetch)")
         #expect(try treeContents(try #require(done?.contentURL)) == (try Self.reference(site, "delta-pause-bsdtar")))
     }
 
@@ -287,7 +300,8 @@ import Testing
         let planned = Mutex<Int64>(0)
         let killed = try runAndKill(home: home, ["fetch", manifestURL, Self.product]) { event in
             guard let delta = event["delta"] as? [String: Any], let toFetch = (delta["bytesToFetch"] as? NSNumber)?.int64Value,
-                  let received = (event["bytesReceived"] as? NSNumber)?.int64Value else { return false }
+                let received = (event["bytesReceived"] as? NSNumber)?.int64Value
+            else { return false }
             planned.withLock { $0 = toFetch }
             return received > toFetch * 6 / 10
         }
@@ -306,8 +320,9 @@ import Testing
         let late = server.requests().filter { $0.file == "delta.zip" && $0.range != nil }.dropFirst(early.count).compactMap(\.range)
         #expect(completed.isDisjoint(with: late), "no range completed before the kill is asked for again: before \(early), after \(late)")
         let total = server.bodyBytesSent("delta.zip") - before
-        #expect(total <= Int(bytesToFetch) + (192 << 10) + (64 << 10),
-                "at most the range in flight again: \(beforeKill) before the kill, \(total) in all, of \(bytesToFetch)")
+        #expect(
+            total <= Int(bytesToFetch) + (192 << 10) + (64 << 10),
+            "at most the range in flight again: \(beforeKill) before the kill, \(total) in all, of \(bytesToFetch)")
         #expect(server.requests().filter { $0.file == "delta.zip" && $0.range == nil }.count == 1, "the whole pack only for version 1")
         let installed = home.appending(path: "Caches/\(Self.product)")
         #expect(try treeContents(installed) == (try Self.reference(site, "delta-kill-bsdtar")), "the new version, byte for byte")
@@ -325,27 +340,36 @@ import Testing
         let digests = (0..<6).map { String(repeating: "\($0)", count: 64) }
         // Six 100 KB entries; a, b, d, f are installed (b under another name); c and e changed, 100 KB apart.
         let index = PackIndex(entries: (0..<6).map { entry("f\($0)", digests[$0], at: Int64($0) * 100_000, 100_000) })
-        let installed = [record("f0", digests[0], 99_940), record("old-name", digests[1], 99_940), record("f3", digests[3], 99_940),
-                         record("f5", digests[5], 99_940)]
+        let installed = [
+            record("f0", digests[0], 99_940), record("old-name", digests[1], 99_940), record("f3", digests[3], 99_940),
+            record("f5", digests[5], 99_940),
+        ]
         let plan = try DeltaPlan.make(index: index, packLength: 600_000, installed: installed, damaged: []).get()
         #expect(plan.fetch.sorted() == [2, 4])
         #expect(Set(plan.reuse.map(\.path)) == ["f0", "f1", "f3", "f5"] && plan.reuse.first { $0.path == "f1" }?.from == "old-name")
         #expect(plan.ranges.map { [$0.start, $0.end] } == [[200_000, 300_000], [400_000, 500_000]], "100 KB apart: two ranges")
         // Entries 60 KB apart come in one range, with the gap.
-        let close = PackIndex(entries: [entry("a", digests[2], at: 0, 40_000), entry("b", digests[0], at: 40_000, 60_000),
-                                        entry("c", digests[4], at: 100_000, 40_000), entry("d", digests[1], at: 140_000, 260_000)])
-        let coalesced = try DeltaPlan.make(index: close, packLength: 400_000,
-                                           installed: [record("b", digests[0], 59_940), record("d", digests[1], 259_940)], damaged: []).get()
+        let close = PackIndex(entries: [
+            entry("a", digests[2], at: 0, 40_000), entry("b", digests[0], at: 40_000, 60_000),
+            entry("c", digests[4], at: 100_000, 40_000), entry("d", digests[1], at: 140_000, 260_000),
+        ])
+        let coalesced = try DeltaPlan.make(
+            index: close, packLength: 400_000,
+            installed: [record("b", digests[0], 59_940), record("d", digests[1], 259_940)], damaged: []
+        ).get()
         #expect(coalesced.ranges.map { [$0.start, $0.end] } == [[0, 140_000]] && coalesced.bytesToFetch == 140_000)
 
         func reason(_ result: Result<DeltaPlan, DeltaRefusal>) -> Download.DeltaFallback.Reason? {
             if case .failure(let refusal) = result { return refusal.fallback.reason } else { return nil }
         }
         #expect(reason(DeltaPlan.make(index: index, packLength: 600_000, installed: installed, damaged: ["f3"])) == .installedFilesChanged)
-        #expect(reason(DeltaPlan.make(index: index, packLength: 600_000, installed: [record("f0", digests[0], 99_940)], damaged: [])) == .tooMuchChanged,
-                "five of six entries changed")
-        #expect(reason(DeltaPlan.make(index: index, packLength: 550_000, installed: installed, damaged: [])) == .indexUnusable,
-                "an entry past the pack's end")
+        #expect(
+            reason(DeltaPlan.make(index: index, packLength: 600_000, installed: [record("f0", digests[0], 99_940)], damaged: []))
+                == .tooMuchChanged,
+            "five of six entries changed")
+        #expect(
+            reason(DeltaPlan.make(index: index, packLength: 550_000, installed: installed, damaged: [])) == .indexUnusable,
+            "an entry past the pack's end")
     }
 
     /// A full disk mid-delta pauses the download for space, as for a whole pack; once there is room, resume finishes
@@ -372,9 +396,13 @@ import Testing
         try queue.resume([id])
         let done = try #require(await waitFor(queue, id) { !$0.state.isRunning })
         #expect(done.state == .finished, "\(done.error?.description ?? "")")
-        #expect(done.deltaFallback == nil && done.delta?.bytesKept ?? 0 > 0, "the delta went on with what it had kept: \(String(describing: done.delta))")
+        #expect(
+            done.deltaFallback == nil && done.delta?.bytesKept ?? 0 > 0,
+            "the delta went on with what it had kept: \(String(describing: done.delta))")
         let served = server.bodyBytesSent("delta.zip") - before
-        #expect(served <= Int(delta.bytesToFetch) + (192 << 10) + (64 << 10), "at most the entry cut short again: \(served) of \(delta.bytesToFetch)")
+        #expect(
+            served <= Int(delta.bytesToFetch) + (192 << 10) + (64 << 10),
+            "at most the entry cut short again: \(served) of \(delta.bytesToFetch)")
         #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, "delta-full-bsdtar")))
         #expect(leftovers(home) == [])
     }
@@ -390,7 +418,8 @@ import Testing
             try Fixtures.randomFile(at: content.appending(path: "Contents/\(path)"), size: 192 << 10)
         }
         try Self.publish(content, version: "2", site: site)
-        let (queue, id) = try await Self.start(server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .slow(bytesPerSecond: 384 << 10)))
+        let (queue, id) = try await Self.start(
+            server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .slow(bytesPerSecond: 384 << 10)))
         defer { queue.close() }
         let midway = await waitFor(queue, id) { download in
             guard let delta = download.delta else { return !download.state.isRunning }
@@ -405,9 +434,13 @@ import Testing
         let done = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download settles")
         // The retry reads the new index (it does not match the manifest) and falls back to the whole pack, which
         // does not match it either: its length (or, were it as long, its SHA-256).
-        #expect(done.state == .failed && [.lengthMismatch, .checksumMismatch].contains(done.error?.code), "\(done.state) \(done.error?.description ?? "")")
+        #expect(
+            done.state == .failed && [.lengthMismatch, .checksumMismatch].contains(done.error?.code),
+            "\(done.state) \(done.error?.description ?? "")")
         #expect(done.deltaFallback?.reason == .indexUnusable, "\(done.deltaFallback?.message ?? "no fallback")")
         #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
-        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/.packdelivery/downloads/\(id).delta").path), "no kept entry of either version")
+        #expect(
+            !FileManager.default.fileExists(atPath: home.appending(path: "Caches/.packdelivery/downloads/\(id).delta").path),
+            "no kept entry of either version")
     }
 }

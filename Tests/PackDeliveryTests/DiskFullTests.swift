@@ -49,7 +49,9 @@ final class Tmpfs: Sendable {
 
 /// Disk full on a real filesystem: paused with a reason, bytes kept, `status` still readable,
 /// resume fetching only what is missing, cancel freeing the space.
-@Suite(.enabled(if: Tmpfs.available, "mounting a tmpfs needs root; QueueTests and FaultTests cover the same logic with an injectable writer"), .timeLimit(.minutes(5)))
+@Suite(
+    .enabled(if: Tmpfs.available, "mounting a tmpfs needs root; QueueTests and FaultTests cover the same logic with an injectable writer"),
+    .timeLimit(.minutes(5)))
 struct DiskFullTests {
     static func downloadID(_ home: URL) throws -> String {
         let status = try CLI.run(home: home, ["--json", "status"])
@@ -63,14 +65,17 @@ struct DiskFullTests {
         let site = try TestSite.random("nofit-site", size: 12 << 20)
         let nginx = try NginxServer(root: site.folder)
         defer { nginx.stop() }
-        let fetch = try CLI.run(home: disk.folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"])
+        let fetch = try CLI.run(
+            home: disk.folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"])
         #expect(fetch.status == 75)
         let id = try Self.downloadID(disk.folder)
         #expect(fetch.stderr.contains("bytes needed") && fetch.stderr.contains("available"), "stderr: \(fetch.stderr)")
         #expect(fetch.stderr.contains("packs resume \(id)") && fetch.stderr.contains("packs cancel \(id)"), "stderr: \(fetch.stderr)")
         #expect(nginx.requests().filter { $0.uri == "/big.tar" }.isEmpty, "nothing was fetched")
         let status = try CLI.run(home: disk.folder, ["--json", "status"])
-        #expect(status.stdout.contains(#""pauseReason":"insufficientStorage""#) && status.stdout.contains("neededBytes") && status.stdout.contains("availableBytes"))
+        #expect(
+            status.stdout.contains(#""pauseReason":"insufficientStorage""#) && status.stdout.contains("neededBytes")
+                && status.stdout.contains("availableBytes"))
     }
 
     @Test func theDiskFillsMidDownloadThenResumeFetchesOnlyTheMissingBytes() throws {
@@ -79,7 +84,9 @@ struct DiskFullTests {
         let nginx = try NginxServer(root: site.folder, limitRate: 4 << 20)
         defer { nginx.stop() }
         let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
-        let fetch = try runWatching(home: disk.folder, ["fetch", manifestURL, "com.example.big"], when: { ($0["progress"] as? Double ?? 0) > 0.25 }) { _ in
+        let fetch = try runWatching(
+            home: disk.folder, ["fetch", manifestURL, "com.example.big"], when: { ($0["progress"] as? Double ?? 0) > 0.25 }
+        ) { _ in
             disk.fill()
         }
         #expect(fetch.matched && fetch.status == 75)
@@ -106,8 +113,10 @@ struct DiskFullTests {
         let site = try TestSite.random("cancelfill-site", size: 16 << 20)
         let nginx = try NginxServer(root: site.folder, limitRate: 4 << 20)
         defer { nginx.stop() }
-        let fetch = try runWatching(home: disk.folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
-                                    when: { ($0["progress"] as? Double ?? 0) > 0.25 }) { _ in disk.fill() }
+        let fetch = try runWatching(
+            home: disk.folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
+            when: { ($0["progress"] as? Double ?? 0) > 0.25 }
+        ) { _ in disk.fill() }
         #expect(fetch.status == 75)
         let id = try Self.downloadID(disk.folder)
         let partial = disk.folder.appending(path: "Caches/.packdelivery/downloads/\(id).pack")

@@ -8,10 +8,11 @@ import Testing
     static let sha = String(repeating: "ab", count: 32)
 
     static func download(length: Int64 = 1000) -> Download {
-        Download(id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
-                 contentLength: length, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
-                 contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p.zip")!, sha256: Self.sha,
-                 unpackedLength: nil, destination: .caches, bytesReceived: 0)
+        Download(
+            id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
+            contentLength: length, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+            contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p.zip")!, sha256: Self.sha,
+            unpackedLength: nil, destination: .caches, bytesReceived: 0)
     }
 
     static let networkFailure = TransferFailure(error: PackDeliveryError(.networkFailure, message: "reset"), retryable: true)
@@ -23,7 +24,8 @@ import Testing
         let moved = machine.progress(token: 1, bytesOnDisk: 500, validator: "\"e1\"")
         #expect(moved)
         #expect(machine.download.progress == 0.5 && machine.validator == "\"e1\"")
-        #expect(machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0)) == [.install(token: 1)])
+        #expect(
+            machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0)) == [.install(token: 1)])
         #expect(machine.download.phase == .verifying && machine.verified)
         #expect(machine.installFinished(token: 1, result: .success(URL(filePath: "/c/p"))) == [])
         #expect(machine.state == .finished && machine.download.progress == 1 && machine.download.contentURL?.path == "/c/p")
@@ -55,7 +57,9 @@ import Testing
         let gone = PackDeliveryError(.invalidManifest, message: "The manifest no longer lists p.")
         #expect(machine.manifestReloaded(token: token + 1, result: .failure(gone)) == [])
         #expect(machine.state == .paused && machine.download.pauseReason == .unauthorized)
-        #expect(machine.download.error?.hint?.contains("Renew the receipt") == true && machine.download.error?.hint?.contains("no longer lists p") == true)
+        #expect(
+            machine.download.error?.hint?.contains("Renew the receipt") == true
+                && machine.download.error?.hint?.contains("no longer lists p") == true)
     }
 
     @Test func aReloadThatArrivesAfterAPauseChangesNothing() {
@@ -125,16 +129,20 @@ import Testing
         var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8))
         _ = machine.start()
         let slow = TransferFailure(error: PackDeliveryError(.timedOut, message: "too slow"), retryable: true, countsAlways: true)
-        #expect(machine.transferFinished(token: 1, outcome: .failed(slow, bytesOnDisk: 10), jitter: 0) == [.scheduleRetry(token: 2, after: 0.5)])
+        #expect(
+            machine.transferFinished(token: 1, outcome: .failed(slow, bytesOnDisk: 10), jitter: 0) == [.scheduleRetry(token: 2, after: 0.5)]
+        )
         _ = machine.retryDue(token: 2)
-        #expect(machine.transferFinished(token: 2, outcome: .failed(slow, bytesOnDisk: 20), jitter: 0) == [.scheduleRetry(token: 3, after: 1)])
+        #expect(
+            machine.transferFinished(token: 2, outcome: .failed(slow, bytesOnDisk: 20), jitter: 0) == [.scheduleRetry(token: 3, after: 1)])
         _ = machine.retryDue(token: 3)
         #expect(machine.transferFinished(token: 3, outcome: .failed(slow, bytesOnDisk: 30), jitter: 0) == [])
         #expect(machine.state == .failed && machine.download.error?.code == .timedOut && machine.download.bytesReceived == 30)
     }
 
     @Test func theWatchdogRetriesAStuckDownloadThenFailsNamingThePhase() {
-        var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 2, baseDelay: 1, maxDelay: 8, watchdog: 10))
+        var machine = DownloadMachine(
+            download: Self.download(), retryPolicy: .init(maxAttempts: 2, baseDelay: 1, maxDelay: 8, watchdog: 10))
         let t0 = Date(timeIntervalSince1970: 1000)
         _ = machine.start(now: t0)
         _ = machine.progress(token: 1, bytesOnDisk: 100, validator: nil, now: t0.addingTimeInterval(1))
@@ -148,14 +156,17 @@ import Testing
     }
 
     @Test func theWatchdogRestartsAStuckUnpackOnlyOnceTheStoppedOneHasReturned() {
-        var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8, watchdog: 10))
+        var machine = DownloadMachine(
+            download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8, watchdog: 10))
         let t0 = Date(timeIntervalSince1970: 1000)
         _ = machine.start(now: t0)
         _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0), now: t0)
         _ = machine.installProgress(token: 1, phase: .unpacking, fraction: 0.1, now: t0.addingTimeInterval(1))
         #expect(machine.tick(now: t0.addingTimeInterval(12)) == [.stopInstall, .scheduleRetry(token: 2, after: 0.75)])
         #expect(machine.retryDue(token: 2, now: t0.addingTimeInterval(13)) == [], "the stuck unpack still owns the staging folder")
-        #expect(machine.installFinished(token: 1, result: .failure(.stopped("stopped")), now: t0.addingTimeInterval(14)) == [.install(token: 2)])
+        #expect(
+            machine.installFinished(token: 1, result: .failure(.stopped("stopped")), now: t0.addingTimeInterval(14)) == [.install(token: 2)]
+        )
         #expect(machine.installFinished(token: 2, result: .success(URL(filePath: "/c/p"))) == [])
         #expect(machine.state == .finished)
     }
@@ -258,9 +269,15 @@ import Testing
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()
         let wrong = String(repeating: "cd", count: 32)
-        #expect(machine.transferFinished(token: 1, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 600)) == [.startTransfer(token: 2, fromZero: true)])
+        #expect(
+            machine.transferFinished(token: 1, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 600)) == [
+                .startTransfer(token: 2, fromZero: true)
+            ])
         #expect(machine.retriedFromZero)
-        #expect(machine.transferFinished(token: 2, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 0)) == [.deleteFiles(staging: true)])
+        #expect(
+            machine.transferFinished(token: 2, outcome: .completed(sha256: wrong, length: 1000, resumedFrom: 0)) == [
+                .deleteFiles(staging: true)
+            ])
         #expect(machine.state == .failed && machine.download.error?.kind == .badData)
         #expect(machine.download.error?.message.contains(wrong) == true)
     }
@@ -268,7 +285,9 @@ import Testing
     @Test func aFreshFileWithTheWrongChecksumFailsAtOnce() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()
-        #expect(machine.transferFinished(token: 1, outcome: .completed(sha256: String(repeating: "0", count: 64), length: 1000, resumedFrom: 0)) == [.deleteFiles(staging: true)])
+        #expect(
+            machine.transferFinished(token: 1, outcome: .completed(sha256: String(repeating: "0", count: 64), length: 1000, resumedFrom: 0))
+                == [.deleteFiles(staging: true)])
         #expect(machine.state == .failed)
     }
 
@@ -308,15 +327,19 @@ import Testing
 @Suite(.timeLimit(.minutes(5))) struct ResponseDecisionTests {
     let url = "http://h/p"
 
-    func decide(_ status: Int, range: String? = nil, length: String? = nil, retryAfter: String? = nil, offset: Int64, expected: Int64) -> ResponseDecision {
-        ResponseDecision.decide(status: status, headers: .init(contentRange: range, contentLength: length, retryAfter: retryAfter),
-                                offset: offset, expectedLength: expected, url: self.url)
+    func decide(_ status: Int, range: String? = nil, length: String? = nil, retryAfter: String? = nil, offset: Int64, expected: Int64)
+        -> ResponseDecision
+    {
+        ResponseDecision.decide(
+            status: status, headers: .init(contentRange: range, contentLength: length, retryAfter: retryAfter),
+            offset: offset, expectedLength: expected, url: self.url)
     }
 
     @Test func a206MustStartWhereWeAsked() {
         #expect(self.decide(206, range: "bytes 100-999/1000", offset: 100, expected: 1000) == .append)
         guard case .reject(let failure, let discard) = self.decide(206, range: "bytes 0-999/1000", offset: 100, expected: 1000) else {
-            Issue.record("a mismatched Content-Range must be rejected"); return
+            Issue.record("a mismatched Content-Range must be rejected")
+            return
         }
         #expect(failure.retryable && failure.countsAlways && discard)
     }
@@ -324,7 +347,8 @@ import Testing
     @Test func aTotalThatDiffersFromTheManifestMeansTheFileChanged() {
         // Issue 19, item 6: the partial is from another version; start over, and say how the lengths differ.
         guard case .reject(let failure, let discard) = self.decide(206, range: "bytes 100-999/2000", offset: 100, expected: 1000) else {
-            Issue.record("a different total must be rejected"); return
+            Issue.record("a different total must be rejected")
+            return
         }
         #expect(discard && failure.error.code == .lengthMismatch && failure.countsAlways)
         #expect(failure.error.message.contains("1000 bytes longer"))
@@ -335,7 +359,8 @@ import Testing
         #expect(self.decide(200, length: "1000", offset: 500, expected: 1000) == .restartFromZero)
         // Issue 19, item 3: a stale manifest one byte longer than the file is said at once, without downloading the body.
         guard case .reject(let failure, let discard) = self.decide(200, length: "999", offset: 0, expected: 1000) else {
-            Issue.record("a 200 of another length must be rejected"); return
+            Issue.record("a 200 of another length must be rejected")
+            return
         }
         #expect(!discard && failure.retryable && failure.countsAlways && failure.error.code == .lengthMismatch)
         #expect(failure.error.message.contains("1 byte shorter than the manifest says"))
@@ -345,11 +370,13 @@ import Testing
         #expect(self.decide(416, range: "bytes */1000", offset: 1000, expected: 1000) == .complete)
         #expect(self.decide(416, offset: 1000, expected: 1000) == .complete)
         guard case .reject(let short, _) = self.decide(416, range: "bytes */999", offset: 999, expected: 1000) else {
-            Issue.record("a 416 that says the file is shorter must be rejected"); return
+            Issue.record("a 416 that says the file is shorter must be rejected")
+            return
         }
         #expect(short.error.code == .lengthMismatch && short.countsAlways)
         guard case .reject(let odd, let discard) = self.decide(416, range: "bytes */1000", offset: 500, expected: 1000) else {
-            Issue.record("a 416 in the middle must be rejected"); return
+            Issue.record("a 416 in the middle must be rejected")
+            return
         }
         #expect(discard && odd.retryable && odd.countsAlways)
     }
@@ -357,16 +384,20 @@ import Testing
     @Test func serverErrorsAreRetriedAndOther4xxAreNot() {
         for status in [408, 429, 500, 502, 503] {
             guard case .reject(let failure, _) = self.decide(status, retryAfter: "3", offset: 0, expected: 1) else {
-                Issue.record("\(status) must be rejected"); continue
+                Issue.record("\(status) must be rejected")
+                continue
             }
             #expect(failure.retryable && failure.retryAfter == 3 && !failure.countsAlways)
         }
         guard case .reject(let wait, _) = self.decide(503, retryAfter: "300", offset: 0, expected: 1) else { return }
         #expect(wait.error.message.contains("503") && wait.error.message.contains("5 min"), "issue 19, item 5: the wait is said")
         guard case .reject(let failure, _) = self.decide(404, offset: 0, expected: 1) else {
-            Issue.record("404 must be rejected"); return
+            Issue.record("404 must be rejected")
+            return
         }
-        #expect(!failure.retryable && failure.error.code == .httpStatus && failure.error.httpStatus == 404 && failure.error.message.contains("404"))
+        #expect(
+            !failure.retryable && failure.error.code == .httpStatus && failure.error.httpStatus == 404
+                && failure.error.message.contains("404"))
         guard case .reject(let refused, _) = self.decide(403, offset: 0, expected: 1) else { return }
         #expect(refused.error.code == .unauthorized && refused.error.kind == .unauthorized)
     }
@@ -409,11 +440,19 @@ import Testing
 
     @Test func errorsNameTheProblem() {
         func message(_ json: String) -> String? {
-            do { _ = try LoadedManifest.decode(Data(json.utf8), from: self.base); return nil } catch { return error.kind == .badData ? error.message : "wrong kind" }
+            do {
+                _ = try LoadedManifest.decode(Data(json.utf8), from: self.base)
+                return nil
+            } catch { return error.kind == .badData ? error.message : "wrong kind" }
         }
         #expect(message("not json")?.contains("not JSON") == true)
-        #expect(message(#"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p"}]}]}"#)?.contains("contentVersion") == true)
-        #expect(message(#"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"a","contentLength":1,"sha256":"xyz"}]}]}"#)?.contains("sha256") == true)
+        #expect(
+            message(#"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p"}]}]}"#)?.contains("contentVersion") == true
+        )
+        #expect(
+            message(
+                #"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"a","contentLength":1,"sha256":"xyz"}]}]}"#
+            )?.contains("sha256") == true)
         #expect(message(#"{"products":[{"productIdentifier":"../p","contents":[]}]}"#)?.contains("productIdentifier") == true)
     }
 

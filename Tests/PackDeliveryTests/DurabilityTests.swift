@@ -1,7 +1,7 @@
 import Foundation
-import Synchronization
 import PackDelivery
 import PackTestSupport
+import Synchronization
 import Testing
 
 /// Kills, relaunches and concurrent processes: nothing is lost, half-installed or fetched twice.
@@ -60,7 +60,10 @@ import Testing
         let path = try #require(content.events.first?["contentURL"] as? String)
         let data = URL(filePath: path).appending(path: "Contents/data.bin")
         #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
-        #expect(try FileManager.default.contentsOfDirectory(atPath: home.appending(path: "Caches").path).sorted() == [".packdelivery", "CACHEDIR.TAG", "com.example.big"])
+        #expect(
+            try FileManager.default.contentsOfDirectory(atPath: home.appending(path: "Caches").path).sorted() == [
+                ".packdelivery", "CACHEDIR.TAG", "com.example.big",
+            ])
         #expect(leftovers(home) == [])
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
     }
@@ -83,7 +86,9 @@ import Testing
 
         let refused = try CLI.run(home: home, ["finish", transactionID])
         #expect(refused.status == 64)
-        #expect(refused.stderr.contains(downloadID) && refused.stderr.contains("paused"), "names the pending download and its state: \(refused.stderr)")
+        #expect(
+            refused.stderr.contains(downloadID) && refused.stderr.contains("paused"),
+            "names the pending download and its state: \(refused.stderr)")
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout == status.stdout, "a refused finish changes nothing")
 
         // resume with --no-finish origin: the content installs, the transaction stays open until finish.

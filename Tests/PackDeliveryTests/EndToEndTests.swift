@@ -32,7 +32,8 @@ import Testing
         let site = try TestSite.samples("e2e-serve-site")
         let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0), logger: Logger(label: "test"))
         let home = try Fixtures.temporaryDirectory("e2e-serve-home")
-        let fetch = try CLI.run(home: home, ["--json", "fetch", server.baseURL.appending(path: "manifest.json").absoluteString] + Self.products)
+        let fetch = try CLI.run(
+            home: home, ["--json", "fetch", server.baseURL.appending(path: "manifest.json").absoluteString] + Self.products)
         await server.stop()
         #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
         try self.expectInstalled(home: home, products: Self.products)
@@ -57,7 +58,8 @@ import Testing
         let nginx = try NginxServer(root: site.folder)
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory("e2e-nginx-home")
-        let fetch = try CLI.run(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.ocean", "--to", "documents"])
+        let fetch = try CLI.run(
+            home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.ocean", "--to", "documents"])
         #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
         #expect(!fetch.stdout.contains("\u{1B}") && !fetch.stdout.contains("\r"), "piped output must be plain lines")
         #expect(fetch.stdout.contains("installed com.example.ocean 2.1"))
@@ -66,7 +68,8 @@ import Testing
 
         // The same version again: finished without downloading a byte.
         let before = nginx.bodyBytesSent()
-        let again = try CLI.run(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.ocean", "--to", "documents"])
+        let again = try CLI.run(
+            home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.ocean", "--to", "documents"])
         #expect(again.status == 0, "stderr: \(again.stderr)")
         #expect(nginx.bodyBytesSent() - before < 4096, "only the manifest may be fetched again")
     }
@@ -84,7 +87,9 @@ import Testing
         let home = try Fixtures.temporaryDirectory("e2e-unknown-home")
         let fetch = try CLI.run(home: home, ["fetch", site.manifestURL.path, "com.example.forest", "com.example.nope"])
         #expect(fetch.status == 65)
-        #expect(fetch.stderr.contains("com.example.nope") && fetch.stderr.contains("com.example.forest"), "the error names the product and what exists: \(fetch.stderr)")
+        #expect(
+            fetch.stderr.contains("com.example.nope") && fetch.stderr.contains("com.example.forest"),
+            "the error names the product and what exists: \(fetch.stderr)")
         #expect(try CLI.run(home: home, ["content", "com.example.forest"]).status != 0)
     }
 
@@ -93,7 +98,11 @@ import Testing
         try site.editManifest { manifest in
             manifest.products = manifest.products.map { product in
                 var product = product
-                product.contents = product.contents.map { var content = $0; content.sha256 = String(repeating: "0", count: 64); return content }
+                product.contents = product.contents.map {
+                    var content = $0
+                    content.sha256 = String(repeating: "0", count: 64)
+                    return content
+                }
                 return product
             }
         }
@@ -127,7 +136,8 @@ import Testing
         let site = try TestSite.samples("e2e-manifest-site")
         let nginx = try NginxServer(root: site.folder)
         defer { nginx.stop() }
-        let notFound = try CLI.run(home: home, ["fetch", nginx.baseURL.appending(path: "missing.json").absoluteString, "com.example.forest"])
+        let notFound = try CLI.run(
+            home: home, ["fetch", nginx.baseURL.appending(path: "missing.json").absoluteString, "com.example.forest"])
         #expect(notFound.status == 65)
         #expect(notFound.stderr.contains("404"), "stderr: \(notFound.stderr)")
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))

@@ -12,7 +12,8 @@ import Testing
     static let sourceFolders = ["com.example.atlas": "atlas", "com.example.forest": "forest", "com.example.ocean": "ocean"]
 
     /// The example's binary, built by scripts/test (`swift build --package-path Examples/StoreClient`).
-    static let binary: String = ProcessInfo.processInfo.environment["STORE_CLIENT_BINARY"]
+    static let binary: String =
+        ProcessInfo.processInfo.environment["STORE_CLIENT_BINARY"]
         ?? CLI.packageRoot.appending(path: "Examples/StoreClient/.build/debug/StoreClient").path
 
     func runExample(home: URL, manifest: URL, _ extra: [String] = []) async throws -> (status: Int32, lines: [String], stderr: String) {
@@ -21,8 +22,9 @@ import Testing
     }
 
     @Test func theExampleDeliversOnTheMainActorAwaitsMatchesErrorsByCodeAndIsRedeliveredAfterARelaunch() async throws {
-        try #require(FileManager.default.isExecutableFile(atPath: Self.binary),
-                     "no StoreClient at \(Self.binary): build it with swift build --package-path Examples/StoreClient (scripts/test does)")
+        try #require(
+            FileManager.default.isExecutableFile(atPath: Self.binary),
+            "no StoreClient at \(Self.binary): build it with swift build --package-path Examples/StoreClient (scripts/test does)")
         let site = try TestSite.samples("example-site")
         let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0), logger: Logger(label: "example"))
         let manifest = server.baseURL.appending(path: "manifest.json")
@@ -33,7 +35,9 @@ import Testing
         #expect(first.status == 0, "stderr: \(first.stderr)\nstdout:\n\(first.lines.joined(separator: "\n"))")
         #expect(first.lines.contains("observer on the main actor: yes"), "\(first.lines)")
         #expect(first.lines.contains("matched unknownProduct"), "an error matched by its code")
-        #expect(first.lines.contains { $0.hasPrefix("refused finishRefused d-") }, "finish refused, matched by code, naming the pending download")
+        #expect(
+            first.lines.contains { $0.hasPrefix("refused finishRefused d-") },
+            "finish refused, matched by code, naming the pending download")
         for product in Self.products {
             #expect(first.lines.contains { $0.hasPrefix("progress \(product) 100%") }, "the view model saw \(product) complete")
             #expect(first.lines.contains("settled \(product) finished"), "one await settled \(product)")

@@ -16,8 +16,10 @@ import Testing
         let manifest: LoadedManifest
         let writer: DiskFullWriter
 
-        init(_ label: String, fault: Fault, size: Int = FaultTests.size, stallTimeout: TimeInterval = 30, maxAttempts: Int = 6,
-             space: Int64 = .max) throws {
+        init(
+            _ label: String, fault: Fault, size: Int = FaultTests.size, stallTimeout: TimeInterval = 30, maxAttempts: Int = 6,
+            space: Int64 = .max
+        ) throws {
             self.site = try TestSite.random(label, size: size)
             self.server = try FaultServer(root: self.site.folder)
             self.home = Home(folder: try Fixtures.temporaryDirectory(label + "-home"))
@@ -29,7 +31,8 @@ import Testing
             self.queue = try DownloadQueue(home: self.home, configuration: configuration)
             var manifest = try self.site.manifest()
             manifest.products[0].contents[0].url = self.server.url("big.tar", fault: fault).absoluteString
-            self.manifest = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: self.server.baseURL.appending(path: "manifest.json"))
+            self.manifest = try LoadedManifest.decode(
+                try JSONEncoder().encode(manifest), from: self.server.baseURL.appending(path: "manifest.json"))
         }
 
         /// Adds the transaction and waits until its download settles.
@@ -59,24 +62,35 @@ import Testing
 
     @Test func aResetConnectionIsResumedFromWhereItStopped() async throws {
         let setup = try Setup("fault-reset", fault: .resetOnce(afterBytes: 300_000))
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         try setup.expectInstalled(try await setup.run())
         let requests = setup.server.requests()
         #expect(requests.count == 2)
-        #expect(requests.last?.range?.hasPrefix("bytes=") == true && requests.last?.range != "bytes=0-" && requests.last?.status == 206, "\(requests)")
+        #expect(
+            requests.last?.range?.hasPrefix("bytes=") == true && requests.last?.range != "bytes=0-" && requests.last?.status == 206,
+            "\(requests)")
         #expect(setup.server.bodyBytesSent() <= Self.size + 400_000)
     }
 
     @Test func aTruncatedBodyIsResumed() async throws {
         let setup = try Setup("fault-truncate", fault: .truncateOnce(afterBytes: 500_000))
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         try setup.expectInstalled(try await setup.run())
         #expect(setup.server.requests().last?.range == "bytes=500000-")
     }
 
     @Test func aStalledServerIsRetriedAfterTheStallTimeout() async throws {
         let setup = try Setup("fault-stall", fault: .stallOnce(afterBytes: 200_000), stallTimeout: 1)
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         let started = Date()
         try setup.expectInstalled(try await setup.run())
         #expect(Date().timeIntervalSince(started) >= 1)
@@ -86,7 +100,10 @@ import Testing
     @Test(arguments: [503, 429, 408])
     func retryableStatusesAreRetriedHonouringRetryAfter(status: Int) async throws {
         let setup = try Setup("fault-\(status)", fault: .status(status, times: 2, retryAfter: 1))
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         let started = Date()
         try setup.expectInstalled(try await setup.run())
         #expect(Date().timeIntervalSince(started) >= 2, "two Retry-After: 1 waits")
@@ -95,7 +112,10 @@ import Testing
 
     @Test func otherClientErrorsFailAtOnceWithTheStatus() async throws {
         let setup = try Setup("fault-404", fault: .status(404, times: 5, retryAfter: nil))
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         let download = try await setup.run()
         #expect(download.state == .failed)
         #expect(download.error?.code == .httpStatus && download.error?.httpStatus == 404 && download.error?.message.contains("404") == true)
@@ -105,7 +125,10 @@ import Testing
     @Test func theRetryBudgetStartsAgainWheneverBytesArrive() async throws {
         // Every response is cut after 256 KiB; with 3 attempts allowed, only progress resetting the budget finishes it.
         let setup = try Setup("fault-budget", fault: .resetAfter(bytes: 256 << 10), maxAttempts: 3)
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         try setup.expectInstalled(try await setup.run())
         #expect(setup.server.requests().count >= 4)
         #expect(setup.server.bodyBytesSent() <= Self.size + 64 << 10, "no byte fetched twice")
@@ -113,14 +136,20 @@ import Testing
 
     @Test func aServerIgnoringRangeRestartsFromZeroWithoutAppending() async throws {
         let setup = try Setup("fault-ignore-range", fault: .ignoreRange, space: 300_000)
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         try setup.expectInstalled(try await setup.runThroughDiskFull().final)
         #expect(setup.server.requests().last?.status == 200)
     }
 
     @Test func aChangedETagRestartsFromZero() async throws {
         let setup = try Setup("fault-etag", fault: .changeETag, space: 300_000)
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         try setup.expectInstalled(try await setup.runThroughDiskFull().final)
         let last = try #require(setup.server.requests().last)
         #expect(last.ifRange != nil && last.range != nil && last.status == 200, "\(last)")
@@ -128,7 +157,10 @@ import Testing
 
     @Test func aCorrectServerResumesWithIfRange() async throws {
         let setup = try Setup("fault-none", fault: Fault.none, space: 300_000)
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         let (paused, final) = try await setup.runThroughDiskFull()
         try setup.expectInstalled(final)
         let last = try #require(setup.server.requests().last)
@@ -140,7 +172,10 @@ import Testing
     @Test func pauseAndResumeOfASlowTransferKeepProgressMonotonic() async throws {
         // 3 MiB at 1 MiB/s: long enough that the pause lands mid-transfer even on a loaded machine.
         let setup = try Setup("fault-slow", fault: .slow(bytesPerSecond: 1 << 20), size: 3 << 20)
-        defer { setup.queue.close(); setup.server.stop() }
+        defer {
+            setup.queue.close()
+            setup.server.stop()
+        }
         // Subscribed before the transaction exists, so no event can be missed however late the task starts.
         let stream = setup.queue.events()
         let id = try await #require(try setup.queue.add(product: "com.example.big", from: setup.manifest).downloads.first?.id)

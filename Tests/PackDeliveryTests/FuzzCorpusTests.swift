@@ -5,7 +5,7 @@ import Synchronization
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Issue 19, "Habits to keep this from coming back": the fuzzers' seeds (`Fuzz/corpus`) and every input they
@@ -58,8 +58,10 @@ struct FuzzCorpusTests {
 
     /// Checks one run. `valid-*` inputs must be accepted; `hostile-*` ones refused when `refusesHostile`
     /// (manifest decoding and unpacking are the gates; inspection reads only what a manifest needs).
-    static func expect(_ result: (FuzzHarness.Outcome, Duration)?, _ input: String, _ target: String, refusesHostile: Bool,
-                       sourceLocation: SourceLocation = #_sourceLocation) {
+    static func expect(
+        _ result: (FuzzHarness.Outcome, Duration)?, _ input: String, _ target: String, refusesHostile: Bool,
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) {
         guard let (outcome, elapsed) = result else {
             Issue.record("\(target) of \(input) did not return within \(Self.deadline)", sourceLocation: sourceLocation)
             return

@@ -12,8 +12,10 @@ import Testing
         let pack = folder.appending(path: "pack.\(ext)")
         try make(pack)
         let length = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
-        var content: [String: Any] = ["contentIdentifier": "com.example.bad", "contentVersion": "1.0", "url": "pack.\(ext)",
-                                      "contentLength": length, "sha256": try Fixtures.sha256Hex(of: pack)]
+        var content: [String: Any] = [
+            "contentIdentifier": "com.example.bad", "contentVersion": "1.0", "url": "pack.\(ext)",
+            "contentLength": length, "sha256": try Fixtures.sha256Hex(of: pack),
+        ]
         if let unpackedLength { content["unpackedLength"] = unpackedLength }
         let manifest: [String: Any] = ["products": [["productIdentifier": "com.example.bad", "contents": [content]]]]
         try JSONSerialization.data(withJSONObject: manifest).write(to: folder.appending(path: "manifest.json"))
@@ -29,11 +31,14 @@ import Testing
     static func tarPack(_ url: URL) throws {
         let content = try Fixtures.temporaryDirectory("hostile-archive-content")
         try Data("level".utf8).write(to: content.appending(path: "level.txt"))
-        try PackWriter.write(folder: content, to: url, format: .tar, contentInfo: (productIdentifier: "com.example.bad", contentVersion: "1.0"))
+        try PackWriter.write(
+            folder: content, to: url, format: .tar, contentInfo: (productIdentifier: "com.example.bad", contentVersion: "1.0"))
     }
 
     static func fetch(_ site: URL, _ label: String) throws -> CLI.Result {
-        try CLI.run(home: try Fixtures.temporaryDirectory(label + "-home"), ["fetch", site.appending(path: "manifest.json").path, "com.example.bad"], timeout: 60)
+        try CLI.run(
+            home: try Fixtures.temporaryDirectory(label + "-home"),
+            ["fetch", site.appending(path: "manifest.json").path, "com.example.bad"], timeout: 60)
     }
 
     static func manifest(_ folder: URL) throws -> CLI.Result {
@@ -54,8 +59,9 @@ import Testing
         let site = try Self.site("gzip-in-gzip", ext: "tar.gz") { url in
             let tar = url.deletingLastPathComponent().appending(path: "inner.tar")
             try Self.tarPack(tar)
-            try Self.python("import gzip,sys; d=open(sys.argv[1],'rb').read(); [d:=gzip.compress(d) for _ in range(40)]; open(sys.argv[2],'wb').write(d)",
-                            [tar.path, url.path])
+            try Self.python(
+                "import gzip,sys; d=open(sys.argv[1],'rb').read(); [d:=gzip.compress(d) for _ in range(40)]; open(sys.argv[2],'wb').write(d)",
+                [tar.path, url.path])
             try FileManager.default.removeItem(at: tar)
         }
         let started = Date()
@@ -69,7 +75,8 @@ import Testing
     @Test func anOversizedHeaderIsRefusedAtOnce() throws {
         // 64 MiB of zeros after a huge pax header: libarchive would read it all inside one call.
         let site = try Self.site("pax-bomb", ext: "tar.gz", unpackedLength: 1000) { url in
-            try Self.python("""
+            try Self.python(
+                """
                 import gzip, io, sys, tarfile
                 raw = io.BytesIO()
                 with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -86,7 +93,8 @@ import Testing
     /// Item 15: `packs manifest` does not trap on names with no valid encoding or on an encrypted zip; `fetch` refuses both.
     @Test func namesWithoutAnEncodingAndEncryptedZipsNeverTrap() throws {
         let badNames = try Self.site("bad-names", ext: "zip") { url in
-            try Self.python("""
+            try Self.python(
+                """
                 import sys, zipfile
                 with zipfile.ZipFile(sys.argv[1], "w") as z:
                     info = zipfile.ZipInfo("QQQQQQ.txt"); info.flag_bits |= 0x800; z.writestr(info, b"x")
@@ -108,7 +116,9 @@ import Testing
             guard result.status == 0 else { throw FixtureError("zip failed: \(result.stderr)") }
         }
         let inspected = try Self.manifest(encrypted)
-        #expect(inspected.status == 65 && inspected.stderr.contains("encrypted"), "no trap, and says why: \(inspected.status) \(inspected.stderr)")
+        #expect(
+            inspected.status == 65 && inspected.stderr.contains("encrypted"),
+            "no trap, and says why: \(inspected.status) \(inspected.stderr)")
         Self.expectRefused(try Self.fetch(encrypted, "encrypted"), saying: "encrypted packs are not supported")
     }
 
@@ -122,7 +132,8 @@ import Testing
     /// Item 17: an entry with an empty name is corruption, not "unsafe"; a limit names the way to raise it.
     @Test func corruptionIsCalledCorruptionAndLimitsNameTheirFlag() throws {
         let emptyName = try Self.site("empty-name", ext: "tar") { url in
-            try Self.python("""
+            try Self.python(
+                """
                 import io, sys, tarfile
                 with tarfile.open(sys.argv[1], "w", format=tarfile.USTAR_FORMAT) as tar:
                     info = tarfile.TarInfo("x"); info.size = 1; tar.addfile(info, io.BytesIO(b"x"))
@@ -136,7 +147,9 @@ import Testing
         #expect(corrupt.status == 65 && !corrupt.stderr.contains("unsafe"), "\(corrupt.stderr)")
 
         let big = try Self.site("ratio", ext: "tar.gz") { url in
-            try Self.python("import gzip,io,sys,tarfile\nraw=io.BytesIO()\nwith tarfile.open(fileobj=raw,mode='w') as t:\n i=tarfile.TarInfo('zeros.bin'); i.size=8<<20; t.addfile(i, io.BytesIO(bytes(8<<20)))\nopen(sys.argv[1],'wb').write(gzip.compress(raw.getvalue(),9))", [url.path])
+            try Self.python(
+                "import gzip,io,sys,tarfile\nraw=io.BytesIO()\nwith tarfile.open(fileobj=raw,mode='w') as t:\n i=tarfile.TarInfo('zeros.bin'); i.size=8<<20; t.addfile(i, io.BytesIO(bytes(8<<20)))\nopen(sys.argv[1],'wb').write(gzip.compress(raw.getvalue(),9))",
+                [url.path])
         }
         let limited = try Self.fetch(big, "ratio")
         #expect(limited.status == 65 && limited.stderr.contains("--max-expansion-ratio"), "names the flag: \(limited.stderr)")

@@ -103,8 +103,9 @@ import Testing
         manifest.products[0].contents[0].contentLength += 1
         manifest.products[0].contents[0].url = server.url("big.tar").absoluteString
         let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
-        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("stale-length-home")),
-                                      configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 4, maxRetryDelay: 0.2))
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("stale-length-home")),
+            configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 4, maxRetryDelay: 0.2))
         defer { queue.close() }
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 60) { !$0.state.isRunning }, "the download ended")
@@ -123,8 +124,9 @@ import Testing
         manifest.products[0].contents[0].url = server.url("big.tar", fault: .wrongRangeStart).absoluteString
         let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
         let writer = DiskFullWriter(space: 300_000)
-        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("wrong-range-home")),
-                                      configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 4, maxRetryDelay: 0.2, writer: writer))
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("wrong-range-home")),
+            configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 4, maxRetryDelay: 0.2, writer: writer))
         defer { queue.close() }
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning })
@@ -144,9 +146,11 @@ import Testing
         var manifest = try site.manifest()
         manifest.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 20)).absoluteString
         let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
-        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("trickle-home")),
-                                      configuration: .init(transfer: TransferOptions(stallTimeout: 30, lowSpeedLimit: 1000, lowSpeedTime: 2),
-                                                           resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("trickle-home")),
+            configuration: .init(
+                transfer: TransferOptions(stallTimeout: 30, lowSpeedLimit: 1000, lowSpeedTime: 2),
+                resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
         defer { queue.close() }
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 40) { !$0.state.isRunning }, "ended instead of trickling on")
@@ -163,12 +167,15 @@ import Testing
         var manifest = try site.manifest()
         manifest.products[0].contents[0].url = server.url("big.tar", fault: .status(503, times: 1, retryAfter: 300)).absoluteString
         let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
-        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("wait-said-home")), configuration: .init(resumeWhenSpaceReturns: false))
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("wait-said-home")), configuration: .init(resumeWhenSpaceReturns: false))
         defer { queue.close() }
         let started = Date()
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let waiting = try #require(await waitFor(queue, id, timeout: 20) { $0.retryDate != nil }, "the wait shows up in an event")
-        #expect(waiting.state == .active && waiting.error?.httpStatus == 503 && waiting.error?.message.contains("5 min") == true, "\(String(describing: waiting.error))")
+        #expect(
+            waiting.state == .active && waiting.error?.httpStatus == 503 && waiting.error?.message.contains("5 min") == true,
+            "\(String(describing: waiting.error))")
         let seconds = try #require(waiting.retryDate).timeIntervalSince(started)
         #expect(seconds > 290 && seconds < 320, "waits as long as the server asked: \(seconds) s")
         try queue.cancel([id])
@@ -181,12 +188,15 @@ import Testing
         var manifest = try site.manifest()
         manifest.products[0].contents[0].url = server.url("big.tar", fault: .silent).absoluteString
         let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
-        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("silent-home")),
-                                      configuration: .init(transfer: TransferOptions(stallTimeout: 2), resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("silent-home")),
+            configuration: .init(
+                transfer: TransferOptions(stallTimeout: 2), resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
         defer { queue.close() }
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let said = try #require(await waitFor(queue, id, timeout: 15) { $0.error != nil }, "said within seconds")
-        #expect(said.error?.code == .timedOut && said.error?.message.contains("No data arrived") == true, "\(String(describing: said.error))")
+        #expect(
+            said.error?.code == .timedOut && said.error?.message.contains("No data arrived") == true, "\(String(describing: said.error))")
         let ended = try #require(await waitFor(queue, id, timeout: 30) { !$0.state.isRunning })
         #expect(ended.state == .failed && ended.error?.code == .timedOut)
     }
@@ -199,10 +209,12 @@ import Testing
         defer { server.stop() }
         // A route that redirects to "./big.tar" redirects to itself: a loop.
         var manifest = try site.manifest()
-        manifest.products[0].contents[0].url = server.url("big.tar", fault: .redirect(to: target == "LOOP" ? "./big.tar" : target)).absoluteString
+        manifest.products[0].contents[0].url =
+            server.url("big.tar", fault: .redirect(to: target == "LOOP" ? "./big.tar" : target)).absoluteString
         let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
-        let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("redirect-home")),
-                                      configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("redirect-home")),
+            configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.2))
         defer { queue.close() }
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 30) { !$0.state.isRunning })
@@ -244,16 +256,27 @@ import Testing
         }
         let result = try CLI.run(home: served.home, ["fetch", hostile, "--all"])
         #expect(result.status == 65, "stderr: \(result.stderr)")
-        #expect(!result.stderr.contains("\u{1B}") && !result.stderr.contains("\r") && !result.stderr.contains("\u{7F}"), "escaped: \(result.stderr.debugDescription)")
+        #expect(
+            !result.stderr.contains("\u{1B}") && !result.stderr.contains("\r") && !result.stderr.contains("\u{7F}"),
+            "escaped: \(result.stderr.debugDescription)")
         Self.expectOneLine(result.stderr)
     }
 
     /// Item 13: valid JSON that is not a usable manifest is not called "not JSON"; a digest of full-width digits is refused at once.
     @Test(arguments: [
-        (#"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"p.tar","contentLength":1.5,"sha256":"\#(String(repeating: "a", count: 64))"}]}]}"#, "not a whole number"),
-        (#"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"p.tar","contentLength":1e400,"sha256":"\#(String(repeating: "a", count: 64))"}]}]}"#, "number"),
+        (
+            #"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"p.tar","contentLength":1.5,"sha256":"\#(String(repeating: "a", count: 64))"}]}]}"#,
+            "not a whole number"
+        ),
+        (
+            #"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"p.tar","contentLength":1e400,"sha256":"\#(String(repeating: "a", count: 64))"}]}]}"#,
+            "number"
+        ),
         (String(repeating: "[", count: 1000) + String(repeating: "]", count: 1000), "deep"),
-        (#"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"p.tar","contentLength":1,"sha256":"\#(String(repeating: "０", count: 64))"}]}]}"#, "64 hex digits"),
+        (
+            #"{"products":[{"productIdentifier":"p","contents":[{"contentIdentifier":"p","contentVersion":"1","url":"p.tar","contentLength":1,"sha256":"\#(String(repeating: "０", count: 64))"}]}]}"#,
+            "64 hex digits"
+        ),
         ("[1, 2, 3]", "not a manifest"),
         ("not json at all", "not JSON"),
     ])
@@ -273,7 +296,9 @@ import Testing
         try site.editManifest { $0.products[0].contents[0].contentLength += 10 }
         let home = try Fixtures.temporaryDirectory("local-short-home")
         let short = try CLI.run(home: home, ["fetch", site.manifestURL.path, "com.example.big"])
-        #expect(short.status == 65 && short.stderr.contains("bytes long, but the manifest says") && !short.stderr.contains("resumed"), "stderr: \(short.stderr)")
+        #expect(
+            short.status == 65 && short.stderr.contains("bytes long, but the manifest says") && !short.stderr.contains("resumed"),
+            "stderr: \(short.stderr)")
         Self.expectOneLine(short.stderr)
 
         let fifo = site.folder.appending(path: "fifo.json")
@@ -292,9 +317,11 @@ import Testing
         for (fault, expected) in [(Fault.errorBody(status: 403), "Request has expired"), (.hugeHeader(bytes: 10 << 20), "header")] {
             var manifest = try site.manifest()
             manifest.products[0].contents[0].url = server.url("big.tar", fault: fault).absoluteString
-            let loaded = try LoadedManifest.decode(try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
-            let queue = try DownloadQueue(home: Home(folder: try Fixtures.temporaryDirectory("server-said-home")),
-                                          configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 1))
+            let loaded = try LoadedManifest.decode(
+                try JSONEncoder().encode(manifest), from: server.baseURL.appending(path: "manifest.json"))
+            let queue = try DownloadQueue(
+                home: Home(folder: try Fixtures.temporaryDirectory("server-said-home")),
+                configuration: .init(resumeWhenSpaceReturns: false, maxAttempts: 1))
             let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
             let ended = try #require(await waitFor(queue, id, timeout: 30) { !$0.state.isRunning })
             await queue.close()
@@ -313,7 +340,9 @@ import Testing
         #expect(try CLI.run(home: served.home, ["fetch", served.manifestURL, "com.example.forest"]).status == 0)
         try FileManager.default.removeItem(at: served.home.appending(path: "Caches/com.example.forest"))
         let result = try CLI.run(home: served.home, ["content", "com.example.forest"])
-        #expect(result.status == 65 && result.stderr.contains("missing") && result.stderr.contains("packs verify --repair"), "stderr: \(result.stderr)")
+        #expect(
+            result.status == 65 && result.stderr.contains("missing") && result.stderr.contains("packs verify --repair"),
+            "stderr: \(result.stderr)")
         #expect(result.stdout.isEmpty, "no path printed for a missing folder: \(result.stdout)")
     }
 }

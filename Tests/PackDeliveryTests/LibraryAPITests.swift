@@ -18,15 +18,19 @@ import Testing
         let manifest: LoadedManifest
         let home: URL
 
-        init(_ label: String, token: String? = nil, configuration: DownloadQueue.Configuration = .init(resumeWhenSpaceReturns: false)) async throws {
+        init(_ label: String, token: String? = nil, configuration: DownloadQueue.Configuration = .init(resumeWhenSpaceReturns: false))
+            async throws
+        {
             self.site = try TestSite.samples(label + "-site")
-            self.server = try await PackServer.start(PackServerConfiguration(directory: self.site.folder, port: 0, token: token), logger: Logger(label: "test"))
+            self.server = try await PackServer.start(
+                PackServerConfiguration(directory: self.site.folder, port: 0, token: token), logger: Logger(label: "test"))
             self.home = try Fixtures.temporaryDirectory(label + "-home")
             self.queue = try await DownloadQueue.open(home: Home(folder: self.home), configuration: configuration)
             var manifest = try self.site.manifest()
             for index in manifest.products.indices {
                 for pack in manifest.products[index].contents.indices {
-                    manifest.products[index].contents[pack].url = self.server.baseURL.appending(path: manifest.products[index].contents[pack].url).absoluteString
+                    manifest.products[index].contents[pack].url =
+                        self.server.baseURL.appending(path: manifest.products[index].contents[pack].url).absoluteString
                 }
             }
             // A manifest built in memory, as a backend that hands out per-purchase URLs would.
@@ -113,7 +117,9 @@ import Testing
         let shop = try await Shop("explicit-start")
         let transaction = try await shop.queue.add(product: "com.example.ocean", from: shop.manifest, start: false)
         let download = try #require(transaction.downloads.first)
-        #expect(download.state == .paused && download.pauseReason == .notStarted && download.contentLength > 0, "the size is known before any byte moves")
+        #expect(
+            download.state == .paused && download.pauseReason == .notStarted && download.contentLength > 0,
+            "the size is known before any byte moves")
         try await Task.sleep(for: .milliseconds(500))
         #expect(FileManager.default.fileExists(atPath: shop.home.appending(path: "Caches/com.example.ocean").path) == false)
         // Resuming everything does not count as the user's yes.
@@ -191,7 +197,10 @@ import Testing
     }
 
     @Test func credentialsComeFromTheProviderAndAreRenewedOnceWhenRefused() async throws {
-        final class Calls: Sendable { let refused = Atomic<Int>(0); let total = Atomic<Int>(0) }
+        final class Calls: Sendable {
+            let refused = Atomic<Int>(0)
+            let total = Atomic<Int>(0)
+        }
         let calls = Calls()
         var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false)
         // The first token has expired; a fresh one is given when the server refuses it.
@@ -213,7 +222,9 @@ import Testing
         let refused = try await Shop("credentials-wrong", token: "s3cret", configuration: wrong)
         let id = try #require(try await refused.queue.add(product: "com.example.forest", from: refused.manifest).downloads.first?.id)
         let paused = try await refused.queue.settled(downloadID: id)
-        #expect(paused.state == .paused && paused.pauseReason == .unauthorized && paused.error?.code == .unauthorized && paused.error?.httpStatus == 401)
+        #expect(
+            paused.state == .paused && paused.pauseReason == .unauthorized && paused.error?.code == .unauthorized
+                && paused.error?.httpStatus == 401)
         await refused.stop()
     }
 
@@ -249,9 +260,15 @@ import Testing
     }
 
     @Test func aManifestBuiltInMemoryIsCheckedLikeADecodedOne() throws {
-        let bad = Manifest(products: [.init(productIdentifier: "p", contents: [
-            .init(contentIdentifier: "p", contentVersion: "1", url: "p.zip", contentLength: 1 << 60, sha256: String(repeating: "a", count: 64)),
-        ])])
+        let bad = Manifest(products: [
+            .init(
+                productIdentifier: "p",
+                contents: [
+                    .init(
+                        contentIdentifier: "p", contentVersion: "1", url: "p.zip", contentLength: 1 << 60,
+                        sha256: String(repeating: "a", count: 64))
+                ])
+        ])
         #expect(throws: PackDeliveryError.self) { try LoadedManifest(manifest: bad, baseURL: URL(string: "https://h/m.json")!) }
         do { _ = try LoadedManifest(manifest: bad, baseURL: URL(string: "https://h/m.json")!) } catch {
             #expect(error.code == .invalidManifest)

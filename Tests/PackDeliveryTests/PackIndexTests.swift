@@ -14,14 +14,25 @@ import Testing
         try Fixtures.randomFile(at: contents.appending(path: "a.bin"), size: 300_000)
         try Data(String(repeating: "compressible text\n", count: 4000).utf8).write(to: contents.appending(path: "dir/b.txt"))
         try FileManager.default.createSymbolicLink(atPath: contents.appending(path: "dir/link").path, withDestinationPath: "b.txt")
-        try Data(#"<?xml version="1.0" encoding="UTF-8"?><plist version="1.0"><dict><key>ContentVersion</key><string>1</string><key>IAPProductIdentifier</key><string>com.example.zipped</string></dict></plist>"#.utf8)
-            .write(to: content.appending(path: "ContentInfo.plist"))
+        try Data(
+            #"<?xml version="1.0" encoding="UTF-8"?><plist version="1.0"><dict><key>ContentVersion</key><string>1</string><key>IAPProductIdentifier</key><string>com.example.zipped</string></dict></plist>"#
+                .utf8
+        )
+        .write(to: content.appending(path: "ContentInfo.plist"))
         let site = try Fixtures.temporaryDirectory("index-site")
-        let packed = try Fixtures.run(CLI.binary, ["pack", content.path, "--product", "com.example.packed", "--version", "1", "--output", site.appending(path: "packed.zip").path])
+        let packed = try Fixtures.run(
+            CLI.binary,
+            [
+                "pack", content.path, "--product", "com.example.packed", "--version", "1", "--output",
+                site.appending(path: "packed.zip").path,
+            ])
         #expect(packed.status == 0, "\(packed.stderr)")
-        let zipped = try Fixtures.run("/bin/sh", ["-c", "cd '\(content.path)' && zip -q -r -y '\(site.appending(path: "zipped.zip").path)' ."])
+        let zipped = try Fixtures.run(
+            "/bin/sh", ["-c", "cd '\(content.path)' && zip -q -r -y '\(site.appending(path: "zipped.zip").path)' ."])
         #expect(zipped.status == 0, "\(zipped.stderr)")
-        let tar = try Fixtures.run(CLI.binary, ["pack", content.path, "--product", "com.example.tar", "--version", "1", "--output", site.appending(path: "tar.tar.gz").path])
+        let tar = try Fixtures.run(
+            CLI.binary,
+            ["pack", content.path, "--product", "com.example.tar", "--version", "1", "--output", site.appending(path: "tar.tar.gz").path])
         #expect(tar.status == 0, "\(tar.stderr)")
         let made = try Fixtures.run(CLI.binary, ["manifest", site.path])
         #expect(made.status == 0, "\(made.stderr)")

@@ -4,9 +4,9 @@ import Testing
 @testable import PackDelivery
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 // Packs written by PackWriter are read back by bsdtar and by Unpacker and compared with the folder.
@@ -45,10 +45,11 @@ struct PackWriterTests {
         let listing = try fixture.capture(["bsdtar", "-tvf", output.path])
         let lines = listing.split(separator: "\n").map(String.init)
         let names = lines.map { $0.split(separator: " ", omittingEmptySubsequences: true)[8...].joined(separator: " ") }
-        #expect(names == [
-            "a.txt", "b.txt", "empty/", "link -> nested/deep/data.bin", "nested/", "nested/deep/", "nested/deep/data.bin",
-            "nested/deep/run.sh", "nested/z.txt", "space name.txt", "é.txt",
-        ])
+        #expect(
+            names == [
+                "a.txt", "b.txt", "empty/", "link -> nested/deep/data.bin", "nested/", "nested/deep/", "nested/deep/data.bin",
+                "nested/deep/run.sh", "nested/z.txt", "space name.txt", "é.txt",
+            ])
         for line in lines {
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             #expect(fields[2] == "0" && fields[3] == "0", "\(line)")
@@ -83,8 +84,9 @@ struct PackWriterTests {
         let folder = try fixture.sampleFolder()
         try Data("stale".utf8).write(to: folder.appendingPathComponent("ContentInfo.plist"))
         let output = fixture.root.appendingPathComponent("pack.zip")
-        let length = try PackWriter.write(folder: folder, to: output, format: .zip,
-                                          contentInfo: (productIdentifier: "com.example.levels", contentVersion: "1.2"))
+        let length = try PackWriter.write(
+            folder: folder, to: output, format: .zip,
+            contentInfo: (productIdentifier: "com.example.levels", contentVersion: "1.2"))
 
         let unpacked = try fixture.folder("unpacked")
         let summary = try Unpacker.unpack(archive: output, into: unpacked, limits: UnpackLimits(maxBytes: 1 << 30))
@@ -113,8 +115,9 @@ struct PackWriterTests {
         try Data("read me".utf8).write(to: folder.appendingPathComponent("README"))
         try Data("old".utf8).write(to: folder.appendingPathComponent("ContentInfo.plist"))
         let output = fixture.root.appendingPathComponent("pack.tar.xz")
-        try PackWriter.write(folder: folder, to: output, format: .tarXz,
-                             contentInfo: (productIdentifier: "com.example.sounds", contentVersion: "7"))
+        try PackWriter.write(
+            folder: folder, to: output, format: .tarXz,
+            contentInfo: (productIdentifier: "com.example.sounds", contentVersion: "7"))
 
         let unpacked = try fixture.folder("unpacked")
         try unpackRunTool(["bsdtar", "-xf", output.path, "-C", unpacked.path])
@@ -130,12 +133,21 @@ struct PackWriterTests {
         let fixture = try PackWriterFixture()
         defer { fixture.remove() }
         let cases: [(String, (URL) throws -> Void, String)] = [
-            ("absolute symlink", { try FileManager.default.createSymbolicLink(atPath: $0.path + "/abs", withDestinationPath: "/etc/passwd") }, "abs"),
-            ("escaping symlink", { try FileManager.default.createSymbolicLink(atPath: $0.path + "/up", withDestinationPath: "../outside") }, "up"),
-            ("symlink through a symlink", {
-                try FileManager.default.createSymbolicLink(atPath: $0.path + "/s", withDestinationPath: ".")
-                try FileManager.default.createSymbolicLink(atPath: $0.path + "/s2", withDestinationPath: "s/a.txt")
-            }, "s2"),
+            (
+                "absolute symlink",
+                { try FileManager.default.createSymbolicLink(atPath: $0.path + "/abs", withDestinationPath: "/etc/passwd") }, "abs"
+            ),
+            (
+                "escaping symlink",
+                { try FileManager.default.createSymbolicLink(atPath: $0.path + "/up", withDestinationPath: "../outside") }, "up"
+            ),
+            (
+                "symlink through a symlink",
+                {
+                    try FileManager.default.createSymbolicLink(atPath: $0.path + "/s", withDestinationPath: ".")
+                    try FileManager.default.createSymbolicLink(atPath: $0.path + "/s2", withDestinationPath: "s/a.txt")
+                }, "s2"
+            ),
             ("FIFO", { _ = mkfifo($0.path + "/pipe", 0o644) }, "pipe"),
         ]
         for (name, make, entry) in cases {

@@ -8,7 +8,12 @@ import Testing
 /// NOLOGFLUSH, then unmount and mount), at moments from mid-download to just after `packs fetch` exits 0.
 /// After every cut the state store opens, and either the content is installed byte for byte with its
 /// transaction finished, or an open transaction remains that `packs resume` completes byte for byte.
-@Suite(.serialized, .enabled(if: PowerCutDisk.unavailableReason == nil, "\(PowerCutDisk.unavailableReason ?? ""); the durable order is still exercised by every other install test"), .timeLimit(.minutes(5)))
+@Suite(
+    .serialized,
+    .enabled(
+        if: PowerCutDisk.unavailableReason == nil,
+        "\(PowerCutDisk.unavailableReason ?? ""); the durable order is still exercised by every other install test"),
+    .timeLimit(.minutes(5)))
 struct PowerCutTests {
     /// The two packs of the issue: one large file, and many small ones.
     enum Shape: String, CaseIterable, Sendable, CustomTestStringConvertible {
@@ -18,7 +23,10 @@ struct PowerCutTests {
 
     /// Where the power is cut.
     enum Moment: String, CaseIterable, Sendable, CustomTestStringConvertible {
-        case midDownload, midUnpack = "mid-unpack", beforeRename = "before-rename", afterRename = "after-rename"
+        case midDownload
+        case midUnpack = "mid-unpack"
+        case beforeRename = "before-rename"
+        case afterRename = "after-rename"
         var testDescription: String { self.rawValue }
     }
 
@@ -37,11 +45,13 @@ struct PowerCutTests {
             try Fixtures.randomFile(at: content.appending(path: "Contents/level.bin"), size: 48 << 20)
         case .manySmallFiles:
             for index in 0..<1_500 {
-                try Fixtures.randomFile(at: content.appending(path: "Contents/part\(index / 100)/file\(index).dat"), size: 512 + (index * 37) % 6_000)
+                try Fixtures.randomFile(
+                    at: content.appending(path: "Contents/part\(index / 100)/file\(index).dat"), size: 512 + (index * 37) % 6_000)
             }
         }
-        try PackWriter.write(folder: content, to: site.appending(path: "cut.tar"), format: .tar,
-                             contentInfo: (productIdentifier: "com.example.cut", contentVersion: "1.0"))
+        try PackWriter.write(
+            folder: content, to: site.appending(path: "cut.tar"), format: .tar,
+            contentInfo: (productIdentifier: "com.example.cut", contentVersion: "1.0"))
         try ManifestBuilder.write(folder: site)
         return Source(site: site, content: content)
     }
@@ -51,16 +61,23 @@ struct PowerCutTests {
         let content = try CLI.run(home: home, ["content", source.product])
         try #require(content.status == 0, "\(context): content: \(content.stderr)", sourceLocation: sourceLocation)
         let folder = URL(filePath: content.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
-        try #require(folder.path.hasPrefix(home.path), "\(context): installed under the home: \(folder.path)", sourceLocation: sourceLocation)
+        try #require(
+            folder.path.hasPrefix(home.path), "\(context): installed under the home: \(folder.path)", sourceLocation: sourceLocation)
         var installed = try treeContents(folder)
         // The pack holds the folder plus the ContentInfo.plist the writer added.
-        #expect(installed.removeValue(forKey: "ContentInfo.plist") != nil, "\(context): ContentInfo.plist installed", sourceLocation: sourceLocation)
+        #expect(
+            installed.removeValue(forKey: "ContentInfo.plist") != nil, "\(context): ContentInfo.plist installed",
+            sourceLocation: sourceLocation)
         let expected = try treeContents(source.content)
         #expect(installed.keys.sorted() == expected.keys.sorted(), "\(context): the same files", sourceLocation: sourceLocation)
         let different = expected.filter { installed[$0.key] != $0.value }.map(\.key)
-        #expect(different.isEmpty, "\(context): byte-exact, but \(different.count) files differ, e.g. \(different.prefix(3))", sourceLocation: sourceLocation)
+        #expect(
+            different.isEmpty, "\(context): byte-exact, but \(different.count) files differ, e.g. \(different.prefix(3))",
+            sourceLocation: sourceLocation)
         let status = try CLI.run(home: home, ["--json", "status"])
-        #expect(status.stdout.contains(#"{"transactions":[]}"#), "\(context): no open transaction: \(status.stdout)", sourceLocation: sourceLocation)
+        #expect(
+            status.stdout.contains(#"{"transactions":[]}"#), "\(context): no open transaction: \(status.stdout)",
+            sourceLocation: sourceLocation)
         let verify = try CLI.run(home: home, ["verify", source.product])
         #expect(verify.status == 0, "\(context): verify: \(verify.stdout) \(verify.stderr)", sourceLocation: sourceLocation)
     }
@@ -83,15 +100,17 @@ struct PowerCutTests {
     func aCutAtAnyMomentLeavesWhatResumeCompletesByteForByte(shape: Shape, moment: Moment) throws {
         let label = "cut-\(moment.rawValue)-\(shape.rawValue)"
         let source = try Self.source(shape, label)
-        let packLength = Int64(try #require(try FileManager.default.attributesOfItem(atPath: source.site.appending(path: "cut.tar").path)[.size] as? Int))
+        let packLength = Int64(
+            try #require(try FileManager.default.attributesOfItem(atPath: source.site.appending(path: "cut.tar").path)[.size] as? Int))
         let nginx = try NginxServer(root: source.site, limitRate: moment == .midDownload ? Int(packLength / 8) : nil)
         defer { nginx.stop() }
         let disk = try PowerCutDisk(label)
         let home = disk.mountPoint.appending(path: "home")
         var environment = ProcessInfo.processInfo.environment
         if moment != .midDownload { environment["PACKS_TEST_PAUSE_AT"] = moment.rawValue }
-        let fetch = try WatchedProcess(CLI.binary, ["--home", home.path, "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, source.product],
-                                       environment: environment)
+        let fetch = try WatchedProcess(
+            CLI.binary, ["--home", home.path, "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, source.product],
+            environment: environment)
         if moment == .midDownload {
             // Past half the pack, and over 3 s in, so that the periodic sync of the partial file (every 2 s) has run.
             let started = Date()
@@ -100,7 +119,8 @@ struct PowerCutTests {
             }
             #expect(reached, "the fetch got past half of the pack")
         } else {
-            #expect(fetch.waitForStderr("paused at \(moment.rawValue)", timeout: 60), "the fetch reached \(moment.rawValue): \(fetch.stderr)")
+            #expect(
+                fetch.waitForStderr("paused at \(moment.rawValue)", timeout: 60), "the fetch reached \(moment.rawValue): \(fetch.stderr)")
         }
         let kept = partialArchive(home).flatMap { Self.size($0) } ?? 0
         try disk.cut()

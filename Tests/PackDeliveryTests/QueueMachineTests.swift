@@ -9,11 +9,12 @@ import Testing
     static let big: Int64 = 1 << 40
 
     static func machine(_ n: Int, length: Int64 = 1000, unpacked: Int64? = nil) -> DownloadMachine {
-        DownloadMachine(download: Download(
-            id: "d-\(n)", transactionID: "t-\(n)", productIdentifier: "p\(n)", contentIdentifier: "p\(n)", contentVersion: "1",
-            contentLength: length, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
-            contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p\(n).zip")!, sha256: Self.sha,
-            unpackedLength: unpacked, destination: .caches, bytesReceived: 0))
+        DownloadMachine(
+            download: Download(
+                id: "d-\(n)", transactionID: "t-\(n)", productIdentifier: "p\(n)", contentIdentifier: "p\(n)", contentVersion: "1",
+                contentLength: length, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+                contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p\(n).zip")!, sha256: Self.sha,
+                unpackedLength: unpacked, destination: .caches, bytesReceived: 0))
     }
 
     /// The ids the actions ask to measure space for (the next downloads to start), in order.
@@ -54,7 +55,8 @@ import Testing
 
     @Test func aDownloadThatDoesNotFitPausesForSpaceAndTheNextStarts() {
         var queue = QueueMachine(concurrency: 1, spaceMargin: 100)
-        let actions = queue.own(Self.machine(0, length: 1000, unpacked: 5000), position: 0) + queue.own(Self.machine(1, length: 10), position: 0)
+        let actions =
+            queue.own(Self.machine(0, length: 1000, unpacked: 5000), position: 0) + queue.own(Self.machine(1, length: 10), position: 0)
         #expect(Self.admitted(actions) == ["d-0"])
         let refused = queue.admit("d-0", available: 5000, path: "/home")
         let paused = queue.download("d-0")
@@ -170,22 +172,31 @@ import Testing
 /// process: decided from facts, with no I/O.
 @Suite(.timeLimit(.minutes(5))) struct QueueDecisionTests {
     static let sha = String(repeating: "ab", count: 32)
-    static let product = Manifest.Product(productIdentifier: "p", contents: [
-        .init(contentIdentifier: "p.a", contentVersion: "2", url: "a.zip", contentLength: 100, sha256: Self.sha),
-        .init(contentIdentifier: "p.b", contentVersion: "1", url: "b.zip", contentLength: 200, sha256: Self.sha),
-    ])
+    static let product = Manifest.Product(
+        productIdentifier: "p",
+        contents: [
+            .init(contentIdentifier: "p.a", contentVersion: "2", url: "a.zip", contentLength: 100, sha256: Self.sha),
+            .init(contentIdentifier: "p.b", contentVersion: "1", url: "b.zip", contentLength: 200, sha256: Self.sha),
+        ])
     static let urls = [URL(string: "http://h/a.zip")!, URL(string: "http://h/b.zip")!]
 
     static func install(_ content: String, product: String = "p", version: String, destination: Destination = .caches) -> InstallRecord {
-        InstallRecord(destination: destination, contentIdentifier: content, productIdentifier: product, contentVersion: version,
-                      contentURL: "/home/Caches/\(content)", installedAt: Date(), downloadID: "d-old", fileCount: 1, byteCount: 1)
+        InstallRecord(
+            destination: destination, contentIdentifier: content, productIdentifier: product, contentVersion: version,
+            contentURL: "/home/Caches/\(content)", installedAt: Date(), downloadID: "d-old", fileCount: 1, byteCount: 1)
     }
 
-    static func plan(installs: [InstallRecord], present: Set<String>, force: Bool = false, destination: Destination = .caches) -> Result<[Download], PackDeliveryError> {
+    static func plan(installs: [InstallRecord], present: Set<String>, force: Bool = false, destination: Destination = .caches) -> Result<
+        [Download], PackDeliveryError
+    > {
         var counter = 0
-        return AddPlan.downloads(for: Self.product, transactionID: "t", urls: Self.urls, destination: destination, force: force,
-                                 installs: Dictionary(grouping: installs, by: \.contentIdentifier), presentFolders: present,
-                                 newID: { counter += 1; return "d-\(counter)" })
+        return AddPlan.downloads(
+            for: Self.product, transactionID: "t", urls: Self.urls, destination: destination, force: force,
+            installs: Dictionary(grouping: installs, by: \.contentIdentifier), presentFolders: present,
+            newID: {
+                counter += 1
+                return "d-\(counter)"
+            })
     }
 
     @Test func aVersionInstalledWithItsFolderFinishesAtOnceUnlessForced() throws {
@@ -195,40 +206,55 @@ import Testing
         #expect(downloads.map(\.state) == [.finished, .waiting], "p.a 2 is installed; p.b 1 is newer than 0")
         #expect(downloads[0].contentURL?.path == "/home/Caches/p.a" && downloads[0].progress == 1)
         #expect(try Self.plan(installs: installs, present: present, force: true).get().map(\.state) == [.waiting, .waiting])
-        #expect(try Self.plan(installs: installs, present: ["/home/Caches/p.b"]).get().map(\.state) == [.waiting, .waiting], "a missing folder is fetched again")
-        #expect(try Self.plan(installs: installs, present: present, destination: .documents).get().map(\.state) == [.waiting, .waiting],
-                "installed in caches does not count for documents")
+        #expect(
+            try Self.plan(installs: installs, present: ["/home/Caches/p.b"]).get().map(\.state) == [.waiting, .waiting],
+            "a missing folder is fetched again")
+        #expect(
+            try Self.plan(installs: installs, present: present, destination: .documents).get().map(\.state) == [.waiting, .waiting],
+            "installed in caches does not count for documents")
     }
 
     @Test func aContentIdOfAnotherProductIsRefused() {
         guard case .failure(let error) = Self.plan(installs: [Self.install("p.b", product: "q", version: "1")], present: []) else {
-            Issue.record("must be refused"); return
+            Issue.record("must be refused")
+            return
         }
         #expect(error.code == .contentIdentifierTaken && error.message.contains("q") && error.message.contains("p.b"))
     }
 
-    static func record(state: DownloadState, phase: DownloadPhase? = nil, verified: Bool = false, stagingInode: Int64? = nil) -> DownloadRecord {
-        var download = Download(id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
-                                contentLength: 1000, state: state, phase: phase, progress: 0.5, timeRemaining: -1, pauseReason: nil,
-                                contentURL: nil, error: nil, url: URL(string: "http://h/p")!, sha256: Self.sha, unpackedLength: nil,
-                                destination: .caches, bytesReceived: 500)
+    static func record(state: DownloadState, phase: DownloadPhase? = nil, verified: Bool = false, stagingInode: Int64? = nil)
+        -> DownloadRecord
+    {
+        var download = Download(
+            id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
+            contentLength: 1000, state: state, phase: phase, progress: 0.5, timeRemaining: -1, pauseReason: nil,
+            contentURL: nil, error: nil, url: URL(string: "http://h/p")!, sha256: Self.sha, unpackedLength: nil,
+            destination: .caches, bytesReceived: 500)
         download.retryDate = Date()
-        return DownloadRecord(download, position: 0, validator: "\"e\"", partialPath: nil, stagingInode: stagingInode, retriedFromZero: false, verified: verified)
+        return DownloadRecord(
+            download, position: 0, validator: "\"e\"", partialPath: nil, stagingInode: stagingInode, retriedFromZero: false,
+            verified: verified)
     }
 
     @Test func aRunningDownloadIsPausedAsInterruptedKeepingTheBytesOnDisk() {
-        let machine = Adoption.machine(.init(record: Self.record(state: .active, phase: .downloading), archiveBytes: 700, recoveredInstall: nil), retryPolicy: .init())
+        let machine = Adoption.machine(
+            .init(record: Self.record(state: .active, phase: .downloading), archiveBytes: 700, recoveredInstall: nil), retryPolicy: .init())
         #expect(machine.state == .paused && machine.download.pauseReason == .interrupted && machine.download.phase == nil)
         #expect(machine.download.bytesReceived == 700 && machine.download.progress == 0.7 && machine.validator == "\"e\"")
         #expect(machine.download.retryDate == nil && !machine.verified)
-        let paused = Adoption.machine(.init(record: Self.record(state: .paused), archiveBytes: nil, recoveredInstall: nil), retryPolicy: .init())
+        let paused = Adoption.machine(
+            .init(record: Self.record(state: .paused), archiveBytes: nil, recoveredInstall: nil), retryPolicy: .init())
         #expect(paused.state == .paused && paused.download.bytesReceived == 0, "no archive, no bytes")
     }
 
     @Test func aVerificationHoldsOnlyForACompleteArchiveAndIsCheckedAgain() {
-        let complete = Adoption.machine(.init(record: Self.record(state: .active, phase: .unpacking, verified: true), archiveBytes: 1000, recoveredInstall: nil), retryPolicy: .init())
+        let complete = Adoption.machine(
+            .init(record: Self.record(state: .active, phase: .unpacking, verified: true), archiveBytes: 1000, recoveredInstall: nil),
+            retryPolicy: .init())
         #expect(complete.verified && complete.recheckArchive)
-        let cut = Adoption.machine(.init(record: Self.record(state: .active, phase: .unpacking, verified: true), archiveBytes: 600, recoveredInstall: nil), retryPolicy: .init())
+        let cut = Adoption.machine(
+            .init(record: Self.record(state: .active, phase: .unpacking, verified: true), archiveBytes: 600, recoveredInstall: nil),
+            retryPolicy: .init())
         #expect(!cut.verified && !cut.recheckArchive && cut.download.bytesReceived == 600, "a power cut shortened it: download the rest")
     }
 
@@ -238,8 +264,10 @@ import Testing
         #expect(!Adoption.needsInstallRecovery(Self.record(state: .active, phase: .unpacking)))
         #expect(Adoption.discardsStaging(Self.record(state: .active, phase: .unpacking)))
         #expect(!Adoption.discardsStaging(Self.record(state: .paused)), "a paused download has no staging in use")
-        let recovered = Adoption.machine(.init(record: Self.record(state: .active, phase: .installing, stagingInode: 42), archiveBytes: 1000,
-                                               recoveredInstall: URL(filePath: "/home/Caches/p")), retryPolicy: .init())
+        let recovered = Adoption.machine(
+            .init(
+                record: Self.record(state: .active, phase: .installing, stagingInode: 42), archiveBytes: 1000,
+                recoveredInstall: URL(filePath: "/home/Caches/p")), retryPolicy: .init())
         #expect(recovered.state == .finished && recovered.download.contentURL?.path == "/home/Caches/p" && recovered.download.progress == 1)
     }
 }

@@ -15,7 +15,10 @@ final class DiskFullWriter: FileWriting {
 
     func pwrite(_ fd: Int32, _ buffer: UnsafeRawPointer, _ count: Int, _ offset: Int64) -> Int {
         let left = self.space.load(ordering: .relaxed)
-        if left <= 0 { errno = ENOSPC; return -1 }
+        if left <= 0 {
+            errno = ENOSPC
+            return -1
+        }
         let allowed = Int(min(Int64(count), left))
         let written = Glibc.pwrite(fd, buffer, allowed, off_t(offset))
         if written > 0 { self.space.subtract(Int64(written), ordering: .relaxed) }
@@ -51,7 +54,9 @@ final class RecordingObserver: DownloadQueueObserver {
 }
 
 /// Waits for a download to reach a state the predicate accepts, through the queue's events.
-func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _ predicate: @escaping @Sendable (Download) -> Bool) async -> Download? {
+func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _ predicate: @escaping @Sendable (Download) -> Bool) async
+    -> Download?
+{
     await withTaskGroup(of: Download?.self) { group in
         group.addTask {
             // The stream starts with the transactions as they are, then every change: no gap to miss one in.
@@ -191,7 +196,8 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let paused = try #require(await waitFor(queue, id) { !$0.state.isRunning })
         #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused)")
         let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
-        #expect((try? FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64) == pack.contentLength, "the archive is kept")
+        #expect(
+            (try? FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64) == pack.contentLength, "the archive is kept")
         #expect(leftovers(home.stateFolder) == ["Caches/.packdelivery/downloads/\(id).pack"], "the staging folder is removed")
         #expect(!FileManager.default.fileExists(atPath: home.cachesFolder.appending(path: "com.example.big").path))
 
@@ -223,7 +229,9 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(paused.state == .paused && paused.pauseReason == .insufficientStorage, "\(paused)")
         #expect(!FileManager.default.fileExists(atPath: home.cachesFolder.appending(path: "com.example.big").path))
         // The unpack that ran beside the download removes its folder as it stops, a moment after the pause.
-        for _ in 0..<200 where !leftovers(home.stateFolder).allSatisfy({ $0.hasSuffix(".pack") }) { try await Task.sleep(for: .milliseconds(10)) }
+        for _ in 0..<200 where !leftovers(home.stateFolder).allSatisfy({ $0.hasSuffix(".pack") }) {
+            try await Task.sleep(for: .milliseconds(10))
+        }
         #expect(leftovers(home.stateFolder).allSatisfy { $0.hasSuffix(".pack") }, "no staging left: \(leftovers(home.stateFolder))")
         let archive = home.cachesFolder.appending(path: ".packdelivery/downloads/\(id).pack")
         let kept = try #require(try FileManager.default.attributesOfItem(atPath: archive.path)[.size] as? Int64)

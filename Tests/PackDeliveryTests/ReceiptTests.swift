@@ -31,8 +31,10 @@ import Testing
         /// The HTTP status of a GET of `path` with this bearer token (none when nil), and the WWW-Authenticate header.
         func status(_ path: String, bearer: String?) async throws -> (Int, String) {
             let headers = bearer.map { ["-H", "Authorization: Bearer \($0)"] } ?? []
-            let result = try await Fixtures.runAsync("curl", ["-s", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}"] + headers
-                                                    + [self.server.baseURL.appending(path: path).absoluteString], timeout: 30)
+            let result = try await Fixtures.runAsync(
+                "curl",
+                ["-s", "-o", "/dev/null", "-D", "-", "-w", "%{http_code}"] + headers
+                    + [self.server.baseURL.appending(path: path).absoluteString], timeout: 30)
             let lines = result.stdout.split(whereSeparator: \.isNewline)
             let code = Int(lines.last ?? "") ?? -1
             let challenge = lines.first { $0.lowercased().hasPrefix("www-authenticate:") }.map(String.init) ?? ""
@@ -41,13 +43,19 @@ import Testing
 
         /// The product identifiers of `manifest.json` as served to this bearer token.
         func catalog(bearer: String) async throws -> [String] {
-            let result = try await Fixtures.runAsync("curl", ["-sf", "-H", "Authorization: Bearer \(bearer)",
-                                                              self.server.baseURL.appending(path: "manifest.json").absoluteString], timeout: 30)
+            let result = try await Fixtures.runAsync(
+                "curl",
+                [
+                    "-sf", "-H", "Authorization: Bearer \(bearer)",
+                    self.server.baseURL.appending(path: "manifest.json").absoluteString,
+                ], timeout: 30)
             let manifest = try JSONDecoder().decode(Manifest.self, from: Data(result.stdout.utf8))
             return manifest.products.map(\.productIdentifier).sorted()
         }
 
-        func receipt(_ products: [String], lifetime: TimeInterval = 3600, now: Date = Date(), key: PublisherSigningKey? = nil) throws -> String {
+        func receipt(_ products: [String], lifetime: TimeInterval = 3600, now: Date = Date(), key: PublisherSigningKey? = nil) throws
+            -> String
+        {
             try Receipt.issue(products: products, subject: "user-42", lifetime: lifetime, key: key ?? self.key, now: now)
         }
     }
@@ -76,12 +84,19 @@ import Testing
         let none = Self.base64URL(#"{"alg":"none","typ":"JWT"}"#) + "." + claims + "."
         // HS256 with the public key as the HMAC secret: the classic confusion attack.
         let hsInput = Self.base64URL(#"{"alg":"HS256","typ":"JWT"}"#) + "." + claims
-        let hmac = try await Fixtures.runAsync("/bin/sh", ["-c", "printf %s '\(hsInput)' | openssl dgst -sha256 -binary -hmac \"$(cat '\(store.keys.appending(path: "store.pub").path)')\" | base64 -w0 | tr '+/' '-_' | tr -d '='"])
+        let hmac = try await Fixtures.runAsync(
+            "/bin/sh",
+            [
+                "-c",
+                "printf %s '\(hsInput)' | openssl dgst -sha256 -binary -hmac \"$(cat '\(store.keys.appending(path: "store.pub").path)')\" | base64 -w0 | tr '+/' '-_' | tr -d '='",
+            ])
         let hs256 = hsInput + "." + hmac.stdout
         let expired = try store.receipt(["com.example.forest"], lifetime: 60, now: Date().addingTimeInterval(-7200))
         let early = try store.receipt(["com.example.forest"], now: Date().addingTimeInterval(3600))
-        for (name, token) in [("none", nil), ("forged", forged), ("alg none", none), ("HS256", hs256), ("expired", expired),
-                              ("not yet valid", early), ("garbage", "abc.def.ghi")] as [(String, String?)] {
+        for (name, token) in [
+            ("none", nil), ("forged", forged), ("alg none", none), ("HS256", hs256), ("expired", expired),
+            ("not yet valid", early), ("garbage", "abc.def.ghi"),
+        ] as [(String, String?)] {
             let (code, challenge) = try await store.status("forest.tar.gz", bearer: token)
             #expect(code == 401, "\(name): \(code)")
             #expect(challenge.contains("Bearer"), "\(name): WWW-Authenticate: \(challenge)")
@@ -99,7 +114,8 @@ import Testing
         #expect(try await store.catalog(bearer: two) == ["com.example.forest", "com.example.ocean"])
         // What the filtered catalog says about a pack is what the published one says.
         let published = try store.site.manifest().products.first { $0.productIdentifier == "com.example.forest" }
-        let served = try await Fixtures.runAsync("curl", ["-sf", "-H", "Authorization: Bearer \(forest)", store.server.baseURL.appending(path: "manifest.json").absoluteString])
+        let served = try await Fixtures.runAsync(
+            "curl", ["-sf", "-H", "Authorization: Bearer \(forest)", store.server.baseURL.appending(path: "manifest.json").absoluteString])
         #expect(try JSONDecoder().decode(Manifest.self, from: Data(served.stdout.utf8)).products.first == published)
 
         #expect(try await store.status("forest.tar.gz", bearer: forest).0 == 200)
@@ -107,23 +123,32 @@ import Testing
         #expect(try await store.status("forest.tar.gz", bearer: expired).0 == 401)
         let id = try Receipt.verify(forest, keys: [store.key.publicKey]).get().id
         let lines = await store.log.waitFor { lines in lines.contains { $0.contains("GET /forest.tar.gz") && $0.contains("(expired)") } }
-        #expect(lines.contains { $0.contains("GET /forest.tar.gz") && $0.contains(" 200 ") && $0.contains("receipt=\(id) subject=user-42") }, "\(lines)")
+        #expect(
+            lines.contains { $0.contains("GET /forest.tar.gz") && $0.contains(" 200 ") && $0.contains("receipt=\(id) subject=user-42") },
+            "\(lines)")
         #expect(lines.contains { $0.contains(" 401 ") && $0.contains("subject=user-42 (expired)") }, "\(lines)")
         for token in [forest, two, expired] {
-            #expect(!lines.contains { $0.contains(token) || $0.contains(String(token.split(separator: ".")[2])) }, "the token never appears in the log")
+            #expect(
+                !lines.contains { $0.contains(token) || $0.contains(String(token.split(separator: ".")[2])) },
+                "the token never appears in the log")
         }
     }
 
     @Test func aSignedCatalogIsServedWholeSoItsSignatureHolds() async throws {
         let store = try await Store("receipt-signed-catalog")
         defer { Task { await store.server.stop() } }
-        let sign = try await Fixtures.runAsync(CLI.binary, ["manifest", store.site.folder.path, "--sign", store.keys.appending(path: "store.key").path])
+        let sign = try await Fixtures.runAsync(
+            CLI.binary, ["manifest", store.site.folder.path, "--sign", store.keys.appending(path: "store.key").path])
         #expect(sign.status == 0, "\(sign.stderr)")
         let forest = try store.receipt(["com.example.forest"])
         #expect(try await store.catalog(bearer: forest) == (try store.site.manifest().products.map(\.productIdentifier).sorted()))
         let home = try Fixtures.temporaryDirectory("receipt-signed-catalog-home")
-        let fetch = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", store.server.baseURL.appending(path: "manifest.json").absoluteString,
-                                                             "com.example.forest", "--receipt", forest, "--trust", store.keys.appending(path: "store.pub").path])
+        let fetch = try await Fixtures.runAsync(
+            CLI.binary,
+            [
+                "--home", home.path, "fetch", store.server.baseURL.appending(path: "manifest.json").absoluteString,
+                "com.example.forest", "--receipt", forest, "--trust", store.keys.appending(path: "store.pub").path,
+            ])
         #expect(fetch.status == 0, "a signed catalog behind receipts still verifies: \(fetch.stderr)")
     }
 
@@ -132,19 +157,27 @@ import Testing
         defer { Task { await store.server.stop() } }
         let home = try Fixtures.temporaryDirectory("receipt-fetch-home")
         let file = store.keys.appending(path: "receipt.jws")
-        let made = try await Fixtures.runAsync(CLI.binary, ["receipt", "--key", store.keys.appending(path: "store.key").path,
-                                                            "--product", "com.example.forest", "--subject", "user-42", "--expires", "1h"])
+        let made = try await Fixtures.runAsync(
+            CLI.binary,
+            [
+                "receipt", "--key", store.keys.appending(path: "store.key").path,
+                "--product", "com.example.forest", "--subject", "user-42", "--expires", "1h",
+            ])
         #expect(made.status == 0, "\(made.stderr)")
         try made.stdout.write(to: file, atomically: true, encoding: .utf8)
         let manifest = store.server.baseURL.appending(path: "manifest.json").absoluteString
         let without = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.forest"])
         #expect(without.status == 77, "no receipt: \(without.stderr)")
-        let fetch = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.forest", "--receipt", file.path])
+        let fetch = try await Fixtures.runAsync(
+            CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.forest", "--receipt", file.path])
         #expect(fetch.status == 0, "\(fetch.stderr)")
         #expect(FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.forest/ContentInfo.plist").path))
-        let other = try await Fixtures.runAsync(CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.ocean", "--receipt", file.path])
+        let other = try await Fixtures.runAsync(
+            CLI.binary, ["--home", home.path, "fetch", manifest, "com.example.ocean", "--receipt", file.path])
         // The catalog served to this receipt does not list ocean at all (its pack by URL is 403, see above).
-        #expect(other.status == 65 && other.stderr.contains("com.example.ocean") && other.stderr.contains("receipt names"), "another product: \(other.stderr)")
+        #expect(
+            other.status == 65 && other.stderr.contains("com.example.ocean") && other.stderr.contains("receipt names"),
+            "another product: \(other.stderr)")
         #expect(!other.stderr.contains(made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "the receipt never appears in errors")
     }
 }

@@ -22,8 +22,12 @@ import Testing
             self.site = try TestSite.samples(label + "-site")
             self.nginx = try NginxServer(root: self.site.folder)
             self.home = try Fixtures.temporaryDirectory(label + "-home")
-            let fetch = try CLI.run(home: self.home, ["fetch", self.nginx.baseURL.appending(path: "manifest.json").absoluteString,
-                                                      "com.example.forest", "com.example.atlas"])
+            let fetch = try CLI.run(
+                home: self.home,
+                [
+                    "fetch", self.nginx.baseURL.appending(path: "manifest.json").absoluteString,
+                    "com.example.forest", "com.example.atlas",
+                ])
             guard fetch.status == 0 else { throw FixtureError("fetch failed: \(fetch.stderr)") }
         }
     }
@@ -55,7 +59,8 @@ import Testing
         }
         #expect(verify.stdout.contains("intact com.example.atlas"), "\(verify.stdout)")
         let json = try CLI.run(home: installed.home, ["--json", "verify"])
-        let document = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any], "one JSON document: \(json.stdout)")
+        let document = try #require(
+            try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: Any], "one JSON document: \(json.stdout)")
         #expect(document["intact"] as? Bool == false && (document["contents"] as? [[String: Any]])?.count == 2)
 
         let repair = try CLI.run(home: installed.home, ["verify", "--repair", "com.example.forest"])
@@ -64,7 +69,9 @@ import Testing
         #expect(try Self.files(installed.forest) == source, "forest is byte-exact again, without the extra file")
         #expect(try Self.files(installed.atlas) == atlasBefore, "atlas was not touched")
         #expect(try CLI.run(home: installed.home, ["verify"]).status == 0)
-        #expect(try CLI.run(home: installed.home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "the restore transaction finished")
+        #expect(
+            try CLI.run(home: installed.home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#),
+            "the restore transaction finished")
     }
 
     @Test func anInstallDamagedBehindTheQueuesBackIsDeliveredAgainAtTheNextLaunch() async throws {
@@ -77,8 +84,9 @@ import Testing
         // The next launch of the library: before anything else, the recent installs are checked.
         let queue = try DownloadQueue(home: Home(folder: installed.home))
         defer { queue.close() }
-        let restored = try await #require(try queue.transactions().first { $0.kind == .restored && $0.productIdentifier == "com.example.forest" },
-                                    "a restore transaction shows up for the damaged product")
+        let restored = try await #require(
+            try queue.transactions().first { $0.kind == .restored && $0.productIdentifier == "com.example.forest" },
+            "a restore transaction shows up for the damaged product")
         let id = try #require(restored.downloads.first { $0.state != .finished }?.id)
         let done = await waitFor(queue, id) { !$0.state.isRunning }
         #expect(done?.state == .finished, "\(String(describing: done?.error))")
@@ -93,7 +101,9 @@ import Testing
         #expect(truncate(installed.forest.appending(path: file).path, 0) == 0)
         for _ in 0..<3 { #expect(try CLI.run(home: installed.home, ["status"]).status == 0) }
         let status = try CLI.run(home: installed.home, ["--json", "status"])
-        let transactions = try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])["transactions"] as? [[String: Any]]
+        let transactions =
+            try #require(try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])["transactions"]
+            as? [[String: Any]]
         #expect(transactions?.count == 1 && transactions?.first?["kind"] as? String == "restored", "one restore: \(status.stdout)")
         let resume = try CLI.run(home: installed.home, ["resume"])
         #expect(resume.status == 0, "\(resume.stderr)")
@@ -106,7 +116,10 @@ import Testing
         let installed = try Installed("damaged-db-\(damage)")
         defer { installed.nginx.stop() }
         let database = installed.home.appending(path: "state.sqlite")
-        #expect(!FileManager.default.fileExists(atPath: database.path + "-wal"), "the last process checkpointed its WAL: \((try? FileManager.default.contentsOfDirectory(atPath: installed.home.path)) ?? []) \((try? FileManager.default.attributesOfItem(atPath: database.path + "-wal")[.size]) ?? "")")
+        #expect(
+            !FileManager.default.fileExists(atPath: database.path + "-wal"),
+            "the last process checkpointed its WAL: \((try? FileManager.default.contentsOfDirectory(atPath: installed.home.path)) ?? []) \((try? FileManager.default.attributesOfItem(atPath: database.path + "-wal")[.size]) ?? "")"
+        )
         let forest = try Self.files(installed.forest)
         let handle = try FileHandle(forUpdating: database)
         if damage == "garbage" {
@@ -121,8 +134,12 @@ import Testing
         let content = try CLI.run(home: installed.home, ["content"])
         #expect(content.status == 0, "the command works: \(content.stderr)")
         #expect(content.stderr.contains("damaged") && content.stderr.contains("rebuilt"), "says what happened: \(content.stderr)")
-        #expect(content.stdout.contains("com.example.forest") && content.stdout.contains("com.example.atlas"), "both installs are known again: \(content.stdout)")
-        let aside = try FileManager.default.contentsOfDirectory(atPath: installed.home.path).filter { $0.hasPrefix("state.sqlite.damaged-") }
+        #expect(
+            content.stdout.contains("com.example.forest") && content.stdout.contains("com.example.atlas"),
+            "both installs are known again: \(content.stdout)")
+        let aside = try FileManager.default.contentsOfDirectory(atPath: installed.home.path).filter {
+            $0.hasPrefix("state.sqlite.damaged-")
+        }
         #expect(!aside.isEmpty, "the damaged file was kept aside")
         #expect(try Self.files(installed.forest) == forest, "installed folders are kept")
         #expect(try CLI.run(home: installed.home, ["verify"]).status == 0)

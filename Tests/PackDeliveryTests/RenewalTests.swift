@@ -15,7 +15,8 @@ import Testing
         let keys = [key.publicKey]
         return try FaultServer(root: site.folder) { header in
             guard let header, header.hasPrefix("Bearer "),
-                  case .success = Receipt.verify(header.dropFirst("Bearer ".count), keys: keys, leeway: 0) else { return 401 }
+                case .success = Receipt.verify(header.dropFirst("Bearer ".count), keys: keys, leeway: 0)
+            else { return 401 }
             return nil
         }
     }
@@ -27,15 +28,19 @@ import Testing
         defer { server.stop() }
         // The first answer stalls after 400,000 bytes; the client gives up on it after 3 s without data, and by
         // the time it asks for the rest, the receipt it started with (good for 1–2 s) has expired.
-        try site.editManifest { $0.products[0].contents[0].url = server.url("big.tar", fault: .stallOnce(afterBytes: 400_000)).absoluteString }
+        try site.editManifest {
+            $0.products[0].contents[0].url = server.url("big.tar", fault: .stallOnce(afterBytes: 400_000)).absoluteString
+        }
         let asked = Mutex<[Bool]>([])
         // Like a store client's: the receipt it holds, until the server refuses it; then a fresh one from the backend.
         let held = Mutex(try Receipt.issue(products: ["com.example.big"], subject: "user-42", lifetime: 2, key: key))
-        var configuration = DownloadQueue.Configuration(transfer: TransferOptions(connectTimeout: 5, stallTimeout: 3),
-                                                        resumeWhenSpaceReturns: false, maxRetryDelay: 1)
+        var configuration = DownloadQueue.Configuration(
+            transfer: TransferOptions(connectTimeout: 5, stallTimeout: 3),
+            resumeWhenSpaceReturns: false, maxRetryDelay: 1)
         configuration.credentials = { request in
             asked.withLock { $0.append(request.refused) }
-            if request.refused, let fresh = try? Receipt.issue(products: ["com.example.big"], subject: "user-42", lifetime: 3600, key: key) {
+            if request.refused, let fresh = try? Receipt.issue(products: ["com.example.big"], subject: "user-42", lifetime: 3600, key: key)
+            {
                 held.withLock { $0 = fresh }
             }
             return ["Authorization: Bearer \(held.withLock { $0 })"]
@@ -43,8 +48,11 @@ import Testing
         let home = Home(folder: try Fixtures.temporaryDirectory("renew-home"))
         let queue = try DownloadQueue(home: home, configuration: configuration)
         defer { queue.close() }
-        let manifest = try await LoadedManifest.load(server.url("manifest.json").absoluteString,
-                                               options: TransferOptions(headers: ["Authorization: Bearer \(try Receipt.issue(products: ["com.example.big"], subject: "user-42", lifetime: 60, key: key))"]))
+        let manifest = try await LoadedManifest.load(
+            server.url("manifest.json").absoluteString,
+            options: TransferOptions(headers: [
+                "Authorization: Bearer \(try Receipt.issue(products: ["com.example.big"], subject: "user-42", lifetime: 60, key: key))"
+            ]))
         let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
         let download = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download settles")
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
@@ -65,8 +73,10 @@ import Testing
         // "Request has expired" after that), so the pack needs three of them.
         try site.editManifest { $0.products[0].contents[0].url = "/f/presigned/400000/big.tar?token={{token}}" }
         let home = Home(folder: try Fixtures.temporaryDirectory("presigned-home"))
-        let queue = try DownloadQueue(home: home, configuration: DownloadQueue.Configuration(
-            transfer: TransferOptions(connectTimeout: 5), resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        let queue = try DownloadQueue(
+            home: home,
+            configuration: DownloadQueue.Configuration(
+                transfer: TransferOptions(connectTimeout: 5), resumeWhenSpaceReturns: false, maxRetryDelay: 1))
         defer { queue.close() }
         let manifest = try await LoadedManifest.load(server.url("manifest.json", fault: .mint).absoluteString)
         let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
@@ -82,9 +92,12 @@ import Testing
         let site = try TestSite.random("gone-site", size: 64 << 10)
         let server = try FaultServer(root: site.folder)
         defer { server.stop() }
-        try site.editManifest { $0.products[0].contents[0].url = server.url("big.tar", fault: .status(410, times: 100, retryAfter: nil)).absoluteString }
+        try site.editManifest {
+            $0.products[0].contents[0].url = server.url("big.tar", fault: .status(410, times: 100, retryAfter: nil)).absoluteString
+        }
         let home = Home(folder: try Fixtures.temporaryDirectory("gone-home"))
-        let queue = try DownloadQueue(home: home, configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        let queue = try DownloadQueue(
+            home: home, configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
         defer { queue.close() }
         let manifest = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
         let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
@@ -100,12 +113,16 @@ import Testing
         let key = try PublisherSigningKey.generate()
         let server = try Self.receiptServer(site, key: key)
         defer { server.stop() }
-        try site.editManifest { $0.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 1 << 20)).absoluteString }
+        try site.editManifest {
+            $0.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 1 << 20)).absoluteString
+        }
         let home = try Fixtures.temporaryDirectory("stored-receipt-home")
         let receipt = try Receipt.issue(products: ["com.example.big"], subject: "user-42", lifetime: 3600, key: key)
         let file = home.deletingLastPathComponent().appending(path: "stored-receipt.jws")
         try receipt.write(to: file, atomically: true, encoding: .utf8)
-        let killed = try runAndKill(home: home, ["fetch", server.url("manifest.json").absoluteString, "com.example.big", "--receipt", file.path]) { event in
+        let killed = try runAndKill(
+            home: home, ["fetch", server.url("manifest.json").absoluteString, "com.example.big", "--receipt", file.path]
+        ) { event in
             event["phase"] as? String == "downloading" && (event["progress"] as? Double ?? 0) > 0.2
         }
         #expect(killed, "the fetch was killed mid-download")

@@ -4,7 +4,7 @@ import PackTestSupport
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 // Issue 19, items 18–21: `packs serve` under attack, through the real server — the `packs` binary
@@ -74,7 +74,8 @@ struct ServerAttackTests {
         defer { server.stop() }
         let baseline = server.openDescriptors
         let port = server.port
-        let big = Array("GET /pack.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".utf8) + [UInt8](repeating: UInt8(ascii: "a"), count: 1 << 20)
+        let big =
+            Array("GET /pack.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ".utf8) + [UInt8](repeating: UInt8(ascii: "a"), count: 1 << 20)
             + Array("\r\n\r\n".utf8)
 
         // The attackers keep their sockets open after the answer, as the issue's client did: the

@@ -38,7 +38,9 @@ private func twoProductSite(_ label: String) throws -> (root: URL, a: Data, b: D
         ]}
         """
     try Data(manifest.utf8).write(to: root.appendingPathComponent("manifest.json"))
-    return (root, try Data(contentsOf: root.appendingPathComponent("a.zip")), try Data(contentsOf: root.appendingPathComponent("packs/b.zip")))
+    return (
+        root, try Data(contentsOf: root.appendingPathComponent("a.zip")), try Data(contentsOf: root.appendingPathComponent("packs/b.zip"))
+    )
 }
 
 @Suite("nginx auth_request in front of packs serve --auth-only (the README's configuration)", .serialized, .timeLimit(.minutes(1)))
@@ -68,7 +70,8 @@ struct ServerNginxGateTests {
         defer { try? FileManager.default.removeItem(at: folder) }
         let partial = folder.appendingPathComponent("a.zip")
         try site.a.prefix(300_000).write(to: partial)
-        let resumed = try await Fixtures.runAsync("/usr/bin/curl", ["-sS", "-f", "-C", "-", "-o", partial.path] + auth + [url], timeout: 30)
+        let resumed = try await Fixtures.runAsync(
+            "/usr/bin/curl", ["-sS", "-f", "-C", "-", "-o", partial.path] + auth + [url], timeout: 30)
         #expect(resumed.status == 0, "\(resumed.stderr)")
         #expect(try Data(contentsOf: partial) == site.a)
 
@@ -106,7 +109,8 @@ struct ServerNginxGateTests {
         defer { try? FileManager.default.removeItem(at: folder) }
         let partial = folder.appendingPathComponent("a.zip")
         try site.a.prefix(123_456).write(to: partial)
-        let resumed = try await Fixtures.runAsync("/usr/bin/curl", ["-sS", "-f", "-C", "-", "-o", partial.path] + receiptA + [a], timeout: 30)
+        let resumed = try await Fixtures.runAsync(
+            "/usr/bin/curl", ["-sS", "-f", "-C", "-", "-o", partial.path] + receiptA + [a], timeout: 30)
         let forbidden = try await curl(b, receiptA)
         let sneaky = try await curl(nginx.baseURL.absoluteString + "a.zip/../packs/b.zip", receiptA + ["--path-as-is"])
         let both = try await curl(b, ["-H", "Authorization: Bearer receipt/com.example.a+com.example.b"])

@@ -260,7 +260,8 @@ struct ServerRouterTests {
     func manifestReload() async throws {
         let site = try Site.make("router-reload")
         defer { try? FileManager.default.removeItem(at: site.root) }
-        let app = try site.application(PackServerConfiguration(directory: site.root, port: 0, authorizer: ProductListAuthorizer(), mode: .authOnly))
+        let app = try site.application(
+            PackServerConfiguration(directory: site.root, port: 0, authorizer: ProductListAuthorizer(), mode: .authOnly))
         try await app.test(.router) { client in
             let headers: HTTPFields = [.authorization: "Bearer receipt/com.example.a", xOriginalURI: "/other.txt"]
             try await client.execute(uri: "/auth", method: .get, headers: headers) { #expect($0.status == .forbidden) }

@@ -40,7 +40,9 @@ import Testing
 
         /// Nothing was recorded or installed.
         func expectNothingDownloaded(sourceLocation: SourceLocation = #_sourceLocation) throws {
-            #expect(!FileManager.default.fileExists(atPath: self.home.appending(path: "Caches/com.example.forest").path), sourceLocation: sourceLocation)
+            #expect(
+                !FileManager.default.fileExists(atPath: self.home.appending(path: "Caches/com.example.forest").path),
+                sourceLocation: sourceLocation)
             let status = try CLI.run(home: self.home, ["--json", "status"])
             #expect(status.stdout.contains(#"{"transactions":[]}"#), "\(status.stdout)", sourceLocation: sourceLocation)
         }

@@ -24,38 +24,49 @@ import Testing
     /// A site serving `pack` (named `big.<format>`) with a manifest for com.example.big.
     static func site(_ label: String, content: URL, format: PackFormat) throws -> URL {
         let folder = try Fixtures.temporaryDirectory(label)
-        try PackWriter.write(folder: content, to: folder.appending(path: "big.\(format.rawValue)"), format: format,
-                             contentInfo: (productIdentifier: "com.example.big", contentVersion: "1.0"))
+        try PackWriter.write(
+            folder: content, to: folder.appending(path: "big.\(format.rawValue)"), format: format,
+            contentInfo: (productIdentifier: "com.example.big", contentVersion: "1.0"))
         try ManifestBuilder.write(folder: folder)
         return folder
     }
 
     /// Runs one download through a queue, recording whether an update showed the unpack going on during the download.
     static func fetch(_ manifest: LoadedManifest, home: Home) async throws -> (download: Download, streamed: Bool) {
-        let queue = try DownloadQueue(home: home, configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        let queue = try DownloadQueue(
+            home: home, configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
         defer { queue.close() }
         let streamed = Mutex(false)
         let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
-        let download = try #require(await waitFor(queue, id) { download in
-            if download.phase == .downloading, download.phaseProgress > 0 { streamed.withLock { $0 = true } }
-            return !download.state.isRunning
-        }, "the download settles")
+        let download = try #require(
+            await waitFor(queue, id) { download in
+                if download.phase == .downloading, download.phaseProgress > 0 { streamed.withLock { $0 = true } }
+                return !download.state.isRunning
+            }, "the download settles")
         return (download, streamed.withLock { $0 })
     }
 
     /// A manifest of com.example.big whose one pack is `pack` (made by hand, in the server's root), served with `fault`.
     static func manifest(of pack: URL, server: FaultServer, fault: Fault = .none) throws -> LoadedManifest {
         let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
-        let manifest = Manifest(products: [Manifest.Product(productIdentifier: "com.example.big", contents: [
-            Manifest.Content(contentIdentifier: "com.example.big", contentVersion: "1.0", url: server.url(pack.lastPathComponent, fault: fault).absoluteString,
-                             contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack)),
-        ])])
+        let manifest = Manifest(products: [
+            Manifest.Product(
+                productIdentifier: "com.example.big",
+                contents: [
+                    Manifest.Content(
+                        contentIdentifier: "com.example.big", contentVersion: "1.0",
+                        url: server.url(pack.lastPathComponent, fault: fault).absoluteString,
+                        contentLength: Int64(size), sha256: try Fixtures.sha256Hex(of: pack))
+                ])
+        ])
         return try LoadedManifest(manifest: manifest, baseURL: server.baseURL)
     }
 
     /// Writes the zip `pack` with python's zipfile: `lines` run once `plist` (com.example.big's ContentInfo.plist) is defined.
     /// Serves `pack` from its folder and fetches it into a new home named `label`; the caller stops the server.
-    static func serveAndFetch(_ pack: URL, home label: String, fault: Fault = .none) async throws -> (download: Download, server: FaultServer, home: URL) {
+    static func serveAndFetch(_ pack: URL, home label: String, fault: Fault = .none) async throws -> (
+        download: Download, server: FaultServer, home: URL
+    ) {
         let server = try FaultServer(root: pack.deletingLastPathComponent())
         do {
             let home = try Fixtures.temporaryDirectory(label)
@@ -68,10 +79,11 @@ import Testing
     }
 
     static func pythonZip(_ pack: URL, _ lines: [String]) throws {
-        let script = [
-            "import io, os, zipfile, sys",
-            "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
-        ] + lines
+        let script =
+            [
+                "import io, os, zipfile, sys",
+                "plist = b'<?xml version=\"1.0\" encoding=\"UTF-8\"?><plist version=\"1.0\"><dict><key>ContentVersion</key><string>1.0</string><key>IAPProductIdentifier</key><string>com.example.big</string></dict></plist>'",
+            ] + lines
         let made = try Fixtures.run("python3", ["-c", script.joined(separator: "\n"), pack.path])
         #expect(made.status == 0, "\(made.stderr)")
     }
@@ -88,7 +100,8 @@ import Testing
         var edited = manifest.manifest
         edited.products[0].contents[0].url = packURL.absoluteString
         let homeFolder = try Fixtures.temporaryDirectory(label + "-home")
-        let (download, streamed) = try await Self.fetch(try LoadedManifest(manifest: edited, baseURL: manifest.baseURL), home: Home(folder: homeFolder))
+        let (download, streamed) = try await Self.fetch(
+            try LoadedManifest(manifest: edited, baseURL: manifest.baseURL), home: Home(folder: homeFolder))
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
         #expect(streamed, "unpacked while downloading")
 
@@ -97,8 +110,11 @@ import Testing
         #expect(bsdtar.status == 0, "\(bsdtar.stderr)")
         let installed = try #require(download.contentURL)
         #expect(try treeContents(installed) == (try treeContents(reference)), "the same files, byte for byte")
-        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/levels/link").path) == "b.txt")
-        #expect(server.bodyBytesSent(pack) == (try FileManager.default.attributesOfItem(atPath: folder.appending(path: pack).path)[.size] as? Int))
+        #expect(
+            try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/levels/link").path) == "b.txt")
+        #expect(
+            server.bodyBytesSent(pack)
+                == (try FileManager.default.attributesOfItem(atPath: folder.appending(path: pack).path)[.size] as? Int))
         #expect(leftovers(homeFolder) == [], "no staging or archive left")
     }
 
@@ -131,7 +147,8 @@ import Testing
         let made = try Fixtures.run("python3", ["-c", script, content.path, pack.path])
         #expect(made.status == 0, "\(made.stderr)")
         let size = try #require(try FileManager.default.attributesOfItem(atPath: pack.path)[.size] as? Int)
-        let (download, server, home) = try await Self.serveAndFetch(pack, home: "stream-hostile-home", fault: .slow(bytesPerSecond: 4 << 20))
+        let (download, server, home) = try await Self.serveAndFetch(
+            pack, home: "stream-hostile-home", fault: .slow(bytesPerSecond: 4 << 20))
         defer { server.stop() }
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
         #expect(download.error?.subject?.contains("escaped") == true, "the entry is named: \(download.error?.description ?? "")")
@@ -151,7 +168,8 @@ import Testing
         manifest.products[0].contents[0].url = server.url("big.tar.gz", fault: .slow(bytesPerSecond: 6 << 20)).absoluteString
         manifest.products[0].contents[0].sha256 = String(repeating: "0", count: 64)
         let home = try Fixtures.temporaryDirectory("stream-mismatch-home")
-        let (download, streamed) = try await Self.fetch(try LoadedManifest(manifest: manifest, baseURL: loaded.baseURL), home: Home(folder: home))
+        let (download, streamed) = try await Self.fetch(
+            try LoadedManifest(manifest: manifest, baseURL: loaded.baseURL), home: Home(folder: home))
         #expect(streamed, "the pack was unpacked while downloading")
         #expect(download.state == .failed && download.error?.code == .checksumMismatch, "\(download.error?.description ?? "")")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
@@ -174,15 +192,21 @@ import Testing
             event["phase"] as? String == "downloading" && (event["phaseProgress"] as? Double ?? 0) > 0.2
         }
         #expect(killed, "killed while unpacking during the download")
-        let partial = try #require(try FileManager.default.contentsOfDirectory(atPath: home.appending(path: "Caches/.packdelivery/downloads").path).first)
-        let kept = try #require(try FileManager.default.attributesOfItem(atPath: home.appending(path: "Caches/.packdelivery/downloads/\(partial)").path)[.size] as? Int)
+        let partial = try #require(
+            try FileManager.default.contentsOfDirectory(atPath: home.appending(path: "Caches/.packdelivery/downloads").path).first)
+        let kept = try #require(
+            try FileManager.default.attributesOfItem(atPath: home.appending(path: "Caches/.packdelivery/downloads/\(partial)").path)[.size]
+                as? Int)
         let resume = try CLI.run(home: home, ["resume"])
         #expect(resume.status == 0, "\(resume.stderr)")
         let requests = server.requests().filter { $0.file == "big.\(format.rawValue)" }
         #expect(requests.count == 2 && requests.last?.range == "bytes=\(kept)-", "resumed from the \(kept) bytes kept: \(requests)")
         let installed = home.appending(path: "Caches/com.example.big")
-        #expect(try treeContents(installed.appending(path: "Contents")) == (try treeContents(content.appending(path: "Contents"))), "byte-exact")
-        #expect(try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/levels/link").path) == "b.txt")
+        #expect(
+            try treeContents(installed.appending(path: "Contents")) == (try treeContents(content.appending(path: "Contents"))), "byte-exact"
+        )
+        #expect(
+            try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/levels/link").path) == "b.txt")
         #expect(leftovers(home) == [])
     }
 
@@ -191,24 +215,27 @@ import Testing
     @Test func aZipWhoseCentralDirectoryDisagreesWithItsLocalHeadersIsRefused() async throws {
         let folder = try Fixtures.temporaryDirectory("zipdirs-site")
         let pack = folder.appending(path: "big.zip")
-        try Self.pythonZip(pack, [
-            "raw = io.BytesIO()",
-            "with zipfile.ZipFile(raw, 'w', zipfile.ZIP_DEFLATED) as z:",
-            "    z.writestr('ContentInfo.plist', plist)",
-            "    z.writestr('Contents/a.txt', b'hello')",
-            "    z.writestr('Contents/big.bin', os.urandom(1 << 20))",
-            "data = bytearray(raw.getvalue())",
-            "i = data.find(b'Contents/a.txt')",
-            "data[i:i + 14] = b'Contents/b.txt'",
-            "open(sys.argv[1], 'wb').write(data)",
-        ])
+        try Self.pythonZip(
+            pack,
+            [
+                "raw = io.BytesIO()",
+                "with zipfile.ZipFile(raw, 'w', zipfile.ZIP_DEFLATED) as z:",
+                "    z.writestr('ContentInfo.plist', plist)",
+                "    z.writestr('Contents/a.txt', b'hello')",
+                "    z.writestr('Contents/big.bin', os.urandom(1 << 20))",
+                "data = bytearray(raw.getvalue())",
+                "i = data.find(b'Contents/a.txt')",
+                "data[i:i + 14] = b'Contents/b.txt'",
+                "open(sys.argv[1], 'wb').write(data)",
+            ])
         let listed = try Fixtures.run("bsdtar", ["-tf", pack.path])
         #expect(listed.stdout.contains("Contents/b.txt"), "libarchive follows the local header: \(listed.stdout)")
         let (download, server, home) = try await Self.serveAndFetch(pack, home: "zipdirs-home")
         defer { server.stop() }
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.error?.description ?? "")")
-        #expect(download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
-                "\(download.error?.description ?? "")")
+        #expect(
+            download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
+            "\(download.error?.description ?? "")")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
         #expect(leftovers(home) == [])
     }
@@ -218,15 +245,17 @@ import Testing
     @Test func aZipEntryHiddenFromTheCentralDirectoryIsNotInstalled() async throws {
         let folder = try Fixtures.temporaryDirectory("zip-hidden-site")
         let pack = folder.appending(path: "big.zip")
-        try Self.pythonZip(pack, [
-            "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED)",
-            "z.writestr('ContentInfo.plist', plist)",
-            "z.writestr('Contents/big.bin', os.urandom(2 << 20))",
-            "z.writestr('Contents/hidden.txt', b'not listed')",
-            "z.writestr('Contents/a.txt', b'hello')",
-            "z.filelist = [i for i in z.filelist if i.filename != 'Contents/hidden.txt']",
-            "z.close()",
-        ])
+        try Self.pythonZip(
+            pack,
+            [
+                "z = zipfile.ZipFile(sys.argv[1], 'w', zipfile.ZIP_DEFLATED)",
+                "z.writestr('ContentInfo.plist', plist)",
+                "z.writestr('Contents/big.bin', os.urandom(2 << 20))",
+                "z.writestr('Contents/hidden.txt', b'not listed')",
+                "z.writestr('Contents/a.txt', b'hello')",
+                "z.filelist = [i for i in z.filelist if i.filename != 'Contents/hidden.txt']",
+                "z.close()",
+            ])
         let (download, server, home) = try await Self.serveAndFetch(pack, home: "zip-hidden-home", fault: .slow(bytesPerSecond: 4 << 20))
         defer { server.stop() }
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
@@ -234,7 +263,9 @@ import Testing
         #expect(try Fixtures.run("bsdtar", ["-xf", pack.path, "-C", reference.path]).status == 0)
         let installed = try #require(download.contentURL)
         #expect(try treeContents(installed) == (try treeContents(reference)), "the same files, byte for byte")
-        #expect(!FileManager.default.fileExists(atPath: installed.appending(path: "Contents/hidden.txt").path), "the hidden entry is not installed")
+        #expect(
+            !FileManager.default.fileExists(atPath: installed.appending(path: "Contents/hidden.txt").path),
+            "the hidden entry is not installed")
         #expect(leftovers(home) == [])
     }
 }

@@ -1,15 +1,15 @@
+import CArchive
 import Foundation
 import PackTestSupport
 import Synchronization
 import Testing
 
 @testable import PackDelivery
-import CArchive
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 // Hostile and ordinary archives are built by real tools (python3's tarfile/zipfile, bsdtar, zip) in a
@@ -85,7 +85,8 @@ struct UnpackerTests {
     func insideSymlinksKept() throws {
         let fixture = try UnpackFixture()
         defer { fixture.remove() }
-        let pack = try fixture.tar(#"""
+        let pack = try fixture.tar(
+            #"""
             f("sub/data.txt", b"hello"); l("link", "sub/data.txt"); l("sub/self", "../sub/data.txt")
             l("dirlink", "sub"); l("sub/root", "..")
             """#)
@@ -297,7 +298,9 @@ struct UnpackerTests {
         let empty = fixture.packs.appendingPathComponent("empty.zip")
         try Data().write(to: empty)
         let gzippedText = fixture.packs.appendingPathComponent("text.gz")
-        try unpackRunTool(["python3", "-c", "import gzip,sys; open(sys.argv[1],'wb').write(gzip.compress(b'plain text\\n'*50))", gzippedText.path])
+        try unpackRunTool([
+            "python3", "-c", "import gzip,sys; open(sys.argv[1],'wb').write(gzip.compress(b'plain text\\n'*50))", gzippedText.path,
+        ])
         for file in [text, empty, gzippedText] {
             let staging = try fixture.freshStaging(file.lastPathComponent)
             do {
@@ -338,7 +341,8 @@ struct UnpackerTests {
     func modesStripped() throws {
         let fixture = try UnpackFixture()
         defer { fixture.remove() }
-        let pack = try fixture.tar(#"""
+        let pack = try fixture.tar(
+            #"""
             f("suid", b"x", 0o4777); f("sgid", b"x", 0o2666); f("ro", b"x", 0o444); f("exec", b"x", 0o750)
             d("sticky", 0o1777); d("locked", 0o555); f("implicit/file", b"x", 0o600)
             """#)
@@ -369,12 +373,15 @@ struct UnpackerTests {
         let fixture = try UnpackFixture()
         defer { fixture.remove() }
         let pack = fixture.packs.appendingPathComponent("bomb.tar.gz")
-        try unpackRunTool(["python3", "-c", """
+        try unpackRunTool([
+            "python3", "-c",
+            """
             import io, sys, tarfile
             with tarfile.open(sys.argv[1], "w:gz", compresslevel=1) as t:
                 info = tarfile.TarInfo("zeros.bin"); info.size = 50 << 20
                 t.addfile(info, io.BytesIO(bytes(info.size)))
-            """, pack.path])
+            """, pack.path,
+        ])
         let limit: Int64 = 10 << 20
         do {
             _ = try fixture.unpack(pack, limits: UnpackLimits(maxBytes: limit))
@@ -398,7 +405,9 @@ struct UnpackerTests {
         try unpackRunTool(["truncate", "-s", "1G", source.appendingPathComponent("huge").path])
         let small = source.appendingPathComponent("small")
         try unpackRunTool(["truncate", "-s", "4M", small.path])
-        try unpackRunTool(["python3", "-c", "import sys; f=open(sys.argv[1],'r+b'); f.seek(1<<20); f.write(b'middle'); f.close()", small.path])
+        try unpackRunTool([
+            "python3", "-c", "import sys; f=open(sys.argv[1],'r+b'); f.seek(1<<20); f.write(b'middle'); f.close()", small.path,
+        ])
 
         let smallPack = fixture.packs.appendingPathComponent("small.tar")
         try unpackRunTool(["tar", "--sparse", "-cf", smallPack.path, "-C", source.path, "small"])
@@ -451,8 +460,12 @@ struct UnpackerTests {
         var polls = 0
         let staging = try fixture.freshStaging("cancel")
         do {
-            _ = try Unpacker.unpack(archive: pack, into: staging, limits: UnpackLimits(maxBytes: 1 << 30),
-                                    isCancelled: { polls += 1; return polls > 3 })
+            _ = try Unpacker.unpack(
+                archive: pack, into: staging, limits: UnpackLimits(maxBytes: 1 << 30),
+                isCancelled: {
+                    polls += 1
+                    return polls > 3
+                })
             Issue.record("the unpack was not cancelled")
         } catch {
             #expect(error.kind == .cancelled)
@@ -470,12 +483,15 @@ struct UnpackerTests {
         }
         defer { try? unpackRunTool(["umount", mountPoint.path]) }
         let pack = fixture.packs.appendingPathComponent("big.tar")
-        try unpackRunTool(["python3", "-c", """
+        try unpackRunTool([
+            "python3", "-c",
+            """
             import io, os, sys, tarfile
             with tarfile.open(sys.argv[1], "w") as t:
                 info = tarfile.TarInfo("big.bin"); info.size = 3 << 20
                 t.addfile(info, io.BytesIO(os.urandom(info.size)))
-            """, pack.path])
+            """, pack.path,
+        ])
         let staging = mountPoint.appendingPathComponent("staging")
         try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true)
         do {
@@ -523,7 +539,8 @@ struct UnpackerTests {
         #expect(summary.directories == reference.directories && summary.entries == reference.entries && summary.bytes == reference.bytes)
         // Files were moved, not unpacked again: only the symlink's stand-in is left behind.
         let left = try FileManager.default.subpathsOfDirectory(atPath: streamedFolder.path).filter { path in
-            (try? FileManager.default.attributesOfItem(atPath: streamedFolder.path + "/" + path)[.type] as? FileAttributeType) == .typeRegular
+            (try? FileManager.default.attributesOfItem(atPath: streamedFolder.path + "/" + path)[.type] as? FileAttributeType)
+                == .typeRegular
         }
         #expect(left == ["link"], "\(left)")
     }
@@ -533,7 +550,8 @@ struct UnpackerTests {
         let fixture = try UnpackFixture()
         defer { fixture.remove() }
         // python's zipfile writes the central directory from `filelist` at close: the hidden entry keeps its local header only.
-        let pack = try fixture.zip(#"""
+        let pack = try fixture.zip(
+            #"""
             z.writestr("a.txt", b"a"); z.writestr("hidden.txt", b"not listed"); z.writestr("b.txt", b"b")
             z.filelist = [i for i in z.filelist if i.filename != "hidden.txt"]
             """#)
@@ -578,9 +596,12 @@ struct UnpackerTests {
         }
     }
 
-    @Test("Zips written by bsdtar, Info-ZIP and python, to files and to pipes, stored, deflated and ZIP64, are adopted: every CRC-32 is found")
+    @Test(
+        "Zips written by bsdtar, Info-ZIP and python, to files and to pipes, stored, deflated and ZIP64, are adopted: every CRC-32 is found"
+    )
     func zipsOfCommonWritersAreAdopted() throws {
-        let pythonPipe = "python3 -c 'import io,os,sys,zipfile\nif os.environ.get(\"ZIP64\"): zipfile.ZIP64_LIMIT = 100\nclass S(io.RawIOBase):\n  def writable(self): return True\n  def write(self, b): sys.stdout.buffer.write(b); return len(b)\nwith zipfile.ZipFile(S(), \"w\", zipfile.ZIP_DEFLATED) as z:\n  for f in (\"dir/big.txt\", \"mixed.bin\", \"empty\"): z.write(f)' > \"$1\""
+        let pythonPipe =
+            "python3 -c 'import io,os,sys,zipfile\nif os.environ.get(\"ZIP64\"): zipfile.ZIP64_LIMIT = 100\nclass S(io.RawIOBase):\n  def writable(self): return True\n  def write(self, b): sys.stdout.buffer.write(b); return len(b)\nwith zipfile.ZipFile(S(), \"w\", zipfile.ZIP_DEFLATED) as z:\n  for f in (\"dir/big.txt\", \"mixed.bin\", \"empty\"): z.write(f)' > \"$1\""
         let writers = [
             // A pipe leaves the writer no way back to the local header: the CRC goes into a data descriptor.
             "bsdtar": "bsdtar --format zip -cf - . | cat > \"$1\"",
@@ -629,8 +650,9 @@ struct UnpackerTests {
         let limits = UnpackLimits(maxBytes: 1 << 20)
         let whole = try fixture.freshStaging("whole")
         _ = try Unpacker.unpack(archive: pack, into: whole, limits: limits)
-        #expect(try String(contentsOfFile: whole.path + "/a", encoding: .utf8) == String(repeating: "B", count: 1000),
-                "an unpack by the central directory gives B")
+        #expect(
+            try String(contentsOfFile: whole.path + "/a", encoding: .utf8) == String(repeating: "B", count: 1000),
+            "an unpack by the central directory gives B")
         let (streamedFolder, streamed) = try fixture.streamedUnpack(pack, limits: limits)
         #expect(streamed.files.map(\.path) == ["a"], "the stream read the decoy only")
         #expect(throws: PackDeliveryError.self, "the decoy's bytes are never adopted") {
@@ -683,9 +705,11 @@ struct UnpackerTests {
         let results = UnpackConcurrentResults(count: packs.count)
         DispatchQueue.concurrentPerform(iterations: packs.count) { index in
             let (pack, staging) = packs[index]
-            results.set(index, Result { () throws(PackDeliveryError) in
-                try Unpacker.unpack(archive: pack, into: staging, limits: UnpackLimits(maxBytes: 1 << 30))
-            })
+            results.set(
+                index,
+                Result { () throws(PackDeliveryError) in
+                    try Unpacker.unpack(archive: pack, into: staging, limits: UnpackLimits(maxBytes: 1 << 30))
+                })
         }
         for (index, (pack, staging)) in packs.enumerated() {
             #expect(throws: Never.self, "\(pack.lastPathComponent)") { try results.get(index)?.get() }
@@ -822,11 +846,17 @@ private final class UnpackFixture {
         let growth = PartialFileGrowth(length: size)
         growth.finish(length: size)
         let folder = try self.freshStaging("streamed")
-        return (folder, try Unpacker.unpack(archive: pack, into: folder, limits: limits, growing: GrowingFile(growth: growth, generation: growth.generation)))
+        return (
+            folder,
+            try Unpacker.unpack(
+                archive: pack, into: folder, limits: limits, growing: GrowingFile(growth: growth, generation: growth.generation))
+        )
     }
 
     /// Finishes a streamed unpack of the zip `pack` by its central directory, into a fresh staging folder.
-    func adopt(_ pack: URL, _ streamed: (folder: URL, summary: UnpackSummary), limits: UnpackLimits) throws -> (folder: URL, summary: UnpackSummary) {
+    func adopt(_ pack: URL, _ streamed: (folder: URL, summary: UnpackSummary), limits: UnpackLimits) throws -> (
+        folder: URL, summary: UnpackSummary
+    ) {
         let listing = try #require(try ZipDirectories.listing(pack), "the central directory can be followed")
         let folder = try self.freshStaging("adopted")
         return (folder, try Unpacker.adopt(archive: pack, listing: listing, streamed: streamed, into: folder, limits: limits))
@@ -875,7 +905,8 @@ private func modesAndContents(_ folder: URL) throws -> [String: String] {
         let mode = String(info.st_mode & 0o7777, radix: 8)
         switch info.st_mode & S_IFMT {
         case S_IFDIR: result[relative] = "dir \(mode)"
-        case S_IFLNK: result[relative] = "symlink -> " + (try FileManager.default.destinationOfSymbolicLink(atPath: folder.path + "/" + relative))
+        case S_IFLNK:
+            result[relative] = "symlink -> " + (try FileManager.default.destinationOfSymbolicLink(atPath: folder.path + "/" + relative))
         default: result[relative] = "file \(mode) " + (try Data(contentsOf: folder.appending(path: relative)).base64EncodedString())
         }
     }
@@ -969,8 +1000,9 @@ func unpackRunTool(_ arguments: [String]) throws {
     let message = errors.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
     guard process.terminationStatus == 0 else {
-        throw UnpackToolError(command: arguments.prefix(3).joined(separator: " "), status: process.terminationStatus,
-                              message: String(decoding: message, as: UTF8.self))
+        throw UnpackToolError(
+            command: arguments.prefix(3).joined(separator: " "), status: process.terminationStatus,
+            message: String(decoding: message, as: UTF8.self))
     }
 }
 
@@ -987,15 +1019,20 @@ struct UnpackToolError: Error, CustomStringConvertible {
     static func pack() throws -> URL {
         let folder = try Fixtures.temporaryDirectory("archive-bounds")
         let url = folder.appending(path: "pack.tar.gz")
-        let result = try Fixtures.run("python3", ["-c", """
-            import gzip, io, sys, tarfile
-            raw = io.BytesIO()
-            with tarfile.open(fileobj=raw, mode="w") as tar:
-                data = b"abcdefgh" * (4 << 20)
-                info = tarfile.TarInfo("big.bin"); info.size = len(data); tar.addfile(info, io.BytesIO(data))
-                info = tarfile.TarInfo("small.txt"); info.size = 1; tar.addfile(info, io.BytesIO(b"x"))
-            open(sys.argv[1], "wb").write(gzip.compress(raw.getvalue(), 9))
-            """, url.path])
+        let result = try Fixtures.run(
+            "python3",
+            [
+                "-c",
+                """
+                import gzip, io, sys, tarfile
+                raw = io.BytesIO()
+                with tarfile.open(fileobj=raw, mode="w") as tar:
+                    data = b"abcdefgh" * (4 << 20)
+                    info = tarfile.TarInfo("big.bin"); info.size = len(data); tar.addfile(info, io.BytesIO(data))
+                    info = tarfile.TarInfo("small.txt"); info.size = 1; tar.addfile(info, io.BytesIO(b"x"))
+                open(sys.argv[1], "wb").write(gzip.compress(raw.getvalue(), 9))
+                """, url.path,
+            ])
         guard result.status == 0 else { throw FixtureError("python3: \(result.stderr)") }
         return url
     }

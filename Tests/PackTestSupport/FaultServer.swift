@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// How a ``FaultServer`` route misbehaves.
@@ -425,8 +425,9 @@ final class FaultServerCore: Sendable {
             return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: 405, extra: ["Allow": "GET, HEAD"])
         }
         if let refusal = self.authorize?(request.headers["authorization"]) {
-            return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: refusal,
-                                     extra: refusal == 401 ? ["WWW-Authenticate": "Bearer"] : [:])
+            return self.respondEmpty(
+                fd, request, path: path, fault: fault, file: file, status: refusal,
+                extra: refusal == 401 ? ["WWW-Authenticate": "Bearer"] : [:])
         }
         let hit = self.state.withLock { state -> Int in
             state.routeHits[path, default: 0] += 1
@@ -440,7 +441,8 @@ final class FaultServerCore: Sendable {
             return self.respondEmpty(fd, request, path: path, fault: fault, file: file, status: 302, extra: ["Location": location])
         case .errorBody(let code):
             _ = self.record(request, path: path, fault: fault, file: file, status: code)
-            let body = #"<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"#
+            let body =
+                #"<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"#
             _ = self.sendHead(fd, status: code, headers: [("Content-Type", "application/xml"), ("Content-Length", "\(body.utf8.count)")])
             _ = Array(body.utf8).withUnsafeBytes { self.sendAll(fd, $0) }
             return .graceful
@@ -461,8 +463,10 @@ final class FaultServerCore: Sendable {
             let spent = token.map { token in self.state.withLock { $0.tokenBytes[token, default: 0] } } ?? budget
             if spent >= budget {
                 _ = self.record(request, path: path, fault: fault, file: file, status: 403)
-                let body = #"<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"#
-                _ = self.sendHead(fd, status: 403, headers: [("Content-Type", "application/xml"), ("Content-Length", "\(body.utf8.count)")])
+                let body =
+                    #"<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code><Message>Request has expired</Message></Error>"#
+                _ = self.sendHead(
+                    fd, status: 403, headers: [("Content-Type", "application/xml"), ("Content-Length", "\(body.utf8.count)")])
                 _ = Array(body.utf8).withUnsafeBytes { self.sendAll(fd, $0) }
                 return .graceful
             }

@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Files, folders, processes and ports for tests. Depends on nothing but Foundation and the C library.

@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A real nginx (`/usr/sbin/nginx`) serving one folder on a free loopback port: the reference
@@ -271,7 +271,7 @@ func spawn(_ executable: String, _ arguments: [String], stdout: String, stderr: 
     posix_spawnattr_setflags(&attributes, Int16(POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF))
 
     let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
-    defer { argv.forEach { free($0) } }
+    defer { for pointer in argv { free(pointer) } }
     var pid: pid_t = 0
     let result = posix_spawn(&pid, executable, &fileActions, &attributes, argv, environ)
     guard result == 0 else {

@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A `packs serve` process started by a test, on a free loopback port (`--port 0`, read back from

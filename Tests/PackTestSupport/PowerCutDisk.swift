@@ -1,7 +1,7 @@
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A small ext4 filesystem on a loop device whose power can be "cut": everything written to it that was
@@ -27,7 +27,9 @@ public final class PowerCutDisk: @unchecked Sendable {
     public static let unavailableReason: String? = {
         if getuid() != 0 { return "power-cut tests need root (to mount a loop device)" }
         if access("/dev/loop-control", F_OK) != 0 { return "power-cut tests need loop devices (/dev/loop-control)" }
-        if !["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"].contains(where: { (path: String) in access(path, X_OK) == 0 }) { return "power-cut tests need mkfs.ext4 (e2fsprogs)" }
+        if !["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"].contains(where: { (path: String) in access(path, X_OK) == 0 }) {
+            return "power-cut tests need mkfs.ext4 (e2fsprogs)"
+        }
         return nil
     }()
 
@@ -37,7 +39,8 @@ public final class PowerCutDisk: @unchecked Sendable {
         self.image = folder.appending(path: "disk.img")
         self.mountPoint = folder.appending(path: "mnt")
         try FileManager.default.createDirectory(at: self.mountPoint, withIntermediateDirectories: true)
-        guard FileManager.default.createFile(atPath: self.image.path, contents: nil), truncate(self.image.path, off_t(megabytes) << 20) == 0 else {
+        guard FileManager.default.createFile(atPath: self.image.path, contents: nil), truncate(self.image.path, off_t(megabytes) << 20) == 0
+        else {
             throw FixtureError("Cannot make the disk image \(self.image.path).")
         }
         try Self.check(try Fixtures.run(Self.tool("mkfs.ext4"), ["-q", "-F", self.image.path]), "mkfs.ext4")

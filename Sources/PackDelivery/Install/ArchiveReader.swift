@@ -57,7 +57,9 @@ final class ArchiveReader {
     ///   - maxDecompressed: the most bytes of entry data the format may read; headers and padding get an allowance per entry.
     ///   - isCancelled: polled for every block read or decompressed.
     /// - Throws: `fileSystem` when the file cannot be opened, `corruptArchive` when it is not a zip or tar.
-    init(_ url: URL, maxDecompressed: Int64, isCancelled: @escaping () -> Bool = { false }, growing: GrowingFile? = nil) throws(PackDeliveryError) {
+    init(_ url: URL, maxDecompressed: Int64, isCancelled: @escaping () -> Bool = { false }, growing: GrowingFile? = nil)
+        throws(PackDeliveryError)
+    {
         self.path = url.path
         self.isCancelled = isCancelled
         self.maxDecompressed = maxDecompressed
@@ -79,7 +81,8 @@ final class ArchiveReader {
         self.reader = reader
         self.decoder = filter == nil ? nil : archive_read_new()
         self.fileBuffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(min(Int64(Self.blockSize), max(4096, size))), alignment: 16)
-        self.decompressedBuffer = filter == nil ? nil : UnsafeMutableRawBufferPointer.allocate(byteCount: Self.decompressedBlockSize, alignment: 16)
+        self.decompressedBuffer =
+            filter == nil ? nil : UnsafeMutableRawBufferPointer.allocate(byteCount: Self.decompressedBlockSize, alignment: 16)
         let me = Unmanaged.passUnretained(self).toOpaque()
 
         // The parser: exactly the formats a pack may be.
@@ -156,7 +159,9 @@ final class ArchiveReader {
     func error(_ entry: String?) -> PackDeliveryError {
         if let failure { return failure }
         let code = Int(archive_errno(self.reader))
-        if code == Int(ENOSPC) || code == Int(EDQUOT) { return .insufficientStorage(path: self.path, needed: nil, available: nil, errno: Int32(code)) }
+        if code == Int(ENOSPC) || code == Int(EDQUOT) {
+            return .insufficientStorage(path: self.path, needed: nil, available: nil, errno: Int32(code))
+        }
         return .corruptArchive(self.message, entry: entry, code: code == 0 ? nil : code)
     }
 
@@ -164,7 +169,8 @@ final class ArchiveReader {
     func checkBounds() -> Bool {
         if self.failure != nil { return false }
         if self.isCancelled() {
-            self.failure = PackDeliveryError(.cancelled, message: "Unpacking '\(URL(filePath: self.path).lastPathComponent)' was cancelled.", subject: self.path)
+            self.failure = PackDeliveryError(
+                .cancelled, message: "Unpacking '\(URL(filePath: self.path).lastPathComponent)' was cancelled.", subject: self.path)
             return false
         }
         let (overhead, overflow1) = Int64(self.entries + 1).multipliedReportingOverflow(by: Self.perEntryAllowance)
@@ -221,12 +227,13 @@ final class ArchiveReader {
     private func seek(_ offset: la_int64_t, _ whence: Int32) -> la_int64_t {
         var info = stat()
         guard fstat(self.fd, &info) == 0 else { return -1 }
-        let target: Int64 = switch whence {
-        case SEEK_SET: offset
-        case SEEK_CUR: self.position + offset
-        case SEEK_END: Int64(info.st_size) + offset
-        default: -1
-        }
+        let target: Int64 =
+            switch whence {
+            case SEEK_SET: offset
+            case SEEK_CUR: self.position + offset
+            case SEEK_END: Int64(info.st_size) + offset
+            default: -1
+            }
         guard target >= 0 else { return -1 }
         self.position = target
         return target

@@ -43,18 +43,28 @@ struct DeltaPlan: Sendable, Hashable {
     ///   - packLength: the new pack's length, from the manifest.
     ///   - installed: the installed version's files, as recorded.
     ///   - damaged: the installed files that do not look as recorded (missing, another kind, size or time).
-    static func make(index: PackIndex, packLength: Int64, installed: [InstalledFileRecord], damaged: [String]) -> Result<DeltaPlan, DeltaRefusal> {
+    static func make(index: PackIndex, packLength: Int64, installed: [InstalledFileRecord], damaged: [String]) -> Result<
+        DeltaPlan, DeltaRefusal
+    > {
         if let first = damaged.first {
-            return .failure(DeltaRefusal(.installedFilesChanged, "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"))
+            return .failure(
+                DeltaRefusal(
+                    .installedFilesChanged,
+                    "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
+                ))
         }
         var seen = Set<String>()
         for entry in index.entries {
             guard entry.offset >= 0, entry.length >= 30, entry.offset <= packLength - entry.length, entry.size >= 0,
-                  seen.insert(entry.path).inserted else {
-                return .failure(DeltaRefusal(.indexUnusable, "the pack's index does not fit the pack (entry \(PackDeliveryError.printable(entry.path)))"))
+                seen.insert(entry.path).inserted
+            else {
+                return .failure(
+                    DeltaRefusal(
+                        .indexUnusable, "the pack's index does not fit the pack (entry \(PackDeliveryError.printable(entry.path)))"))
             }
             if entry.kind != .directory, entry.sha256 == nil {
-                return .failure(DeltaRefusal(.indexUnusable, "the pack's index gives no SHA-256 for \(PackDeliveryError.printable(entry.path))"))
+                return .failure(
+                    DeltaRefusal(.indexUnusable, "the pack's index gives no SHA-256 for \(PackDeliveryError.printable(entry.path))"))
             }
         }
         var byDigest: [String: InstalledFileRecord] = [:]
@@ -86,7 +96,11 @@ struct DeltaPlan: Sendable, Hashable {
             }
         }
         if Double(plan.bytesToFetch) > Self.maxShare * Double(packLength) {
-            return .failure(DeltaRefusal(.tooMuchChanged, "the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)"))
+            return .failure(
+                DeltaRefusal(
+                    .tooMuchChanged,
+                    "the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)"
+                ))
         }
         return .success(plan)
     }
@@ -106,47 +120,64 @@ enum DeltaZip {
     ///
     /// - Throws: `DeltaRefusal` for an entry this cannot describe (ZIP64, no local header);
     ///   `PackDeliveryError` `unsafeEntry` when the local header names another path than the index.
-    static func close(_ fd: Int32, entry: PackIndex.Entry, path: String) throws -> Void {
+    static func close(_ fd: Int32, entry: PackIndex.Entry, path: String) throws {
         let length = Int(entry.length)
         var header = [UInt8](repeating: 0, count: 30)
         guard pread(fd, &header, 30, 0) == 30, u32(header, 0) == 0x0403_4B50 else {
-            throw PackDeliveryError(.corruptArchive, message: "The bytes fetched for \(PackDeliveryError.printable(entry.path)) do not start with a zip local header.",
-                                    hint: "The pack on the server does not match its index.", subject: entry.path)
+            throw PackDeliveryError(
+                .corruptArchive,
+                message: "The bytes fetched for \(PackDeliveryError.printable(entry.path)) do not start with a zip local header.",
+                hint: "The pack on the server does not match its index.", subject: entry.path)
         }
         let flags = u16(header, 6)
         let nameLength = Int(u16(header, 26))
         let extraLength = Int(u16(header, 28))
         var name = [UInt8](repeating: 0, count: nameLength)
-        guard nameLength == 0 || pread(fd, &name, nameLength, 30) == nameLength else { throw DeltaRefusal(.indexUnusable, "an entry's local header is cut short") }
+        guard nameLength == 0 || pread(fd, &name, nameLength, 30) == nameLength else {
+            throw DeltaRefusal(.indexUnusable, "an entry's local header is cut short")
+        }
         var shown = String(decoding: name, as: UTF8.self)
         while shown.hasPrefix("./") { shown.removeFirst(2) }
         if shown.count > 1, shown.hasSuffix("/") { shown.removeLast() }
         guard shown == entry.path else {
-            throw PackDeliveryError(.unsafeEntry, message: "The pack's local header at byte \(entry.offset) names '\(PackDeliveryError.printable(shown))', but its index says '\(PackDeliveryError.printable(entry.path))'.",
-                                    hint: "Nothing was installed; the pack on the server does not match its index.", subject: entry.path)
+            throw PackDeliveryError(
+                .unsafeEntry,
+                message:
+                    "The pack's local header at byte \(entry.offset) names '\(PackDeliveryError.printable(shown))', but its index says '\(PackDeliveryError.printable(entry.path))'.",
+                hint: "Nothing was installed; the pack on the server does not match its index.", subject: entry.path)
         }
         var crc = u32(header, 14)
         var compressed = u32(header, 18)
         var uncompressed = u32(header, 22)
-        if compressed == 0xFFFF_FFFF || uncompressed == 0xFFFF_FFFF { throw DeltaRefusal(.indexUnusable, "the entry \(PackDeliveryError.printable(entry.path)) is a ZIP64 entry") }
+        if compressed == 0xFFFF_FFFF || uncompressed == 0xFFFF_FFFF {
+            throw DeltaRefusal(.indexUnusable, "the entry \(PackDeliveryError.printable(entry.path)) is a ZIP64 entry")
+        }
         let dataStart = 30 + nameLength + extraLength
         if flags & 0x8 != 0 {
             // The sizes follow the data, in a descriptor of 12 bytes or 16 with its signature.
             var tail = [UInt8](repeating: 0, count: 16)
-            guard length >= dataStart + 12, pread(fd, &tail, 16, off_t(length - 16)) == 16 else { throw DeltaRefusal(.indexUnusable, "an entry's data descriptor is missing") }
+            guard length >= dataStart + 12, pread(fd, &tail, 16, off_t(length - 16)) == 16 else {
+                throw DeltaRefusal(.indexUnusable, "an entry's data descriptor is missing")
+            }
             // With or without its signature, the descriptor's last 12 bytes are the CRC and the two sizes.
             crc = u32(tail, 4)
             compressed = u32(tail, 8)
             uncompressed = u32(tail, 12)
         }
         guard Int(compressed) <= length - dataStart else {
-            throw PackDeliveryError(.corruptArchive, message: "The entry \(PackDeliveryError.printable(entry.path)) says it holds \(compressed) bytes, more than its \(length - dataStart) in the pack.",
-                                    hint: "The pack on the server does not match its index.", subject: entry.path)
+            throw PackDeliveryError(
+                .corruptArchive,
+                message:
+                    "The entry \(PackDeliveryError.printable(entry.path)) says it holds \(compressed) bytes, more than its \(length - dataStart) in the pack.",
+                hint: "The pack on the server does not match its index.", subject: entry.path)
         }
         let mode = entry.mode ?? (entry.kind == .symlink ? 0o120777 : entry.kind == .directory ? 0o040755 : 0o100644)
         var central: [UInt8] = []
         func put16(_ value: UInt16) { central += [UInt8(value & 0xFF), UInt8(value >> 8)] }
-        func put32(_ value: UInt32) { put16(UInt16(value & 0xFFFF)); put16(UInt16(value >> 16)) }
+        func put32(_ value: UInt32) {
+            put16(UInt16(value & 0xFFFF))
+            put16(UInt16(value >> 16))
+        }
         put32(0x0201_4B50)
         put16(0x031E)  // made on unix, zip 3.0: the external attributes hold a unix mode
         put16(u16(header, 4))

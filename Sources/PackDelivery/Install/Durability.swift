@@ -70,7 +70,10 @@ enum Durability {
             guard lstat(path, &info) == 0 else { throw .io("inspect", path: path, errno: errno) }
             switch info.st_mode & S_IFMT {
             case S_IFREG:
-                files.append(InstalledFile(path: relative, kind: .file, size: Int64(info.st_size), sha256: try SHA256Hasher.hexDigest(ofFile: URL(filePath: path))))
+                files.append(
+                    InstalledFile(
+                        path: relative, kind: .file, size: Int64(info.st_size),
+                        sha256: try SHA256Hasher.hexDigest(ofFile: URL(filePath: path))))
             case S_IFLNK:
                 let target = (try? FileManager.default.destinationOfSymbolicLink(atPath: path)) ?? ""
                 let hasher = SHA256Hasher()

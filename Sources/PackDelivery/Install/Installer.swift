@@ -60,8 +60,10 @@ struct Installer: Sendable {
     ///   instead of unpacking again (unless `recheck`, or it failed for a reason that is not the pack's).
     /// - Parameter delta: the new version a delta update built (each entry already checked): moved into place
     ///   instead of an unpacked archive.
-    func install(_ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
-                 streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil) throws(PackDeliveryError) -> URL {
+    func install(
+        _ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
+        streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil
+    ) throws(PackDeliveryError) -> URL {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
         let target = self.home.contentURL(for: download)
@@ -79,7 +81,9 @@ struct Installer: Sendable {
             let packLength = Int64(info.st_size)
             let expected = Double(download.unpackedLength ?? max(packLength, 1))
             progress(.unpacking, 0)
-            switch summary != nil ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
+            switch summary != nil
+                ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) })
+            {
             case .unpacked(let unpacked, let folder)? where unpacked.zipEntries == nil:
                 // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
                 if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
@@ -93,9 +97,10 @@ struct Installer: Sendable {
                 if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
                 do throws(PackDeliveryError) {
                     let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
-                    summary = try Unpacker.adopt(archive: archive, listing: listing, streamed: (folder, unpacked), into: staging,
-                                                 limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
-                                                 isCancelled: { cancel.isCancelled })
+                    summary = try Unpacker.adopt(
+                        archive: archive, listing: listing, streamed: (folder, unpacked), into: staging,
+                        limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+                        isCancelled: { cancel.isCancelled })
                 } catch {
                     // Whatever it was, the unpack of the whole archive below settles it (and reports it, if it is the pack's).
                     if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
@@ -106,13 +111,16 @@ struct Installer: Sendable {
                 if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
             }
             if summary == nil {
-                summary = try self.unpack(download, archive: archive, staging: staging, length: packLength, recheck: recheck,
-                                          progress: progress, cancel: cancel)
+                summary = try self.unpack(
+                    download, archive: archive, staging: staging, length: packLength, recheck: recheck,
+                    progress: progress, cancel: cancel)
             }
             guard let summary else { throw PackDeliveryError(.internalError, message: "No unpack summary.") }
             if summary.entries == 0, download.unpackedLength != 0 {
-                throw PackDeliveryError(.emptyPack, message: "The pack \(download.contentIdentifier) holds no files at all, and the manifest does not say it is empty.",
-                                        hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: download.redactedURL)
+                throw PackDeliveryError(
+                    .emptyPack,
+                    message: "The pack \(download.contentIdentifier) holds no files at all, and the manifest does not say it is empty.",
+                    hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: download.redactedURL)
             }
             try Self.checkContentInfo(in: staging, for: download)
             if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
@@ -123,33 +131,39 @@ struct Installer: Sendable {
             guard stat(staging.path, &info) == 0 else { throw Self.fileError("inspect", staging.path, errno) }
             let inode = Int64(info.st_ino)
             try self.store.write(durable: true) { db in
-                try db.execute(sql: "UPDATE downloads SET phase = ?, stagingInode = ? WHERE id = ?",
-                               arguments: [DownloadPhase.installing, inode, download.id])
+                try db.execute(
+                    sql: "UPDATE downloads SET phase = ?, stagingInode = ? WHERE id = ?",
+                    arguments: [DownloadPhase.installing, inode, download.id])
             }
             self.hook?(.beforeRename)
             return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
         } catch {
             try? Self.removeTree(staging)
             if delta == nil, error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack,
-               (try? SHA256Hasher.hexDigest(ofFile: archive)) != download.sha256.lowercased() {
+                (try? SHA256Hasher.hexDigest(ofFile: archive)) != download.sha256.lowercased()
+            {
                 // The archive no longer matches what was verified: something changed it on disk since. Not the pack's fault.
-                throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) changed on disk after it was verified.",
-                                        hint: "It is fetched again.", subject: archive.path)
+                throw PackDeliveryError(
+                    .checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) changed on disk after it was verified.",
+                    hint: "It is fetched again.", subject: archive.path)
             }
             if error.code == .insufficientStorage, error.neededBytes == nil {
                 // Say how much the unpack needs and how much is free now that staging is gone.
                 let needed = (download.unpackedLength ?? download.contentLength) + SpaceCheck.margin
-                throw .insufficientStorage(path: staging.deletingLastPathComponent().path, needed: needed,
-                                           available: SpaceCheck.available(at: staging.deletingLastPathComponent()),
-                                           errno: error.underlying.map { Int32($0.value) })
+                throw .insufficientStorage(
+                    path: staging.deletingLastPathComponent().path, needed: needed,
+                    available: SpaceCheck.available(at: staging.deletingLastPathComponent()),
+                    errno: error.underlying.map { Int32($0.value) })
             }
             throw error
         }
     }
 
     /// Unpacks the archive into a new staging folder (after hashing it again, with `recheck`).
-    private func unpack(_ download: Download, archive: URL, staging: URL, length packLength: Int64, recheck: Bool,
-                        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) -> UnpackSummary {
+    private func unpack(
+        _ download: Download, archive: URL, staging: URL, length packLength: Int64, recheck: Bool,
+        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag
+    ) throws(PackDeliveryError) -> UnpackSummary {
         try Self.removeTree(staging)
         if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
         if recheck {
@@ -162,13 +176,17 @@ struct Installer: Sendable {
         let expected = Double(download.unpackedLength ?? max(packLength, 1))
         progress(.unpacking, 0)
         var hooked = false
-        let summary = try Unpacker.unpack(archive: archive, into: staging,
-                                          limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
-                                          progress: { bytes in
-                                              progress(.unpacking, min(0.99, Double(bytes) / expected))
-                                              if !hooked, bytes > 0 { hooked = true; self.hook?(.unpacking) }
-                                          },
-                                          isCancelled: { cancel.isCancelled }, writer: self.writer)
+        let summary = try Unpacker.unpack(
+            archive: archive, into: staging,
+            limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+            progress: { bytes in
+                progress(.unpacking, min(0.99, Double(bytes) / expected))
+                if !hooked, bytes > 0 {
+                    hooked = true
+                    self.hook?(.unpacking)
+                }
+            },
+            isCancelled: { cancel.isCancelled }, writer: self.writer)
         return summary
     }
 
@@ -177,7 +195,9 @@ struct Installer: Sendable {
         let exchanged = FileManager.default.fileExists(atPath: target.path)
         if exchanged {
             // The old version stays usable until this single atomic swap.
-            if clinux_rename_exchange(staging.path, target.path) != 0 { throw Self.fileError("move the content into place at", target.path, errno) }
+            if clinux_rename_exchange(staging.path, target.path) != 0 {
+                throw Self.fileError("move the content into place at", target.path, errno)
+            }
         } else if rename(staging.path, target.path) != 0 {
             throw Self.fileError("move the content into place at", target.path, errno)
         }
@@ -198,13 +218,15 @@ struct Installer: Sendable {
 
     /// Records the installed content, its files and the finished download in one durable write.
     private func record(_ download: Download, contentURL: URL, files: [InstalledFile]) throws(PackDeliveryError) {
-        let install = InstallRecord(destination: download.destination, contentIdentifier: download.contentIdentifier,
-                                    productIdentifier: download.productIdentifier, contentVersion: download.contentVersion,
-                                    contentURL: contentURL.path, installedAt: Date(), downloadID: download.id,
-                                    fileCount: files.count, byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
+        let install = InstallRecord(
+            destination: download.destination, contentIdentifier: download.contentIdentifier,
+            productIdentifier: download.productIdentifier, contentVersion: download.contentVersion,
+            contentURL: contentURL.path, installedAt: Date(), downloadID: download.id,
+            fileCount: files.count, byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
         let records = files.map { file in
-            InstalledFileRecord(destination: download.destination, contentIdentifier: download.contentIdentifier,
-                                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256)
+            InstalledFileRecord(
+                destination: download.destination, contentIdentifier: download.contentIdentifier,
+                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256)
         }
         try self.store.recordInstall(install, files: records)
     }
@@ -239,10 +261,15 @@ struct Installer: Sendable {
     }
 
     /// Hashes the archive again and compares it with the manifest's SHA-256.
-    private func recheck(_ download: Download, archive: URL, length: Int64, progress: (Double) -> Void, cancel: CancelFlag) throws(PackDeliveryError) {
+    private func recheck(_ download: Download, archive: URL, length: Int64, progress: (Double) -> Void, cancel: CancelFlag)
+        throws(PackDeliveryError)
+    {
         guard length == download.contentLength else {
-            throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) is \(length) bytes, not \(download.contentLength): it was damaged since it was verified.",
-                                    subject: archive.path)
+            throw PackDeliveryError(
+                .checksumMismatch,
+                message:
+                    "The downloaded pack \(download.contentIdentifier) is \(length) bytes, not \(download.contentLength): it was damaged since it was verified.",
+                subject: archive.path)
         }
         let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw Self.fileError("open the pack", archive.path, errno) }
@@ -263,8 +290,11 @@ struct Installer: Sendable {
         }
         let digest = hasher.hexDigest()
         guard digest == download.sha256.lowercased() else {
-            throw PackDeliveryError(.checksumMismatch, message: "The downloaded pack \(download.contentIdentifier) no longer matches its SHA-256: it was damaged since it was verified.",
-                                    subject: archive.path)
+            throw PackDeliveryError(
+                .checksumMismatch,
+                message:
+                    "The downloaded pack \(download.contentIdentifier) no longer matches its SHA-256: it was damaged since it was verified.",
+                subject: archive.path)
         }
     }
 
@@ -277,31 +307,41 @@ struct Installer: Sendable {
         let product = PackDeliveryError.printable(download.productIdentifier)
         let content = PackDeliveryError.printable(download.contentIdentifier)
         if let used = self.home.reservedPaths.first(where: { Self.isSameOrInside($0, target) }) {
-            throw PackDeliveryError(.contentIdentifierTaken,
-                                    message: "The content identifier \(content) of \(product) names \(used.path), which the home uses for its own files.",
-                                    hint: "Nothing was installed; the manifest must give the pack another contentIdentifier.", subject: download.contentIdentifier)
+            throw PackDeliveryError(
+                .contentIdentifierTaken,
+                message: "The content identifier \(content) of \(product) names \(used.path), which the home uses for its own files.",
+                hint: "Nothing was installed; the manifest must give the pack another contentIdentifier.",
+                subject: download.contentIdentifier)
         }
         let installs = try self.store.installs(contentIdentifier: download.contentIdentifier)
         if let other = installs.first(where: { $0.productIdentifier != download.productIdentifier }) {
-            throw PackDeliveryError(.contentIdentifierTaken,
-                                    message: "The content identifier \(content) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(product) cannot install into it.",
-                                    hint: "Nothing was installed and the installed content was left as it is; one of the two manifests must use another contentIdentifier.",
-                                    subject: download.contentIdentifier)
+            throw PackDeliveryError(
+                .contentIdentifierTaken,
+                message:
+                    "The content identifier \(content) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(product) cannot install into it.",
+                hint:
+                    "Nothing was installed and the installed content was left as it is; one of the two manifests must use another contentIdentifier.",
+                subject: download.contentIdentifier)
         }
         if installs.contains(where: { $0.destination == download.destination }) { return }
         var info = stat()
         guard lstat(target.path, &info) == 0 else { return }
         // Something is at the path with no record: ours only if it says it belongs to this product.
-        let owner = Self.attribute(Self.productAttribute, of: target)
-            ?? (try? PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: target.appending(path: "ContentInfo.plist"))))?.productIdentifier
+        let owner =
+            Self.attribute(Self.productAttribute, of: target)
+            ?? (try? PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: target.appending(path: "ContentInfo.plist"))))?
+            .productIdentifier
         if (info.st_mode & S_IFMT) == S_IFDIR, owner == download.productIdentifier { return }
-        throw PackDeliveryError(.contentIdentifierTaken,
-                                message: "Something that PackDelivery did not install for \(product) is already at \(target.path)\(owner.map { " (it belongs to \(PackDeliveryError.printable($0)))" } ?? "").",
-                                hint: "Nothing was installed and it was left as it is; move it away, then try again.", subject: target.path)
+        throw PackDeliveryError(
+            .contentIdentifierTaken,
+            message:
+                "Something that PackDelivery did not install for \(product) is already at \(target.path)\(owner.map { " (it belongs to \(PackDeliveryError.printable($0)))" } ?? "").",
+            hint: "Nothing was installed and it was left as it is; move it away, then try again.", subject: target.path)
     }
 
     private static func isSameOrInside(_ path: URL, _ folder: URL) -> Bool {
-        let a = path.standardizedFileURL.path, b = folder.standardizedFileURL.path
+        let a = path.standardizedFileURL.path
+        let b = folder.standardizedFileURL.path
         return a == b || a.hasPrefix(b.hasSuffix("/") ? b : b + "/")
     }
 
@@ -323,13 +363,17 @@ struct Installer: Sendable {
         do {
             info = try PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: url))
         } catch {
-            throw PackDeliveryError(.contentInfoMismatch, message: "The pack's ContentInfo.plist cannot be read (it needs the string keys ContentVersion and IAPProductIdentifier).",
-                                    hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: "ContentInfo.plist")
+            throw PackDeliveryError(
+                .contentInfoMismatch,
+                message: "The pack's ContentInfo.plist cannot be read (it needs the string keys ContentVersion and IAPProductIdentifier).",
+                hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: "ContentInfo.plist")
         }
         guard info.productIdentifier == download.productIdentifier, info.contentVersion == download.contentVersion else {
-            throw PackDeliveryError(.contentInfoMismatch,
-                                    message: "The pack's ContentInfo.plist says \(info.productIdentifier) \(info.contentVersion), but the manifest says \(download.productIdentifier) \(download.contentVersion).",
-                                    hint: "Nothing was installed; the manifest and the pack disagree — republish one of them.", subject: "ContentInfo.plist")
+            throw PackDeliveryError(
+                .contentInfoMismatch,
+                message:
+                    "The pack's ContentInfo.plist says \(info.productIdentifier) \(info.contentVersion), but the manifest says \(download.productIdentifier) \(download.contentVersion).",
+                hint: "Nothing was installed; the manifest and the pack disagree — republish one of them.", subject: "ContentInfo.plist")
         }
     }
 
@@ -339,7 +383,10 @@ struct Installer: Sendable {
 
     /// Removes a folder tree (no-op when missing), making read-only folders writable first.
     static func removeTree(_ url: URL) throws(PackDeliveryError) {
-        guard FileManager.default.fileExists(atPath: url.path) || (try? FileManager.default.destinationOfSymbolicLink(atPath: url.path)) != nil else { return }
+        guard
+            FileManager.default.fileExists(atPath: url.path)
+                || (try? FileManager.default.destinationOfSymbolicLink(atPath: url.path)) != nil
+        else { return }
         do { try FileManager.default.removeItem(at: url) } catch {
             _ = try? Fixup.makeWritable(url)
             do { try FileManager.default.removeItem(at: url) } catch { throw .io("remove", path: url.path, errno: EIO) }

@@ -45,13 +45,18 @@ enum PackInspector {
                 }
                 summary.contentInfo = try? PropertyListDecoder().decode(ContentInfo.self, from: data)
                 if summary.contentInfo == nil {
-                    throw PackDeliveryError(.contentInfoMismatch, message: "\(archive.lastPathComponent) has a ContentInfo.plist without the string keys ContentVersion and IAPProductIdentifier.",
-                                            hint: "Rebuild the pack with a ContentInfo.plist that names its product and version.", subject: archive.path)
+                    throw PackDeliveryError(
+                        .contentInfoMismatch,
+                        message:
+                            "\(archive.lastPathComponent) has a ContentInfo.plist without the string keys ContentVersion and IAPProductIdentifier.",
+                        hint: "Rebuild the pack with a ContentInfo.plist that names its product and version.", subject: archive.path)
                 }
             }
         }
         if entries == 0 {
-            throw PackDeliveryError(.emptyPack, message: "\(archive.lastPathComponent) holds no files at all.", hint: "Rebuild the pack.", subject: archive.path)
+            throw PackDeliveryError(
+                .emptyPack, message: "\(archive.lastPathComponent) holds no files at all.", hint: "Rebuild the pack.", subject: archive.path
+            )
         }
         return summary
     }
@@ -82,7 +87,8 @@ extension PackInspector {
             case 0o040000:
                 contents[path] = (.directory, 0, nil)
             case 0o120000:
-                let target = Array(((archive_entry_symlink_utf8(entry) ?? archive_entry_symlink(entry)).map { String(cString: $0) } ?? "").utf8)
+                let target = Array(
+                    ((archive_entry_symlink_utf8(entry) ?? archive_entry_symlink(entry)).map { String(cString: $0) } ?? "").utf8)
                 hasher.reset()
                 target.withUnsafeBytes { hasher.update($0) }
                 contents[path] = (.symlink, Int64(target.count), hasher.hexDigest())
@@ -104,13 +110,18 @@ extension PackInspector {
         for central in listing.entries {
             let path = Self.normalized(String(decoding: central.name, as: UTF8.self))
             guard let content = contents[path] ?? contents[String(path.drop { $0 == "/" })] else {
-                throw PackDeliveryError(.corruptArchive, message: "\(archive.lastPathComponent): the entry '\(PackDeliveryError.printable(path))' of its central directory could not be read.",
-                                        hint: "Rebuild the pack with a standard zip tool.", subject: path)
+                throw PackDeliveryError(
+                    .corruptArchive,
+                    message:
+                        "\(archive.lastPathComponent): the entry '\(PackDeliveryError.printable(path))' of its central directory could not be read.",
+                    hint: "Rebuild the pack with a standard zip tool.", subject: path)
             }
             // From this local header to the next one (or to the central directory).
             let next = starts.first { $0 > central.localOffset } ?? listing.directoryOffset
-            entries.append(PackIndex.Entry(path: path, kind: content.kind, size: content.size, sha256: content.sha256, method: Int(central.method),
-                                           offset: central.localOffset, length: next - central.localOffset, mode: central.unixMode))
+            entries.append(
+                PackIndex.Entry(
+                    path: path, kind: content.kind, size: content.size, sha256: content.sha256, method: Int(central.method),
+                    offset: central.localOffset, length: next - central.localOffset, mode: central.unixMode))
         }
         return PackIndex(entries: entries)
     }
@@ -145,7 +156,9 @@ public enum ManifestBuilder {
     public static func build(folder: URL) throws(PackDeliveryError) -> Manifest {
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder.path).sorted() } catch {
-            throw PackDeliveryError(.invalidArgument, message: "Cannot list the folder \(folder.path).", hint: "Pass a folder that holds packs.", subject: folder.path)
+            throw PackDeliveryError(
+                .invalidArgument, message: "Cannot list the folder \(folder.path).", hint: "Pass a folder that holds packs.",
+                subject: folder.path)
         }
         var products: [String: [Manifest.Content]] = [:]
         var order: [String] = []
@@ -153,17 +166,19 @@ public enum ManifestBuilder {
             let url = folder.appending(path: name)
             let summary = try PackInspector.inspect(url)
             guard let info = summary.contentInfo else {
-                throw PackDeliveryError(.contentInfoMismatch, message: "\(name) has no ContentInfo.plist, so its product and version are unknown.",
-                                        hint: "Build the pack with a ContentInfo.plist that names its product and version.", subject: url.path)
+                throw PackDeliveryError(
+                    .contentInfoMismatch, message: "\(name) has no ContentInfo.plist, so its product and version are unknown.",
+                    hint: "Build the pack with a ContentInfo.plist that names its product and version.", subject: url.path)
             }
             let length = (try? FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64) ?? 0
             // The first pack of a product is named after it; further packs of the same product after their file.
             let stem = Self.packExtensions.first(where: { name.hasSuffix($0) }).map { String(name.dropLast($0.count)) } ?? name
             let identifier = products[info.productIdentifier] == nil ? info.productIdentifier : "\(info.productIdentifier).\(stem)"
-            var content = Manifest.Content(contentIdentifier: identifier, contentVersion: info.contentVersion,
-                                           url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
-                                           contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
-                                           unpackedLength: summary.unpackedLength)
+            var content = Manifest.Content(
+                contentIdentifier: identifier, contentVersion: info.contentVersion,
+                url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
+                contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
+                unpackedLength: summary.unpackedLength)
             if let index = try PackInspector.index(url) {
                 content.index = try Self.writeIndex(index, named: name + ".index.json", in: folder)
             }
@@ -174,19 +189,23 @@ public enum ManifestBuilder {
     }
 
     /// Writes a zip pack's index beside it (atomically) and returns the manifest's reference to it.
-    private static func writeIndex(_ index: PackIndex, named name: String, in folder: URL) throws(PackDeliveryError) -> Manifest.IndexReference {
+    private static func writeIndex(_ index: PackIndex, named name: String, in folder: URL) throws(PackDeliveryError)
+        -> Manifest.IndexReference
+    {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         let target = folder.appending(path: name)
         do {
             let data = try encoder.encode(index)
             try data.write(to: target, options: .atomic)
-            return Manifest.IndexReference(url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
-                                           sha256: try SHA256Hasher.hexDigest(ofFile: target), length: Int64(data.count))
+            return Manifest.IndexReference(
+                url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
+                sha256: try SHA256Hasher.hexDigest(ofFile: target), length: Int64(data.count))
         } catch let error as PackDeliveryError {
             throw error
         } catch {
-            throw PackDeliveryError(.fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: target.path)
+            throw PackDeliveryError(
+                .fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: target.path)
         }
     }
 
@@ -211,7 +230,9 @@ public enum ManifestBuilder {
     /// - Returns: the manifest written.
     /// - Throws: what ``build(folder:)`` throws; `io` when a file cannot be written.
     @discardableResult
-    public static func write(folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil) throws(PackDeliveryError) -> Manifest {
+    public static func write(folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil)
+        throws(PackDeliveryError) -> Manifest
+    {
         var manifest = try self.build(folder: folder)
         let target = folder.appending(path: "manifest.json")
         if key != nil {
@@ -235,7 +256,8 @@ public enum ManifestBuilder {
         } catch let error as PackDeliveryError {
             throw error
         } catch {
-            throw PackDeliveryError(.fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: folder.path)
+            throw PackDeliveryError(
+                .fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: folder.path)
         }
         return manifest
     }

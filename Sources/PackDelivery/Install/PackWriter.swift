@@ -2,11 +2,11 @@ import CArchive
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The archive formats a pack can be written in.
@@ -100,10 +100,13 @@ public enum PackWriter {
                 for index in items.indices { items[index].path = contents + [UInt8(ascii: "/")] + items[index].path }
                 items.append(PackItem(path: contents, source: nil, kind: .directory, mode: 0o755, size: 0, mtime: newest))
             }
-            let plist = try Self.contentInfoPlist(productIdentifier: contentInfo.productIdentifier,
-                                                  contentVersion: contentInfo.contentVersion)
-            items.append(PackItem(path: Array(Self.contentInfoName.utf8), source: nil, kind: .generated(plist),
-                                  mode: 0o644, size: Int64(plist.count), mtime: newest))
+            let plist = try Self.contentInfoPlist(
+                productIdentifier: contentInfo.productIdentifier,
+                contentVersion: contentInfo.contentVersion)
+            items.append(
+                PackItem(
+                    path: Array(Self.contentInfoName.utf8), source: nil, kind: .generated(plist),
+                    mode: 0o644, size: Int64(plist.count), mtime: newest))
         }
         items.sort { $0.path.lexicographicallyPrecedes($1.path) }
 
@@ -129,8 +132,9 @@ public enum PackWriter {
         do {
             return try encoder.encode(ContentInfo(contentVersion: contentVersion, productIdentifier: productIdentifier))
         } catch {
-            throw PackDeliveryError(.invalidArgument, message: "Could not encode \(Self.contentInfoName): \(error).",
-                                    subject: Self.contentInfoName)
+            throw PackDeliveryError(
+                .invalidArgument, message: "Could not encode \(Self.contentInfoName): \(error).",
+                subject: Self.contentInfoName)
         }
     }
 }
@@ -225,7 +229,8 @@ private struct PackFolderScanner {
                     buffer.withUnsafeMutableBytes { readlinkat(fd, cName, $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
                 }
                 guard count >= 0 else { throw PackWriterErrors.file("read the symlink", path: self.shown(path), errno: errno) }
-                self.items.append(PackItem(path: path, source: path, kind: .symlink(Array(buffer[..<count])), mode: 0o777, size: 0, mtime: mtime))
+                self.items.append(
+                    PackItem(path: path, source: path, kind: .symlink(Array(buffer[..<count])), mode: 0o777, size: 0, mtime: mtime))
             default:
                 throw PackDeliveryError(
                     .invalidArgument, message: "'\(self.shown(path))' is not a file, folder or symlink, so it cannot go into a pack.",
@@ -245,9 +250,10 @@ private struct PackFolderScanner {
             let shown = root + "/" + String(decoding: item.path, as: UTF8.self)
             let shownTarget = String(decoding: target, as: UTF8.self)
             func refuse(_ why: String) -> PackDeliveryError {
-                PackDeliveryError(.invalidArgument, message: "The symlink '\(shown)' points to '\(shownTarget)', \(why), so it cannot go into a pack.",
-                                  hint: "Make it a relative link that stays inside the folder, or replace it with the file.",
-                                  subject: shown)
+                PackDeliveryError(
+                    .invalidArgument, message: "The symlink '\(shown)' points to '\(shownTarget)', \(why), so it cannot go into a pack.",
+                    hint: "Make it a relative link that stays inside the folder, or replace it with the file.",
+                    subject: shown)
             }
             if target.isEmpty || target.first == slash { throw refuse("an absolute path") }
             var state = Array(item.path.split(separator: slash).dropLast().map { Array($0) })
@@ -439,17 +445,20 @@ private struct PackArchiveWriter {
     }
 
     private static func changed(_ path: String) -> PackDeliveryError {
-        PackDeliveryError(.fileSystem, message: "The file '\(path)' changed while it was being packed.",
-                          hint: "Pack again once nothing writes to the folder.", subject: path)
+        PackDeliveryError(
+            .fileSystem, message: "The file '\(path)' changed while it was being packed.",
+            hint: "Pack again once nothing writes to the folder.", subject: path)
     }
 
     private static func archiveError(_ archive: OpaquePointer, _ operation: String, output: URL) -> PackDeliveryError {
         let code = archive_errno(archive)
         if code == ENOSPC || code == EDQUOT {
-            return PackDeliveryError.insufficientStorage(path: output.deletingLastPathComponent().path, needed: nil, available: nil, errno: code)
+            return PackDeliveryError.insufficientStorage(
+                path: output.deletingLastPathComponent().path, needed: nil, available: nil, errno: code)
         }
         let detail = archive_error_string(archive).map { String(cString: $0) } ?? "unknown libarchive error"
-        return PackDeliveryError(.fileSystem, message: "Could not \(operation) the pack '\(output.path)': \(detail).",
-                                 subject: output.path, underlying: .init(.libarchive, Int(code)))
+        return PackDeliveryError(
+            .fileSystem, message: "Could not \(operation) the pack '\(output.path)': \(detail).",
+            subject: output.path, underlying: .init(.libarchive, Int(code)))
     }
 }

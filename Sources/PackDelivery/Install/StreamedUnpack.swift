@@ -158,8 +158,10 @@ final class StreamedUnpack: Sendable {
     ///   - limits: as for ``Unpacker/unpack(archive:into:limits:progress:isCancelled:writer:growing:)``.
     ///   - writer: writes the files' bytes.
     ///   - onProgress: bytes unpacked so far, about every MiB (on the unpack's thread).
-    init(archive: URL, folder: URL, length: Int64, limits: UnpackLimits, writer: any FileWriting,
-         onProgress: @escaping @Sendable (Int64) -> Void) {
+    init(
+        archive: URL, folder: URL, length: Int64, limits: UnpackLimits, writer: any FileWriting,
+        onProgress: @escaping @Sendable (Int64) -> Void
+    ) {
         self.growth = PartialFileGrowth(length: length)
         self.folder = folder
         let thread = Thread { [self] in
@@ -177,19 +179,24 @@ final class StreamedUnpack: Sendable {
         thread.start()
     }
 
-    private func run(archive: URL, limits: UnpackLimits, writer: any FileWriting, onProgress: @escaping @Sendable (Int64) -> Void) -> Outcome {
+    private func run(archive: URL, limits: UnpackLimits, writer: any FileWriting, onProgress: @escaping @Sendable (Int64) -> Void)
+        -> Outcome
+    {
         while true {
             let generation = self.growth.generation
             let file = GrowingFile(growth: self.growth, generation: generation)
             do throws(PackDeliveryError) {
                 try Installer.removeTree(self.folder)
-                if mkdir(self.folder.path, 0o700) != 0 { throw PackDeliveryError.io("create the staging folder", path: self.folder.path, errno: errno) }
-                let summary = try Unpacker.unpack(archive: archive, into: self.folder, limits: limits,
-                                                  progress: { bytes in
-                                                      self.state.withLock { $0.unpacked = bytes }
-                                                      onProgress(bytes)
-                                                  },
-                                                  isCancelled: { self.growth.isStopped(generation) }, writer: writer, growing: file)
+                if mkdir(self.folder.path, 0o700) != 0 {
+                    throw PackDeliveryError.io("create the staging folder", path: self.folder.path, errno: errno)
+                }
+                let summary = try Unpacker.unpack(
+                    archive: archive, into: self.folder, limits: limits,
+                    progress: { bytes in
+                        self.state.withLock { $0.unpacked = bytes }
+                        onProgress(bytes)
+                    },
+                    isCancelled: { self.growth.isStopped(generation) }, writer: writer, growing: file)
                 return .unpacked(summary, folder: self.folder)
             } catch {
                 // A restart from byte 0 while unpacking: start over with the new bytes.

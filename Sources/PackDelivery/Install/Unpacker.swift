@@ -3,11 +3,11 @@ import CLinux
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Musl)
-import Musl
+    import Musl
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Limits on what one pack may unpack to, checked on what is actually written.
@@ -95,7 +95,8 @@ enum Unpacker {
     ) throws(PackDeliveryError) -> UnpackSummary {
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
-        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing)
+        let run = try UnpackRun(
+            archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing)
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
 
@@ -117,8 +118,10 @@ enum Unpacker {
     /// - Throws: any error the unpack of the whole archive could throw, and `corruptArchive` when the entries
     ///   the central directory lists are not those the local headers gave, in the same order, of the same
     ///   sizes and CRC-32s. The caller then unpacks the whole archive instead, which settles it.
-    static func adopt(archive: URL, listing: ZipDirectories.Listing, streamed: (folder: URL, summary: UnpackSummary), into staging: URL,
-                      limits: UnpackLimits, isCancelled: @escaping () -> Bool = { false }) throws(PackDeliveryError) -> UnpackSummary {
+    static func adopt(
+        archive: URL, listing: ZipDirectories.Listing, streamed: (folder: URL, summary: UnpackSummary), into staging: URL,
+        limits: UnpackLimits, isCancelled: @escaping () -> Bool = { false }
+    ) throws(PackDeliveryError) -> UnpackSummary {
         guard let read = streamed.summary.zipEntries else { throw UnpackRun.notAdoptable("it was not read as a zip") }
         // The local headers read as the zip arrived must be exactly those its central directory points at: a
         // stream can be made to stop early, or to read a header the directory skips, with the same names.
@@ -128,7 +131,8 @@ enum Unpacker {
         // The stream checked each entry's data against the CRC-32 of its local header or data descriptor; a whole
         // unpack checks it against the central directory's. Adopt only when the two are the same.
         if let entry = listing.entries.first(where: { $0.localCRC != $0.crc }) {
-            throw UnpackRun.notAdoptable("'\(PackDeliveryError.printable(String(decoding: entry.name, as: UTF8.self)))' has another CRC-32 in the central directory")
+            throw UnpackRun.notAdoptable(
+                "'\(PackDeliveryError.printable(String(decoding: entry.name, as: UTF8.self)))' has another CRC-32 in the central directory")
         }
         var files: [String: InstalledFile] = [:]
         for file in streamed.summary.files {
@@ -142,8 +146,9 @@ enum Unpacker {
         defer { close(folder) }
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
-        let run = try UnpackRun(archive: archive, staging: staging, limits: limits, writer: SystemFileWriter(), isCancelled: isCancelled,
-                                growing: nil, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files))
+        let run = try UnpackRun(
+            archive: archive, staging: staging, limits: limits, writer: SystemFileWriter(), isCancelled: isCancelled,
+            growing: nil, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files))
         return try run.run(progress: { _ in }, isCancelled: isCancelled)
     }
 }
@@ -255,8 +260,10 @@ private final class UnpackRun {
         return self.limits.maxBytes + self.zipSymlinkAllowance + Int64(unpackPathMax)
     }
 
-    init(archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
-         growing: GrowingFile?, adopting adoption: Adoption? = nil) throws(PackDeliveryError) {
+    init(
+        archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
+        growing: GrowingFile?, adopting adoption: Adoption? = nil
+    ) throws(PackDeliveryError) {
         self.writer = writer
         self.adoption = adoption
         self.streaming = growing != nil
@@ -275,8 +282,9 @@ private final class UnpackRun {
         }
         guard empty else {
             close(rootFD)
-            throw PackDeliveryError(.invalidArgument, message: "The staging folder '\(staging.path)' is not empty.",
-                                    hint: "Unpack into a new, empty folder.", subject: staging.path)
+            throw PackDeliveryError(
+                .invalidArgument, message: "The staging folder '\(staging.path)' is not empty.",
+                hint: "Unpack into a new, empty folder.", subject: staging.path)
         }
 
         do {
@@ -324,7 +332,8 @@ private final class UnpackRun {
         summary.files = self.records.map { path, record in
             InstalledFile(path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256)
         }.sorted { $0.path < $1.path }
-        summary.directories = [""] + self.nodes.compactMap { path, node in node == .directory ? String(decoding: path, as: UTF8.self) : nil }.sorted()
+        summary.directories =
+            [""] + self.nodes.compactMap { path, node in node == .directory ? String(decoding: path, as: UTF8.self) : nil }.sorted()
         return summary
     }
 
@@ -342,7 +351,8 @@ private final class UnpackRun {
         }
         self.zipEntries?.append(ZipEntryRead(name: rawName, offset: Int64(archive_read_header_position(self.reader))))
         if let adoption, self.entries >= adoption.names.count || adoption.names[self.entries] != rawName {
-            throw Self.notAdoptable("the central directory's entry \(self.entries + 1), '\(PackDeliveryError.printable(name))', is not the local headers' one")
+            throw Self.notAdoptable(
+                "the central directory's entry \(self.entries + 1), '\(PackDeliveryError.printable(name))', is not the local headers' one")
         }
         self.entries += 1
         self.source.entries = self.entries
@@ -364,8 +374,9 @@ private final class UnpackRun {
             try self.makeDirectory(components, key: key, mode: mode_t((perm & 0o755) | 0o700), entry: name)
         case ArchiveFileType.regular:
             try self.requireNew(key, entry: name)
-            try self.writeFile(entry, components, key: key, mode: mode_t((perm & 0o755) | 0o600), entry: name,
-                               progress: progress, isCancelled: isCancelled)
+            try self.writeFile(
+                entry, components, key: key, mode: mode_t((perm & 0o755) | 0o600), entry: name,
+                progress: progress, isCancelled: isCancelled)
         case ArchiveFileType.symlink:
             guard let target = Self.bytes(archive_entry_symlink(entry)) ?? Self.bytes(archive_entry_symlink_utf8(entry)) else {
                 throw PackDeliveryError.unsafeEntry(name, "it is a symlink without a readable target")
@@ -403,7 +414,9 @@ private final class UnpackRun {
             }
             if part.count > unpackNameMax {
                 throw PackDeliveryError.unsafeEntry(
-                    entry, "a component of its name is \(part.count) bytes long, more than the filesystem's limit of \(unpackNameMax) bytes (NAME_MAX)")
+                    entry,
+                    "a component of its name is \(part.count) bytes long, more than the filesystem's limit of \(unpackNameMax) bytes (NAME_MAX)"
+                )
             }
             components.append(Array(part))
             length += part.count + 1
@@ -411,7 +424,8 @@ private final class UnpackRun {
         let fullLength = self.stagingPath.utf8.count + length
         if !components.isEmpty, fullLength >= unpackPathMax {
             throw PackDeliveryError.unsafeEntry(
-                entry, "its path would be \(fullLength) bytes long, more than the filesystem's limit of \(unpackPathMax - 1) bytes (PATH_MAX)")
+                entry,
+                "its path would be \(fullLength) bytes long, more than the filesystem's limit of \(unpackPathMax - 1) bytes (PATH_MAX)")
         }
         return components
     }
@@ -446,7 +460,9 @@ private final class UnpackRun {
     }
 
     /// `mkdirat` + `fchmod` through an `O_NOFOLLOW` descriptor, so the mode does not depend on the umask.
-    private func createDirectory(in parent: Int32, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String) throws(PackDeliveryError) {
+    private func createDirectory(in parent: Int32, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String)
+        throws(PackDeliveryError)
+    {
         let last = components[components.count - 1]
         if Self.withComponent(last, { mkdirat(parent, $0, 0o700) }) != 0 {
             throw self.failure("create the folder", components, errno: errno, entry: entry)
@@ -537,7 +553,7 @@ private final class UnpackRun {
         var dataEnd: Int64 = 0  // end of the last bytes actually written
         let digest = self.digests.begin()
         var hashedEnd: Int64 = 0  // the hash covers [0, hashedEnd); holes hash as zeros
-        var inOrder = true        // blocks arrived in order, so the hash needs no second read
+        var inOrder = true  // blocks arrived in order, so the hash needs no second read
         var writebackStart: Int64 = 0  // bytes before this were handed to the kernel's writeback
         while true {
             if !self.source.checkBounds() { throw self.source.error(entry) }
@@ -619,7 +635,9 @@ private final class UnpackRun {
         if close(fd) != 0 { throw self.failure("write", components, errno: errno, entry: entry) }
     }
 
-    private func setModeAndTime(_ fd: Int32, _ archiveEntry: OpaquePointer, mode: mode_t, _ components: [[UInt8]], entry: String) throws(PackDeliveryError) {
+    private func setModeAndTime(_ fd: Int32, _ archiveEntry: OpaquePointer, mode: mode_t, _ components: [[UInt8]], entry: String)
+        throws(PackDeliveryError)
+    {
         if fchmod(fd, mode) != 0 { throw self.failure("set the mode of", components, errno: errno, entry: entry) }
         if archive_entry_mtime_is_set(archiveEntry) != 0 {
             let mtime = timespec(tv_sec: time_t(archive_entry_mtime(archiveEntry)), tv_nsec: Int(archive_entry_mtime_nsec(archiveEntry)))
@@ -630,10 +648,14 @@ private final class UnpackRun {
 
     /// A regular file of a zip read by its central directory: the file the streamed unpack wrote for it is moved
     /// in, with the central directory's mode, instead of unpacking its bytes again (libarchive skips them).
-    private func adoptFile(_ archiveEntry: OpaquePointer, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String,
-                           from adoption: Adoption) throws(PackDeliveryError) {
+    private func adoptFile(
+        _ archiveEntry: OpaquePointer, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String,
+        from adoption: Adoption
+    ) throws(PackDeliveryError) {
         let path = String(decoding: key, as: UTF8.self)
-        guard let file = adoption.files[path] else { throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' was not unpacked as a file") }
+        guard let file = adoption.files[path] else {
+            throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' was not unpacked as a file")
+        }
         if archive_entry_size_is_set(archiveEntry) != 0, Int64(archive_entry_size(archiveEntry)) != file.size {
             throw Self.notAdoptable("'\(PackDeliveryError.printable(path))' has another size in the central directory")
         }
@@ -663,7 +685,9 @@ private final class UnpackRun {
         PackDeliveryError(.corruptArchive, message: "The zip's central directory does not match its local headers as they arrived: \(why).")
     }
 
-    private func writeAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ size: Int, at offset: Int64, _ components: [[UInt8]], entry: String) throws(PackDeliveryError) {
+    private func writeAll(_ fd: Int32, _ buffer: UnsafeRawPointer, _ size: Int, at offset: Int64, _ components: [[UInt8]], entry: String)
+        throws(PackDeliveryError)
+    {
         var done = 0
         while done < size {
             let written = self.writer.pwrite(fd, buffer + done, size - done, offset + Int64(done))
@@ -729,10 +753,12 @@ private final class UnpackRun {
         do {
             target = try self.normalize(rawTarget, entry: entry)
         } catch {
-            throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', which lies outside the pack's folder or is not a valid path")
+            throw PackDeliveryError.unsafeEntry(
+                entry, "it is a hard link to '\(shownTarget)', which lies outside the pack's folder or is not a valid path")
         }
         guard !target.isEmpty, self.nodes[Self.join(target)] == .file else {
-            throw PackDeliveryError.unsafeEntry(entry, "it is a hard link to '\(shownTarget)', which is not a file extracted earlier from this pack")
+            throw PackDeliveryError.unsafeEntry(
+                entry, "it is a hard link to '\(shownTarget)', which is not a file extracted earlier from this pack")
         }
         let targetParentComponents = Array(target.dropLast())
         let targetParent = targetParentComponents.isEmpty ? self.rootFD : try self.openDirectory(targetParentComponents, entry: entry)
@@ -750,8 +776,9 @@ private final class UnpackRun {
     // MARK: Errors and helpers
 
     private func cancelled() -> PackDeliveryError {
-        PackDeliveryError(.cancelled, message: "Unpacking '\(self.archiveURL.lastPathComponent)' was cancelled.",
-                          subject: self.stagingPath)
+        PackDeliveryError(
+            .cancelled, message: "Unpacking '\(self.archiveURL.lastPathComponent)' was cancelled.",
+            subject: self.stagingPath)
     }
 
     private func failure(_ operation: String, _ components: [[UInt8]], errno code: Int32, entry: String) -> PackDeliveryError {

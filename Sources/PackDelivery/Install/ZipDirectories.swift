@@ -48,9 +48,11 @@ enum ZipDirectories {
     static func check(_ listing: Listing) throws(PackDeliveryError) {
         for entry in listing.entries where entry.localName != entry.name {
             let shown = PackDeliveryError.printable(String(decoding: entry.name, as: UTF8.self))
-            throw PackDeliveryError(.unsafeEntry,
-                                    message: "The zip's central directory and its local headers disagree about '\(shown)' (the local header says '\(PackDeliveryError.printable(String(decoding: entry.localName, as: UTF8.self)))'): tools would unpack different files from it.",
-                                    hint: "Nothing was installed; rebuild the pack with a standard zip tool.", subject: shown)
+            throw PackDeliveryError(
+                .unsafeEntry,
+                message:
+                    "The zip's central directory and its local headers disagree about '\(shown)' (the local header says '\(PackDeliveryError.printable(String(decoding: entry.localName, as: UTF8.self)))'): tools would unpack different files from it.",
+                hint: "Nothing was installed; rebuild the pack with a standard zip tool.", subject: shown)
         }
     }
 
@@ -65,21 +67,25 @@ enum ZipDirectories {
         // The end record: the last "PK\5\6" within the last 64 KiB + 22 bytes (a comment may follow it).
         let tailStart = max(0, size - 65_557)
         guard let tail = Self.read(fd, at: tailStart, count: Int(size - tailStart)),
-              let end = (0...(tail.count - 22)).reversed().first(where: { Self.u32(tail, $0) == 0x0605_4B50 }) else { return nil }
+            let end = (0...(tail.count - 22)).reversed().first(where: { Self.u32(tail, $0) == 0x0605_4B50 })
+        else { return nil }
         var entries = Int64(Self.u16(tail, end + 10))
         var directorySize = Int64(Self.u32(tail, end + 12))
         var directoryOffset = Int64(Self.u32(tail, end + 16))
         if entries == 0xFFFF || directorySize == 0xFFFF_FFFF || directoryOffset == 0xFFFF_FFFF {
             // ZIP64: the locator just before the end record points at the ZIP64 end record.
             guard end >= 20, Self.u32(tail, end - 20) == 0x0706_4B50,
-                  let record = Self.read(fd, at: Int64(truncatingIfNeeded: Self.u64(tail, end - 20 + 8)), count: 56),
-                  Self.u32(record, 0) == 0x0606_4B50 else { return nil }
+                let record = Self.read(fd, at: Int64(truncatingIfNeeded: Self.u64(tail, end - 20 + 8)), count: 56),
+                Self.u32(record, 0) == 0x0606_4B50
+            else { return nil }
             entries = Int64(truncatingIfNeeded: Self.u64(record, 32))
             directorySize = Int64(truncatingIfNeeded: Self.u64(record, 40))
             directoryOffset = Int64(truncatingIfNeeded: Self.u64(record, 48))
         }
-        guard entries >= 0, directorySize >= 0, directorySize <= Self.maxDirectory, directoryOffset >= 0, directoryOffset <= size - directorySize,
-              let directory = Self.read(fd, at: directoryOffset, count: Int(directorySize)) else { return nil }
+        guard entries >= 0, directorySize >= 0, directorySize <= Self.maxDirectory, directoryOffset >= 0,
+            directoryOffset <= size - directorySize,
+            let directory = Self.read(fd, at: directoryOffset, count: Int(directorySize))
+        else { return nil }
         var listing = Listing(entries: [], directoryOffset: directoryOffset)
         var position = 0
         for _ in 0..<entries {
@@ -90,9 +96,12 @@ enum ZipDirectories {
             guard position + 46 + nameLength + extraLength <= directory.count else { return nil }
             let name = Array(directory[(position + 46)..<(position + 46 + nameLength)])
             let (compressedSize, localOffset) = Self.sizeAndOffset(
-                uncompressed: Self.u32(directory, position + 24), compressed: Self.u32(directory, position + 20), offset: Self.u32(directory, position + 42),
+                uncompressed: Self.u32(directory, position + 24), compressed: Self.u32(directory, position + 20),
+                offset: Self.u32(directory, position + 42),
                 extra: Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]))
-            guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50 else { return nil }
+            guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30),
+                Self.u32(local, 0) == 0x0403_4B50
+            else { return nil }
             let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
             let madeOnUnix = Self.u16(directory, position + 4) >> 8 == 3
             let mode = Int(Self.u32(directory, position + 38) >> 16)
@@ -100,10 +109,14 @@ enum ZipDirectories {
             if Self.u16(local, 6) & 0x8 != 0 {
                 // A data descriptor follows the data: its CRC (after an optional signature) is the one checked.
                 let after = localOffset + 30 + Int64(Self.u16(local, 26)) + Int64(Self.u16(local, 28)) + compressedSize
-                localCRC = compressedSize < 0 ? nil : Self.read(fd, at: after, count: 8).map { Self.u32($0, 0) == 0x0807_4B50 ? Self.u32($0, 4) : Self.u32($0, 0) }
+                localCRC =
+                    compressedSize < 0
+                    ? nil : Self.read(fd, at: after, count: 8).map { Self.u32($0, 0) == 0x0807_4B50 ? Self.u32($0, 4) : Self.u32($0, 0) }
             }
-            listing.entries.append(Entry(name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset,
-                                         unixMode: madeOnUnix && mode != 0 ? mode : nil, crc: Self.u32(directory, position + 16), localCRC: localCRC))
+            listing.entries.append(
+                Entry(
+                    name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset,
+                    unixMode: madeOnUnix && mode != 0 ? mode : nil, crc: Self.u32(directory, position + 16), localCRC: localCRC))
             position += 46 + nameLength + extraLength + commentLength
         }
         return listing
@@ -112,7 +125,9 @@ enum ZipDirectories {
     /// An entry's compressed size and local header offset: its 32-bit fields, or for those saturated (0xFFFFFFFF)
     /// the ZIP64 extra field's values, which hold the saturated fields only, in the order uncompressed size,
     /// compressed size, offset; -1 when a saturated one is missing there.
-    private static func sizeAndOffset(uncompressed: UInt32, compressed: UInt32, offset: UInt32, extra: [UInt8]) -> (compressed: Int64, offset: Int64) {
+    private static func sizeAndOffset(uncompressed: UInt32, compressed: UInt32, offset: UInt32, extra: [UInt8]) -> (
+        compressed: Int64, offset: Int64
+    ) {
         var values = [uncompressed, compressed, offset].map { $0 == 0xFFFF_FFFF ? -1 : Int64($0) }
         var position = 0
         while position + 4 <= extra.count {

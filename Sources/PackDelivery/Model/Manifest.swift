@@ -44,7 +44,10 @@ public struct Manifest: Sendable, Hashable, Codable {
         ///   - contentLength: the pack's size in bytes.
         ///   - sha256: the pack's SHA-256 in hex.
         ///   - unpackedLength: the unpacked size in bytes, when known.
-        public init(contentIdentifier: String, contentVersion: String, url: String, contentLength: Int64, sha256: String, unpackedLength: Int64? = nil) {
+        public init(
+            contentIdentifier: String, contentVersion: String, url: String, contentLength: Int64, sha256: String,
+            unpackedLength: Int64? = nil
+        ) {
             self.contentIdentifier = contentIdentifier
             self.contentVersion = contentVersion
             self.url = url
@@ -116,8 +119,8 @@ public struct LoadedManifest: Sendable {
     /// is not allowed (a pack without a usable index is simply never updated by delta).
     func resolvedIndex(for content: Manifest.Content) -> Manifest.IndexReference? {
         guard var reference = content.index,
-              let url = URL(string: reference.url, relativeTo: self.baseURL)?.absoluteURL,
-              let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme) || (self.baseURL.isFileURL && scheme == "file")
+            let url = URL(string: reference.url, relativeTo: self.baseURL)?.absoluteURL,
+            let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme) || (self.baseURL.isFileURL && scheme == "file")
         else { return nil }
         reference.url = url.absoluteString
         return reference
@@ -132,12 +135,15 @@ public struct LoadedManifest: Sendable {
     public func packURL(for content: Manifest.Content) throws(PackDeliveryError) -> URL {
         let allowed: Set<String> = self.baseURL.isFileURL ? ["http", "https", "file"] : ["http", "https"]
         guard let url = URL(string: content.url, relativeTo: self.baseURL)?.absoluteURL,
-              let scheme = url.scheme?.lowercased(), allowed.contains(scheme)
+            let scheme = url.scheme?.lowercased(), allowed.contains(scheme)
         else {
-            let which = self.baseURL.isFileURL ? "an http(s) or file URL" : "an http(s) URL (a manifest from a server may not name local files)"
-            throw PackDeliveryError(.unsupportedURL,
-                                    message: "The manifest gives '\(PackDeliveryError.printable(Self.redact(content.url)))' as the URL of \(PackDeliveryError.printable(content.contentIdentifier)), which is not \(which).",
-                                    hint: "Fix the manifest's url field.", subject: Self.redact(content.url))
+            let which =
+                self.baseURL.isFileURL ? "an http(s) or file URL" : "an http(s) URL (a manifest from a server may not name local files)"
+            throw PackDeliveryError(
+                .unsupportedURL,
+                message:
+                    "The manifest gives '\(PackDeliveryError.printable(Self.redact(content.url)))' as the URL of \(PackDeliveryError.printable(content.contentIdentifier)), which is not \(which).",
+                hint: "Fix the manifest's url field.", subject: Self.redact(content.url))
         }
         return url
     }
@@ -158,8 +164,9 @@ public struct LoadedManifest: Sendable {
         do {
             manifest = try JSONDecoder().decode(Manifest.self, from: data)
         } catch {
-            throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) cannot be read: \(Self.describe(error, data: data)).",
-                                    hint: "Check that the URL points at a manifest.json.", subject: place)
+            throw PackDeliveryError(
+                .invalidManifest, message: "The manifest at \(place) cannot be read: \(Self.describe(error, data: data)).",
+                hint: "Check that the URL points at a manifest.json.", subject: place)
         }
         return try LoadedManifest(manifest: manifest, baseURL: baseURL)
     }
@@ -171,31 +178,41 @@ public struct LoadedManifest: Sendable {
         for product in manifest.products {
             let productID = PackDeliveryError.printable(product.productIdentifier)
             if let problem = Self.identifierProblem(product.productIdentifier) {
-                throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) has an unusable productIdentifier '\(productID)': \(problem).",
-                                        hint: "Product identifiers are reverse-DNS names like com.example.forest.", subject: place)
+                throw PackDeliveryError(
+                    .invalidManifest, message: "The manifest at \(place) has an unusable productIdentifier '\(productID)': \(problem).",
+                    hint: "Product identifiers are reverse-DNS names like com.example.forest.", subject: place)
             }
             guard products.insert(product.productIdentifier).inserted else {
-                throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) lists the product \(productID) twice.", subject: place)
+                throw PackDeliveryError(
+                    .invalidManifest, message: "The manifest at \(place) lists the product \(productID) twice.", subject: place)
             }
             for content in product.contents {
                 let contentID = PackDeliveryError.printable(content.contentIdentifier)
                 let problem: String? =
-                    if let problem = Self.identifierProblem(content.contentIdentifier) { "an unusable contentIdentifier: \(problem)" }
-                    else if Self.reservedNames.contains(content.contentIdentifier.lowercased()) { "a contentIdentifier that names a file PackDelivery keeps beside installed content" }
-                    else if !(0...Self.maxSize).contains(content.contentLength) { "a contentLength of \(content.contentLength), outside 0…2^50 bytes" }
-                    else if let unpacked = content.unpackedLength, !(0...Self.maxSize).contains(unpacked) { "an unpackedLength of \(unpacked), outside 0…2^50 bytes" }
-                    else if content.sha256.utf8.count != 64 || !content.sha256.utf8.allSatisfy(Self.isASCIIHexDigit) { "a sha256 that is not 64 hex digits (0-9, a-f)" }
-                    else if let problem = Self.textProblem(content.contentVersion, maxBytes: 255) { "a contentVersion with \(problem)" }
-                    else if let problem = Self.textProblem(content.url, maxBytes: 8192) { "a url with \(problem)" }
-                    else { nil }
+                    if let problem = Self.identifierProblem(content.contentIdentifier) {
+                        "an unusable contentIdentifier: \(problem)"
+                    } else if Self.reservedNames.contains(content.contentIdentifier.lowercased()) {
+                        "a contentIdentifier that names a file PackDelivery keeps beside installed content"
+                    } else if !(0...Self.maxSize).contains(content.contentLength) {
+                        "a contentLength of \(content.contentLength), outside 0…2^50 bytes"
+                    } else if let unpacked = content.unpackedLength, !(0...Self.maxSize).contains(unpacked) {
+                        "an unpackedLength of \(unpacked), outside 0…2^50 bytes"
+                    } else if content.sha256.utf8.count != 64 || !content.sha256.utf8.allSatisfy(Self.isASCIIHexDigit) {
+                        "a sha256 that is not 64 hex digits (0-9, a-f)"
+                    } else if let problem = Self.textProblem(content.contentVersion, maxBytes: 255) {
+                        "a contentVersion with \(problem)"
+                    } else if let problem = Self.textProblem(content.url, maxBytes: 8192) { "a url with \(problem)" } else { nil }
                 if let problem {
-                    throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) gives \(productID)/\(contentID) \(problem).",
-                                            hint: "Fix the manifest.", subject: place)
+                    throw PackDeliveryError(
+                        .invalidManifest, message: "The manifest at \(place) gives \(productID)/\(contentID) \(problem).",
+                        hint: "Fix the manifest.", subject: place)
                 }
                 if let other = contents.updateValue(product.productIdentifier, forKey: content.contentIdentifier) {
-                    throw PackDeliveryError(.invalidManifest,
-                                            message: "The manifest at \(place) gives the contentIdentifier \(contentID) to two packs (of \(PackDeliveryError.printable(other)) and \(productID)).",
-                                            hint: "Every pack needs a contentIdentifier of its own: it names the folder it installs into.", subject: place)
+                    throw PackDeliveryError(
+                        .invalidManifest,
+                        message:
+                            "The manifest at \(place) gives the contentIdentifier \(contentID) to two packs (of \(PackDeliveryError.printable(other)) and \(productID)).",
+                        hint: "Every pack needs a contentIdentifier of its own: it names the folder it installs into.", subject: place)
                 }
             }
         }
@@ -204,8 +221,10 @@ public struct LoadedManifest: Sendable {
     /// The largest size a manifest may give (1 PiB): sums of a few such sizes never overflow `Int64`.
     static let maxSize: Int64 = 1 << 50
     /// Names the home keeps beside installed content (compared in lowercase).
-    static let reservedNames: Set<String> = ["cachedir.tag", "packdelivery", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm",
-                                             "state.reserve", "state.sqlite.open-lock", "locks"]
+    static let reservedNames: Set<String> = [
+        "cachedir.tag", "packdelivery", "state.sqlite", "state.sqlite-wal", "state.sqlite-shm",
+        "state.reserve", "state.sqlite.open-lock", "locks",
+    ]
 
     static func isASCIIHexDigit(_ byte: UInt8) -> Bool {
         (0x30...0x39).contains(byte) || (0x41...0x46).contains(byte) || (0x61...0x66).contains(byte)
@@ -252,7 +271,8 @@ public struct LoadedManifest: Sendable {
         switch error {
         case DecodingError.keyNotFound(let key, let context):
             return "the field '\(key.stringValue)' is missing\(Self.path(context))"
-        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context), DecodingError.dataCorrupted(let context):
+        case DecodingError.typeMismatch(_, let context), DecodingError.valueNotFound(_, let context),
+            DecodingError.dataCorrupted(let context):
             return "a value\(Self.path(context)) does not fit a manifest"
         default:
             return "it does not fit a manifest"
@@ -285,10 +305,16 @@ public struct LoadedManifest: Sendable {
                     return content[key] == nil ? "the field '\(key)' is missing at \(place)" : "\(place).\(key) is not a string"
                 }
                 let length = wholeNumber(content["contentLength"])
-                if !length.ok { return "\(place).contentLength is \(PackDeliveryError.printable(String(length.shown.prefix(40)))), not a whole number of bytes" }
+                if !length.ok {
+                    return
+                        "\(place).contentLength is \(PackDeliveryError.printable(String(length.shown.prefix(40)))), not a whole number of bytes"
+                }
                 if let unpacked = content["unpackedLength"], !(unpacked is NSNull) {
                     let value = wholeNumber(unpacked)
-                    if !value.ok { return "\(place).unpackedLength is \(PackDeliveryError.printable(String(value.shown.prefix(40)))), not a whole number of bytes" }
+                    if !value.ok {
+                        return
+                            "\(place).unpackedLength is \(PackDeliveryError.printable(String(value.shown.prefix(40)))), not a whole number of bytes"
+                    }
                 }
             }
         }

@@ -26,13 +26,17 @@ extension LoadedManifest {
     /// - Returns: the checked manifest, with ``signedBy`` set when it was signed.
     /// - Throws: `untrustedManifest` when the signature is missing, made by another key, or does not match, or
     ///   the manifest has expired or has no version; otherwise as ``load(_:options:)``.
-    public static func load(_ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
-                            now: Date = Date()) throws(PackDeliveryError) -> LoadedManifest {
+    public static func load(
+        _ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
+        now: Date = Date()
+    ) throws(PackDeliveryError) -> LoadedManifest {
         let url: URL
         if let parsed = URL(string: location), let scheme = parsed.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
             url = parsed
         } else {
-            url = URL(filePath: location, relativeTo: URL(filePath: FileManager.default.currentDirectoryPath, directoryHint: .isDirectory)).absoluteURL
+            url =
+                URL(filePath: location, relativeTo: URL(filePath: FileManager.default.currentDirectoryPath, directoryHint: .isDirectory))
+                .absoluteURL
         }
         let data = try Self.read(url, options: options)
         guard !publishers.isEmpty else {
@@ -47,20 +51,24 @@ extension LoadedManifest {
         }
         let signatureData: Data
         do { signatureData = try Self.read(signatureURL, options: options) } catch {
-            throw refuse("it has no signature (\(signatureURL.lastPathComponent) could not be read: \(error.message))",
-                         hint: "Publish the manifest signed by a trusted publisher.")
+            throw refuse(
+                "it has no signature (\(signatureURL.lastPathComponent) could not be read: \(error.message))",
+                hint: "Publish the manifest signed by a trusted publisher.")
         }
         guard let signature = try? JSONDecoder().decode(ManifestSignature.self, from: signatureData),
-              signature.algorithm == "Ed25519", let bytes = Data(base64Encoded: signature.signature) else {
+            signature.algorithm == "Ed25519", let bytes = Data(base64Encoded: signature.signature)
+        else {
             throw refuse("its signature file is not an Ed25519 manifest signature", hint: "Sign the manifest again.")
         }
         guard let key = publishers.first(where: { $0.id == signature.keyID }) else {
-            throw refuse("it is signed by the key \(PackDeliveryError.printable(signature.keyID)), which is not trusted",
-                         hint: "Trust that publisher's public key, or ask for a manifest signed by one you trust.")
+            throw refuse(
+                "it is signed by the key \(PackDeliveryError.printable(signature.keyID)), which is not trusted",
+                hint: "Trust that publisher's public key, or ask for a manifest signed by one you trust.")
         }
         guard key.verifies(bytes, of: data) else {
-            throw refuse("its signature does not match its bytes (changed after signing, or signed with another key)",
-                         hint: "Nothing was downloaded; ask the publisher for an intact manifest.")
+            throw refuse(
+                "its signature does not match its bytes (changed after signing, or signed with another key)",
+                hint: "Nothing was downloaded; ask the publisher for an intact manifest.")
         }
         var loaded = try self.decode(data, from: url)
         guard loaded.manifest.version != nil else {
@@ -93,18 +101,22 @@ extension LoadedManifest {
         guard fd >= 0 else {
             let code = errno
             let why = code == ENOENT ? "no such file" : String(cString: strerror(code))
-            throw PackDeliveryError(code == EMFILE || code == ENFILE ? .tooManyOpenFiles : .invalidManifest,
-                                    message: "Cannot read the manifest \(shown): \(why).",
-                                    hint: "Pass the path or URL of a manifest.json.", subject: path, underlying: .init(.errno, Int(code)))
+            throw PackDeliveryError(
+                code == EMFILE || code == ENFILE ? .tooManyOpenFiles : .invalidManifest,
+                message: "Cannot read the manifest \(shown): \(why).",
+                hint: "Pass the path or URL of a manifest.json.", subject: path, underlying: .init(.errno, Int(code)))
         }
         defer { close(fd) }
         var info = stat()
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
-            throw PackDeliveryError(.invalidManifest, message: "Cannot read the manifest \(shown): it is not a regular file.",
-                                    hint: "Pass the path or URL of a manifest.json.", subject: path)
+            throw PackDeliveryError(
+                .invalidManifest, message: "Cannot read the manifest \(shown): it is not a regular file.",
+                hint: "Pass the path or URL of a manifest.json.", subject: path)
         }
         guard info.st_size <= Self.maxBytes else {
-            throw PackDeliveryError(.invalidManifest, message: "The manifest \(shown) is larger than \(Self.maxBytes) bytes, too large for a manifest.", subject: path)
+            throw PackDeliveryError(
+                .invalidManifest, message: "The manifest \(shown) is larger than \(Self.maxBytes) bytes, too large for a manifest.",
+                subject: path)
         }
         var data = Data(count: Int(info.st_size))
         var done = 0
@@ -113,8 +125,9 @@ extension LoadedManifest {
             if got < 0, errno == EINTR { continue }
             guard got > 0 else {
                 let code = got < 0 ? errno : EIO
-                throw PackDeliveryError(.invalidManifest, message: "Cannot read the manifest \(shown): \(String(cString: strerror(code))).",
-                                        subject: path, underlying: .init(.errno, Int(code)))
+                throw PackDeliveryError(
+                    .invalidManifest, message: "Cannot read the manifest \(shown): \(String(cString: strerror(code))).",
+                    subject: path, underlying: .init(.errno, Int(code)))
             }
             done += got
         }

@@ -112,8 +112,8 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
             switch self {
             case .finishRefused, .unknownTransaction, .unknownDownload, .notInstalled, .queueClosed, .invalidArgument: .usage
             case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .lengthMismatch, .checksumMismatch,
-                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
-                 .unsupportedURL, .contentDamaged:
+                .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
+                .unsupportedURL, .contentDamaged:
                 .badData
             case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled: .network
             case .unauthorized: .unauthorized
@@ -192,8 +192,10 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
     ///   - pendingDownloadIDs: for a refused finish, the pending downloads.
     ///   - neededBytes: for `insufficientStorage`, the bytes needed.
     ///   - availableBytes: for `insufficientStorage`, the bytes available.
-    public init(_ code: Code, message: String, hint: String? = nil, subject: String? = nil, underlying: Underlying? = nil,
-                httpStatus: Int? = nil, pendingDownloadIDs: [String] = [], neededBytes: Int64? = nil, availableBytes: Int64? = nil) {
+    public init(
+        _ code: Code, message: String, hint: String? = nil, subject: String? = nil, underlying: Underlying? = nil,
+        httpStatus: Int? = nil, pendingDownloadIDs: [String] = [], neededBytes: Int64? = nil, availableBytes: Int64? = nil
+    ) {
         self.code = code
         self.message = Self.oneLine(message)
         self.hint = hint.map(Self.oneLine)
@@ -213,8 +215,9 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
 
     /// The same error with another hint.
     func withHint(_ hint: String?) -> Self {
-        Self(self.code, message: self.message, hint: hint, subject: self.subject, underlying: self.underlying, httpStatus: self.httpStatus,
-             pendingDownloadIDs: self.pendingDownloadIDs, neededBytes: self.neededBytes, availableBytes: self.availableBytes)
+        Self(
+            self.code, message: self.message, hint: hint, subject: self.subject, underlying: self.underlying, httpStatus: self.httpStatus,
+            pendingDownloadIDs: self.pendingDownloadIDs, neededBytes: self.neededBytes, availableBytes: self.availableBytes)
     }
 
     /// Messages are one line: library texts (libarchive's, servers') may end in or hold line breaks and control characters.
@@ -252,23 +255,25 @@ extension PackDeliveryError: Codable {
         } else {
             // Earlier versions: only a kind.
             let kind = (try? container.decode(Kind.self, forKey: .kind)) ?? .io
-            code = switch kind {
-            case .usage: .invalidArgument
-            case .badData: .corruptArchive
-            case .network: .networkFailure
-            case .unauthorized: .unauthorized
-            case .insufficientStorage: .insufficientStorage
-            case .io: .fileSystem
-            case .cancelled: .cancelled
-            }
+            code =
+                switch kind {
+                case .usage: .invalidArgument
+                case .badData: .corruptArchive
+                case .network: .networkFailure
+                case .unauthorized: .unauthorized
+                case .insufficientStorage: .insufficientStorage
+                case .io: .fileSystem
+                case .cancelled: .cancelled
+                }
         }
-        self.init(code, message: message, hint: try container.decodeIfPresent(String.self, forKey: .hint),
-                  subject: try container.decodeIfPresent(String.self, forKey: .subject),
-                  underlying: try? container.decodeIfPresent(Underlying.self, forKey: .underlying),
-                  httpStatus: try container.decodeIfPresent(Int.self, forKey: .httpStatus),
-                  pendingDownloadIDs: (try? container.decodeIfPresent([String].self, forKey: .pendingDownloadIDs)) ?? [],
-                  neededBytes: try container.decodeIfPresent(Int64.self, forKey: .neededBytes),
-                  availableBytes: try container.decodeIfPresent(Int64.self, forKey: .availableBytes))
+        self.init(
+            code, message: message, hint: try container.decodeIfPresent(String.self, forKey: .hint),
+            subject: try container.decodeIfPresent(String.self, forKey: .subject),
+            underlying: try? container.decodeIfPresent(Underlying.self, forKey: .underlying),
+            httpStatus: try container.decodeIfPresent(Int.self, forKey: .httpStatus),
+            pendingDownloadIDs: (try? container.decodeIfPresent([String].self, forKey: .pendingDownloadIDs)) ?? [],
+            neededBytes: try container.decodeIfPresent(Int64.self, forKey: .neededBytes),
+            availableBytes: try container.decodeIfPresent(Int64.self, forKey: .availableBytes))
     }
 
     /// Encodes the error with its code, kind and fields.
@@ -297,9 +302,10 @@ extension PackDeliveryError {
     ///   - why: what is unsafe about it.
     /// - Returns: an `unsafeEntry` error about the entry.
     public static func unsafeEntry(_ path: String, _ why: String) -> Self {
-        .init(.unsafeEntry, message: "The pack holds an unsafe entry '\(Self.printable(path))': \(why).",
-              hint: "The pack was rejected and nothing was installed; ask the content provider for a fixed pack.",
-              subject: path)
+        .init(
+            .unsafeEntry, message: "The pack holds an unsafe entry '\(Self.printable(path))': \(why).",
+            hint: "The pack was rejected and nothing was installed; ask the content provider for a fixed pack.",
+            subject: path)
     }
 
     /// libarchive could not read the pack (corrupt, truncated or not an archive).
@@ -313,15 +319,19 @@ extension PackDeliveryError {
         let detail = Self.oneLine(detail).trimmingCharacters(in: CharacterSet(charactersIn: ". "))
         let lower = detail.lowercased()
         if lower.contains("passphrase") || lower.contains("encrypt") || lower.contains("decryption") {
-            return .init(.encryptedArchive,
-                         message: "The pack is encrypted\(entry.map { " (entry '\(Self.printable($0))')" } ?? ""); encrypted packs are not supported.",
-                         hint: "Ask the content provider for an unencrypted pack.",
-                         subject: entry, underlying: code.map { .init(.libarchive, $0) })
+            return .init(
+                .encryptedArchive,
+                message:
+                    "The pack is encrypted\(entry.map { " (entry '\(Self.printable($0))')" } ?? ""); encrypted packs are not supported.",
+                hint: "Ask the content provider for an unencrypted pack.",
+                subject: entry, underlying: code.map { .init(.libarchive, $0) })
         }
-        return .init(.corruptArchive,
-                     message: entry.map { "The pack is corrupt at entry '\(Self.printable($0))': \(detail)." } ?? "The pack is not a readable archive: \(detail).",
-                     hint: "Ask the content provider for a fixed pack (a zip or tar, optionally gzip, bzip2, xz or zstd compressed).",
-                     subject: entry, underlying: code.map { .init(.libarchive, $0) })
+        return .init(
+            .corruptArchive,
+            message: entry.map { "The pack is corrupt at entry '\(Self.printable($0))': \(detail)." }
+                ?? "The pack is not a readable archive: \(detail).",
+            hint: "Ask the content provider for a fixed pack (a zip or tar, optionally gzip, bzip2, xz or zstd compressed).",
+            subject: entry, underlying: code.map { .init(.libarchive, $0) })
     }
 
     /// The unpacked content grew past a limit (decompression or entry-count bomb).
@@ -332,9 +342,12 @@ extension PackDeliveryError {
     ///   - entry: the entry being unpacked when it was exceeded, if any.
     /// - Returns: an `unpackLimitExceeded` error.
     public static func unpackLimitExceeded(_ what: String, limit: Int64, entry: String?) -> Self {
-        .init(.unpackLimitExceeded, message: "The pack unpacks to more than \(limit) \(what)\(entry.map { " (at entry '\(Self.printable($0))')" } ?? "").",
-              hint: "It was rejected as a possible decompression bomb. If the pack is trusted, publish its unpackedLength in the manifest or raise the queue's limits (maxExpansionRatio, maxEntries).",
-              subject: entry)
+        .init(
+            .unpackLimitExceeded,
+            message: "The pack unpacks to more than \(limit) \(what)\(entry.map { " (at entry '\(Self.printable($0))')" } ?? "").",
+            hint:
+                "It was rejected as a possible decompression bomb. If the pack is trusted, publish its unpackedLength in the manifest or raise the queue's limits (maxExpansionRatio, maxEntries).",
+            subject: entry)
     }
 
     /// The filesystem is full (ENOSPC or EDQUOT) or too small for what remains.
@@ -348,9 +361,10 @@ extension PackDeliveryError {
     public static func insufficientStorage(path: String, needed: Int64?, available: Int64?, errno: Int32? = nil) -> Self {
         var message = "Not enough free space at \(path)"
         if let needed, let available { message += ": \(needed) bytes needed, \(available) available" }
-        return .init(.insufficientStorage, message: message + ".",
-                     hint: "Free some space, then resume; or cancel to discard the partial download.",
-                     subject: path, underlying: errno.map { .init(.errno, Int($0)) }, neededBytes: needed, availableBytes: available)
+        return .init(
+            .insufficientStorage, message: message + ".",
+            hint: "Free some space, then resume; or cancel to discard the partial download.",
+            subject: path, underlying: errno.map { .init(.errno, Int($0)) }, neededBytes: needed, availableBytes: available)
     }
 
     /// A local file operation failed.
@@ -364,11 +378,13 @@ extension PackDeliveryError {
         if code == ENOSPC || code == EDQUOT { return .insufficientStorage(path: path, needed: nil, available: nil, errno: code) }
         let text = String(cString: strerror(code))
         if code == EMFILE || code == ENFILE {
-            return .init(.tooManyOpenFiles, message: "Could not \(operation) '\(path)': \(text).",
-                         hint: "The process ran out of file descriptors; raise its limit (ulimit -n) or lower the concurrency.",
-                         subject: path, underlying: .init(.errno, Int(code)))
+            return .init(
+                .tooManyOpenFiles, message: "Could not \(operation) '\(path)': \(text).",
+                hint: "The process ran out of file descriptors; raise its limit (ulimit -n) or lower the concurrency.",
+                subject: path, underlying: .init(.errno, Int(code)))
         }
-        return .init(.fileSystem, message: "Could not \(operation) '\(path)': \(text).", subject: path, underlying: .init(.errno, Int(code)))
+        return .init(
+            .fileSystem, message: "Could not \(operation) '\(path)': \(text).", subject: path, underlying: .init(.errno, Int(code)))
     }
 
     /// A download stopped on request.
@@ -383,8 +399,10 @@ extension PackDeliveryError {
     public static func printable(_ text: String) -> String {
         var result = ""
         for scalar in text.unicodeScalars {
-            if scalar.properties.generalCategory == .control || scalar.properties.generalCategory == .format && scalar.value >= 0x202A && scalar.value <= 0x202E
-                || scalar == "\u{2028}" || scalar == "\u{2029}" {
+            if scalar.properties.generalCategory == .control
+                || scalar.properties.generalCategory == .format && scalar.value >= 0x202A && scalar.value <= 0x202E
+                || scalar == "\u{2028}" || scalar == "\u{2029}"
+            {
                 result += scalar.value <= 0xFF ? String(format: "\\x%02X", scalar.value) : String(format: "\\u{%X}", scalar.value)
             } else {
                 result.unicodeScalars.append(scalar)

@@ -77,8 +77,10 @@ struct DownloadMachine: Sendable, Hashable {
     private var rate = RateEstimator()
     let retryPolicy: RetryPolicy
 
-    init(download: Download, validator: String? = nil, retriedFromZero: Bool = false, verified: Bool = false,
-         stagingInode: Int64? = nil, retryPolicy: RetryPolicy = RetryPolicy()) {
+    init(
+        download: Download, validator: String? = nil, retriedFromZero: Bool = false, verified: Bool = false,
+        stagingInode: Int64? = nil, retryPolicy: RetryPolicy = RetryPolicy()
+    ) {
         self.download = download
         self.validator = validator
         self.retriedFromZero = retriedFromZero
@@ -161,7 +163,9 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     /// A transfer attempt ended.
-    mutating func transferFinished(token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1), now: Date = Date()) -> [Action] {
+    mutating func transferFinished(token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1), now: Date = Date())
+        -> [Action]
+    {
         if case .stopped(let bytes) = outcome, token == self.stoppedTransfer {
             // The transfer a pause stopped: its last bytes are kept, so say so.
             self.stoppedTransfer = nil
@@ -213,10 +217,13 @@ struct DownloadMachine: Sendable, Hashable {
             self.download.bytesReceived = 0
             self.download.progress = 0
             self.mostBytesKept = 0
-            return self.fail(PackDeliveryError(
-                .checksumMismatch,
-                message: "The pack \(self.download.contentIdentifier) from \(self.download.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.download.sha256).",
-                hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.redacted)) + [.deleteFiles(staging: true)]
+            return self.fail(
+                PackDeliveryError(
+                    .checksumMismatch,
+                    message:
+                        "The pack \(self.download.contentIdentifier) from \(self.download.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.download.sha256).",
+                    hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.redacted))
+                + [.deleteFiles(staging: true)]
         case .failed(let failure, let bytes):
             self.download.bytesReceived = bytes
             self.download.progress = self.fraction(bytes)
@@ -278,8 +285,10 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     /// The manifest was read again: the pack's URL in it (its SHA-256 and length unchanged), or why not.
-    mutating func manifestReloaded(token: Int, result: Result<URL, PackDeliveryError>, jitter: Double = Double.random(in: 0...1),
-                                   now: Date = Date()) -> [Action] {
+    mutating func manifestReloaded(
+        token: Int, result: Result<URL, PackDeliveryError>, jitter: Double = Double.random(in: 0...1),
+        now: Date = Date()
+    ) -> [Action] {
         guard token == self.token, self.download.state == .active, let original = self.reloading else { return [] }
         self.reloading = nil
         self.waitingForRetry = false
@@ -294,8 +303,10 @@ struct DownloadMachine: Sendable, Hashable {
             let kept = self.download.bytesReceived > 0 ? " The \(self.download.bytesReceived) bytes downloaded are kept." : ""
             if original.code == .unauthorized {
                 self.credentialsRefused = false
-                self.enterPaused(.unauthorized, error: original.withHint(
-                    "Renew the receipt or credentials, then resume; reading the manifest again did not help: \(why.message)\(kept)"))
+                self.enterPaused(
+                    .unauthorized,
+                    error: original.withHint(
+                        "Renew the receipt or credentials, then resume; reading the manifest again did not help: \(why.message)\(kept)"))
                 return []
             }
             let error = original.withHint("\(original.hint.map { $0 + " " } ?? "")Reading the manifest again did not help: \(why.message)")
@@ -375,11 +386,14 @@ struct DownloadMachine: Sendable, Hashable {
     /// watchdog's time is stopped and retried, and fails once the attempts run out.
     mutating func tick(now: Date) -> [Action] {
         guard self.download.state == .active, !self.waitingForRetry,
-              now.timeIntervalSince(self.lastMovement) > self.retryPolicy.watchdog else { return [] }
+            now.timeIntervalSince(self.lastMovement) > self.retryPolicy.watchdog
+        else { return [] }
         let phase = self.download.phase ?? .downloading
-        let error = PackDeliveryError(.stalled,
-                                      message: "The download of \(self.download.contentIdentifier) made no progress for \(Int(self.retryPolicy.watchdog)) seconds while \(phase.rawValue).",
-                                      hint: "It was stopped and tried again; if this goes on, check the disk and the network.")
+        let error = PackDeliveryError(
+            .stalled,
+            message:
+                "The download of \(self.download.contentIdentifier) made no progress for \(Int(self.retryPolicy.watchdog)) seconds while \(phase.rawValue).",
+            hint: "It was stopped and tried again; if this goes on, check the disk and the network.")
         let stop: [Action]
         switch phase {
         case .downloading: stop = [.stopTransfer(token: self.token)]
@@ -475,11 +489,12 @@ struct DownloadMachine: Sendable, Hashable {
             if self.download.error == nil { self.download.error = error }
             return []
         }
-        let stop: [Action] = switch (self.download.state, self.download.phase) {
-        case (.active, .downloading?): self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
-        case (.active, .verifying?), (.active, .unpacking?): self.installRunning ? [.stopInstall] : []
-        default: []
-        }
+        let stop: [Action] =
+            switch (self.download.state, self.download.phase) {
+            case (.active, .downloading?): self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
+            case (.active, .verifying?), (.active, .unpacking?): self.installRunning ? [.stopInstall] : []
+            default: []
+            }
         guard self.download.state == .active || self.download.state == .waiting else { return [] }
         return stop + self.fail(error)
     }
@@ -512,7 +527,9 @@ struct DownloadMachine: Sendable, Hashable {
         self.verified = false
     }
 
-    private mutating func retryOrFail(_ error: PackDeliveryError, retryable: Bool, retryAfter: TimeInterval?, jitter: Double, now: Date) -> [Action] {
+    private mutating func retryOrFail(_ error: PackDeliveryError, retryable: Bool, retryAfter: TimeInterval?, jitter: Double, now: Date)
+        -> [Action]
+    {
         guard retryable, self.attempt + 1 < self.retryPolicy.maxAttempts else { return self.fail(error) }
         self.attempt += 1
         self.waitingForRetry = true
@@ -566,7 +583,10 @@ struct RateEstimator: Sendable, Hashable {
     var halfLife: TimeInterval = 2.5
 
     mutating func add(bytes: Int64, at time: Date) {
-        defer { self.lastBytes = bytes; self.lastTime = time }
+        defer {
+            self.lastBytes = bytes
+            self.lastTime = time
+        }
         guard let lastBytes, let lastTime, bytes >= lastBytes else { return }
         let elapsed = time.timeIntervalSince(lastTime)
         guard elapsed > 0.02 else { return }

@@ -28,8 +28,11 @@ extension DownloadQueue {
     ///   - logger: where to log; without one the library logs nothing.
     /// - Returns: the open queue.
     /// - Throws: ``PackDeliveryError`` when the home folder or the state database cannot be used.
-    public static func open(home: Home, configuration: Configuration = Configuration(), logger: Logger? = nil) async throws(PackDeliveryError) -> DownloadQueue {
-        try await Blocking.run { () throws(PackDeliveryError) in try DownloadQueue(home: home, configuration: configuration, logger: logger) }
+    public static func open(home: Home, configuration: Configuration = Configuration(), logger: Logger? = nil)
+        async throws(PackDeliveryError) -> DownloadQueue
+    {
+        try await Blocking.run { () throws(PackDeliveryError) in try DownloadQueue(home: home, configuration: configuration, logger: logger)
+        }
     }
 
     /// Waits until every download of a transaction has stopped running: finished, cancelled, failed or paused.
@@ -45,7 +48,9 @@ extension DownloadQueue {
         let read = { @Sendable () throws(PackDeliveryError) -> Transaction? in try self.liveTransactions(ids: [transactionID]).first }
         let steps = try await Blocking.run { () throws(PackDeliveryError) in self.waitSteps(self.events(transactionID: transactionID)) }
         guard var transaction = try await Blocking.run(read) else {
-            throw PackDeliveryError(.unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(transactionID))'.", subject: transactionID)
+            throw PackDeliveryError(
+                .unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(transactionID))'.",
+                subject: transactionID)
         }
         func done(_ transaction: Transaction) -> Bool { transaction.isFinished || transaction.downloads.allSatisfy { !$0.state.isRunning } }
         if done(transaction) { return transaction }
@@ -77,7 +82,8 @@ extension DownloadQueue {
         }
         let steps = try await Blocking.run { () throws(PackDeliveryError) in self.waitSteps(self.events(downloadID: downloadID)) }
         guard var download = try await Blocking.run(read) else {
-            throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(downloadID))'.", subject: downloadID)
+            throw PackDeliveryError(
+                .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(downloadID))'.", subject: downloadID)
         }
         if !download.state.isRunning { return download }
         for await step in steps {
@@ -121,30 +127,38 @@ extension DownloadQueue {
     }
 
     private static func waitEnded(_ cancelled: Bool) -> PackDeliveryError {
-        cancelled ? PackDeliveryError(.cancelled, message: "The wait was cancelled; the downloads go on.")
-            : PackDeliveryError(.queueClosed, message: "The download queue was closed while waiting.", hint: "Open a new DownloadQueue on the same home.")
+        cancelled
+            ? PackDeliveryError(.cancelled, message: "The wait was cancelled; the downloads go on.")
+            : PackDeliveryError(
+                .queueClosed, message: "The download queue was closed while waiting.", hint: "Open a new DownloadQueue on the same home.")
     }
 
     // MARK: The blocking calls, for async callers
 
     /// ``add(products:from:kind:destination:autoFinish:force:start:receipt:)`` without blocking the caller's thread.
     @discardableResult
-    public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
-                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true, receipt: String? = nil) async throws(PackDeliveryError) -> [Transaction] {
+    public func add(
+        products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
+        destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+        start: Bool = true, receipt: String? = nil
+    ) async throws(PackDeliveryError) -> [Transaction] {
         try await Blocking.run { () throws(PackDeliveryError) in
-            try self.add(products: productIdentifiers, from: manifest, kind: kind, destination: destination, autoFinish: autoFinish, force: force,
-                         start: start, receipt: receipt)
+            try self.add(
+                products: productIdentifiers, from: manifest, kind: kind, destination: destination, autoFinish: autoFinish, force: force,
+                start: start, receipt: receipt)
         }
     }
 
     /// ``add(product:from:kind:destination:autoFinish:force:start:receipt:)`` without blocking the caller's thread.
     @discardableResult
-    public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
-                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true, receipt: String? = nil) async throws(PackDeliveryError) -> Transaction {
-        try await self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
-                           force: force, start: start, receipt: receipt)[0]
+    public func add(
+        product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
+        destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+        start: Bool = true, receipt: String? = nil
+    ) async throws(PackDeliveryError) -> Transaction {
+        try await self.add(
+            products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
+            force: force, start: start, receipt: receipt)[0]
     }
 
     /// ``setReceipt(_:forTransactions:)`` without blocking the caller's thread.
@@ -209,22 +223,29 @@ extension DownloadQueue {
         return try self.onDriver { () throws(PackDeliveryError) -> [Transaction] in
             let records = try self.store.lastFinishedDownloads(productIdentifiers: productIDs)
             let installs = Dictionary(grouping: try self.store.installs(), by: \.contentIdentifier)
-            let recent = Dictionary(uniqueKeysWithValues: try self.store.recentInstalls(window: nil).map {
-                ("\($0.install.destination.rawValue)/\($0.install.contentIdentifier)", $0)
-            })
+            let recent = Dictionary(
+                uniqueKeysWithValues: try self.store.recentInstalls(window: nil).map {
+                    ("\($0.install.destination.rawValue)/\($0.install.contentIdentifier)", $0)
+                })
             var transactions: [Transaction] = []
             for (product, packs) in Dictionary(grouping: records, by: \.productIdentifier).sorted(by: { $0.key < $1.key }) {
                 let transactionID = Self.newID("t")
                 let downloads = packs.sorted { $0.position < $1.position }.map { record -> Download in
                     let recorded = record.download
                     let key = "\(recorded.destination.rawValue)/\(recorded.contentIdentifier)"
-                    let intact = installs[recorded.contentIdentifier]?.contains { $0.destination == recorded.destination && $0.productIdentifier == product
-                        && $0.contentVersion == recorded.contentVersion } == true
+                    let intact =
+                        installs[recorded.contentIdentifier]?.contains {
+                            $0.destination == recorded.destination && $0.productIdentifier == product
+                                && $0.contentVersion == recorded.contentVersion
+                        } == true
                         && recent[key].map { Self.looksIntact($0.install, files: $0.files) } == true
-                    return Redelivery.download(recorded, id: Self.newID("d"), transactionID: transactionID, intact: intact, contentURL: recorded.contentURL)
+                    return Redelivery.download(
+                        recorded, id: Self.newID("d"), transactionID: transactionID, intact: intact, contentURL: recorded.contentURL)
                 }
-                transactions.append(Transaction(id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
-                                                finishedAt: nil, autoFinish: true, downloads: downloads))
+                transactions.append(
+                    Transaction(
+                        id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
+                        finishedAt: nil, autoFinish: true, downloads: downloads))
             }
             if !transactions.isEmpty { try self.record(transactions) }
             // Registered after the record succeeded (a failed record leaves no batch behind); on the driver, so no
@@ -248,13 +269,17 @@ extension LoadedManifest {
     ///   - options: transfer options for fetching an http(s) manifest.
     /// - Returns: the checked manifest with the URL it was read from.
     /// - Throws: as ``load(_:options:)``.
-    public static func load(_ location: String, options: TransferOptions = TransferOptions()) async throws(PackDeliveryError) -> LoadedManifest {
+    public static func load(_ location: String, options: TransferOptions = TransferOptions()) async throws(PackDeliveryError)
+        -> LoadedManifest
+    {
         try await Blocking.run { () throws(PackDeliveryError) in try Self.load(location, options: options) }
     }
 
     /// ``load(_:options:trusting:now:)`` without blocking the caller's thread.
-    public static func load(_ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
-                            now: Date = Date()) async throws(PackDeliveryError) -> LoadedManifest {
+    public static func load(
+        _ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
+        now: Date = Date()
+    ) async throws(PackDeliveryError) -> LoadedManifest {
         try await Blocking.run { () throws(PackDeliveryError) in try Self.load(location, options: options, trusting: publishers, now: now) }
     }
 }

@@ -137,7 +137,7 @@ extension DownloadQueue {
     ///
     /// - Parameter observer: keep a strong reference to it for as long as it should be called.
     public func add(_ observer: any DownloadQueueObserver) {
-        self.onDriver {
+        self.runOnDriver {
             self.state.withLock { $0.observers[ObjectIdentifier(observer)] = WeakObserver(observer: observer) }
             let transactions = (try? self.liveTransactions()) ?? []
             self.delivery.async { if !transactions.isEmpty { observer.downloadQueue(self, updatedTransactions: transactions) } }
@@ -186,7 +186,8 @@ extension DownloadQueue {
             switch event {
             case .transactionUpdated(let transaction): transaction.id == transactionID
             case .downloadUpdated(let download): download.transactionID == transactionID
-            case .transactionsRemoved(let transactions), .restoreCompleted(let transactions): transactions.contains { $0.id == transactionID }
+            case .transactionsRemoved(let transactions), .restoreCompleted(let transactions):
+                transactions.contains { $0.id == transactionID }
             case .restoreFailed: false
             }
         }
@@ -209,7 +210,7 @@ extension DownloadQueue {
     private func events(_ filter: @escaping @Sendable (DownloadQueueEvent) -> Bool) -> AsyncStream<DownloadQueueEvent> {
         let (stream, continuation) = AsyncStream.makeStream(of: DownloadQueueEvent.self, bufferingPolicy: .unbounded)
         let id = UUID()
-        self.onDriver {
+        self.runOnDriver {
             guard !self.state.withLock({ $0.closed }) else {
                 continuation.finish()
                 return
@@ -247,7 +248,8 @@ extension DownloadQueue {
                     case .transactionUpdated(let transaction): observer.downloadQueue(self, updatedTransactions: [transaction])
                     case .downloadUpdated(let download): observer.downloadQueue(self, updatedDownloads: [download])
                     case .transactionsRemoved(let transactions): observer.downloadQueue(self, removedTransactions: transactions)
-                    case .restoreCompleted(let transactions): observer.downloadQueue(self, restoreCompletedTransactionsFinished: transactions)
+                    case .restoreCompleted(let transactions):
+                        observer.downloadQueue(self, restoreCompletedTransactionsFinished: transactions)
                     case .restoreFailed(let error): observer.downloadQueue(self, restoreCompletedTransactionsFailedWithError: error)
                     }
                 }
@@ -272,7 +274,12 @@ extension DownloadQueue {
                     }
                 } else {
                     state.restores[id] = nil
-                    ended.append((batch, download.error ?? PackDeliveryError(.cancelled, message: "The download \(download.id) of the restore was paused.")))
+                    ended.append(
+                        (
+                            batch,
+                            download.error
+                                ?? PackDeliveryError(.cancelled, message: "The download \(download.id) of the restore was paused.")
+                        ))
                 }
             }
             return ended

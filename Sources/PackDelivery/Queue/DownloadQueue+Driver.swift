@@ -1,5 +1,5 @@
-import Synchronization
 import Foundation
+import Synchronization
 
 // The driver: runs what the machines decide. Everything here runs on `driver`, one call at a time.
 extension DownloadQueue {
@@ -16,7 +16,9 @@ extension DownloadQueue {
             switch action {
             case .run(let id, let action):
                 if case .stopTransfer = action { stopped.insert(id) }
-                if case .deleteFiles(let staging) = action, stopped.contains(id), let download = self.state.withLock({ $0.machine.download(id) }) {
+                if case .deleteFiles(let staging) = action, stopped.contains(id),
+                    let download = self.state.withLock({ $0.machine.download(id) })
+                {
                     // Gone at once, as the cancel reports; the transfer thread removes it once more after the stop, in
                     // order, in case a start posted before the cancel creates it again (see TransferEngine.discard).
                     let archive = self.home.archiveURL(for: download)
@@ -53,8 +55,9 @@ extension DownloadQueue {
             let archive = self.home.archiveURL(for: download)
             if fromZero { self.discard(archive) }
             var options = self.configuration.transfer
-            options.headers += self.credentialHeaders(for: download, url: download.url, refused: machine.credentialsRefused,
-                                                      receipt: self.recordedAccess(download.transactionID)?.receipt)
+            options.headers += self.credentialHeaders(
+                for: download, url: download.url, refused: machine.credentialsRefused,
+                receipt: self.recordedAccess(download.transactionID)?.receipt)
             if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
                 self.state.withLock { $0.deltas[id] = delta }
                 delta.start { [weak self] event in
@@ -63,10 +66,11 @@ extension DownloadQueue {
                 }
                 return []
             }
-            let request = TransferRequest(id: "\(id)#\(token)", url: download.url, file: archive,
-                                          expectedLength: download.contentLength, validator: machine.validator,
-                                          fromZero: fromZero, options: options, writer: self.configuration.writer,
-                                          stream: self.startStream(for: download, token: token))
+            let request = TransferRequest(
+                id: "\(id)#\(token)", url: download.url, file: archive,
+                expectedLength: download.contentLength, validator: machine.validator,
+                fromZero: fromZero, options: options, writer: self.configuration.writer,
+                stream: self.startStream(for: download, token: token))
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
             if let delta = self.state.withLock({ $0.deltas[id] }), delta.request.id == "\(id)#\(token)" { delta.stop() }
@@ -92,7 +96,9 @@ extension DownloadQueue {
                 }
                 let result: Result<URL, PackDeliveryError>
                 do throws(PackDeliveryError) {
-                    result = .success(try installer.install(download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta))
+                    result = .success(
+                        try installer.install(
+                            download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta))
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 self.driver.async {
@@ -120,13 +126,17 @@ extension DownloadQueue {
         guard self.configuration.deltaUpdates, let index = download.index else { return nil }
         var info = stat()
         if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return nil }
-        guard let install = try? self.store.installs(contentIdentifier: download.contentIdentifier)
-            .first(where: { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }),
-              install.contentVersion != download.contentVersion,
-              let files = try? self.store.files(of: install) else { return nil }
-        return DeltaTransfer(DeltaTransfer.Request(id: "\(download.id)#\(token)", download: download, index: index, install: install,
-                                                   installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
-                                                   writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries))
+        guard
+            let install = try? self.store.installs(contentIdentifier: download.contentIdentifier)
+                .first(where: { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }),
+            install.contentVersion != download.contentVersion,
+            let files = try? self.store.files(of: install)
+        else { return nil }
+        return DeltaTransfer(
+            DeltaTransfer.Request(
+                id: "\(download.id)#\(token)", download: download, index: index, install: install,
+                installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
+                writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries))
     }
 
     /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.
@@ -134,12 +144,15 @@ extension DownloadQueue {
         let id = download.id
         self.state.withLock { $0.streams.removeValue(forKey: id) }?.discard()
         guard self.configuration.streamingUnpack else { return nil }
-        let limits = UnpackLimits(maxBytes: self.installer.limits.maxBytes(packLength: download.contentLength, unpackedLength: download.unpackedLength),
-                                  maxEntries: self.installer.limits.maxEntries)
+        let limits = UnpackLimits(
+            maxBytes: self.installer.limits.maxBytes(packLength: download.contentLength, unpackedLength: download.unpackedLength),
+            maxEntries: self.installer.limits.maxEntries)
         let hook = self.installer.hook
         let hooked = Atomic<Bool>(false)
-        let stream = StreamedUnpack(archive: self.home.archiveURL(for: download), folder: URL(filePath: self.home.stagingURL(for: download).path + ".s\(token)"),
-                                    length: download.contentLength, limits: limits, writer: self.configuration.writer) { [weak self] bytes in
+        let stream = StreamedUnpack(
+            archive: self.home.archiveURL(for: download), folder: URL(filePath: self.home.stagingURL(for: download).path + ".s\(token)"),
+            length: download.contentLength, limits: limits, writer: self.configuration.writer
+        ) { [weak self] bytes in
             if bytes > 0, !hooked.exchange(true, ordering: .relaxed) { hook?(.unpacking) }
             guard let self else { return }
             self.driver.async { self.change { $0.handle(id, .streamProgress(token: token, bytes: bytes)) } }
@@ -153,8 +166,10 @@ extension DownloadQueue {
     func credentialHeaders(for download: Download, url: URL, refused: Bool, receipt: String?) -> [String] {
         var headers: [String] = []
         if let provider = self.configuration.credentials {
-            headers = provider(CredentialRequest(url: url, productIdentifier: download.productIdentifier,
-                                                 contentIdentifier: download.contentIdentifier, refused: refused))
+            headers = provider(
+                CredentialRequest(
+                    url: url, productIdentifier: download.productIdentifier,
+                    contentIdentifier: download.contentIdentifier, refused: refused))
         }
         if let receipt, !(self.configuration.transfer.headers + headers).contains(where: { $0.lowercased().hasPrefix("authorization:") }) {
             headers.append("Authorization: Bearer \(receipt)")
@@ -166,7 +181,8 @@ extension DownloadQueue {
     /// the request goes without, and a refusal says so).
     func recordedAccess(_ transactionID: String) -> TransactionAccessRecord? {
         do { return try self.store.transactionAccess(transactionID) } catch {
-            self.logger.warning("cannot read a transaction's receipt", metadata: ["transaction": "\(transactionID)", "error": "\(error.message)"])
+            self.logger.warning(
+                "cannot read a transaction's receipt", metadata: ["transaction": "\(transactionID)", "error": "\(error.message)"])
             return nil
         }
     }
@@ -176,8 +192,17 @@ extension DownloadQueue {
     private func reloadManifest(for download: Download, token: Int) {
         let access = self.recordedAccess(download.transactionID)
         guard let location = access?.manifestURL else {
-            self.change { $0.handle(download.id, .manifestReloaded(token: token, result: .failure(PackDeliveryError(
-                .invalidManifest, message: "The transaction records no manifest to read again (it was added from a manifest built in memory).")))) }
+            self.change {
+                $0.handle(
+                    download.id,
+                    .manifestReloaded(
+                        token: token,
+                        result: .failure(
+                            PackDeliveryError(
+                                .invalidManifest,
+                                message: "The transaction records no manifest to read again (it was added from a manifest built in memory)."
+                            ))))
+            }
             return
         }
         var options = self.configuration.transfer
@@ -186,7 +211,9 @@ extension DownloadQueue {
         let manifestOptions = options
         self.logger.info("reading the manifest again", metadata: ["download": "\(download.id)", "manifest": "\(manifestURL.redacted)"])
         DispatchQueue.global().async { [weak self] in
-            let result = Result { () throws(PackDeliveryError) in try Redelivery.packURL(of: download, in: try LoadedManifest.load(location, options: manifestOptions)) }
+            let result = Result { () throws(PackDeliveryError) in
+                try Redelivery.packURL(of: download, in: try LoadedManifest.load(location, options: manifestOptions))
+            }
             guard let self else { return }
             self.driver.async { self.change { $0.handle(download.id, .manifestReloaded(token: token, result: result)) } }
         }
@@ -217,8 +244,9 @@ extension DownloadQueue {
         case .finished(let transferID, let outcome):
             let (id, token) = Self.split(transferID)
             if case .deltaRefused(let fallback) = outcome {
-                self.logger.info("delta update not used; fetching the whole pack",
-                                 metadata: ["download": "\(id)", "reason": "\(fallback.reason.rawValue)", "why": "\(fallback.message)"])
+                self.logger.info(
+                    "delta update not used; fetching the whole pack",
+                    metadata: ["download": "\(id)", "reason": "\(fallback.reason.rawValue)", "why": "\(fallback.message)"])
             }
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
         case .deltaPlanned(let transferID, let delta):
@@ -230,7 +258,10 @@ extension DownloadQueue {
     /// Twice a second: requests from other processes, the watchdog, progress checkpoints, and every few
     /// seconds the space of downloads paused for it.
     func tick() {
-        let ticks = self.state.withLock { state -> Int in state.ticks += 1; return state.ticks }
+        let ticks = self.state.withLock { state -> Int in
+            state.ticks += 1
+            return state.ticks
+        }
         do {
             for (id, request) in try self.store.takeRequests(owner: self.owner) {
                 switch request {
@@ -244,7 +275,8 @@ extension DownloadQueue {
         }
         var available: [Destination: Int64?]?
         if ticks % 10 == 0, self.configuration.resumeWhenSpaceReturns {
-            available = Dictionary(uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
+            available = Dictionary(
+                uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
         self.change { $0.tick(now: Date(), available: available) }
         if ticks % 2 == 0 { self.save(includingProgress: true) }
@@ -287,9 +319,10 @@ extension DownloadQueue {
         var download = machine.download
         // A checkpoint records no more of the partial file than has been synced to disk.
         if !machine.verified, download.state != .finished { download.bytesReceived = min(download.bytesReceived, machine.durableBytes) }
-        return DownloadRecord(download, position: position, validator: machine.validator,
-                              partialPath: self.home.archiveURL(for: download).path, stagingInode: machine.stagingInode,
-                              retriedFromZero: machine.retriedFromZero, verified: machine.verified)
+        return DownloadRecord(
+            download, position: position, validator: machine.validator,
+            partialPath: self.home.archiveURL(for: download).path, stagingInode: machine.stagingInode,
+            retriedFromZero: machine.retriedFromZero, verified: machine.verified)
     }
 
     // MARK: Transactions on the driver
@@ -298,7 +331,9 @@ extension DownloadQueue {
     func record(_ transactions: [Transaction], manifestURL: URL? = nil, receipt: String? = nil) throws(PackDeliveryError) {
         try self.onDriver { () throws(PackDeliveryError) in
             try self.requireOpen()
-            try self.store.insert(transactions, owner: self.owner, manifestURL: manifestURL, receipt: receipt) { self.home.archiveURL(for: $0).path }
+            try self.store.insert(transactions, owner: self.owner, manifestURL: manifestURL, receipt: receipt) {
+                self.home.archiveURL(for: $0).path
+            }
             for transaction in transactions { self.emit(.transactionUpdated(transaction)) }
             self.change { machine in
                 var actions: [QueueMachine.Action] = []
@@ -330,16 +365,18 @@ extension DownloadQueue {
         let transactions = try self.liveTransactions(ids: transactionIDs)
         let known = Set(transactions.map(\.id))
         if let missing = transactionIDs.first(where: { !known.contains($0) }) {
-            throw PackDeliveryError(.unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(missing))'.", subject: missing)
+            throw PackDeliveryError(
+                .unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(missing))'.", subject: missing)
         }
         let open = transactions.filter { !$0.isFinished }
         for transaction in open {
             let pending = transaction.downloads.filter { !$0.state.isSettled }
             guard pending.isEmpty else {
                 let list = pending.map { "\($0.id) (\($0.state.rawValue))" }.joined(separator: ", ")
-                throw PackDeliveryError(.finishRefused, message: "Transaction \(transaction.id) cannot finish: \(list) not finished or cancelled.",
-                                        hint: "Resume or cancel \(pending.count == 1 ? "it" : "them") first.", subject: transaction.id,
-                                        pendingDownloadIDs: pending.map(\.id))
+                throw PackDeliveryError(
+                    .finishRefused, message: "Transaction \(transaction.id) cannot finish: \(list) not finished or cancelled.",
+                    hint: "Resume or cancel \(pending.count == 1 ? "it" : "them") first.", subject: transaction.id,
+                    pendingDownloadIDs: pending.map(\.id))
             }
         }
         guard !open.isEmpty else { return [] }
@@ -370,7 +407,8 @@ extension DownloadQueue {
                     continue
                 }
                 guard let record = try self.store.downloadRecord(id) else {
-                    throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                    throw PackDeliveryError(
+                        .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
                 }
                 if record.download.state.isSettled { continue }
                 if try self.take([id]).isEmpty {
@@ -392,7 +430,8 @@ extension DownloadQueue {
         if let ids {
             for id in ids where self.state.withLock({ $0.machine.machine(id) == nil }) {
                 guard let record = try self.store.downloadRecord(id) else {
-                    throw PackDeliveryError(.unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                    throw PackDeliveryError(
+                        .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
                 }
                 if !record.download.state.isSettled { _ = try self.take([id]) }
             }
@@ -400,9 +439,11 @@ extension DownloadQueue {
             // Resuming everything never starts what was added with start: false: that waits for the user's yes.
             _ = try self.take(nil) { $0.download.pauseReason != .notStarted }
         }
-        let targets = ids ?? self.state.withLock { state in
-            state.machine.entries.filter { $0.value.machine.download.pauseReason != .notStarted }.map(\.key)
-        }
+        let targets =
+            ids
+            ?? self.state.withLock { state in
+                state.machine.entries.filter { $0.value.machine.download.pauseReason != .notStarted }.map(\.key)
+            }
         var resumed: [String] = []
         for id in targets {
             self.change { $0.handle(id, .resume) }

@@ -8,7 +8,7 @@ extension DownloadQueue {
     static func openStore(home: Home, busyTimeout: TimeInterval, logger: Logger) throws(PackDeliveryError) -> (Store, StoreRecovery?) {
         do {
             return (try Store(url: home.databaseURL, busyTimeout: busyTimeout), nil)
-        } catch where error.code == .databaseCorrupt {
+        } catch  where error.code == .databaseCorrupt {
             let aside = try Store.quarantine(home.databaseURL)
             logger.error("the state database was damaged; moved aside and rebuilt", metadata: ["moved to": "\(aside.path)"])
             let store = try Store(url: home.databaseURL, busyTimeout: busyTimeout)
@@ -69,7 +69,8 @@ extension DownloadQueue {
         } else if Adoption.discardsStaging(record) {
             self.discard(self.home.stagingURL(for: record.download))
         }
-        let facts = Adoption.Facts(record: record, archiveBytes: Self.fileSize(self.home.archiveURL(for: record.download)), recoveredInstall: recovered)
+        let facts = Adoption.Facts(
+            record: record, archiveBytes: Self.fileSize(self.home.archiveURL(for: record.download)), recoveredInstall: recovered)
         var machine = Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy)
         machine.credentialsRenewable = self.configuration.credentials != nil
         return machine
@@ -92,7 +93,9 @@ extension DownloadQueue {
                     }
                     // downloads/<id>.pack; staging/<id>, or staging/<id>.s<token> for an unpack that followed a transfer.
                     // downloads/<id>.delta for the entries a delta update fetched.
-                    let id = folder == "downloads" ? [".pack", ".delta"].first(where: name.hasSuffix).map { String(name.dropLast($0.count)) } ?? name
+                    let id =
+                        folder == "downloads"
+                        ? [".pack", ".delta"].first(where: name.hasSuffix).map { String(name.dropLast($0.count)) } ?? name
                         : String(name.prefix { $0 != "." })
                     let record: DownloadRecord?
                     do { record = try self.store.downloadRecord(id) } catch { continue }  // the store cannot be read: leave it
@@ -115,8 +118,9 @@ extension DownloadQueue {
         let recent = try self.store.recentInstalls(window: self.configuration.launchCheckWindow)
         let damaged = recent.filter { !Self.looksIntact($0.install, files: $0.files) }.map(\.install)
         guard !damaged.isEmpty else { return }
-        self.logger.warning("installed content found damaged at launch; delivering it again",
-                            metadata: ["content": "\(damaged.map(\.contentIdentifier))"])
+        self.logger.warning(
+            "installed content found damaged at launch; delivering it again",
+            metadata: ["content": "\(damaged.map(\.contentIdentifier))"])
         _ = try self.redeliver(damaged)
     }
 
@@ -135,7 +139,9 @@ extension DownloadQueue {
     /// resets its time by hand (`touch -d`) too: `verify` finds those.
     ///
     /// - Parameter first: stop at the first damaged file.
-    static func damagedFiles(_ install: InstallRecord, files: [InstalledFileRecord], modifiedSinceInstall: Bool, first: Bool = false) -> [String] {
+    static func damagedFiles(_ install: InstallRecord, files: [InstalledFileRecord], modifiedSinceInstall: Bool, first: Bool = false)
+        -> [String]
+    {
         var damaged: [String] = []
         var info = stat()
         let installedAt = install.installedAt.timeIntervalSince1970
@@ -148,7 +154,8 @@ extension DownloadQueue {
                 switch file.kind {
                 case .file:
                     let modified = Double(info.st_mtim.tv_sec) + Double(info.st_mtim.tv_nsec) / 1e9
-                    looksRight = (info.st_mode & S_IFMT) == S_IFREG && Int64(info.st_size) == file.size
+                    looksRight =
+                        (info.st_mode & S_IFMT) == S_IFREG && Int64(info.st_size) == file.size
                         && !(modifiedSinceInstall && modified > installedAt)
                 case .symlink:
                     looksRight = (info.st_mode & S_IFMT) == S_IFLNK
@@ -202,8 +209,14 @@ extension DownloadQueue {
             }
             switch file.kind {
             case .file:
-                guard (info.st_mode & S_IFMT) == S_IFREG else { damage.append(.init(path: file.path, problem: .changed)); continue }
-                if Int64(info.st_size) < file.size { damage.append(.init(path: file.path, problem: .truncated)); continue }
+                guard (info.st_mode & S_IFMT) == S_IFREG else {
+                    damage.append(.init(path: file.path, problem: .changed))
+                    continue
+                }
+                if Int64(info.st_size) < file.size {
+                    damage.append(.init(path: file.path, problem: .truncated))
+                    continue
+                }
                 let digest = try? SHA256Hasher.hexDigest(ofFile: url)
                 if Int64(info.st_size) != file.size || digest != file.sha256 { damage.append(.init(path: file.path, problem: .changed)) }
             case .symlink:
@@ -220,7 +233,8 @@ extension DownloadQueue {
             guard lstat(root.appending(path: relative).path, &info) == 0, (info.st_mode & S_IFMT) != S_IFDIR else { continue }
             if !recorded.contains(relative) { damage.append(.init(path: relative, problem: .extra)) }
         }
-        return VerifyResult(content: install.content, damage: damage.sorted { $0.path < $1.path }, folderMissing: false, filesRecorded: true)
+        return VerifyResult(
+            content: install.content, damage: damage.sorted { $0.path < $1.path }, folderMissing: false, filesRecorded: true)
     }
 
     /// Verifies products and delivers the damaged ones again, through one restore transaction per product
@@ -249,8 +263,11 @@ extension DownloadQueue {
             let brokenKeys = Set(broken.map { "\($0.destination.rawValue)/\($0.contentIdentifier)" })
             // A restore already open for this damage (an earlier launch found it) is taken over, not repeated.
             if let existing = open.first(where: { transaction in
-                transaction.productIdentifier == product && brokenKeys.isSubset(of: Set(transaction.downloads.filter { !$0.state.isSettled }
-                    .map { "\($0.destination.rawValue)/\($0.contentIdentifier)" }))
+                transaction.productIdentifier == product
+                    && brokenKeys.isSubset(
+                        of: Set(
+                            transaction.downloads.filter { !$0.state.isSettled }
+                                .map { "\($0.destination.rawValue)/\($0.contentIdentifier)" }))
             }) {
                 let pending = existing.downloads.filter { !$0.state.isSettled }.map(\.id)
                 _ = try self.take(pending)
@@ -265,17 +282,21 @@ extension DownloadQueue {
                 var recorded = record.download
                 recorded.destination = install.destination
                 let broken = brokenKeys.contains("\(install.destination.rawValue)/\(install.contentIdentifier)")
-                let download = Redelivery.download(recorded, id: Self.newID("d"), transactionID: transactionID, intact: !broken,
-                                                   contentURL: URL(filePath: install.contentURL))
+                let download = Redelivery.download(
+                    recorded, id: Self.newID("d"), transactionID: transactionID, intact: !broken,
+                    contentURL: URL(filePath: install.contentURL))
                 downloads.append(download)
             }
             guard downloads.contains(where: { $0.state == .waiting }) else {
-                self.logger.error("cannot deliver damaged content again: the download that installed it is not recorded",
-                                  metadata: ["product": "\(product)"])
+                self.logger.error(
+                    "cannot deliver damaged content again: the download that installed it is not recorded",
+                    metadata: ["product": "\(product)"])
                 continue
             }
-            transactions.append(Transaction(id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
-                                            finishedAt: nil, autoFinish: true, downloads: downloads))
+            transactions.append(
+                Transaction(
+                    id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
+                    finishedAt: nil, autoFinish: true, downloads: downloads))
         }
         if !transactions.isEmpty { try self.record(transactions) }
         return reused.isEmpty ? transactions : (try self.liveTransactions(ids: reused.map(\.id))) + transactions
@@ -296,20 +317,26 @@ extension DownloadQueue {
                 let folder = root.appending(path: name)
                 var info = stat()
                 guard lstat(folder.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { continue }
-                let plist = try? PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: folder.appending(path: "ContentInfo.plist")))
+                let plist = try? PropertyListDecoder().decode(
+                    ContentInfo.self, from: Data(contentsOf: folder.appending(path: "ContentInfo.plist")))
                 guard let product = Installer.attribute(Installer.productAttribute, of: folder) ?? plist?.productIdentifier else {
                     unknown.append(folder)
                     continue
                 }
                 let files = try Durability.scan(folder)
-                let install = InstallRecord(destination: destination, contentIdentifier: name, productIdentifier: product,
-                                            contentVersion: plist?.contentVersion ?? "unknown", contentURL: folder.path,
-                                            installedAt: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
-                                            downloadID: "recovered", fileCount: files.count,
-                                            byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
-                try self.store.recordInstall(install, files: files.map {
-                    InstalledFileRecord(destination: destination, contentIdentifier: name, path: $0.path, kind: $0.kind, size: $0.size, sha256: $0.sha256)
-                })
+                let install = InstallRecord(
+                    destination: destination, contentIdentifier: name, productIdentifier: product,
+                    contentVersion: plist?.contentVersion ?? "unknown", contentURL: folder.path,
+                    installedAt: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
+                    downloadID: "recovered", fileCount: files.count,
+                    byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
+                try self.store.recordInstall(
+                    install,
+                    files: files.map {
+                        InstalledFileRecord(
+                            destination: destination, contentIdentifier: name, path: $0.path, kind: $0.kind, size: $0.size,
+                            sha256: $0.sha256)
+                    })
                 count += 1
             }
         }
@@ -350,9 +377,11 @@ extension DownloadQueue {
         guard let keyID = manifest.signedBy, let version = manifest.manifest.version else { return }
         if let last = try self.store.acceptManifestVersion(version, keyID: keyID) {
             let place = manifest.baseURL.redacted
-            throw PackDeliveryError(.untrustedManifest,
-                                    message: "The manifest at \(place) is not trusted: its version \(version) is lower than version \(last), already accepted from the same publisher (a rollback).",
-                                    hint: "Nothing was downloaded; ask the publisher for the current manifest.", subject: place)
+            throw PackDeliveryError(
+                .untrustedManifest,
+                message:
+                    "The manifest at \(place) is not trusted: its version \(version) is lower than version \(last), already accepted from the same publisher (a rollback).",
+                hint: "Nothing was downloaded; ask the publisher for the current manifest.", subject: place)
         }
     }
 }

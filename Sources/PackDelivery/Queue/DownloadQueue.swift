@@ -60,11 +60,13 @@ public final class DownloadQueue: Sendable {
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
         /// A configuration; every parameter has the default a long-running host wants.
-        public init(concurrency: Int = 4, transfer: TransferOptions = TransferOptions(), resumeInterruptedDownloads: Bool = true,
-                    resumeWhenSpaceReturns: Bool = true, maxExpansionRatio: Int64 = 100, maxEntries: Int = 100_000,
-                    maxAttempts: Int = 6, maxRetryDelay: TimeInterval = 30, watchdogTimeout: TimeInterval? = nil,
-                    databaseBusyTimeout: TimeInterval = 15, launchCheckWindow: TimeInterval = 300,
-                    writer: any FileWriting = SystemFileWriter()) {
+        public init(
+            concurrency: Int = 4, transfer: TransferOptions = TransferOptions(), resumeInterruptedDownloads: Bool = true,
+            resumeWhenSpaceReturns: Bool = true, maxExpansionRatio: Int64 = 100, maxEntries: Int = 100_000,
+            maxAttempts: Int = 6, maxRetryDelay: TimeInterval = 30, watchdogTimeout: TimeInterval? = nil,
+            databaseBusyTimeout: TimeInterval = 15, launchCheckWindow: TimeInterval = 300,
+            writer: any FileWriting = SystemFileWriter()
+        ) {
             self.concurrency = max(1, concurrency)
             self.transfer = transfer
             self.resumeInterruptedDownloads = resumeInterruptedDownloads
@@ -80,8 +82,9 @@ public final class DownloadQueue: Sendable {
         }
 
         var retryPolicy: DownloadMachine.RetryPolicy {
-            DownloadMachine.RetryPolicy(maxAttempts: self.maxAttempts, maxDelay: self.maxRetryDelay,
-                                        watchdog: self.watchdogTimeout ?? self.transfer.stallTimeout + 15)
+            DownloadMachine.RetryPolicy(
+                maxAttempts: self.maxAttempts, maxDelay: self.maxRetryDelay,
+                watchdog: self.watchdogTimeout ?? self.transfer.stallTimeout + 15)
         }
     }
 
@@ -161,9 +164,10 @@ public final class DownloadQueue: Sendable {
         self.store = store
         self.owner = QueueOwner.new()
         QueueOwner.register(self.owner)
-        self.installer = Installer(home: home, store: store,
-                                   limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
-                                   writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
+        self.installer = Installer(
+            home: home, store: store,
+            limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
+            writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
         self.state = Mutex(QueueState(machine: QueueMachine(concurrency: configuration.concurrency)))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)
@@ -176,14 +180,19 @@ public final class DownloadQueue: Sendable {
         do throws(PackDeliveryError) {
             if let recovery {
                 let (count, unknown) = try self.rebuildInstalls()
-                self.recovery.withLock { $0 = StoreRecovery(damagedDatabase: recovery.damagedDatabase, installsRecovered: count, foldersNotRecognised: unknown) }
+                self.recovery.withLock {
+                    $0 = StoreRecovery(damagedDatabase: recovery.damagedDatabase, installsRecovered: count, foldersNotRecognised: unknown)
+                }
             }
             try self.onDriver { () throws(PackDeliveryError) in try self.launch() }
         } catch {
             engine.shutdown()
             QueueOwner.unregister(self.owner)
             // A dispatch source must not be released while suspended.
-            self.timer.withLock { $0?.resume(); $0?.cancel() }
+            self.timer.withLock {
+                $0?.resume()
+                $0?.cancel()
+            }
             throw error
         }
         self.timer.withLock { timer in
@@ -222,11 +231,14 @@ public final class DownloadQueue: Sendable {
     ///   content identifier is installed for another product; `queueClosed` after ``close()``; a database error
     ///   when the store cannot be written.
     @discardableResult
-    public func add(product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
-                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true, receipt: String? = nil) throws(PackDeliveryError) -> Transaction {
-        try self.add(products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
-                     force: force, start: start, receipt: receipt)[0]
+    public func add(
+        product productIdentifier: String, from manifest: LoadedManifest, kind: TransactionKind = .purchased,
+        destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+        start: Bool = true, receipt: String? = nil
+    ) throws(PackDeliveryError) -> Transaction {
+        try self.add(
+            products: [productIdentifier], from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
+            force: force, start: start, receipt: receipt)[0]
     }
 
     /// Records one transaction per product in one write and starts their downloads (unless `start` is false):
@@ -248,32 +260,41 @@ public final class DownloadQueue: Sendable {
     /// - Returns: the recorded transactions, in the order of `productIdentifiers`.
     /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:start:receipt:)``; nothing is recorded when any product is refused.
     @discardableResult
-    public func add(products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
-                    destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
-                    start: Bool = true, receipt: String? = nil) throws(PackDeliveryError) -> [Transaction] {
+    public func add(
+        products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,
+        destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
+        start: Bool = true, receipt: String? = nil
+    ) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()
         var products: [Manifest.Product] = []
         let index = Dictionary(manifest.manifest.products.map { ($0.productIdentifier, $0) }, uniquingKeysWith: { a, _ in a })
         for identifier in productIdentifiers {
             guard let product = index[identifier] else {
                 let known = manifest.manifest.products.prefix(20).map(\.productIdentifier).joined(separator: ", ")
-                throw PackDeliveryError(.unknownProduct, message: "The manifest at \(manifest.baseURL.redacted) has no product '\(PackDeliveryError.printable(identifier))'.",
-                                        hint: known.isEmpty ? "The manifest lists no products." : "It lists: \(PackDeliveryError.printable(known))\(manifest.manifest.products.count > 20 ? ", …" : "").",
-                                        subject: identifier)
+                throw PackDeliveryError(
+                    .unknownProduct,
+                    message: "The manifest at \(manifest.baseURL.redacted) has no product '\(PackDeliveryError.printable(identifier))'.",
+                    hint: known.isEmpty
+                        ? "The manifest lists no products."
+                        : "It lists: \(PackDeliveryError.printable(known))\(manifest.manifest.products.count > 20 ? ", …" : "").",
+                    subject: identifier)
             }
             products.append(product)
         }
         // The facts (what is installed, which folders exist), then the decision (AddPlan), then the record.
         let wanted = Set(products.flatMap { $0.contents.map(\.contentIdentifier) })
-        let byContent = Dictionary(grouping: try self.store.installs().filter { wanted.contains($0.contentIdentifier) }, by: \.contentIdentifier)
+        let byContent = Dictionary(
+            grouping: try self.store.installs().filter { wanted.contains($0.contentIdentifier) }, by: \.contentIdentifier)
         let present = Set(byContent.values.joined().map(\.contentURL).filter { FileManager.default.fileExists(atPath: $0) })
         var transactions: [Transaction] = []
         for product in products {
             let transactionID = Self.newID("t")
             var urls: [URL] = []
             for content in product.contents { urls.append(try manifest.packURL(for: content)) }
-            var downloads = try AddPlan.downloads(for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
-                                                  installs: byContent, presentFolders: present, newID: { Self.newID("d") }).get()
+            var downloads = try AddPlan.downloads(
+                for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
+                installs: byContent, presentFolders: present, newID: { Self.newID("d") }
+            ).get()
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
                 downloads[offset].index = manifest.resolvedIndex(for: content)
             }
@@ -283,8 +304,10 @@ public final class DownloadQueue: Sendable {
                     downloads[index].pauseReason = .notStarted
                 }
             }
-            transactions.append(Transaction(id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
-                                            finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
+            transactions.append(
+                Transaction(
+                    id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
+                    finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
         }
         try self.record(transactions, manifestURL: manifest.source, receipt: receipt)
         return transactions
@@ -378,7 +401,7 @@ public final class DownloadQueue: Sendable {
     ///
     /// - Parameter reason: `user` for a person's request, `interrupted` for a shutdown (resumed on the next launch).
     public func pauseAll(reason: PauseReason = .user) {
-        self.onDriver { self.change { $0.pauseAll(reason, closing: false) } }
+        self.runOnDriver { self.change { $0.pauseAll(reason, closing: false) } }
     }
 
     // MARK: Installed content
@@ -425,18 +448,27 @@ public final class DownloadQueue: Sendable {
     /// Pauses running downloads (reason `interrupted`), saves their state, gives them up for other
     /// processes, and stops the transfer thread. Event streams end.
     public func close() {
-        let first = self.state.withLock { state in defer { state.closed = true }; return !state.closed }
+        let first = self.state.withLock { state in
+            defer { state.closed = true }
+            return !state.closed
+        }
         guard first else { return }
         self.timer.withLock { $0?.cancel() }
-        self.onDriver { self.change { $0.pauseAll(.interrupted, closing: true) } }
+        self.runOnDriver { self.change { $0.pauseAll(.interrupted, closing: true) } }
         self.engineBox.withLock { $0 }?.shutdown()
-        self.onDriver {
+        self.runOnDriver {
             // Discarded, and waited for (briefly): a process that exits leaves no half-unpacked folder behind.
-            let streams = self.state.withLock { state in defer { state.streams = [:] }; return Array(state.streams.values) }
+            let streams = self.state.withLock { state in
+                defer { state.streams = [:] }
+                return Array(state.streams.values)
+            }
             for stream in streams { stream.discard() }
             for stream in streams { stream.waitUntilEnded(timeout: 2) }
             // Stopped by the pause above; their threads end at the next block of bytes.
-            let deltas = self.state.withLock { state in defer { state.deltas = [:] }; return Array(state.deltas.values) }
+            let deltas = self.state.withLock { state in
+                defer { state.deltas = [:] }
+                return Array(state.deltas.values)
+            }
             for delta in deltas { delta.stopAndWait() }
             self.save(includingProgress: true)
             let ids = self.state.withLock { Array($0.machine.entries.keys) }
@@ -459,7 +491,8 @@ public final class DownloadQueue: Sendable {
 
     func requireOpen() throws(PackDeliveryError) {
         if self.state.withLock({ $0.closed }) {
-            throw PackDeliveryError(.queueClosed, message: "The download queue was closed.", hint: "Open a new DownloadQueue on the same home.")
+            throw PackDeliveryError(
+                .queueClosed, message: "The download queue was closed.", hint: "Open a new DownloadQueue on the same home.")
         }
     }
 
@@ -472,7 +505,7 @@ public final class DownloadQueue: Sendable {
         return try result.get()
     }
 
-    func onDriver(_ body: () -> Void) {
+    func runOnDriver(_ body: () -> Void) {
         if DispatchQueue.getSpecific(key: Self.driverKey) == true { return body() }
         self.driver.sync(execute: body)
     }

@@ -10,24 +10,31 @@ enum AddPlan {
     /// - Parameters:
     ///   - installs: the recorded installs of the product's content identifiers, by content identifier.
     ///   - presentFolders: the install folders (paths) that exist.
-    static func downloads(for product: Manifest.Product, transactionID: String, urls: [URL], destination: Destination, force: Bool,
-                          installs: [String: [InstallRecord]], presentFolders: Set<String>,
-                          newID: () -> String) -> Result<[Download], PackDeliveryError> {
+    static func downloads(
+        for product: Manifest.Product, transactionID: String, urls: [URL], destination: Destination, force: Bool,
+        installs: [String: [InstallRecord]], presentFolders: Set<String>,
+        newID: () -> String
+    ) -> Result<[Download], PackDeliveryError> {
         var downloads: [Download] = []
         for (content, url) in zip(product.contents, urls) {
             if let other = installs[content.contentIdentifier]?.first(where: { $0.productIdentifier != product.productIdentifier }) {
-                return .failure(PackDeliveryError(
-                    .contentIdentifierTaken,
-                    message: "The content identifier \(PackDeliveryError.printable(content.contentIdentifier)) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(PackDeliveryError.printable(product.productIdentifier)) cannot install into it.",
-                    hint: "Nothing was recorded; one of the two manifests must use another contentIdentifier.", subject: content.contentIdentifier))
+                return .failure(
+                    PackDeliveryError(
+                        .contentIdentifierTaken,
+                        message:
+                            "The content identifier \(PackDeliveryError.printable(content.contentIdentifier)) is installed for \(PackDeliveryError.printable(other.productIdentifier)), so \(PackDeliveryError.printable(product.productIdentifier)) cannot install into it.",
+                        hint: "Nothing was recorded; one of the two manifests must use another contentIdentifier.",
+                        subject: content.contentIdentifier))
             }
-            var download = Download(id: newID(), transactionID: transactionID, productIdentifier: product.productIdentifier,
-                                    contentIdentifier: content.contentIdentifier, contentVersion: content.contentVersion,
-                                    contentLength: content.contentLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1,
-                                    pauseReason: nil, contentURL: nil, error: nil, url: url, sha256: content.sha256.lowercased(),
-                                    unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0)
+            var download = Download(
+                id: newID(), transactionID: transactionID, productIdentifier: product.productIdentifier,
+                contentIdentifier: content.contentIdentifier, contentVersion: content.contentVersion,
+                contentLength: content.contentLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1,
+                pauseReason: nil, contentURL: nil, error: nil, url: url, sha256: content.sha256.lowercased(),
+                unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0)
             if !force, let existing = installs[content.contentIdentifier]?.first(where: { $0.destination == destination }),
-               existing.contentVersion == content.contentVersion, presentFolders.contains(existing.contentURL) {
+                existing.contentVersion == content.contentVersion, presentFolders.contains(existing.contentURL)
+            {
                 download.state = .finished
                 download.progress = 1
                 download.timeRemaining = 0
@@ -77,8 +84,9 @@ enum Adoption {
         download.bytesReceived = min(max(0, onDisk), download.contentLength)
         download.progress = download.contentLength > 0 ? min(1, Double(download.bytesReceived) / Double(download.contentLength)) : 0
         download.retryDate = nil
-        var machine = DownloadMachine(download: download, validator: record.validator, retriedFromZero: record.retriedFromZero,
-                                      verified: verified, stagingInode: nil, retryPolicy: retryPolicy)
+        var machine = DownloadMachine(
+            download: download, validator: record.validator, retriedFromZero: record.retriedFromZero,
+            verified: verified, stagingInode: nil, retryPolicy: retryPolicy)
         machine.recheckArchive = verified
         return machine
     }
@@ -126,14 +134,19 @@ enum Redelivery {
     static func packURL(of download: Download, in manifest: LoadedManifest) throws(PackDeliveryError) -> URL {
         let place = (manifest.source ?? manifest.baseURL).redacted
         guard let product = manifest.manifest.products.first(where: { $0.productIdentifier == download.productIdentifier }),
-              let content = product.contents.first(where: { $0.contentIdentifier == download.contentIdentifier }) else {
-            throw PackDeliveryError(.invalidManifest, message: "The manifest at \(place) no longer lists \(download.contentIdentifier) for \(download.productIdentifier).",
-                                    subject: place)
+            let content = product.contents.first(where: { $0.contentIdentifier == download.contentIdentifier })
+        else {
+            throw PackDeliveryError(
+                .invalidManifest,
+                message: "The manifest at \(place) no longer lists \(download.contentIdentifier) for \(download.productIdentifier).",
+                subject: place)
         }
         guard content.sha256.lowercased() == download.sha256.lowercased(), content.contentLength == download.contentLength else {
-            throw PackDeliveryError(.invalidManifest,
-                                    message: "The manifest at \(place) now lists another version of \(download.contentIdentifier) (its SHA-256 or length changed): fetch the product again.",
-                                    subject: place)
+            throw PackDeliveryError(
+                .invalidManifest,
+                message:
+                    "The manifest at \(place) now lists another version of \(download.contentIdentifier) (its SHA-256 or length changed): fetch the product again.",
+                subject: place)
         }
         return try manifest.packURL(for: content)
     }

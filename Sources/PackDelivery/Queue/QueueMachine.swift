@@ -158,7 +158,9 @@ struct QueueMachine: Sendable {
         }
         let needed = self.needed(entry.machine.download)
         if let available, needed > available {
-            return self.update(id) { $0.pause(.insufficientStorage, error: .insufficientStorage(path: path, needed: needed, available: available)) }
+            return self.update(id) {
+                $0.pause(.insufficientStorage, error: .insufficientStorage(path: path, needed: needed, available: available))
+            }
         }
         return self.update(id) { $0.start(now: now) }
     }
@@ -246,7 +248,8 @@ struct QueueMachine: Sendable {
     private mutating func track(_ id: String, before: Download?, into actions: inout [Action], acted: Bool = true) {
         guard var entry = self.entries[id] else { return }
         let after = entry.machine.download
-        let stateChanged = before == nil || before?.state != after.state || before?.phase != after.phase
+        let stateChanged =
+            before == nil || before?.state != after.state || before?.phase != after.phase
             || before?.pauseReason != after.pauseReason || before?.error != after.error || before?.retryDate != after.retryDate
         if stateChanged || acted {
             self.changed[id] = .state

@@ -46,9 +46,10 @@ public struct Home: Sendable, Hashable {
             if let value = environment[variable], value.hasPrefix("/") { return URL(filePath: value) }
             return home.appending(path: fallback)
         }
-        return Home(stateFolder: base("XDG_STATE_HOME", ".local/state").appending(path: "packdelivery"),
-                    cachesFolder: base("XDG_CACHE_HOME", ".cache").appending(path: "packdelivery"),
-                    documentsFolder: base("XDG_DATA_HOME", ".local/share").appending(path: "packdelivery"))
+        return Home(
+            stateFolder: base("XDG_STATE_HOME", ".local/state").appending(path: "packdelivery"),
+            cachesFolder: base("XDG_CACHE_HOME", ".cache").appending(path: "packdelivery"),
+            documentsFolder: base("XDG_DATA_HOME", ".local/share").appending(path: "packdelivery"))
     }
 
     /// The state database, `state.sqlite` in ``stateFolder``.
@@ -102,9 +103,11 @@ public struct Home: Sendable, Hashable {
     /// Creates the folders, and marks both roots as re-downloadable for backup tools
     /// (a `CACHEDIR.TAG` and the `user.xdg.robots.backup` attribute).
     func prepare() throws(PackDeliveryError) {
-        for folder in [self.stateFolder] + Destination.allCases.flatMap({
-            [self.workFolder(for: $0).appending(path: "downloads"), self.workFolder(for: $0).appending(path: "staging")]
-        }) {
+        for folder in [self.stateFolder]
+            + Destination.allCases.flatMap({
+                [self.workFolder(for: $0).appending(path: "downloads"), self.workFolder(for: $0).appending(path: "staging")]
+            })
+        {
             try Self.makeDirectories(folder)
         }
         for destination in Destination.allCases {

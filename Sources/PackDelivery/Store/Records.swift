@@ -73,7 +73,10 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         static let ownerQueue = Column(CodingKeys.ownerQueue)
     }
 
-    init(_ download: Download, position: Int, validator: String?, partialPath: String?, stagingInode: Int64?, retriedFromZero: Bool, verified: Bool) {
+    init(
+        _ download: Download, position: Int, validator: String?, partialPath: String?, stagingInode: Int64?, retriedFromZero: Bool,
+        verified: Bool
+    ) {
         self.id = download.id
         self.transactionID = download.transactionID
         self.position = position
@@ -107,14 +110,16 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     }
 
     var download: Download {
-        Download(id: self.id, transactionID: self.transactionID, productIdentifier: self.productIdentifier,
-                 contentIdentifier: self.contentIdentifier, contentVersion: self.contentVersion, contentLength: self.contentLength,
-                 state: self.state, phase: self.phase, progress: self.progress, phaseProgress: 0, timeRemaining: -1, pauseReason: self.pauseReason,
-                 contentURL: self.contentURL.map { URL(filePath: $0) },
-                 error: self.error.flatMap { try? JSONDecoder().decode(PackDeliveryError.self, from: Data($0.utf8)) },
-                 url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
-                 destination: self.destination, bytesReceived: self.bytesReceived,
-                 index: self.indexReference.flatMap { try? JSONDecoder().decode(Manifest.IndexReference.self, from: Data($0.utf8)) })
+        Download(
+            id: self.id, transactionID: self.transactionID, productIdentifier: self.productIdentifier,
+            contentIdentifier: self.contentIdentifier, contentVersion: self.contentVersion, contentLength: self.contentLength,
+            state: self.state, phase: self.phase, progress: self.progress, phaseProgress: 0, timeRemaining: -1,
+            pauseReason: self.pauseReason,
+            contentURL: self.contentURL.map { URL(filePath: $0) },
+            error: self.error.flatMap { try? JSONDecoder().decode(PackDeliveryError.self, from: Data($0.utf8)) },
+            url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
+            destination: self.destination, bytesReceived: self.bytesReceived,
+            index: self.indexReference.flatMap { try? JSONDecoder().decode(Manifest.IndexReference.self, from: Data($0.utf8)) })
     }
 }
 
@@ -142,9 +147,10 @@ struct InstallRecord: Codable, FetchableRecord, PersistableRecord, Sendable, Has
     }
 
     var content: InstalledContent {
-        InstalledContent(productIdentifier: self.productIdentifier, contentIdentifier: self.contentIdentifier,
-                         contentVersion: self.contentVersion, contentURL: URL(filePath: self.contentURL),
-                         destination: self.destination, installedAt: self.installedAt)
+        InstalledContent(
+            productIdentifier: self.productIdentifier, contentIdentifier: self.contentIdentifier,
+            contentVersion: self.contentVersion, contentURL: URL(filePath: self.contentURL),
+            destination: self.destination, installedAt: self.installedAt)
     }
 }
 

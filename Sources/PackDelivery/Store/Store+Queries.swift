@@ -6,18 +6,24 @@ extension Store {
 
     /// Records new transactions with their downloads in one durable write, owned by `owner` where `owned` says so.
     /// `manifestURL` and `receipt`, when given, are recorded for each transaction (``TransactionAccessRecord``).
-    func insert(_ transactions: [Transaction], owner: QueueOwner, manifestURL: URL? = nil, receipt: String? = nil,
-                partialPath: (Download) -> String) throws(PackDeliveryError) {
+    func insert(
+        _ transactions: [Transaction], owner: QueueOwner, manifestURL: URL? = nil, receipt: String? = nil,
+        partialPath: (Download) -> String
+    ) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
             for transaction in transactions {
-                try TransactionRecord(id: transaction.id, productIdentifier: transaction.productIdentifier, kind: transaction.kind,
-                                      createdAt: transaction.createdAt, finishedAt: nil, autoFinish: transaction.autoFinish).insert(db)
+                try TransactionRecord(
+                    id: transaction.id, productIdentifier: transaction.productIdentifier, kind: transaction.kind,
+                    createdAt: transaction.createdAt, finishedAt: nil, autoFinish: transaction.autoFinish
+                ).insert(db)
                 if manifestURL != nil || receipt != nil {
-                    try TransactionAccessRecord(transactionID: transaction.id, manifestURL: manifestURL?.absoluteString, receipt: receipt).insert(db)
+                    try TransactionAccessRecord(transactionID: transaction.id, manifestURL: manifestURL?.absoluteString, receipt: receipt)
+                        .insert(db)
                 }
                 for (position, download) in transaction.downloads.enumerated() {
-                    var record = DownloadRecord(download, position: position, validator: nil, partialPath: partialPath(download),
-                                                stagingInode: nil, retriedFromZero: false, verified: false)
+                    var record = DownloadRecord(
+                        download, position: position, validator: nil, partialPath: partialPath(download),
+                        stagingInode: nil, retriedFromZero: false, verified: false)
                     // Only what this queue runs now is owned; a download not started waits for whoever starts it.
                     if download.state.isRunning {
                         (record.ownerPID, record.ownerStart, record.ownerQueue) = (owner.pid, owner.start, owner.queue)
@@ -40,19 +46,22 @@ extension Store {
             if let ids {
                 downloads = try DownloadRecord.filter(ids.contains(DownloadRecord.Columns.transactionID)).fetchAll(db)
             } else if unfinishedOnly {
-                downloads = try DownloadRecord.fetchAll(db, sql: """
-                    SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                    WHERE transactions.finishedAt IS NULL
-                    """)
+                downloads = try DownloadRecord.fetchAll(
+                    db,
+                    sql: """
+                        SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                        WHERE transactions.finishedAt IS NULL
+                        """)
             } else {
                 downloads = try DownloadRecord.fetchAll(db)
             }
             var byTransaction: [String: [DownloadRecord]] = [:]
             for download in downloads { byTransaction[download.transactionID, default: []].append(download) }
             return records.map { record in
-                Transaction(id: record.id, productIdentifier: record.productIdentifier, kind: record.kind,
-                            createdAt: record.createdAt, finishedAt: record.finishedAt, autoFinish: record.autoFinish,
-                            downloads: (byTransaction[record.id] ?? []).sorted { $0.position < $1.position }.map(\.download))
+                Transaction(
+                    id: record.id, productIdentifier: record.productIdentifier, kind: record.kind,
+                    createdAt: record.createdAt, finishedAt: record.finishedAt, autoFinish: record.autoFinish,
+                    downloads: (byTransaction[record.id] ?? []).sorted { $0.position < $1.position }.map(\.download))
             }
         }
     }
@@ -65,7 +74,8 @@ extension Store {
     /// Replaces the receipt of these transactions (a renewed one); returns the ids that exist.
     func setReceipt(_ receipt: String, transactionIDs: [String]) throws(PackDeliveryError) -> [String] {
         try self.write(durable: true) { db in
-            let known = try String.fetchAll(db, TransactionRecord.select(TransactionRecord.Columns.id).filter(transactionIDs.contains(TransactionRecord.Columns.id)))
+            let known = try String.fetchAll(
+                db, TransactionRecord.select(TransactionRecord.Columns.id).filter(transactionIDs.contains(TransactionRecord.Columns.id)))
             for id in known {
                 if var access = try TransactionAccessRecord.fetchOne(db, key: id) {
                     access.receipt = receipt
@@ -84,23 +94,28 @@ extension Store {
 
     /// Takes over the downloads among `ids` (or, with nil, every download of an open transaction that
     /// `wanted` accepts) that no live queue owns, in one write; returns their rows as they are now.
-    func claim(_ ids: [String]?, owner: QueueOwner, wanted: (DownloadRecord) -> Bool = { _ in true }) throws(PackDeliveryError) -> [DownloadRecord] {
+    func claim(_ ids: [String]?, owner: QueueOwner, wanted: (DownloadRecord) -> Bool = { _ in true }) throws(PackDeliveryError)
+        -> [DownloadRecord]
+    {
         try self.write { db in
             let candidates: [DownloadRecord]
             if let ids {
                 candidates = try DownloadRecord.filter(keys: ids).fetchAll(db)
             } else {
-                candidates = try DownloadRecord.fetchAll(db, sql: """
-                    SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                    WHERE transactions.finishedAt IS NULL AND downloads.state NOT IN ('finished', 'cancelled')
-                    """)
+                candidates = try DownloadRecord.fetchAll(
+                    db,
+                    sql: """
+                        SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                        WHERE transactions.finishedAt IS NULL AND downloads.state NOT IN ('finished', 'cancelled')
+                        """)
             }
             var claimed: [DownloadRecord] = []
             for var record in candidates where wanted(record) {
                 if let current = record.owner, current.queue == owner.queue || current.isAlive { continue }
                 (record.ownerPID, record.ownerStart, record.ownerQueue) = (owner.pid, owner.start, owner.queue)
-                try db.execute(sql: "UPDATE downloads SET ownerPID = ?, ownerStart = ?, ownerQueue = ? WHERE id = ?",
-                               arguments: [owner.pid, owner.start, owner.queue, record.id])
+                try db.execute(
+                    sql: "UPDATE downloads SET ownerPID = ?, ownerStart = ?, ownerQueue = ? WHERE id = ?",
+                    arguments: [owner.pid, owner.start, owner.queue, record.id])
                 claimed.append(record)
             }
             return claimed
@@ -112,8 +127,10 @@ extension Store {
         guard !ids.isEmpty else { return }
         try self.write { db in
             for chunk in ids.chunked(500) {
-                try db.execute(sql: "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE ownerQueue = ? AND id IN (\(databaseQuestionMarks(count: chunk.count)))",
-                               arguments: StatementArguments([owner.queue] + chunk))
+                try db.execute(
+                    sql:
+                        "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE ownerQueue = ? AND id IN (\(databaseQuestionMarks(count: chunk.count)))",
+                    arguments: StatementArguments([owner.queue] + chunk))
             }
         }
     }
@@ -135,8 +152,10 @@ extension Store {
     func takeRequests(owner: QueueOwner) throws(PackDeliveryError) -> [(id: String, request: String)] {
         // A read first: almost always there is nothing, and a read takes no write lock.
         let pending = try self.read { db in
-            try Row.fetchAll(db, sql: "SELECT id, request FROM downloads WHERE request IS NOT NULL AND ownerQueue = ?", arguments: [owner.queue])
-                .map { (id: $0["id"] as String, request: $0["request"] as String) }
+            try Row.fetchAll(
+                db, sql: "SELECT id, request FROM downloads WHERE request IS NOT NULL AND ownerQueue = ?", arguments: [owner.queue]
+            )
+            .map { (id: $0["id"] as String, request: $0["request"] as String) }
         }
         guard !pending.isEmpty else { return [] }
         try self.write { db in
@@ -155,10 +174,15 @@ extension Store {
     func finish(_ ids: [String], at date: Date) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
             for chunk in ids.chunked(500) {
-                try db.execute(sql: "UPDATE transactions SET finishedAt = ? WHERE finishedAt IS NULL AND id IN (\(databaseQuestionMarks(count: chunk.count)))",
-                               arguments: StatementArguments([date as any DatabaseValueConvertible] + chunk.map { $0 as any DatabaseValueConvertible }))
-                try db.execute(sql: "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count)))",
-                               arguments: StatementArguments(chunk))
+                try db.execute(
+                    sql:
+                        "UPDATE transactions SET finishedAt = ? WHERE finishedAt IS NULL AND id IN (\(databaseQuestionMarks(count: chunk.count)))",
+                    arguments: StatementArguments([date as any DatabaseValueConvertible] + chunk.map { $0 as any DatabaseValueConvertible })
+                )
+                try db.execute(
+                    sql:
+                        "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count)))",
+                    arguments: StatementArguments(chunk))
             }
         }
     }
@@ -167,7 +191,8 @@ extension Store {
 
     func installs(productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstallRecord] {
         try self.read { db in
-            var request = InstallRecord.order(InstallRecord.Columns.productIdentifier, InstallRecord.Columns.installedAt, InstallRecord.Columns.contentIdentifier)
+            var request = InstallRecord.order(
+                InstallRecord.Columns.productIdentifier, InstallRecord.Columns.installedAt, InstallRecord.Columns.contentIdentifier)
             if let productIdentifier { request = request.filter(InstallRecord.Columns.productIdentifier == productIdentifier) }
             return try request.fetchAll(db)
         }
@@ -186,11 +211,13 @@ extension Store {
             let since = window.map { newest.addingTimeInterval(-$0) } ?? Date(timeIntervalSince1970: 0)
             let installs = try InstallRecord.filter(InstallRecord.Columns.installedAt >= since).fetchAll(db)
             var files: [String: [InstalledFileRecord]] = [:]
-            let rows = try InstalledFileRecord.fetchCursor(db, sql: """
-                SELECT installedFiles.* FROM installedFiles JOIN installs
-                  ON installs.destination = installedFiles.destination AND installs.contentIdentifier = installedFiles.contentIdentifier
-                WHERE installs.installedAt >= ?
-                """, arguments: [since])
+            let rows = try InstalledFileRecord.fetchCursor(
+                db,
+                sql: """
+                    SELECT installedFiles.* FROM installedFiles JOIN installs
+                      ON installs.destination = installedFiles.destination AND installs.contentIdentifier = installedFiles.contentIdentifier
+                    WHERE installs.installedAt >= ?
+                    """, arguments: [since])
             while let file = try rows.next() { files["\(file.destination.rawValue)/\(file.contentIdentifier)", default: []].append(file) }
             return installs.map { ($0, files["\($0.destination.rawValue)/\($0.contentIdentifier)"] ?? []) }
         }
@@ -198,8 +225,10 @@ extension Store {
 
     func files(of install: InstallRecord) throws(PackDeliveryError) -> [InstalledFileRecord] {
         try self.read { db in
-            try InstalledFileRecord.filter(InstalledFileRecord.Columns.destination == install.destination
-                && InstalledFileRecord.Columns.contentIdentifier == install.contentIdentifier).fetchAll(db)
+            try InstalledFileRecord.filter(
+                InstalledFileRecord.Columns.destination == install.destination
+                    && InstalledFileRecord.Columns.contentIdentifier == install.contentIdentifier
+            ).fetchAll(db)
         }
     }
 
@@ -207,38 +236,45 @@ extension Store {
     /// returns, the install survives a power cut (its files and folders were synced before).
     func recordInstall(_ install: InstallRecord, files: [InstalledFileRecord]) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
-            try db.execute(sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
-                           arguments: [install.destination, install.contentIdentifier])
+            try db.execute(
+                sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
+                arguments: [install.destination, install.contentIdentifier])
             try install.save(db)
             for file in files { try file.insert(db) }
-            try db.execute(sql: """
-                UPDATE downloads SET state = ?, phase = NULL, progress = 1, contentURL = ?, stagingInode = NULL,
-                       verified = 0, partialPath = NULL, error = NULL, pauseReason = NULL, bytesReceived = contentLength
-                WHERE id = ?
-                """, arguments: [DownloadState.finished, install.contentURL, install.downloadID])
+            try db.execute(
+                sql: """
+                    UPDATE downloads SET state = ?, phase = NULL, progress = 1, contentURL = ?, stagingInode = NULL,
+                           verified = 0, partialPath = NULL, error = NULL, pauseReason = NULL, bytesReceived = contentLength
+                    WHERE id = ?
+                    """, arguments: [DownloadState.finished, install.contentURL, install.downloadID])
         }
     }
 
     /// The last finished download of each pack (product and content identifier), newest first: what a restore delivers again.
     func lastFinishedDownloads(productIdentifiers: [String]?) throws(PackDeliveryError) -> [DownloadRecord] {
         try self.read { db in
-            let all = try DownloadRecord.fetchAll(db, sql: """
-                SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                WHERE downloads.state = 'finished' ORDER BY transactions.createdAt DESC
-                """)
+            let all = try DownloadRecord.fetchAll(
+                db,
+                sql: """
+                    SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                    WHERE downloads.state = 'finished' ORDER BY transactions.createdAt DESC
+                    """)
             let wanted = productIdentifiers.map(Set.init)
             var seen = Set<String>()
             return all.filter { record in
-                (wanted?.contains(record.productIdentifier) ?? true) && seen.insert("\(record.productIdentifier)\u{0}\(record.contentIdentifier)").inserted
+                (wanted?.contains(record.productIdentifier) ?? true)
+                    && seen.insert("\(record.productIdentifier)\u{0}\(record.contentIdentifier)").inserted
             }
         }
     }
 
     func deleteInstall(_ install: InstallRecord) throws(PackDeliveryError) {
         try self.write { db in
-            try db.execute(sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
-                           arguments: [install.destination, install.contentIdentifier])
-            _ = try InstallRecord.deleteOne(db, key: ["destination": install.destination.rawValue, "contentIdentifier": install.contentIdentifier])
+            try db.execute(
+                sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
+                arguments: [install.destination, install.contentIdentifier])
+            _ = try InstallRecord.deleteOne(
+                db, key: ["destination": install.destination.rawValue, "contentIdentifier": install.contentIdentifier])
         }
     }
 }
@@ -265,7 +301,9 @@ extension Store {
     /// Records `version` as the newest from `keyID` unless a higher one was accepted; returns that higher one.
     func acceptManifestVersion(_ version: Int, keyID: String) throws(PackDeliveryError) -> Int? {
         try self.write(durable: true) { db -> Int? in
-            if let last = try Int.fetchOne(db, sql: "SELECT version FROM manifestVersions WHERE keyID = ?", arguments: [keyID]), last > version {
+            if let last = try Int.fetchOne(db, sql: "SELECT version FROM manifestVersions WHERE keyID = ?", arguments: [keyID]),
+                last > version
+            {
                 return last
             }
             try db.execute(sql: "INSERT OR REPLACE INTO manifestVersions (keyID, version) VALUES (?, ?)", arguments: [keyID, version])

@@ -158,10 +158,11 @@ final class Store: Sendable {
             }
             // Who owns a content identifier, in any destination: asked at every install.
             try db.create(index: "installs_contentIdentifier", on: "installs", columns: ["contentIdentifier"])
-            try db.execute(sql: """
-                INSERT INTO installs (destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, fileCount, byteCount)
-                SELECT destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, -1, 0 FROM installedContent
-                """)
+            try db.execute(
+                sql: """
+                    INSERT INTO installs (destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, fileCount, byteCount)
+                    SELECT destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID, -1, 0 FROM installedContent
+                    """)
             try db.drop(table: "installedContent")
             try db.create(table: "installedFiles", options: .withoutRowID) { t in
                 t.column("destination", .text).notNull()
@@ -245,14 +246,17 @@ final class Store: Sendable {
             if error.resultCode == .SQLITE_FULL {
                 return .insufficientStorage(path: path, needed: nil, available: nil, errno: ENOSPC)
             }
-            let code: PackDeliveryError.Code = switch error.resultCode {
-            case .SQLITE_BUSY, .SQLITE_LOCKED: .databaseBusy
-            case .SQLITE_CORRUPT, .SQLITE_NOTADB: .databaseCorrupt
-            default: .database
-            }
-            return PackDeliveryError(code, message: "The state database \(path) failed: \(error.message ?? "\(error.resultCode)").",
-                                     hint: code == .databaseBusy ? "Another process held it locked for too long; try again." : "Check the home folder's permissions and free space.",
-                                     subject: path, underlying: .init(.sqlite, Int(error.extendedResultCode.rawValue)))
+            let code: PackDeliveryError.Code =
+                switch error.resultCode {
+                case .SQLITE_BUSY, .SQLITE_LOCKED: .databaseBusy
+                case .SQLITE_CORRUPT, .SQLITE_NOTADB: .databaseCorrupt
+                default: .database
+                }
+            return PackDeliveryError(
+                code, message: "The state database \(path) failed: \(error.message ?? "\(error.resultCode)").",
+                hint: code == .databaseBusy
+                    ? "Another process held it locked for too long; try again." : "Check the home folder's permissions and free space.",
+                subject: path, underlying: .init(.sqlite, Int(error.extendedResultCode.rawValue)))
         }
         return PackDeliveryError(.database, message: "The state database \(path) failed: \(error).", subject: path)
     }

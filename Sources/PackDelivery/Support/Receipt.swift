@@ -35,7 +35,11 @@ public struct Receipt: Sendable, Hashable {
         case notYetValid
     }
 
-    private struct Header: Codable { var alg: String; var typ: String?; var kid: String? }
+    private struct Header: Codable {
+        var alg: String
+        var typ: String?
+        var kid: String?
+    }
     private struct Claims: Codable {
         var products: [String]
         var sub: String
@@ -54,15 +58,19 @@ public struct Receipt: Sendable, Hashable {
     ///   - key: the store's signing key.
     ///   - now: the issue time.
     /// - Returns: the compact JWS, `header.claims.signature`.
-    public static func issue(products: [String], subject: String, lifetime: TimeInterval, key: PublisherSigningKey,
-                             now: Date = Date()) throws(PackDeliveryError) -> String {
+    public static func issue(
+        products: [String], subject: String, lifetime: TimeInterval, key: PublisherSigningKey,
+        now: Date = Date()
+    ) throws(PackDeliveryError) -> String {
         let issued = Int64(now.timeIntervalSince1970)
-        let claims = Claims(products: products, sub: subject, jti: UUID().uuidString.lowercased(), iat: issued,
-                            exp: issued + Int64(lifetime.rounded(.up)), nbf: issued)
+        let claims = Claims(
+            products: products, sub: subject, jti: UUID().uuidString.lowercased(), iat: issued,
+            exp: issued + Int64(lifetime.rounded(.up)), nbf: issued)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         guard let header = try? encoder.encode(Header(alg: "EdDSA", typ: "JWT", kid: key.publicKey.id)),
-              let body = try? encoder.encode(claims) else {
+            let body = try? encoder.encode(claims)
+        else {
             throw PackDeliveryError(.internalError, message: "A receipt could not be encoded.")
         }
         let signingInput = Self.base64URL(header) + "." + Self.base64URL(body)
@@ -76,22 +84,30 @@ public struct Receipt: Sendable, Hashable {
     ///   - keys: the public keys whose receipts are trusted.
     ///   - now: the time to check against; `leeway` seconds of clock difference are allowed.
     /// - Returns: the receipt, or why it was refused.
-    public static func verify(_ token: some StringProtocol, keys: [PublisherKey], now: Date = Date(),
-                              leeway: TimeInterval = 30) -> Result<Receipt, ReceiptRefusal> {
+    public static func verify(
+        _ token: some StringProtocol, keys: [PublisherKey], now: Date = Date(),
+        leeway: TimeInterval = 30
+    ) -> Result<Receipt, ReceiptRefusal> {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let headerData = Self.decodeBase64URL(parts[0]), let bodyData = Self.decodeBase64URL(parts[1]),
-              let signature = Self.decodeBase64URL(parts[2]),
-              let header = try? JSONDecoder().decode(Header.self, from: headerData) else {
+            let signature = Self.decodeBase64URL(parts[2]),
+            let header = try? JSONDecoder().decode(Header.self, from: headerData)
+        else {
             return .failure(ReceiptRefusal(problem: .malformed))
         }
         guard header.alg == "EdDSA" else { return .failure(ReceiptRefusal(problem: .algorithm)) }
         let signingInput = Data("\(parts[0]).\(parts[1])".utf8)
-        guard keys.contains(where: { $0.verifies(signature, of: signingInput) }) else { return .failure(ReceiptRefusal(problem: .signature)) }
-        guard let claims = try? JSONDecoder().decode(Claims.self, from: bodyData) else { return .failure(ReceiptRefusal(problem: .malformed)) }
-        let receipt = Receipt(products: claims.products, subject: claims.sub, id: claims.jti,
-                              issuedAt: Date(timeIntervalSince1970: TimeInterval(claims.iat)),
-                              expires: Date(timeIntervalSince1970: TimeInterval(claims.exp)),
-                              notBefore: Date(timeIntervalSince1970: TimeInterval(claims.nbf)))
+        guard keys.contains(where: { $0.verifies(signature, of: signingInput) }) else {
+            return .failure(ReceiptRefusal(problem: .signature))
+        }
+        guard let claims = try? JSONDecoder().decode(Claims.self, from: bodyData) else {
+            return .failure(ReceiptRefusal(problem: .malformed))
+        }
+        let receipt = Receipt(
+            products: claims.products, subject: claims.sub, id: claims.jti,
+            issuedAt: Date(timeIntervalSince1970: TimeInterval(claims.iat)),
+            expires: Date(timeIntervalSince1970: TimeInterval(claims.exp)),
+            notBefore: Date(timeIntervalSince1970: TimeInterval(claims.nbf)))
         if now.timeIntervalSince(receipt.expires) >= leeway { return .failure(ReceiptRefusal(problem: .expired, receipt: receipt)) }
         if receipt.notBefore.timeIntervalSince(now) > leeway { return .failure(ReceiptRefusal(problem: .notYetValid, receipt: receipt)) }
         return .success(receipt)

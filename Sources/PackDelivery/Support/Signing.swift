@@ -102,16 +102,18 @@ private final class OpenSSLKey: @unchecked Sendable {
 
     convenience init(publicPEM pem: String) throws(PackDeliveryError) {
         guard let pkey = Self.withBIO(pem, { PEM_read_bio_PUBKEY($0, nil, nil, nil) }), EVP_PKEY_get_id(pkey) == EVP_PKEY_ED25519 else {
-            throw PackDeliveryError(.invalidArgument, message: "This is not an Ed25519 public key in PEM (-----BEGIN PUBLIC KEY-----).",
-                                    hint: "Use the .pub file that made the signing key.")
+            throw PackDeliveryError(
+                .invalidArgument, message: "This is not an Ed25519 public key in PEM (-----BEGIN PUBLIC KEY-----).",
+                hint: "Use the .pub file that made the signing key.")
         }
         self.init(pkey)
     }
 
     convenience init(privatePEM pem: String) throws(PackDeliveryError) {
         guard let pkey = Self.withBIO(pem, { PEM_read_bio_PrivateKey($0, nil, nil, nil) }), EVP_PKEY_get_id(pkey) == EVP_PKEY_ED25519 else {
-            throw PackDeliveryError(.invalidArgument, message: "This is not an Ed25519 private key in PEM (-----BEGIN PRIVATE KEY-----).",
-                                    hint: "Use the .key file made with the key generator.")
+            throw PackDeliveryError(
+                .invalidArgument, message: "This is not an Ed25519 private key in PEM (-----BEGIN PRIVATE KEY-----).",
+                hint: "Use the .key file made with the key generator.")
         }
         self.init(pkey)
     }
@@ -156,8 +158,9 @@ private final class OpenSSLKey: @unchecked Sendable {
         return signature.withUnsafeBytes { sig in
             data.withUnsafeBytes { bytes in
                 EVP_DigestVerifyInit(context, nil, nil, nil, self.pkey) == 1
-                    && EVP_DigestVerify(context, sig.bindMemory(to: UInt8.self).baseAddress, sig.count,
-                                        bytes.bindMemory(to: UInt8.self).baseAddress, bytes.count) == 1
+                    && EVP_DigestVerify(
+                        context, sig.bindMemory(to: UInt8.self).baseAddress, sig.count,
+                        bytes.bindMemory(to: UInt8.self).baseAddress, bytes.count) == 1
             }
         }
     }

@@ -35,41 +35,59 @@ enum Curl {
     static func fetch(_ url: URL, options: TransferOptions, maxBytes: Int = 64 << 20) throws(PackDeliveryError) -> Data {
         self.globalInit()
         let easy = try CurlEasy(url: url)
-        final class Sink { var data = Data(); var limit = 0; var overflow = false }
+        final class Sink {
+            var data = Data()
+            var limit = 0
+            var overflow = false
+        }
         let sink = Sink()
         sink.limit = maxBytes
         try easy.apply(options)
         try easy.restrictProtocols(for: url, allowingFile: false)
         try easy.set(CURLOPT_WRITEDATA, pointer: Unmanaged.passUnretained(sink).toOpaque())
-        try easy.set(CURLOPT_WRITEFUNCTION, callback: { pointer, size, count, user in
-            let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
-            let length = size * count
-            if sink.data.count + length > sink.limit { sink.overflow = true; return 0 }
-            sink.data.append(UnsafeRawPointer(pointer!).assumingMemoryBound(to: UInt8.self), count: length)
-            return length
-        })
+        try easy.set(
+            CURLOPT_WRITEFUNCTION,
+            callback: { pointer, size, count, user in
+                let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
+                let length = size * count
+                if sink.data.count + length > sink.limit {
+                    sink.overflow = true
+                    return 0
+                }
+                sink.data.append(UnsafeRawPointer(pointer!).assumingMemoryBound(to: UInt8.self), count: length)
+                return length
+            })
         let code = withExtendedLifetime(sink) { curl_easy_perform(easy.handle) }
         if sink.overflow {
-            throw PackDeliveryError(.invalidManifest, message: "\(url.redacted) is larger than \(maxBytes) bytes, too large for a manifest.", subject: url.redacted)
+            throw PackDeliveryError(
+                .invalidManifest, message: "\(url.redacted) is larger than \(maxBytes) bytes, too large for a manifest.",
+                subject: url.redacted)
         }
         guard code == CURLE_OK else {
             if code == CURLE_COULDNT_CONNECT, easy.connectFailedForDescriptors {
-                throw PackDeliveryError(.tooManyOpenFiles, message: "Could not open a connection to fetch \(url.redacted): too many open files.",
-                                        hint: "The process ran out of file descriptors; raise its limit (ulimit -n) or lower the concurrency.",
-                                        subject: url.redacted, underlying: .init(.errno, Int(EMFILE)))
+                throw PackDeliveryError(
+                    .tooManyOpenFiles, message: "Could not open a connection to fetch \(url.redacted): too many open files.",
+                    hint: "The process ran out of file descriptors; raise its limit (ulimit -n) or lower the concurrency.",
+                    subject: url.redacted, underlying: .init(.errno, Int(EMFILE)))
             }
-            let detail = code == CURLE_TOO_MANY_REDIRECTS ? "the server redirected it too many times (a redirect loop?)"
-                : code == CURLE_UNSUPPORTED_PROTOCOL ? "it was redirected to a URL that is not http or https"
-                : PackDeliveryError.printable(easy.errorMessage(code))
-            throw PackDeliveryError(Self.errorCode(for: code), message: "Could not fetch \(url.redacted): \(detail).",
-                                    hint: "Check the URL and that the server is reachable.", subject: url.redacted, underlying: .init(.curl, Int(code.rawValue)))
+            let detail =
+                code == CURLE_TOO_MANY_REDIRECTS
+                ? "the server redirected it too many times (a redirect loop?)"
+                : code == CURLE_UNSUPPORTED_PROTOCOL
+                    ? "it was redirected to a URL that is not http or https"
+                    : PackDeliveryError.printable(easy.errorMessage(code))
+            throw PackDeliveryError(
+                Self.errorCode(for: code), message: "Could not fetch \(url.redacted): \(detail).",
+                hint: "Check the URL and that the server is reachable.", subject: url.redacted, underlying: .init(.curl, Int(code.rawValue))
+            )
         }
         let status = easy.responseCode
         if url.isFileURL == false, !(200..<300).contains(status) {
-            throw PackDeliveryError(status == 401 || status == 403 ? .unauthorized : .httpStatus,
-                                    message: "The server answered \(status) for \(url.redacted).",
-                                    hint: status == 401 || status == 403 ? "The server refused the credentials sent with the request." : "Check the URL.",
-                                    subject: url.redacted, underlying: .init(.http, status), httpStatus: status)
+            throw PackDeliveryError(
+                status == 401 || status == 403 ? .unauthorized : .httpStatus,
+                message: "The server answered \(status) for \(url.redacted).",
+                hint: status == 401 || status == 403 ? "The server refused the credentials sent with the request." : "Check the URL.",
+                subject: url.redacted, underlying: .init(.http, status), httpStatus: status)
         }
         return sink.data
     }
@@ -194,9 +212,10 @@ final class CurlEasy {
 
     private func check(_ code: CURLcode, _ what: String) throws(PackDeliveryError) {
         guard code == CURLE_OK else {
-            throw PackDeliveryError(code == CURLE_UNSUPPORTED_PROTOCOL ? .unsupportedURL : .internalError,
-                                    message: "libcurl refused \(what) for \(self.url.redacted): \(Curl.describe(code)).",
-                                    subject: self.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
+            throw PackDeliveryError(
+                code == CURLE_UNSUPPORTED_PROTOCOL ? .unsupportedURL : .internalError,
+                message: "libcurl refused \(what) for \(self.url.redacted): \(Curl.describe(code)).",
+                subject: self.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
         }
     }
 }

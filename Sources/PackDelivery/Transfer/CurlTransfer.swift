@@ -49,8 +49,9 @@ final class CurlTransfer {
             // A FIFO or a device would block the transfer thread forever; only regular files are packs.
             var info = stat()
             if stat(request.url.path, &info) == 0, (info.st_mode & S_IFMT) != S_IFREG {
-                throw PackDeliveryError(.unsupportedURL, message: "The pack \(request.url.redacted) is not a regular file.",
-                                        hint: "A pack URL must name an archive file.", subject: request.url.redacted)
+                throw PackDeliveryError(
+                    .unsupportedURL, message: "The pack \(request.url.redacted) is not a regular file.",
+                    hint: "A pack URL must name an archive file.", subject: request.url.redacted)
             }
         }
         let fd = open(request.file.path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
@@ -72,9 +73,12 @@ final class CurlTransfer {
         self.offset = offset
         self.resumedFrom = offset
         // Buffers sized by the pack: a catalog of small packs must not churn megabytes per transfer.
-        self.pending = UnsafeMutableRawBufferPointer.allocate(byteCount: Int(min(Int64(Self.writeSize), max(4096, request.expectedLength))), alignment: 16)
+        self.pending = UnsafeMutableRawBufferPointer.allocate(
+            byteCount: Int(min(Int64(Self.writeSize), max(4096, request.expectedLength))), alignment: 16)
         let (id, report) = (request.id, onEvent)
-        self.follower = HashFollower(file: request.file, length: request.expectedLength) { durable in report(.durable(id: id, bytes: durable)) }
+        self.follower = HashFollower(file: request.file, length: request.expectedLength) { durable in
+            report(.durable(id: id, bytes: durable))
+        }
         self.follower.advance(to: offset)
         self.request.stream?.growth.advance(to: offset)
         do {
@@ -103,14 +107,18 @@ final class CurlTransfer {
             let user = Unmanaged.passUnretained(self).toOpaque()
             try self.easy.set(CURLOPT_WRITEDATA, pointer: user)
             try self.easy.set(CURLOPT_HEADERDATA, pointer: user)
-            try self.easy.set(CURLOPT_WRITEFUNCTION, callback: { pointer, size, count, user in
-                Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
-                    .receiveBody(UnsafeRawBufferPointer(start: pointer, count: size * count))
-            })
-            try self.easy.set(CURLOPT_HEADERFUNCTION, callback: { pointer, size, count, user in
-                Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
-                    .receiveHeader(UnsafeRawBufferPointer(start: pointer, count: size * count))
-            })
+            try self.easy.set(
+                CURLOPT_WRITEFUNCTION,
+                callback: { pointer, size, count, user in
+                    Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
+                        .receiveBody(UnsafeRawBufferPointer(start: pointer, count: size * count))
+                })
+            try self.easy.set(
+                CURLOPT_HEADERFUNCTION,
+                callback: { pointer, size, count, user in
+                    Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
+                        .receiveHeader(UnsafeRawBufferPointer(start: pointer, count: size * count))
+                })
         } catch {
             self.follower.cancel()
             self.request.stream?.discard()
@@ -194,9 +202,12 @@ final class CurlTransfer {
         guard !overflow, end <= self.request.expectedLength else {
             _ = self.flush()
             self.writeFailure = TransferFailure(
-                error: PackDeliveryError(.lengthMismatch, message: "The server sent more than the manifest's contentLength of \(self.request.expectedLength) bytes for \(self.request.url.redacted).",
-                                         hint: "The manifest or the server is out of date; the partial download was discarded.",
-                                         subject: self.request.url.redacted),
+                error: PackDeliveryError(
+                    .lengthMismatch,
+                    message:
+                        "The server sent more than the manifest's contentLength of \(self.request.expectedLength) bytes for \(self.request.url.redacted).",
+                    hint: "The manifest or the server is out of date; the partial download was discarded.",
+                    subject: self.request.url.redacted),
                 retryable: true, countsAlways: true)
             ftruncate(self.fd, 0)
             self.offset = 0
@@ -231,14 +242,18 @@ final class CurlTransfer {
         if fstat(self.fd, &info) == 0, Int64(info.st_size) < self.offset {
             let path = self.request.file.path
             self.writeFailure = TransferFailure(
-                error: PackDeliveryError(.fileSystem, message: "The partial download \(path) is \(info.st_size) bytes long, shorter than the \(self.offset) bytes written: something else changed it.",
-                                         hint: "It will be fetched again.", subject: path),
+                error: PackDeliveryError(
+                    .fileSystem,
+                    message:
+                        "The partial download \(path) is \(info.st_size) bytes long, shorter than the \(self.offset) bytes written: something else changed it.",
+                    hint: "It will be fetched again.", subject: path),
                 retryable: true)
             return false
         }
         var written = 0
         while written < self.pendingCount {
-            let result = self.request.writer.pwrite(self.fd, self.pending.baseAddress! + written, self.pendingCount - written, self.offset + Int64(written))
+            let result = self.request.writer.pwrite(
+                self.fd, self.pending.baseAddress! + written, self.pendingCount - written, self.offset + Int64(written))
             if result < 0 {
                 let code = errno
                 if code == EINTR { continue }
@@ -253,8 +268,9 @@ final class CurlTransfer {
                 let path = self.request.file.path
                 self.writeFailure = TransferFailure(
                     error: code == ENOSPC || code == EDQUOT
-                        ? .insufficientStorage(path: path, needed: self.request.expectedLength - self.offset,
-                                               available: SpaceCheck.available(at: self.request.file.deletingLastPathComponent()), errno: code)
+                        ? .insufficientStorage(
+                            path: path, needed: self.request.expectedLength - self.offset,
+                            available: SpaceCheck.available(at: self.request.file.deletingLastPathComponent()), errno: code)
                         : .io("write the partial download", path: path, errno: code),
                     retryable: false)
                 return false
@@ -304,10 +320,12 @@ final class CurlTransfer {
 
     private func stalledOutcome() -> TransferOutcome {
         let url = self.request.url.redacted
-        return .failed(TransferFailure(
-            error: PackDeliveryError(.timedOut, message: "No data arrived from \(url) for \(Int(self.request.options.stallTimeout)) seconds.",
-                                     hint: "It is tried again; the partial download is kept.", subject: url),
-            retryable: true, countsAlways: true), bytesOnDisk: self.offset)
+        return .failed(
+            TransferFailure(
+                error: PackDeliveryError(
+                    .timedOut, message: "No data arrived from \(url) for \(Int(self.request.options.stallTimeout)) seconds.",
+                    hint: "It is tried again; the partial download is kept.", subject: url),
+                retryable: true, countsAlways: true), bytesOnDisk: self.offset)
     }
 
     /// How the attempt ended, from libcurl's result and what the callbacks saw; a complete file's digest
@@ -316,9 +334,12 @@ final class CurlTransfer {
         if let failure = self.writeFailure { return .failed(failure, bytesOnDisk: self.offset) }
         let url = self.request.url.redacted
         // A response with no body never reached the body callback: decide now.
-        let decision = self.decision ?? (curlCode == CURLE_OK || self.status >= 400 ? ResponseDecision.decide(
-            status: self.request.url.isFileURL ? 0 : self.easy.responseCode, headers: .init(self.headers),
-            offset: self.offset, expectedLength: self.request.expectedLength, url: url) : .append)
+        let decision =
+            self.decision
+            ?? (curlCode == CURLE_OK || self.status >= 400
+                ? ResponseDecision.decide(
+                    status: self.request.url.isFileURL ? 0 : self.easy.responseCode, headers: .init(self.headers),
+                    offset: self.offset, expectedLength: self.request.expectedLength, url: url) : .append)
         switch decision {
         case .reject(let failure, let discardPartial):
             if discardPartial {
@@ -336,14 +357,20 @@ final class CurlTransfer {
         }
         if curlCode == CURLE_OK {
             if self.request.url.isFileURL {
-                return .failed(TransferFailure(error: PackDeliveryError(
-                    .lengthMismatch, message: "The file \(url) is \(self.offset) bytes long, but the manifest says \(self.request.expectedLength).",
-                    hint: "The manifest and the file disagree; one of them is out of date.", subject: url), retryable: false), bytesOnDisk: self.offset)
+                return .failed(
+                    TransferFailure(
+                        error: PackDeliveryError(
+                            .lengthMismatch,
+                            message: "The file \(url) is \(self.offset) bytes long, but the manifest says \(self.request.expectedLength).",
+                            hint: "The manifest and the file disagree; one of them is out of date.", subject: url), retryable: false),
+                    bytesOnDisk: self.offset)
             }
-            return .failed(TransferFailure(
-                error: PackDeliveryError(.networkFailure, message: "The server ended \(url) after \(self.offset) of \(self.request.expectedLength) bytes.",
-                                         hint: "It is resumed from there.", subject: url),
-                retryable: true), bytesOnDisk: self.offset)
+            return .failed(
+                TransferFailure(
+                    error: PackDeliveryError(
+                        .networkFailure, message: "The server ended \(url) after \(self.offset) of \(self.request.expectedLength) bytes.",
+                        hint: "It is resumed from there.", subject: url),
+                    retryable: true), bytesOnDisk: self.offset)
         }
         return .failed(self.curlFailure(curlCode, url: url), bytesOnDisk: self.offset)
     }
@@ -353,16 +380,20 @@ final class CurlTransfer {
         let detail = self.easy.errorMessage(curlCode)
         let underlying = PackDeliveryError.Underlying(.curl, Int(curlCode.rawValue))
         func failure(_ code: PackDeliveryError.Code, _ message: String, retryable: Bool, countsAlways: Bool = false) -> TransferFailure {
-            TransferFailure(error: PackDeliveryError(code, message: message, hint: retryable ? "It is tried again; the partial download is kept." : nil,
-                                                     subject: url, underlying: underlying),
-                            retryable: retryable, countsAlways: countsAlways)
+            TransferFailure(
+                error: PackDeliveryError(
+                    code, message: message, hint: retryable ? "It is tried again; the partial download is kept." : nil,
+                    subject: url, underlying: underlying),
+                retryable: retryable, countsAlways: countsAlways)
         }
         switch curlCode {
         case CURLE_OPERATION_TIMEDOUT:
             if detail.lowercased().contains("low speed") || detail.lowercased().contains("less than") {
                 let options = self.request.options
-                return failure(.timedOut, "The transfer of \(url) was slower than \(options.effectiveLowSpeedLimit) bytes per second for \(Int(options.lowSpeedTime)) seconds.",
-                               retryable: true, countsAlways: true)
+                return failure(
+                    .timedOut,
+                    "The transfer of \(url) was slower than \(options.effectiveLowSpeedLimit) bytes per second for \(Int(options.lowSpeedTime)) seconds.",
+                    retryable: true, countsAlways: true)
             }
             return failure(.timedOut, "The transfer of \(url) timed out (\(detail)).", retryable: true, countsAlways: true)
         case CURLE_TOO_MANY_REDIRECTS:
@@ -371,16 +402,21 @@ final class CurlTransfer {
             return failure(.unsupportedURL, "\(url) was redirected to a URL that is not http or https (\(detail)).", retryable: false)
         case CURLE_OUT_OF_MEMORY where self.decision == nil, CURLE_RECV_ERROR where detail.lowercased().contains("header"):
             // libcurl 7.88 answers a response header over 100 KiB with "Out of memory" before any body.
-            return failure(.networkFailure, "The server sent a response header for \(url) larger than libcurl accepts (100 KiB).", retryable: false)
+            return failure(
+                .networkFailure, "The server sent a response header for \(url) larger than libcurl accepts (100 KiB).", retryable: false)
         case CURLE_COULDNT_CONNECT where self.easy.connectFailedForDescriptors:
-            return TransferFailure(error: .io("open a connection to the server of \(url) for", path: self.request.file.path, errno: EMFILE),
-                                   retryable: true, countsAlways: true)
+            return TransferFailure(
+                error: .io("open a connection to the server of \(url) for", path: self.request.file.path, errno: EMFILE),
+                retryable: true, countsAlways: true)
         case CURLE_COULDNT_RESOLVE_PROXY, CURLE_COULDNT_RESOLVE_HOST, CURLE_COULDNT_CONNECT:
-            return failure(.networkUnreachable, "Could not reach the server of \(url): \(PackDeliveryError.printable(detail)).", retryable: true)
-        case CURLE_PARTIAL_FILE, CURLE_SEND_ERROR, CURLE_RECV_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2, CURLE_HTTP2_STREAM, CURLE_SSL_CONNECT_ERROR:
+            return failure(
+                .networkUnreachable, "Could not reach the server of \(url): \(PackDeliveryError.printable(detail)).", retryable: true)
+        case CURLE_PARTIAL_FILE, CURLE_SEND_ERROR, CURLE_RECV_ERROR, CURLE_GOT_NOTHING, CURLE_HTTP2, CURLE_HTTP2_STREAM,
+            CURLE_SSL_CONNECT_ERROR:
             return failure(.networkFailure, "The transfer of \(url) failed: \(PackDeliveryError.printable(detail)).", retryable: true)
         default:
-            return failure(Curl.errorCode(for: curlCode), "The transfer of \(url) failed: \(PackDeliveryError.printable(detail)).", retryable: false)
+            return failure(
+                Curl.errorCode(for: curlCode), "The transfer of \(url) failed: \(PackDeliveryError.printable(detail)).", retryable: false)
         }
     }
 
@@ -389,8 +425,9 @@ final class CurlTransfer {
         guard let said = Self.excerpt(self.serverSaid) else { return failure }
         var failure = failure
         let error = failure.error
-        failure.error = PackDeliveryError(error.code, message: "\(error.message) The server said: “\(said)”.", hint: error.hint, subject: error.subject,
-                                          underlying: error.underlying, httpStatus: error.httpStatus)
+        failure.error = PackDeliveryError(
+            error.code, message: "\(error.message) The server said: “\(said)”.", hint: error.hint, subject: error.subject,
+            underlying: error.underlying, httpStatus: error.httpStatus)
         return failure
     }
 

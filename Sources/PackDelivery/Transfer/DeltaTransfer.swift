@@ -98,9 +98,12 @@ private final class DeltaRun {
             let kept = plan.fetch.filter { !missing.contains($0) }.reduce(Int64(0)) { $0 + self.index.entries[$1].length }
             self.total = plan.bytesToFetch
             self.fetched = min(kept, self.total)
-            self.onEvent(.deltaPlanned(id: self.request.id, delta: Download.Delta(
-                bytesToFetch: plan.bytesToFetch, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
-                filesReused: plan.reuse.count, bytesKept: self.fetched)))
+            self.onEvent(
+                .deltaPlanned(
+                    id: self.request.id,
+                    delta: Download.Delta(
+                        bytesToFetch: plan.bytesToFetch, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
+                        filesReused: plan.reuse.count, bytesKept: self.fetched)))
             self.report(force: true)
             var refetched = Set<Int>()
             var verified: [Int: InstalledFile] = [:]
@@ -115,10 +118,13 @@ private final class DeltaRun {
                 if bad.isEmpty { break }
                 if let twice = bad.first(where: { refetched.contains($0) }) {
                     let entry = self.index.entries[twice]
-                    throw PackDeliveryError(.checksumMismatch,
-                                            message: "The entry \(PackDeliveryError.printable(entry.path)) of the pack \(self.request.download.contentIdentifier) does not match the SHA-256 its index gives, twice.",
-                                            hint: "Nothing was installed and the installed version is untouched; the pack on the server does not match its index.",
-                                            subject: entry.path)
+                    throw PackDeliveryError(
+                        .checksumMismatch,
+                        message:
+                            "The entry \(PackDeliveryError.printable(entry.path)) of the pack \(self.request.download.contentIdentifier) does not match the SHA-256 its index gives, twice.",
+                        hint:
+                            "Nothing was installed and the installed version is untouched; the pack on the server does not match its index.",
+                        subject: entry.path)
                 }
                 refetched.formUnion(bad)
                 missing = bad
@@ -133,12 +139,22 @@ private final class DeltaRun {
         } catch is Stop {
             return (.stopped(bytesOnDisk: self.fetched), nil)
         } catch let error as PackDeliveryError {
-            let retryable = [.network, .io, .insufficientStorage, .unauthorized].contains(error.kind) && error.code != .tooManyOpenFiles || error.code == .tooManyOpenFiles
+            let retryable =
+                [.network, .io, .insufficientStorage, .unauthorized].contains(error.kind) && error.code != .tooManyOpenFiles
+                || error.code == .tooManyOpenFiles
             let hostile = error.code == .unsafeEntry || error.code == .checksumMismatch
             if hostile { try? Installer.removeTree(self.folder) }
-            return (.failed(TransferFailure(error: error, retryable: retryable && !hostile, countsAlways: hostile), bytesOnDisk: self.fetched), nil)
+            return (
+                .failed(TransferFailure(error: error, retryable: retryable && !hostile, countsAlways: hostile), bytesOnDisk: self.fetched),
+                nil
+            )
         } catch {
-            return (.failed(TransferFailure(error: PackDeliveryError(.internalError, message: "The delta update failed: \(error)."), retryable: false), bytesOnDisk: self.fetched), nil)
+            return (
+                .failed(
+                    TransferFailure(
+                        error: PackDeliveryError(.internalError, message: "The delta update failed: \(error)."), retryable: false),
+                    bytesOnDisk: self.fetched), nil
+            )
         }
     }
 
@@ -151,7 +167,9 @@ private final class DeltaRun {
         guard let indexURL = URL(string: self.request.index.url), !download.url.isFileURL else {
             throw DeltaRefusal(.notServedOverHTTP, "the pack is not served over http(s)")
         }
-        guard self.request.install.fileCount >= 0 else { throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files") }
+        guard self.request.install.fileCount >= 0 else {
+            throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files")
+        }
         let damaged = DownloadQueue.damagedFiles(self.request.install, files: self.request.installedFiles, modifiedSinceInstall: true)
         let data: Data
         do {
@@ -170,9 +188,13 @@ private final class DeltaRun {
         guard let index = try? JSONDecoder().decode(PackIndex.self, from: data), index.format == 1 else {
             throw DeltaRefusal(.indexUnusable, "the pack's index cannot be read")
         }
-        guard index.entries.count <= self.request.maxEntries else { throw DeltaRefusal(.indexUnusable, "the pack's index lists more entries than a pack may hold") }
+        guard index.entries.count <= self.request.maxEntries else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index lists more entries than a pack may hold")
+        }
         self.index = index
-        return try DeltaPlan.make(index: index, packLength: download.contentLength, installed: self.request.installedFiles, damaged: damaged).get()
+        return try DeltaPlan.make(
+            index: index, packLength: download.contentLength, installed: self.request.installedFiles, damaged: damaged
+        ).get()
     }
 
     /// Keeps the entries of an earlier attempt only when they came from the same index (the same new version).
@@ -218,12 +240,18 @@ private final class DeltaRun {
         let user = Unmanaged.passUnretained(sink).toOpaque()
         try easy.set(CURLOPT_WRITEDATA, pointer: user)
         try easy.set(CURLOPT_HEADERDATA, pointer: user)
-        try easy.set(CURLOPT_WRITEFUNCTION, callback: { pointer, size, count, user in
-            Unmanaged<RangeSink>.fromOpaque(user!).takeUnretainedValue().body(UnsafeRawBufferPointer(start: pointer, count: size * count))
-        })
-        try easy.set(CURLOPT_HEADERFUNCTION, callback: { pointer, size, count, user in
-            Unmanaged<RangeSink>.fromOpaque(user!).takeUnretainedValue().header(UnsafeRawBufferPointer(start: pointer, count: size * count))
-        })
+        try easy.set(
+            CURLOPT_WRITEFUNCTION,
+            callback: { pointer, size, count, user in
+                Unmanaged<RangeSink>.fromOpaque(user!).takeUnretainedValue().body(
+                    UnsafeRawBufferPointer(start: pointer, count: size * count))
+            })
+        try easy.set(
+            CURLOPT_HEADERFUNCTION,
+            callback: { pointer, size, count, user in
+                Unmanaged<RangeSink>.fromOpaque(user!).takeUnretainedValue().header(
+                    UnsafeRawBufferPointer(start: pointer, count: size * count))
+            })
         for range in ranges {
             if self.stopped() { throw Stop() }
             try easy.set(CURLOPT_RANGE, string: "\(range.start)-\(range.end - 1)")
@@ -233,12 +261,18 @@ private final class DeltaRun {
             if let failure = sink.failure { throw failure }
             if self.stopped() { throw Stop() }
             guard code == CURLE_OK else {
-                throw PackDeliveryError(Curl.errorCode(for: code), message: "The transfer of \(download.contentIdentifier) from \(download.url.redacted) failed: \(PackDeliveryError.printable(easy.errorMessage(code))).",
-                                        hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
+                throw PackDeliveryError(
+                    Curl.errorCode(for: code),
+                    message:
+                        "The transfer of \(download.contentIdentifier) from \(download.url.redacted) failed: \(PackDeliveryError.printable(easy.errorMessage(code))).",
+                    hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted,
+                    underlying: .init(.curl, Int(code.rawValue)))
             }
             if sink.position < range.end {
-                throw PackDeliveryError(.networkFailure, message: "The server ended the range of \(download.contentIdentifier) at byte \(sink.position) of \(range.end).",
-                                        hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted)
+                throw PackDeliveryError(
+                    .networkFailure,
+                    message: "The server ended the range of \(download.contentIdentifier) at byte \(sink.position) of \(range.end).",
+                    hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted)
             }
         }
     }
@@ -251,11 +285,15 @@ private final class DeltaRun {
         case 200, 416:
             throw DeltaRefusal(.rangesNotSupported, "the server does not answer range requests (it answered \(status))")
         case 401, 403:
-            throw PackDeliveryError(.unauthorized, message: "The server answered \(status) for \(download.url.redacted).", hint: "Renew the credentials, then resume.",
-                                    subject: download.url.redacted, underlying: .init(.http, status), httpStatus: status)
+            throw PackDeliveryError(
+                .unauthorized, message: "The server answered \(status) for \(download.url.redacted).",
+                hint: "Renew the credentials, then resume.",
+                subject: download.url.redacted, underlying: .init(.http, status), httpStatus: status)
         default:
-            throw PackDeliveryError(.httpStatus, message: "The server answered \(status) for a range of \(download.url.redacted).",
-                                    hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted, underlying: .init(.http, status), httpStatus: status)
+            throw PackDeliveryError(
+                .httpStatus, message: "The server answered \(status) for a range of \(download.url.redacted).",
+                hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted, underlying: .init(.http, status),
+                httpStatus: status)
         }
         guard let contentRange = headers["content-range"], contentRange.lowercased().hasPrefix("bytes \(range.start)-") else {
             throw DeltaRefusal(.rangesNotSupported, "the server answered a range request with another range")
@@ -264,8 +302,11 @@ private final class DeltaRun {
         if let kept = self.validator, validator != kept {
             // The pack changed on the server since the kept entries were fetched: never mix two versions.
             try? Installer.removeTree(self.folder)
-            throw PackDeliveryError(.networkFailure, message: "The pack \(download.contentIdentifier) changed on the server during its delta update (its ETag or Last-Modified changed).",
-                                    hint: "The update starts again from the pack's index.", subject: download.url.redacted)
+            throw PackDeliveryError(
+                .networkFailure,
+                message:
+                    "The pack \(download.contentIdentifier) changed on the server during its delta update (its ETag or Last-Modified changed).",
+                hint: "The update starts again from the pack's index.", subject: download.url.redacted)
         }
         if self.validator == nil, let validator {
             self.validator = validator
@@ -295,7 +336,9 @@ private final class DeltaRun {
         let entry = self.index.entries[number]
         try DeltaZip.close(fd, entry: entry, path: entry.path)
         guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync the fetched entry", path: part.path, errno: errno) }
-        guard rename(part.path, self.entryFile(number).path) == 0 else { throw PackDeliveryError.io("keep the fetched entry", path: part.path, errno: errno) }
+        guard rename(part.path, self.entryFile(number).path) == 0 else {
+            throw PackDeliveryError.io("keep the fetched entry", path: part.path, errno: errno)
+        }
     }
 
     // MARK: Verify and assemble
@@ -309,9 +352,11 @@ private final class DeltaRun {
         if mkdir(out.path, 0o700) != 0 { throw Installer.fileError("create a folder in", out.path, errno) }
         let result: Result<UnpackSummary, PackDeliveryError>
         do throws(PackDeliveryError) {
-            result = .success(try Unpacker.unpack(archive: self.entryFile(number), into: out,
-                                                  limits: UnpackLimits(maxBytes: max(entry.size, 0) + 1, maxEntries: 2),
-                                                  isCancelled: self.stopped, writer: self.request.writer))
+            result = .success(
+                try Unpacker.unpack(
+                    archive: self.entryFile(number), into: out,
+                    limits: UnpackLimits(maxBytes: max(entry.size, 0) + 1, maxEntries: 2),
+                    isCancelled: self.stopped, writer: self.request.writer))
         } catch {
             result = .failure(error)
         }
@@ -325,8 +370,9 @@ private final class DeltaRun {
         case .failure(let error): throw error
         }
         guard summary.files.count == 1, let file = summary.files.first, file.path == entry.path,
-              file.kind == (entry.kind == .symlink ? .symlink : .file), file.size == entry.size,
-              file.sha256.lowercased() == entry.sha256?.lowercased() else {
+            file.kind == (entry.kind == .symlink ? .symlink : .file), file.size == entry.size,
+            file.sha256.lowercased() == entry.sha256?.lowercased()
+        else {
             unlink(self.entryFile(number).path)
             return nil
         }
@@ -357,24 +403,30 @@ private final class DeltaRun {
                     if rename(from.path, target.path) != 0 { throw Installer.fileError("move a fetched entry to", target.path, errno) }
                     files.append(file)
                 } else if let reused = reuse[entry.path] {
-                    try self.place(URL(filePath: self.request.install.contentURL).appending(path: reused.from), at: target, size: reused.size)
+                    try self.place(
+                        URL(filePath: self.request.install.contentURL).appending(path: reused.from), at: target, size: reused.size)
                     files.append(InstalledFile(path: entry.path, kind: .file, size: reused.size, sha256: reused.sha256))
                 } else {
-                    throw PackDeliveryError(.internalError, message: "The delta update has no source for \(PackDeliveryError.printable(entry.path)).")
+                    throw PackDeliveryError(
+                        .internalError, message: "The delta update has no source for \(PackDeliveryError.printable(entry.path)).")
                 }
                 bytes += entry.size
             }
         }
-        return DeltaTree(folder: tree, summary: UnpackSummary(bytes: bytes, entries: self.index.entries.count, files: files,
-                                                              directories: directories.sorted()))
+        return DeltaTree(
+            folder: tree,
+            summary: UnpackSummary(
+                bytes: bytes, entries: self.index.entries.count, files: files,
+                directories: directories.sorted()))
     }
 
     /// A reflink where the filesystem has them, else a hard link, else a copy; the source must still look as installed.
     private func place(_ source: URL, at target: URL, size: Int64) throws(PackDeliveryError) {
         var info = stat()
         guard lstat(source.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == size else {
-            throw PackDeliveryError(.contentDamaged, message: "The installed file \(source.path) changed during the delta update.",
-                                    hint: "It is tried again.", subject: source.path)
+            throw PackDeliveryError(
+                .contentDamaged, message: "The installed file \(source.path) changed during the delta update.",
+                hint: "It is tried again.", subject: source.path)
         }
         let input = open(source.path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
         guard input >= 0 else { throw Installer.fileError("read", source.path, errno) }
@@ -407,8 +459,9 @@ private final class DeltaRun {
     private static func components(_ path: String) throws(PackDeliveryError) -> [String] {
         let components = path.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
         guard !path.isEmpty, !components.contains(where: { $0.isEmpty || $0 == "." || $0 == ".." || $0.utf8.contains(0) }) else {
-            throw PackDeliveryError(.unsafeEntry, message: "The pack's index names the unsafe path '\(PackDeliveryError.printable(path))'.",
-                                    hint: "Nothing was installed; the pack's index is wrong.", subject: path)
+            throw PackDeliveryError(
+                .unsafeEntry, message: "The pack's index names the unsafe path '\(PackDeliveryError.printable(path))'.",
+                hint: "Nothing was installed; the pack's index is wrong.", subject: path)
         }
         return components
     }
@@ -423,8 +476,10 @@ private final class DeltaRun {
             var info = stat()
             if lstat(path, &info) == 0 {
                 guard (info.st_mode & S_IFMT) == S_IFDIR else {
-                    throw PackDeliveryError(.unsafeEntry, message: "The pack places a file inside '\(PackDeliveryError.printable(relative))', which is not a folder.",
-                                            hint: "Nothing was installed; the pack is not safe to unpack.", subject: relative)
+                    throw PackDeliveryError(
+                        .unsafeEntry,
+                        message: "The pack places a file inside '\(PackDeliveryError.printable(relative))', which is not a folder.",
+                        hint: "Nothing was installed; the pack is not safe to unpack.", subject: relative)
                 }
             } else if mkdir(path, 0o755) != 0 {
                 throw Installer.fileError("create the folder", path, errno)

@@ -60,14 +60,21 @@ final class HashFollower: Sendable {
 
     /// The writer truncated the file and writes it again from byte 0.
     func restart() {
-        self.state.withLock { $0.generation += 1; $0.written = 0; $0.signalled = 0 }
+        self.state.withLock {
+            $0.generation += 1
+            $0.written = 0
+            $0.signalled = 0
+        }
         self.wake.signal()
     }
 
     /// Calls `then` (on the follower's thread) with the hex digest of the first `length` bytes, once hashed,
     /// or with the error that kept them from being read.
     func finish(length: Int64, then: @escaping @Sendable (Result<String, PackDeliveryError>) -> Void) {
-        self.state.withLock { $0.written = length; $0.finish = (length, then) }
+        self.state.withLock {
+            $0.written = length
+            $0.finish = (length, then)
+        }
         self.wake.signal()
     }
 
@@ -93,7 +100,10 @@ final class HashFollower: Sendable {
             if cancelled { return }
             if let failure {
                 // Nothing more can be hashed: say so when the writer asks for the digest.
-                if let finish { finish.then(.failure(failure)); return }
+                if let finish {
+                    finish.then(.failure(failure))
+                    return
+                }
                 self.wake.wait()
                 continue
             }
@@ -115,8 +125,11 @@ final class HashFollower: Sendable {
                 if got == 0 {
                     if finish != nil, self.state.withLock({ $0.generation }) == generation {
                         // The writer is done, yet the file ends early: something else truncated it.
-                        failure = PackDeliveryError(.fileSystem, message: "The partial download \(path) is \(hashed) bytes long, shorter than the \(target) bytes written: something else changed it.",
-                                                    hint: "It will be fetched again.", subject: path)
+                        failure = PackDeliveryError(
+                            .fileSystem,
+                            message:
+                                "The partial download \(path) is \(hashed) bytes long, shorter than the \(target) bytes written: something else changed it.",
+                            hint: "It will be fetched again.", subject: path)
                         continue
                     }
                     // The writer truncated the file and a restart() is on its way; look again shortly.

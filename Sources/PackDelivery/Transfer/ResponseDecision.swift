@@ -40,14 +40,18 @@ enum ResponseDecision: Equatable, Sendable {
     ///   - offset: bytes already in the file (what was asked for with `Range: bytes=offset-`).
     ///   - expectedLength: the manifest's `contentLength`.
     ///   - url: the URL without credentials, for messages.
-    static func decide(status: Int, headers: Headers, offset: Int64, expectedLength: Int64, url: String, now: Date = Date()) -> ResponseDecision {
+    static func decide(status: Int, headers: Headers, offset: Int64, expectedLength: Int64, url: String, now: Date = Date())
+        -> ResponseDecision
+    {
         switch status {
         case 0:
             // file:// has no status; libcurl honours the range for it. Its length is checked at the end.
             return .append
         case 200:
-            if headers.contentEncoding == nil, let length = headers.contentLength.flatMap({ Int64($0.trimmingCharacters(in: .whitespaces)) }),
-               length != expectedLength {
+            if headers.contentEncoding == nil,
+                let length = headers.contentLength.flatMap({ Int64($0.trimmingCharacters(in: .whitespaces)) }),
+                length != expectedLength
+            {
                 return .reject(Self.lengthMismatch(serverLength: length, expectedLength: expectedLength, url: url), discardPartial: false)
             }
             return .restartFromZero
@@ -70,28 +74,36 @@ enum ResponseDecision: Equatable, Sendable {
                 return .reject(Self.lengthMismatch(serverLength: total, expectedLength: expectedLength, url: url), discardPartial: true)
             }
             if offset == expectedLength { return .complete }
-            return .reject(TransferFailure(
-                error: PackDeliveryError(.httpStatus, message: "The server said the range from byte \(offset) is not satisfiable for \(url).", subject: url,
-                                         underlying: .init(.http, 416), httpStatus: 416),
-                retryable: true, countsAlways: true), discardPartial: true)
+            return .reject(
+                TransferFailure(
+                    error: PackDeliveryError(
+                        .httpStatus, message: "The server said the range from byte \(offset) is not satisfiable for \(url).", subject: url,
+                        underlying: .init(.http, 416), httpStatus: 416),
+                    retryable: true, countsAlways: true), discardPartial: true)
         case 408, 429, 500...599:
             let retryAfter = Self.retryAfterSeconds(headers.retryAfter, now: now)
             let wait = retryAfter.map { " and asked to wait \(Self.duration($0))" } ?? ""
-            return .reject(TransferFailure(
-                error: PackDeliveryError(.httpStatus, message: "The server answered \(status)\(wait) for \(url).",
-                                         hint: "It is tried again; the partial download is kept.", subject: url, underlying: .init(.http, status), httpStatus: status),
-                retryable: true, retryAfter: retryAfter), discardPartial: false)
+            return .reject(
+                TransferFailure(
+                    error: PackDeliveryError(
+                        .httpStatus, message: "The server answered \(status)\(wait) for \(url).",
+                        hint: "It is tried again; the partial download is kept.", subject: url, underlying: .init(.http, status),
+                        httpStatus: status),
+                    retryable: true, retryAfter: retryAfter), discardPartial: false)
         default:
-            let hint = switch status {
-            case 401, 403: "The server refused the credentials sent with the request."
-            case 404, 410: "The pack is not on the server; the manifest may be out of date."
-            default: "Check the manifest and the server."
-            }
-            return .reject(TransferFailure(
-                error: PackDeliveryError(status == 401 || status == 403 ? .unauthorized : .httpStatus,
-                                         message: "The server answered \(status) for \(url).", hint: hint, subject: url,
-                                         underlying: .init(.http, status), httpStatus: status),
-                retryable: false), discardPartial: false)
+            let hint =
+                switch status {
+                case 401, 403: "The server refused the credentials sent with the request."
+                case 404, 410: "The pack is not on the server; the manifest may be out of date."
+                default: "Check the manifest and the server."
+                }
+            return .reject(
+                TransferFailure(
+                    error: PackDeliveryError(
+                        status == 401 || status == 403 ? .unauthorized : .httpStatus,
+                        message: "The server answered \(status) for \(url).", hint: hint, subject: url,
+                        underlying: .init(.http, status), httpStatus: status),
+                    retryable: false), discardPartial: false)
         }
     }
 
@@ -99,19 +111,24 @@ enum ResponseDecision: Equatable, Sendable {
     /// but every attempt counts.
     static func lengthMismatch(serverLength: Int64, expectedLength: Int64, url: String) -> TransferFailure {
         let difference = serverLength - expectedLength
-        let how = difference < 0 ? "\(-difference) byte\(difference == -1 ? "" : "s") shorter" : "\(difference) byte\(difference == 1 ? "" : "s") longer"
+        let how =
+            difference < 0
+            ? "\(-difference) byte\(difference == -1 ? "" : "s") shorter" : "\(difference) byte\(difference == 1 ? "" : "s") longer"
         return TransferFailure(
-            error: PackDeliveryError(.lengthMismatch,
-                                     message: "The server's file \(url) is \(how) than the manifest says (\(serverLength) bytes, not \(expectedLength)).",
-                                     hint: "The manifest and the server disagree; one of them is out of date.", subject: url),
+            error: PackDeliveryError(
+                .lengthMismatch,
+                message: "The server's file \(url) is \(how) than the manifest says (\(serverLength) bytes, not \(expectedLength)).",
+                hint: "The manifest and the server disagree; one of them is out of date.", subject: url),
             retryable: true, countsAlways: true)
     }
 
     private static func unexpectedRange(_ contentRange: String?, offset: Int64, url: String) -> TransferFailure {
         TransferFailure(
-            error: PackDeliveryError(.networkFailure,
-                                     message: "The server answered bytes '\(PackDeliveryError.printable(String((contentRange ?? "(none)").prefix(100))))' for a request from byte \(offset) of \(url).",
-                                     hint: "It will be fetched again from the start.", subject: url, underlying: .init(.http, 206), httpStatus: 206),
+            error: PackDeliveryError(
+                .networkFailure,
+                message:
+                    "The server answered bytes '\(PackDeliveryError.printable(String((contentRange ?? "(none)").prefix(100))))' for a request from byte \(offset) of \(url).",
+                hint: "It will be fetched again from the start.", subject: url, underlying: .init(.http, 206), httpStatus: 206),
             retryable: true, countsAlways: true)
     }
 
@@ -150,7 +167,9 @@ struct ContentRange: Equatable, Sendable {
         guard bounds.count == 2, let start = Int64(bounds[0]), let end = Int64(bounds[1]), start >= 0, start <= end else { return nil }
         self.start = start
         self.end = end
-        if parts[1] == "*" { self.total = nil } else {
+        if parts[1] == "*" {
+            self.total = nil
+        } else {
             guard let total = Int64(parts[1]), total > end else { return nil }
             self.total = total
         }

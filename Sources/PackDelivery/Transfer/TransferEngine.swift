@@ -29,7 +29,12 @@ final class TransferEngine: Sendable {
         // The thread holds the engine until shutdown() ends its loop.
         let thread = Thread { [self] in
             let loop = TransferLoop(multi: multi.pointer, logger: logger, onEvent: onEvent)
-            loop.run { self.inbox.withLock { commands in defer { commands.removeAll() }; return commands } }
+            loop.run {
+                self.inbox.withLock { commands in
+                    defer { commands.removeAll() }
+                    return commands
+                }
+            }
             curl_multi_cleanup(multi.pointer)
             self.done.signal()
         }
@@ -49,7 +54,10 @@ final class TransferEngine: Sendable {
 
     /// Stops every transfer (each reports `.stopped`) and ends the thread; waits for it.
     func shutdown() {
-        let first = self.finished.withLock { finished in defer { finished = true }; return !finished }
+        let first = self.finished.withLock { finished in
+            defer { finished = true }
+            return !finished
+        }
         guard first else { return }
         self.post(.shutdown)
         self.done.wait()
@@ -109,7 +117,8 @@ private final class TransferLoop {
             var left: Int32 = 0
             while let message = curl_multi_info_read(self.multi, &left) {
                 guard message.pointee.msg == CURLMSG_DONE, let easy = message.pointee.easy_handle,
-                      let transfer = self.transfers[easy] else { continue }
+                    let transfer = self.transfers[easy]
+                else { continue }
                 let result = message.pointee.data.result
                 self.remove(easy)
                 self.complete(transfer, curlCode: result, stalled: false)
@@ -117,7 +126,8 @@ private final class TransferLoop {
             // No byte at all (not even a header) for the stall timeout: stop it here; libcurl's low-speed
             // limit only catches transfers that are slow on average.
             let now = Date()
-            for (easy, transfer) in self.transfers where now.timeIntervalSince(transfer.lastActivity) > transfer.request.options.stallTimeout {
+            for (easy, transfer) in self.transfers
+            where now.timeIntervalSince(transfer.lastActivity) > transfer.request.options.stallTimeout {
                 self.remove(easy)
                 self.complete(transfer, curlCode: CURLE_OPERATION_TIMEDOUT, stalled: true)
             }
@@ -142,12 +152,20 @@ private final class TransferLoop {
             guard code == CURLM_OK else {
                 self.transfers[easy] = nil
                 transfer.cancelHashing()
-                let error = PackDeliveryError(.internalError, message: "libcurl could not start the transfer of \(request.url.redacted): \(String(cString: curl_multi_strerror(code))).",
-                                              subject: request.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
-                self.onEvent(.finished(id: request.id, outcome: .failed(TransferFailure(error: error, retryable: true, countsAlways: true), bytesOnDisk: transfer.offset)))
+                let error = PackDeliveryError(
+                    .internalError,
+                    message:
+                        "libcurl could not start the transfer of \(request.url.redacted): \(String(cString: curl_multi_strerror(code))).",
+                    subject: request.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
+                self.onEvent(
+                    .finished(
+                        id: request.id,
+                        outcome: .failed(TransferFailure(error: error, retryable: true, countsAlways: true), bytesOnDisk: transfer.offset)))
                 return
             }
-            self.logger.debug("transfer started", metadata: ["download": "\(request.id)", "offset": "\(transfer.offset)", "url": "\(request.url.redacted)"])
+            self.logger.debug(
+                "transfer started",
+                metadata: ["download": "\(request.id)", "offset": "\(transfer.offset)", "url": "\(request.url.redacted)"])
         } catch {
             // No transfer, so nothing will feed the unpack that was to follow it.
             request.stream?.discard()

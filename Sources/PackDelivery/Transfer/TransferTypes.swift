@@ -29,9 +29,11 @@ public struct TransferOptions: Sendable, Hashable {
     ///   - verifyTLS: whether to verify TLS certificates.
     ///   - lowSpeedLimit: bytes per second below which a transfer is too slow; 0 for no limit.
     ///   - lowSpeedTime: seconds over which the low-speed limit is measured.
-    public init(maxBytesPerSecond: Int64? = nil, connectTimeout: TimeInterval = 30, stallTimeout: TimeInterval = 30,
-                lowSpeedLimit: Int64 = 1024, lowSpeedTime: TimeInterval = 60,
-                headers: [String] = [], verifyTLS: Bool = true) {
+    public init(
+        maxBytesPerSecond: Int64? = nil, connectTimeout: TimeInterval = 30, stallTimeout: TimeInterval = 30,
+        lowSpeedLimit: Int64 = 1024, lowSpeedTime: TimeInterval = 60,
+        headers: [String] = [], verifyTLS: Bool = true
+    ) {
         self.maxBytesPerSecond = maxBytesPerSecond
         self.connectTimeout = connectTimeout
         self.stallTimeout = stallTimeout

@@ -5,9 +5,11 @@ import Synchronization
 /// Runs `packs --json …`, calling `action` (once) with the process id as soon as an event matches.
 /// - Returns: the exit status and whether an event matched.
 @discardableResult
-func runWatching(home: URL, _ arguments: [String], deadline: TimeInterval = 90,
-                 when predicate: @escaping @Sendable ([String: Any]) -> Bool,
-                 do action: @escaping @Sendable (Int32) -> Void) throws -> (status: Int32, matched: Bool) {
+func runWatching(
+    home: URL, _ arguments: [String], deadline: TimeInterval = 90,
+    when predicate: @escaping @Sendable ([String: Any]) -> Bool,
+    do action: @escaping @Sendable (Int32) -> Void
+) throws -> (status: Int32, matched: Bool) {
     let process = Process()
     process.executableURL = URL(filePath: CLI.binary)
     process.arguments = ["--home", home.path, "--json"] + arguments
@@ -44,7 +46,9 @@ func runWatching(home: URL, _ arguments: [String], deadline: TimeInterval = 90,
 /// Runs `packs --json …` and SIGKILLs it as soon as an event matches.
 /// - Returns: whether the kill happened on a matching event.
 @discardableResult
-func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, when predicate: @escaping @Sendable ([String: Any]) -> Bool) throws -> Bool {
+func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, when predicate: @escaping @Sendable ([String: Any]) -> Bool)
+    throws -> Bool
+{
     try runWatching(home: home, arguments, deadline: deadline, when: predicate) { pid in kill(pid, SIGKILL) }.matched
 }
 

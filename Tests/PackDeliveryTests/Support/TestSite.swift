@@ -56,8 +56,9 @@ struct TestSite {
         let samples = CLI.packageRoot.appending(path: "SampleContent")
         let formats: [PackFormat] = [.zip, .tarGzip, .tarXz, .tarZstd]
         for (index, name) in try FileManager.default.contentsOfDirectory(atPath: samples.path).sorted().enumerated() {
-            try PackWriter.write(folder: samples.appending(path: name), to: folder.appending(path: "\(name).\(formats[index % 4].rawValue)"),
-                                 format: formats[index % 4])
+            try PackWriter.write(
+                folder: samples.appending(path: name), to: folder.appending(path: "\(name).\(formats[index % 4].rawValue)"),
+                format: formats[index % 4])
         }
         try ManifestBuilder.write(folder: folder)
         return TestSite(folder: folder)
@@ -65,14 +66,17 @@ struct TestSite {
 
     /// A site with one pack of random bytes, `big.tar` (uncompressed, so its size is about `size`), or
     /// `big.zip` with `format: .zip`.
-    static func random(_ label: String, product: String = "com.example.big", version: String = "1.0", size: Int,
-                       format: PackFormat = .tar) throws -> TestSite {
+    static func random(
+        _ label: String, product: String = "com.example.big", version: String = "1.0", size: Int,
+        format: PackFormat = .tar
+    ) throws -> TestSite {
         let folder = try Fixtures.temporaryDirectory(label)
         let content = try Fixtures.temporaryDirectory(label + "-content")
         try FileManager.default.createDirectory(at: content.appending(path: "Contents"), withIntermediateDirectories: true)
         try Fixtures.randomFile(at: content.appending(path: "Contents/data.bin"), size: size)
-        try PackWriter.write(folder: content, to: folder.appending(path: format == .zip ? "big.zip" : "big.tar"), format: format,
-                             contentInfo: (productIdentifier: product, contentVersion: version))
+        try PackWriter.write(
+            folder: content, to: folder.appending(path: format == .zip ? "big.zip" : "big.tar"), format: format,
+            contentInfo: (productIdentifier: product, contentVersion: version))
         try ManifestBuilder.write(folder: folder)
         return TestSite(folder: folder, dataSHA256: try Fixtures.sha256Hex(of: content.appending(path: "Contents/data.bin")))
     }

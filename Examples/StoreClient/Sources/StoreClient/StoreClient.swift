@@ -33,7 +33,9 @@ struct StoreClient {
         }
     }
 
-    @MainActor static func run(home: Home, manifestLocation: String, products: [String], leaveOpen: Bool) async throws(PackDeliveryError) -> Int32 {
+    @MainActor static func run(home: Home, manifestLocation: String, products: [String], leaveOpen: Bool) async throws(PackDeliveryError)
+        -> Int32
+    {
         // 1. At launch: open the queue without blocking the main actor, and register the observer at once.
         let queue = try await DownloadQueue.open(home: home)
         let model = ShopModel()
@@ -50,7 +52,7 @@ struct StoreClient {
         // 3. An error an app handles is matched by its code.
         do {
             try await queue.add(product: "com.example.not-for-sale", from: manifest)
-        } catch where error.code == .unknownProduct {
+        } catch  where error.code == .unknownProduct {
             print("matched \(error.code)")
         }
 
@@ -60,7 +62,7 @@ struct StoreClient {
             // 4. Finishing before the content is in place is refused, with the pending downloads named.
             do {
                 if transaction.downloads.contains(where: { !$0.state.isSettled }) { try await queue.finish(transaction.id) }
-            } catch where error.code == .finishRefused {
+            } catch  where error.code == .finishRefused {
                 print("refused \(error.code) \(error.pendingDownloadIDs.joined(separator: " "))")
             }
             // 5. One await for the whole transaction; cancelling this task would stop the wait, not the download.
