@@ -39,345 +39,393 @@ struct DownloadMachine: Sendable, Hashable {
         }
     }
 
-    private(set) var download: Download
+    /// Where the download stands. Each case carries what that stage needs, so a combination that cannot happen
+    /// cannot be built; the public ``Download``'s state, phase, pause reason, error and retry date are read from it.
+    ///
+    /// The tokens are those of the work the stage waits for: an event whose token is not the stage's comes from
+    /// work that was stopped or replaced, and changes nothing. ``Kind/successors`` lists the legal transitions.
+    enum Stage: Sendable, Hashable {
+        /// Waiting for a slot (`waiting`).
+        case waiting
+        /// A transfer runs (`active`, `downloading`); `error` is the previous attempt's, shown until bytes move.
+        case transferring(token: Int, error: PackDeliveryError?)
+        /// Between attempts: the next starts at `until` (`active`, in the phase the failed attempt left).
+        case waitingToRetry(token: Int, until: Date, error: PackDeliveryError, phase: DownloadPhase)
+        /// The server refused or lost the pack's URL: the manifest is read again (`active`, `downloading`).
+        case reloadingManifest(token: Int, after: PackDeliveryError)
+        /// The installer runs (`active`; verifying, unpacking or installing). With `afterPrevious`, it starts once an
+        /// earlier install, stopped by the watchdog and still owning the staging folder, has returned.
+        case installing(token: Int, phase: DownloadPhase, afterPrevious: Bool, error: PackDeliveryError?)
+        case paused(PauseReason, error: PackDeliveryError?)
+        case failed(PackDeliveryError)
+        case finished(contentURL: URL?)
+        case cancelled
+
+        /// The stage without its data, for the table of legal transitions.
+        enum Kind: CaseIterable, Sendable, Hashable {
+            case waiting, transferring, waitingToRetry, reloadingManifest, installing, paused, failed, finished, cancelled
+
+            /// The stages an event may lead to from this one (itself included when an event may keep it).
+            /// Every stage may become `finished`: an install that was stopped may have completed before the stop
+            /// reached it, and its content is then in place and recorded.
+            var successors: Set<Kind> {
+                switch self {
+                // start (or an unpack of a verified archive), a pause (user, or no space at admission), abort, cancel
+                case .waiting: [.waiting, .transferring, .installing, .paused, .failed, .cancelled, .finished]
+                // progress; the whole pack after a refused delta or a mixed resume; a retry; a refusal; the bytes
+                // checked; pause; a hostile pack or an exhausted budget; cancel
+                case .transferring:
+                    [.transferring, .waitingToRetry, .reloadingManifest, .installing, .paused, .failed, .cancelled, .finished]
+                case .waitingToRetry: [.waitingToRetry, .transferring, .installing, .paused, .failed, .cancelled, .finished]
+                case .reloadingManifest: [.reloadingManifest, .transferring, .paused, .failed, .cancelled, .finished]
+                case .installing: [.installing, .waitingToRetry, .paused, .failed, .finished, .cancelled]
+                // resume, or a pause for space measured again
+                case .paused: [.paused, .waiting, .cancelled, .finished]
+                case .failed: [.failed, .waiting, .cancelled, .finished]
+                case .finished: [.finished]
+                case .cancelled: [.cancelled, .finished]
+                }
+            }
+        }
+
+        var kind: Kind {
+            switch self {
+            case .waiting: .waiting
+            case .transferring: .transferring
+            case .waitingToRetry: .waitingToRetry
+            case .reloadingManifest: .reloadingManifest
+            case .installing: .installing
+            case .paused: .paused
+            case .failed: .failed
+            case .finished: .finished
+            case .cancelled: .cancelled
+            }
+        }
+
+        var state: DownloadState {
+            switch self {
+            case .waiting: .waiting
+            case .transferring, .waitingToRetry, .reloadingManifest, .installing: .active
+            case .paused: .paused
+            case .failed: .failed
+            case .finished: .finished
+            case .cancelled: .cancelled
+            }
+        }
+
+        var phase: DownloadPhase? {
+            switch self {
+            case .transferring, .reloadingManifest: .downloading
+            case .waitingToRetry(_, _, _, let phase), .installing(_, let phase, _, _): phase
+            case .waiting, .paused, .failed, .finished, .cancelled: nil
+            }
+        }
+
+        var error: PackDeliveryError? {
+            switch self {
+            case .transferring(_, let error), .installing(_, _, _, let error), .paused(_, let error): error
+            case .waitingToRetry(_, _, let error, _), .reloadingManifest(_, let error), .failed(let error): error
+            case .waiting, .finished, .cancelled: nil
+            }
+        }
+    }
+
+    /// What is known of the pack's archive on disk.
+    enum Archive: Sendable, Hashable {
+        /// Partial (or absent): the transfer continues from its bytes.
+        case partial
+        /// Complete, and it matched the manifest's SHA-256 as it arrived: resuming only unpacks.
+        case verified
+        /// Recorded as verified by an earlier process: hashed again before it is unpacked (a power cut may have
+        /// damaged what the record calls verified).
+        case verifiedEarlier
+    }
+
+    /// What was tried, since bytes last moved, to get past a refusal (401, 403) or a lost URL (404, 410).
+    struct Remedies: Sendable, Hashable {
+        /// The next request asks the credential provider for fresh credentials: the server refused the last ones.
+        var freshCredentials = false
+        /// The manifest was read again: another refusal or 404 does not read it again.
+        var manifestReread = false
+    }
+
+    private(set) var stage: Stage
+    /// The download without what the stage decides (identity, URL, bytes, progress, delta).
+    private var base: Download
     var validator: String?
     var retriedFromZero: Bool
-    /// The archive is complete and matched its SHA-256; resuming only unpacks.
-    var verified: Bool
-    /// The verification was recorded by an earlier process: hash the archive again before unpacking it
-    /// (a power cut may have damaged what the record calls verified).
-    var recheckArchive = false
+    private(set) var archive: Archive
     /// The host can renew credentials (a provider is configured): a refusal (401, 403) is tried once more with fresh ones.
     var credentialsRenewable = false
-    /// The next transfer asks the credential provider for fresh credentials: the server refused the last ones.
-    private(set) var credentialsRefused = false
-    /// The manifest was read again since bytes last moved: another refusal or 404 does not read it again.
-    private(set) var manifestReloaded = false
-    /// The error that sent the download to read the manifest again, while it does.
-    private var reloading: PackDeliveryError?
+    private(set) var remedies = Remedies()
     var stagingInode: Int64?
     /// Failed attempts since bytes kept last reached a new high.
     private(set) var attempt = 0
+    /// The token of the newest work; every stop, pause, retry and failure takes a new one.
     private(set) var token = 0
-    private(set) var waitingForRetry = false
     /// The most bytes the partial file ever held: an attempt that ends below it made no progress, whatever it received.
     private(set) var mostBytesKept: Int64 = 0
     /// Bytes of the partial file known to be on disk (synced): what a checkpoint records.
     private(set) var durableBytes: Int64
     /// When bytes or phase progress last moved (for the watchdog).
     private(set) var lastMovement = Date.distantPast
-    /// The token of a transfer stopped by a pause: its final byte count still counts.
+    /// The token of a transfer stopped by a pause: its final byte count still counts, whatever the stage is by then.
     private var stoppedTransfer: Int?
-    /// An install stopped by the watchdog: start it again once it has returned.
-    private var restartInstall = false
-    /// Whether an install (which owns the staging folder) may still be running.
-    private(set) var installRunning = false
-    /// A delta update was refused for this download: the whole pack is fetched (the reason is in `download.deltaFallback`).
-    private(set) var deltaRefused = false
+    /// An install (which owns the staging folder) was started and has not returned. This is work in flight, not a
+    /// stage: a download may be paused, cancelled or waiting to retry while a stopped install winds down.
+    private(set) var installOutstanding = false
     private var rate = RateEstimator()
     let retryPolicy: RetryPolicy
 
     init(
-        download: Download, validator: String? = nil, retriedFromZero: Bool = false, verified: Bool = false,
+        download: Download, validator: String? = nil, retriedFromZero: Bool = false, archive: Archive = .partial,
         stagingInode: Int64? = nil, retryPolicy: RetryPolicy = RetryPolicy()
     ) {
-        self.download = download
+        self.base = download
         self.validator = validator
         self.retriedFromZero = retriedFromZero
-        self.verified = verified
+        self.archive = archive
         self.stagingInode = stagingInode
         self.retryPolicy = retryPolicy
         self.mostBytesKept = download.bytesReceived
         self.durableBytes = download.bytesReceived
+        switch download.state {
+        // A download that was running when its machine was made (taken over) waits for a slot again.
+        case .waiting, .active: self.stage = .waiting
+        case .paused: self.stage = .paused(download.pauseReason ?? .interrupted, error: download.error)
+        case .failed:
+            self.stage = .failed(download.error ?? PackDeliveryError(.stalled, message: "The download failed in an earlier process."))
+        case .finished: self.stage = .finished(contentURL: download.contentURL)
+        case .cancelled: self.stage = .cancelled
+        }
     }
 
-    var state: DownloadState { self.download.state }
+    /// The download as the store and observers see it.
+    var download: Download {
+        var download = self.base
+        download.state = self.stage.state
+        download.phase = self.stage.phase
+        download.error = self.stage.error
+        download.pauseReason = nil
+        download.retryDate = nil
+        switch self.stage {
+        case .transferring: break  // the estimate of the running transfer
+        case .finished(let url):
+            download.contentURL = url
+            download.timeRemaining = 0
+            download.bytesPerSecond = nil
+        case .paused(let reason, _):
+            download.pauseReason = reason
+            download.timeRemaining = -1
+            download.bytesPerSecond = nil
+        case .waitingToRetry(_, let until, _, _):
+            download.retryDate = until
+            download.timeRemaining = -1
+            download.bytesPerSecond = nil
+        case .waiting, .reloadingManifest, .installing, .failed, .cancelled:
+            download.timeRemaining = -1
+            download.bytesPerSecond = nil
+        }
+        return download
+    }
+
+    var state: DownloadState { self.stage.state }
+    /// The archive is complete and matched its SHA-256.
+    var verified: Bool { self.archive != .partial }
+    /// The verification was recorded by an earlier process: the installer hashes the archive again.
+    var recheckArchive: Bool { self.archive == .verifiedEarlier }
+    var credentialsRefused: Bool { self.remedies.freshCredentials }
+    /// A delta update was refused for this download: the whole pack is fetched (the reason is in `download.deltaFallback`).
+    var deltaRefused: Bool { self.base.deltaFallback != nil }
 
     // MARK: Events
 
     /// The scheduler gives the download a slot: waiting → active.
     mutating func start(now: Date = Date()) -> [Action] {
-        guard self.download.state == .waiting else { return [] }
+        guard case .waiting = self.stage else { return [] }
         self.token += 1
-        self.download.state = .active
-        self.download.error = nil
-        self.download.retryDate = nil
-        self.download.pauseReason = nil
-        self.download.timeRemaining = -1
-        self.download.bytesPerSecond = nil
         self.rate = RateEstimator()
         self.attempt = 0
-        self.waitingForRetry = false
         self.lastMovement = now
-        if self.verified {
-            self.download.phase = .unpacking
-            self.download.phaseProgress = 0
-            self.installRunning = true
-            return [.install(token: self.token)]
-        }
-        self.download.phase = .downloading
-        return [.startTransfer(token: self.token, fromZero: false)]
+        if self.verified { return self.beginInstall(phase: .unpacking, error: nil) }
+        return self.beginTransfer(error: nil, fromZero: false)
     }
 
     /// Bytes known good on disk, from the running transfer.
     mutating func progress(token: Int, bytesOnDisk: Int64, validator: String?, now: Date = Date()) -> Bool {
-        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return false }
-        if bytesOnDisk != self.download.bytesReceived { self.lastMovement = now }
-        if bytesOnDisk > self.download.bytesReceived {
-            self.credentialsRefused = false
-            self.manifestReloaded = false
+        guard case .transferring(token, let error) = self.stage else { return false }
+        if bytesOnDisk != self.base.bytesReceived { self.lastMovement = now }
+        if bytesOnDisk > self.base.bytesReceived {
+            // Bytes moved: what failed before is past, and refusals may be answered afresh.
+            self.remedies = Remedies()
+            if error != nil { self.stage = .transferring(token: token, error: nil) }
         }
         self.rate.add(bytes: bytesOnDisk, at: now)
-        self.download.bytesReceived = bytesOnDisk
+        self.base.bytesReceived = bytesOnDisk
         self.validator = validator ?? self.validator
-        self.download.progress = self.fraction(bytesOnDisk)
-        self.download.timeRemaining = self.rate.timeRemaining(remaining: self.bytesToFetch - bytesOnDisk)
-        self.download.bytesPerSecond = self.rate.bytesPerSecond
+        self.base.progress = self.fraction(bytesOnDisk)
+        self.base.timeRemaining = self.rate.timeRemaining(remaining: self.bytesToFetch - bytesOnDisk)
+        self.base.bytesPerSecond = self.rate.bytesPerSecond
         return true
     }
 
     /// The unpack that follows the transfer wrote `bytes`: while downloading, `phaseProgress` is the unpack's.
     mutating func streamProgress(token: Int, bytes: Int64, now: Date = Date()) {
-        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
-        let expected = max(1, self.download.unpackedLength ?? self.download.contentLength)
-        self.download.phaseProgress = min(0.99, Double(bytes) / Double(expected))
+        guard case .transferring(token, _) = self.stage else { return }
+        let expected = max(1, self.base.unpackedLength ?? self.base.contentLength)
+        self.base.phaseProgress = min(0.99, Double(bytes) / Double(expected))
     }
 
     /// A delta update knows what it fetches: progress counts those bytes from now on.
     mutating func deltaPlanned(token: Int, delta: Download.Delta, now: Date = Date()) {
-        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
+        guard case .transferring(token, _) = self.stage else { return }
         self.lastMovement = now
-        self.download.delta = delta
-        self.download.deltaFallback = nil
+        self.base.delta = delta
+        self.base.deltaFallback = nil
         self.rate = RateEstimator()
         self.mostBytesKept = delta.bytesKept
         self.durableBytes = delta.bytesKept
-        self.download.bytesReceived = delta.bytesKept
-        self.download.progress = self.fraction(delta.bytesKept)
+        self.base.bytesReceived = delta.bytesKept
+        self.base.progress = self.fraction(delta.bytesKept)
     }
 
     /// The hash thread synced the partial file up to `bytes`.
     mutating func durable(token: Int, bytes: Int64) {
-        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return }
-        self.durableBytes = min(bytes, self.download.bytesReceived)
+        guard case .transferring(token, _) = self.stage else { return }
+        self.durableBytes = min(bytes, self.base.bytesReceived)
     }
 
     /// A transfer attempt ended.
-    mutating func transferFinished(token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1), now: Date = Date())
-        -> [Action]
-    {
+    mutating func transferFinished(
+        token: Int, outcome: TransferOutcome, jitter: Double = Double.random(in: 0...1), now: Date = Date()
+    ) -> [Action] {
         if case .stopped(let bytes) = outcome, token == self.stoppedTransfer {
             // The transfer a pause stopped: its last bytes are kept, so say so.
             self.stoppedTransfer = nil
-            self.download.bytesReceived = bytes
-            self.durableBytes = bytes
-            self.download.progress = self.fraction(bytes)
+            self.keep(bytes)
             return []
         }
-        guard token == self.token, self.download.state == .active, self.download.phase == .downloading else { return [] }
+        guard case .transferring(token, let previous) = self.stage else { return [] }
         self.lastMovement = now
         switch outcome {
         case .stopped(let bytes):
-            self.download.bytesReceived = bytes
+            self.base.bytesReceived = bytes
             self.durableBytes = bytes
             return []
         case .assembled(let fetched):
             // Each entry was checked against the index's SHA-256: the new version waits in the delta's folder.
-            self.download.bytesReceived = fetched
-            return self.startInstall()
+            self.base.bytesReceived = fetched
+            return self.checked()
         case .deltaRefused(let fallback):
             // Fetch the whole pack instead, saying why.
-            self.deltaRefused = true
-            self.download.delta = nil
-            self.download.deltaFallback = fallback
-            self.download.bytesReceived = 0
-            self.download.progress = 0
-            self.mostBytesKept = 0
+            self.base.delta = nil
+            self.base.deltaFallback = fallback
+            self.forgetBytes()
             self.durableBytes = 0
             self.rate = RateEstimator()
             self.token += 1
-            return [.startTransfer(token: self.token, fromZero: false)]
+            return self.beginTransfer(error: previous, fromZero: false)
         case .completed(let sha256, let length, let resumedFrom):
-            self.download.bytesReceived = length
-            if length == self.download.contentLength, sha256.lowercased() == self.download.sha256.lowercased() {
-                self.verified = true
-                self.recheckArchive = false
+            self.base.bytesReceived = length
+            if length == self.base.contentLength, sha256.lowercased() == self.base.sha256.lowercased() {
+                self.archive = .verified
                 // Hashed while the bytes arrived: verifying is the comparison just made; the installer moves on to unpacking.
-                return self.startInstall()
+                return self.checked()
             }
+            self.forgetBytes()
             if resumedFrom > 0, !self.retriedFromZero {
                 // A resumed file may have mixed two versions of the pack: fetch once more from zero.
                 self.retriedFromZero = true
                 self.token += 1
-                self.download.bytesReceived = 0
-                self.download.progress = 0
-                self.mostBytesKept = 0
-                return [.startTransfer(token: self.token, fromZero: true)]
+                return self.beginTransfer(error: previous, fromZero: true)
             }
-            self.download.bytesReceived = 0
-            self.download.progress = 0
-            self.mostBytesKept = 0
-            return self.fail(
-                PackDeliveryError(
-                    .checksumMismatch,
-                    message:
-                        "The pack \(self.download.contentIdentifier) from \(self.download.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.download.sha256).",
-                    hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.download.url.redacted))
-                + [.deleteFiles(staging: true)]
+            let error = PackDeliveryError(
+                .checksumMismatch,
+                message:
+                    "The pack \(self.base.contentIdentifier) from \(self.base.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.base.sha256).",
+                hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.base.url.redacted)
+            return self.fail(error) + [.deleteFiles(staging: true)]
         case .failed(let failure, let bytes):
-            self.download.bytesReceived = bytes
-            self.download.progress = self.fraction(bytes)
-            if failure.error.code == .insufficientStorage {
-                self.enterPaused(.insufficientStorage, error: failure.error)
-                return []
-            }
-            if failure.error.code == .unauthorized {
-                if self.credentialsRenewable, !self.credentialsRefused {
-                    // Ask for fresh credentials (a token that expired), and try again at once.
-                    self.credentialsRefused = true
-                    return self.retryOrFail(failure.error, retryable: true, retryAfter: 0, jitter: 0, now: now)
-                }
-                if !self.manifestReloaded { return self.reloadManifest(after: failure.error) }
-                // Nothing helps until the host renews the credentials: keep the bytes and wait for a resume.
-                self.credentialsRefused = false
-                self.enterPaused(.unauthorized, error: failure.error)
-                return []
-            }
-            if StreamedUnpack.isHostile(failure.error) {
-                // Unpacked while downloading, the pack showed an entry that is never installed: nothing is kept.
-                self.verified = false
-                self.download.bytesReceived = 0
-                self.download.progress = 0
-                self.mostBytesKept = 0
-                return self.fail(failure.error) + [.deleteFiles(staging: true)]
-            }
-            if failure.error.httpStatus == 404 || failure.error.httpStatus == 410, !self.manifestReloaded {
-                // The pack is not at its URL any more: the manifest may name its new place.
-                return self.reloadManifest(after: failure.error)
-            }
-            // Only new bytes kept reset the count: a server that sends the same bytes again and again
-            // (then throws them away) or trickles them too slowly still runs out of attempts.
-            if bytes > self.mostBytesKept, !failure.countsAlways { self.attempt = 0 }
-            self.mostBytesKept = max(self.mostBytesKept, bytes)
-            return self.retryOrFail(failure.error, retryable: failure.retryable, retryAfter: failure.retryAfter, jitter: jitter, now: now)
+            self.keep(bytes, durable: false)
+            return self.transferFailed(failure, bytes: bytes, jitter: jitter, now: now)
         }
     }
 
     /// The backoff delay of a retry has passed.
     mutating func retryDue(token: Int, now: Date = Date()) -> [Action] {
-        guard token == self.token, self.waitingForRetry, self.download.state == .active else { return [] }
-        self.waitingForRetry = false
-        self.download.retryDate = nil
+        guard case .waitingToRetry(token, _, let error, _) = self.stage else { return [] }
         self.lastMovement = now
-        if self.verified {
-            self.download.phase = .unpacking
-            self.download.phaseProgress = 0
-            if self.installRunning {
-                // The stopped install has not returned yet: start again when it does.
-                self.restartInstall = true
-                return []
-            }
-            self.installRunning = true
-            return [.install(token: self.token)]
-        }
-        self.download.phase = .downloading
-        return [.startTransfer(token: self.token, fromZero: false)]
+        if self.verified { return self.beginInstall(phase: .unpacking, error: error) }
+        return self.beginTransfer(error: error, fromZero: false)
     }
 
     /// The manifest was read again: the pack's URL in it (its SHA-256 and length unchanged), or why not.
     mutating func manifestReloaded(
-        token: Int, result: Result<URL, PackDeliveryError>, jitter: Double = Double.random(in: 0...1),
-        now: Date = Date()
+        token: Int, result: Result<URL, PackDeliveryError>, jitter: Double = Double.random(in: 0...1), now: Date = Date()
     ) -> [Action] {
-        guard token == self.token, self.download.state == .active, let original = self.reloading else { return [] }
-        self.reloading = nil
-        self.waitingForRetry = false
+        guard case .reloadingManifest(token, let original) = self.stage else { return [] }
         self.lastMovement = now
         switch result {
         case .success(let url):
             // Continue from the kept bytes at the (maybe new) URL, asking for credentials as usual.
-            self.download.url = url
-            self.credentialsRefused = false
-            return [.startTransfer(token: self.token, fromZero: false)]
+            self.base.url = url
+            self.remedies.freshCredentials = false
+            return self.beginTransfer(error: original, fromZero: false)
         case .failure(let why):
-            let kept = self.download.bytesReceived > 0 ? " The \(self.download.bytesReceived) bytes downloaded are kept." : ""
+            let bytes = self.base.bytesReceived
+            let kept = bytes > 0 ? " The \(bytes) bytes downloaded are kept." : ""
             if original.code == .unauthorized {
-                self.credentialsRefused = false
-                self.enterPaused(
+                self.remedies.freshCredentials = false
+                return self.enterPaused(
                     .unauthorized,
                     error: original.withHint(
                         "Renew the receipt or credentials, then resume; reading the manifest again did not help: \(why.message)\(kept)"))
-                return []
             }
             let error = original.withHint("\(original.hint.map { $0 + " " } ?? "")Reading the manifest again did not help: \(why.message)")
-            return self.retryOrFail(error, retryable: false, retryAfter: nil, jitter: jitter, now: now)
+            return self.fail(error)
         }
     }
 
     /// The installer moved on to a phase, or along it.
     mutating func installProgress(token: Int, phase: DownloadPhase, fraction: Double, now: Date = Date()) -> Bool {
-        guard token == self.token, self.download.state == .active, !self.waitingForRetry else { return false }
+        guard case .installing(token, _, let afterPrevious, _) = self.stage else { return false }
         self.lastMovement = now
-        self.download.phase = phase
-        self.download.phaseProgress = max(0, min(1, fraction))
+        self.stage = .installing(token: token, phase: phase, afterPrevious: afterPrevious, error: nil)
+        self.base.phaseProgress = max(0, min(1, fraction))
         return true
     }
 
     /// The installer is done: content in place (and recorded), or an error.
     mutating func installFinished(token: Int, result: Result<URL, PackDeliveryError>, now: Date = Date()) -> [Action] {
-        if token != self.token || self.download.state != .active {
-            // An install that was stopped has returned: the staging folder is free again.
-            self.installRunning = false
-            if case .success(let url) = result, self.download.state != .finished {
-                // It completed before the stop reached it: the content is in place and recorded, so it is finished.
-                self.token += 1
-                self.waitingForRetry = false
-                self.restartInstall = false
-                self.finish(at: url)
-                return []
-            }
-            if self.restartInstall, self.download.state == .active, self.verified, !self.waitingForRetry {
-                self.restartInstall = false
-                self.installRunning = true
-                self.lastMovement = now
-                return [.install(token: self.token)]
-            }
-            if self.download.state == .cancelled { return [.deleteFiles(staging: true)] }
-            return []
+        let outstanding = self.installOutstanding
+        self.installOutstanding = false
+        guard case .installing(token, _, _, _) = self.stage else {
+            return self.stoppedInstallReturned(result, outstanding: outstanding, now: now)
         }
-        self.installRunning = false
         switch result {
         case .success(let url):
             self.finish(at: url)
             return []
         case .failure(let error) where error.code == .insufficientStorage:
-            self.enterPaused(.insufficientStorage, error: error)
-            return []
+            return self.enterPaused(.insufficientStorage, error: error)
         case .failure(let error) where error.code == .cancelled:
             return []
         case .failure(let error) where error.code == .fileSystem && error.underlying == .init(.errno, Int(ENOENT)) && self.verified:
             // The archive went missing under the queue's feet: fetch it again rather than fail for good.
-            self.verified = false
-            self.download.bytesReceived = 0
-            self.download.progress = 0
-            self.mostBytesKept = 0
+            self.archive = .partial
+            self.forgetBytes()
             return self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
         case .failure(let error) where error.code == .checksumMismatch:
             // The archive on disk is not what was verified (damaged by a crash or by something else): fetch it again.
-            self.verified = false
-            self.recheckArchive = false
-            self.download.bytesReceived = 0
-            self.download.progress = 0
-            self.mostBytesKept = 0
+            self.archive = .partial
+            self.forgetBytes()
             return [.deleteFiles(staging: false)] + self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
         case .failure(let error) where error.kind == .io:
             // A local failure (descriptors, database busy): the archive stays verified; retry, then fail with the cause.
             return self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
         case .failure(let error):
-            self.verified = false
-            self.download.bytesReceived = 0
-            self.download.progress = 0
-            self.mostBytesKept = 0
+            self.archive = .partial
+            self.forgetBytes()
             return self.fail(error) + [.deleteFiles(staging: true)]
         }
     }
@@ -385,192 +433,238 @@ struct DownloadMachine: Sendable, Hashable {
     /// Twice a second: an active download whose bytes and phase progress have not moved for the
     /// watchdog's time is stopped and retried, and fails once the attempts run out.
     mutating func tick(now: Date) -> [Action] {
-        guard self.download.state == .active, !self.waitingForRetry,
-            now.timeIntervalSince(self.lastMovement) > self.retryPolicy.watchdog
-        else { return [] }
-        let phase = self.download.phase ?? .downloading
-        let error = PackDeliveryError(
-            .stalled,
-            message:
-                "The download of \(self.download.contentIdentifier) made no progress for \(Int(self.retryPolicy.watchdog)) seconds while \(phase.rawValue).",
-            hint: "It was stopped and tried again; if this goes on, check the disk and the network.")
-        let stop: [Action]
-        switch phase {
-        case .downloading: stop = [.stopTransfer(token: self.token)]
-        case .verifying, .unpacking: stop = [.stopInstall]
-        case .installing:
+        guard now.timeIntervalSince(self.lastMovement) > self.retryPolicy.watchdog else { return [] }
+        let stop: Action
+        let phase: DownloadPhase
+        switch self.stage {
+        case .transferring(let token, _):
+            stop = .stopTransfer(token: token)
+            phase = .downloading
+        case .installing(let token, .installing, let afterPrevious, _):
             // The move and the record are short and not interruptible; keep waiting, but say so.
             self.lastMovement = now
-            self.download.error = error
+            self.stage = .installing(token: token, phase: .installing, afterPrevious: afterPrevious, error: self.stalled(.installing))
+            return []
+        case .installing(_, let installPhase, _, _):
+            stop = .stopInstall
+            phase = installPhase
+        case .waiting, .waitingToRetry, .reloadingManifest, .paused, .failed, .finished, .cancelled:
             return []
         }
-        return stop + self.retryOrFail(error, retryable: true, retryAfter: nil, jitter: 0.5, now: now)
+        return [stop] + self.retryOrFail(self.stalled(phase), retryable: true, retryAfter: nil, jitter: 0.5, now: now)
     }
 
     /// Pause, by the user, a shutdown or because the disk is full. Moving into place is too short to interrupt.
     mutating func pause(_ reason: PauseReason, error: PackDeliveryError? = nil) -> [Action] {
         let stop: [Action]
-        switch (self.download.state, self.download.phase) {
-        case (.waiting, _): stop = []
-        case (.active, .downloading?):
-            if self.waitingForRetry {
-                stop = []
-            } else {
-                self.stoppedTransfer = self.token
-                stop = [.stopTransfer(token: self.token)]
-            }
-        case (.active, .verifying?), (.active, .unpacking?): stop = self.installRunning ? [.stopInstall] : []
-        case (.active, _): return []
-        case (.paused, _) where reason == .insufficientStorage: stop = []
-        case (.paused, _), (.failed, _), (.finished, _), (.cancelled, _): return []
+        switch self.stage {
+        case .waiting, .reloadingManifest: stop = []
+        case .transferring(let token, _):
+            self.stoppedTransfer = token
+            stop = [.stopTransfer(token: token)]
+        case .installing(_, .installing, _, _): return []
+        case .installing, .waitingToRetry: stop = self.installOutstanding ? [.stopInstall] : []
+        case .paused(.insufficientStorage, _) where reason == .insufficientStorage: stop = []
+        case .paused, .failed, .finished, .cancelled: return []
         }
-        self.enterPaused(reason, error: error)
-        return stop
-    }
-
-    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?) {
-        self.token += 1
-        self.waitingForRetry = false
-        self.restartInstall = false
-        self.download.state = .paused
-        self.download.phase = nil
-        self.download.pauseReason = reason
-        self.download.error = error
-        self.download.retryDate = nil
-        self.download.timeRemaining = -1
-        self.download.bytesPerSecond = nil
+        return stop + self.enterPaused(reason, error: error)
     }
 
     /// Resume a paused or failed download: it waits for a slot and keeps the bytes it has.
     mutating func resume() -> [Action] {
-        guard self.download.state == .paused || self.download.state == .failed else { return [] }
-        if self.download.state == .failed { self.retriedFromZero = false }
+        switch self.stage {
+        case .paused: break
+        case .failed: self.retriedFromZero = false
+        case .waiting, .transferring, .waitingToRetry, .reloadingManifest, .installing, .finished, .cancelled: return []
+        }
         // Renewed credentials or a fixed server: a refusal may read the manifest again.
-        self.manifestReloaded = false
-        self.reloading = nil
-        self.download.state = .waiting
-        self.download.pauseReason = nil
-        self.download.error = nil
+        self.remedies.manifestReread = false
+        self.stage = .waiting
         return []
     }
 
     /// Cancel: stop whatever runs and delete the partial data. Finished downloads and a move in progress stay.
     mutating func cancel() -> [Action] {
         var actions: [Action]
-        switch (self.download.state, self.download.phase) {
-        case (.finished, _), (.cancelled, _), (.active, .installing?): return []
-        case (.active, .downloading?): actions = self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
-        case (.active, _): actions = self.installRunning ? [.stopInstall] : []
-        case (.waiting, _), (.paused, _), (.failed, _): actions = []
+        switch self.stage {
+        case .finished, .cancelled, .installing(_, .installing, _, _): return []
+        case .transferring(let token, _): actions = [.stopTransfer(token: token)]
+        case .installing, .waitingToRetry: actions = self.installOutstanding ? [.stopInstall] : []
+        case .waiting, .reloadingManifest, .paused, .failed: actions = []
         }
         // A running install owns the staging folder until it returns; it is removed then.
-        actions.append(.deleteFiles(staging: !self.installRunning))
+        actions.append(.deleteFiles(staging: !self.installOutstanding))
         self.token += 1
-        self.waitingForRetry = false
-        self.restartInstall = false
-        self.verified = false
-        self.mostBytesKept = 0
-        self.download.state = .cancelled
-        self.download.phase = nil
-        self.download.pauseReason = nil
-        self.download.error = nil
-        self.download.retryDate = nil
-        self.download.bytesReceived = 0
-        self.download.progress = 0
-        self.download.timeRemaining = -1
-        self.download.bytesPerSecond = nil
+        self.archive = .partial
+        self.forgetBytes()
+        self.stage = .cancelled
         return actions
     }
 
     /// Ends the download as failed with an error from outside the machine (the store could not record it);
     /// a paused download stays paused, with the error.
     mutating func abort(_ error: PackDeliveryError) -> [Action] {
-        if self.download.state == .paused {
-            if self.download.error == nil { self.download.error = error }
+        let stop: [Action]
+        switch self.stage {
+        case .paused(let reason, nil):
+            self.stage = .paused(reason, error: error)
             return []
+        case .paused, .failed, .finished, .cancelled: return []
+        case .waiting, .reloadingManifest, .installing(_, .installing, _, _): stop = []
+        case .transferring(let token, _): stop = [.stopTransfer(token: token)]
+        case .installing, .waitingToRetry(_, _, _, .verifying), .waitingToRetry(_, _, _, .unpacking):
+            stop = self.installOutstanding ? [.stopInstall] : []
+        case .waitingToRetry: stop = []
         }
-        let stop: [Action] =
-            switch (self.download.state, self.download.phase) {
-            case (.active, .downloading?): self.waitingForRetry ? [] : [.stopTransfer(token: self.token)]
-            case (.active, .verifying?), (.active, .unpacking?): self.installRunning ? [.stopInstall] : []
-            default: []
-            }
-        guard self.download.state == .active || self.download.state == .waiting else { return [] }
         return stop + self.fail(error)
     }
 
-    // MARK: Helpers
+    // MARK: Transitions
+
+    private mutating func transferFailed(_ failure: TransferFailure, bytes: Int64, jitter: Double, now: Date) -> [Action] {
+        if failure.error.code == .insufficientStorage { return self.enterPaused(.insufficientStorage, error: failure.error) }
+        if failure.error.code == .unauthorized {
+            if self.credentialsRenewable, !self.remedies.freshCredentials {
+                // Ask for fresh credentials (a token that expired), and try again at once.
+                self.remedies.freshCredentials = true
+                return self.retryOrFail(failure.error, retryable: true, retryAfter: 0, jitter: 0, now: now)
+            }
+            if !self.remedies.manifestReread { return self.reloadManifest(after: failure.error) }
+            // Nothing helps until the host renews the credentials: keep the bytes and wait for a resume.
+            self.remedies.freshCredentials = false
+            return self.enterPaused(.unauthorized, error: failure.error)
+        }
+        if StreamedUnpack.isHostile(failure.error) {
+            // Unpacked while downloading, the pack showed an entry that is never installed: nothing is kept.
+            self.archive = .partial
+            self.forgetBytes()
+            return self.fail(failure.error) + [.deleteFiles(staging: true)]
+        }
+        if failure.error.httpStatus == 404 || failure.error.httpStatus == 410, !self.remedies.manifestReread {
+            // The pack is not at its URL any more: the manifest may name its new place.
+            return self.reloadManifest(after: failure.error)
+        }
+        // Only new bytes kept reset the count: a server that sends the same bytes again and again
+        // (then throws them away) or trickles them too slowly still runs out of attempts.
+        if bytes > self.mostBytesKept, !failure.countsAlways { self.attempt = 0 }
+        self.mostBytesKept = max(self.mostBytesKept, bytes)
+        return self.retryOrFail(failure.error, retryable: failure.retryable, retryAfter: failure.retryAfter, jitter: jitter, now: now)
+    }
+
+    /// An install that was stopped (or replaced) has returned: the staging folder is free again.
+    private mutating func stoppedInstallReturned(_ result: Result<URL, PackDeliveryError>, outstanding: Bool, now: Date) -> [Action] {
+        if case .success(let url) = result {
+            if case .finished = self.stage { return [] }
+            // It completed before the stop reached it: the content is in place and recorded, so it is finished.
+            self.token += 1
+            self.finish(at: url)
+            return []
+        }
+        switch self.stage {
+        case .installing(let token, let phase, afterPrevious: true, let error) where self.verified:
+            self.stage = .installing(token: token, phase: phase, afterPrevious: false, error: error)
+            self.installOutstanding = true
+            self.lastMovement = now
+            return [.install(token: token)]
+        case .cancelled where outstanding:
+            return [.deleteFiles(staging: true)]
+        default:
+            return []
+        }
+    }
+
+    private mutating func beginTransfer(error: PackDeliveryError?, fromZero: Bool) -> [Action] {
+        self.base.timeRemaining = -1
+        self.base.bytesPerSecond = nil
+        self.stage = .transferring(token: self.token, error: error)
+        return [.startTransfer(token: self.token, fromZero: fromZero)]
+    }
+
+    /// Unpacks the verified archive, unless a stopped install still owns the staging folder: then once it returns.
+    private mutating func beginInstall(phase: DownloadPhase, error: PackDeliveryError?) -> [Action] {
+        self.base.phaseProgress = 0
+        let afterPrevious = self.installOutstanding
+        self.stage = .installing(token: self.token, phase: phase, afterPrevious: afterPrevious, error: error)
+        if afterPrevious { return [] }
+        self.installOutstanding = true
+        return [.install(token: self.token)]
+    }
+
+    /// The transfer's bytes are all in and checked: the install takes over, in the verifying phase.
+    private mutating func checked() -> [Action] {
+        self.base.progress = 1
+        return self.beginInstall(phase: .verifying, error: nil)
+    }
 
     /// Waits (as for a retry: a pause or cancel needs nothing stopped) while the manifest is read again.
     private mutating func reloadManifest(after error: PackDeliveryError) -> [Action] {
-        self.manifestReloaded = true
-        self.reloading = error
-        self.waitingForRetry = true
-        self.download.error = error
+        self.remedies.manifestReread = true
         self.token += 1
+        self.stage = .reloadingManifest(token: self.token, after: error)
         return [.reloadManifest(token: self.token)]
     }
 
-    private mutating func finish(at url: URL) {
-        self.download.state = .finished
-        self.download.phase = nil
-        self.download.pauseReason = nil
-        self.download.progress = 1
-        self.download.bytesReceived = self.bytesToFetch
-        self.download.timeRemaining = 0
-        self.download.bytesPerSecond = nil
-        self.download.contentURL = url
-        self.download.error = nil
-        self.download.retryDate = nil
-        self.download.phaseProgress = 1
-        self.stagingInode = nil
-        self.verified = false
+    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?) -> [Action] {
+        self.token += 1
+        self.stage = .paused(reason, error: error)
+        return []
     }
 
-    private mutating func retryOrFail(_ error: PackDeliveryError, retryable: Bool, retryAfter: TimeInterval?, jitter: Double, now: Date)
-        -> [Action]
-    {
+    private mutating func retryOrFail(
+        _ error: PackDeliveryError, retryable: Bool, retryAfter: TimeInterval?, jitter: Double, now: Date
+    ) -> [Action] {
         guard retryable, self.attempt + 1 < self.retryPolicy.maxAttempts else { return self.fail(error) }
         self.attempt += 1
-        self.waitingForRetry = true
-        self.download.error = error
-        self.download.timeRemaining = -1
-        self.download.bytesPerSecond = nil
         self.token += 1
         let delay = self.retryPolicy.delay(attempt: self.attempt, retryAfter: retryAfter, jitter: jitter)
-        self.download.retryDate = now.addingTimeInterval(delay)
+        let phase = self.stage.phase ?? .downloading
+        self.stage = .waitingToRetry(token: self.token, until: now.addingTimeInterval(delay), error: error, phase: phase)
         return [.scheduleRetry(token: self.token, after: delay)]
     }
 
     private mutating func fail(_ error: PackDeliveryError) -> [Action] {
         self.token += 1
-        self.waitingForRetry = false
-        self.restartInstall = false
-        self.download.state = .failed
-        self.download.phase = nil
-        self.download.error = error
-        self.download.retryDate = nil
-        self.download.timeRemaining = -1
-        self.download.bytesPerSecond = nil
+        self.stage = .failed(error)
         return []
     }
 
-    /// The transfer's bytes are all in and checked: the install takes over, in the verifying phase.
-    private mutating func startInstall() -> [Action] {
-        self.download.progress = 1
-        self.download.phase = .verifying
-        self.download.timeRemaining = -1
-        self.download.bytesPerSecond = nil
-        self.download.phaseProgress = 0
-        self.installRunning = true
-        return [.install(token: self.token)]
+    private mutating func finish(at url: URL) {
+        self.stage = .finished(contentURL: url)
+        self.base.progress = 1
+        self.base.bytesReceived = self.bytesToFetch
+        self.base.contentURL = url
+        self.base.phaseProgress = 1
+        self.stagingInode = nil
+        self.archive = .partial
+    }
+
+    /// The bytes a stopped or failed attempt left on disk.
+    private mutating func keep(_ bytes: Int64, durable: Bool = true) {
+        self.base.bytesReceived = bytes
+        if durable { self.durableBytes = bytes }
+        self.base.progress = self.fraction(bytes)
+    }
+
+    /// The partial bytes are gone or worthless: progress starts again from zero.
+    private mutating func forgetBytes() {
+        self.base.bytesReceived = 0
+        self.base.progress = 0
+        self.mostBytesKept = 0
+    }
+
+    private func stalled(_ phase: DownloadPhase) -> PackDeliveryError {
+        PackDeliveryError(
+            .stalled,
+            message:
+                "The download of \(self.base.contentIdentifier) made no progress for \(Int(self.retryPolicy.watchdog)) seconds while \(phase.rawValue).",
+            hint: "It was stopped and tried again; if this goes on, check the disk and the network.")
     }
 
     /// What the transfer fetches: the whole pack, or during a delta update the bytes of its ranges.
-    var bytesToFetch: Int64 { self.download.delta?.bytesToFetch ?? self.download.contentLength }
+    var bytesToFetch: Int64 { self.base.delta?.bytesToFetch ?? self.base.contentLength }
 
     private func fraction(_ bytes: Int64) -> Double {
-        guard self.bytesToFetch > 0 else { return self.download.delta == nil ? 0 : 1 }
+        guard self.bytesToFetch > 0 else { return self.base.delta == nil ? 0 : 1 }
         return min(1, max(0, Double(bytes) / Double(self.bytesToFetch)))
     }
 }

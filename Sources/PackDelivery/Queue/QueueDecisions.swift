@@ -84,11 +84,9 @@ enum Adoption {
         download.bytesReceived = min(max(0, onDisk), download.contentLength)
         download.progress = download.contentLength > 0 ? min(1, Double(download.bytesReceived) / Double(download.contentLength)) : 0
         download.retryDate = nil
-        var machine = DownloadMachine(
+        return DownloadMachine(
             download: download, validator: record.validator, retriedFromZero: record.retriedFromZero,
-            verified: verified, stagingInode: nil, retryPolicy: retryPolicy)
-        machine.recheckArchive = verified
-        return machine
+            archive: verified ? .verifiedEarlier : .partial, stagingInode: nil, retryPolicy: retryPolicy)
     }
 
     /// Whether the download was in the middle of a move into place (recovery must look at the journal).

@@ -201,7 +201,7 @@ struct QueueMachine: Sendable {
             self.changed[id] = nil
             guard let entry = self.entries[id] else { continue }
             taken.append((entry.machine, entry.position))
-            if entry.machine.state.isSettled && !entry.machine.installRunning { self.forget(id) }
+            if entry.machine.state.isSettled && !entry.machine.installOutstanding { self.forget(id) }
         }
         return taken
     }
