@@ -230,6 +230,21 @@ import Testing
         #expect(machine.state == .cancelled && machine.download.error == nil && machine.download.pauseReason == nil)
     }
 
+    @Test func spaceReturningResumesOnlyADownloadPausedForSpace() {
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        let full = TransferFailure(error: .insufficientStorage(path: "/x", needed: 600, available: 10), retryable: false)
+        _ = machine.transferFinished(token: 1, outcome: .failed(full, bytesOnDisk: 400))
+        _ = machine.pause(.user)
+        #expect(machine.download.pauseReason == .user && machine.download.error == nil)
+        #expect(machine.spaceReturned() == [] && machine.state == .paused, "the user paused it: only the user resumes it")
+        _ = machine.resume()
+        _ = machine.start()
+        _ = machine.transferFinished(token: machine.token, outcome: .failed(full, bytesOnDisk: 400))
+        _ = machine.spaceReturned()
+        #expect(machine.state == .waiting && machine.download.bytesReceived == 400)
+    }
+
     @Test func pauseWhileUnpackingStopsTheInstallAndResumeOnlyUnpacks() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()

@@ -197,6 +197,7 @@ import Testing
             ("pause", { $0.pause(.user) }),
             ("pause for space", { $0.pause(.insufficientStorage, error: Self.full.error) }),
             ("resume", { $0.resume() }),
+            ("space returned", { $0.spaceReturned() }),
             ("cancel", { $0.cancel() }),
             ("abort", { $0.abort(PackDeliveryError(.database, message: "disk I/O error")) }),
         ]

@@ -77,6 +77,16 @@ import Testing
         #expect(queue.admit("d-0", available: 2000, path: "/home").contains(.run(id: "d-0", .startTransfer(token: 2, fromZero: false))))
     }
 
+    @Test func aUserPauseOfADownloadPausedForSpaceOutlastsTheSpaceReturning() {
+        var queue = QueueMachine(concurrency: 1, spaceMargin: 0)
+        _ = queue.own(Self.machine(0, length: 1000, unpacked: 1000), position: 0)
+        _ = queue.admit("d-0", available: 10, path: "/home")
+        _ = queue.handle("d-0", .pause(.user, nil))
+        #expect(queue.download("d-0")?.pauseReason == .user, "the user's pause replaces the pause for space")
+        #expect(queue.tick(now: Date(), available: [.caches: 1 << 30]).isEmpty, "space returning starts nothing")
+        #expect(queue.download("d-0")?.state == .paused && queue.download("d-0")?.pauseReason == .user)
+    }
+
     @Test func sizesFromOutsideNeverOverflowTheSpaceCheck() {
         // Issue 19, item 2: contentLength 2^63-1 trapped in the space check.
         var queue = QueueMachine(concurrency: 1)

@@ -79,7 +79,7 @@ struct DownloadMachine: Sendable, Hashable {
                 case .waitingToRetry: [.waitingToRetry, .transferring, .installing, .paused, .failed, .cancelled, .finished]
                 case .reloadingManifest: [.reloadingManifest, .transferring, .paused, .failed, .cancelled, .finished]
                 case .installing: [.installing, .waitingToRetry, .paused, .failed, .finished, .cancelled]
-                // resume, or a pause for space measured again
+                // resume, space returned, a user's pause over a pause for space
                 case .paused: [.paused, .waiting, .cancelled, .finished]
                 case .failed: [.failed, .waiting, .cancelled, .finished]
                 case .finished: [.finished]
@@ -455,6 +455,8 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     /// Pause, by the user, a shutdown or because the disk is full. Moving into place is too short to interrupt.
+    ///
+    /// A user's pause of a download paused for space makes it the user's: space that returns does not resume it.
     mutating func pause(_ reason: PauseReason, error: PackDeliveryError? = nil) -> [Action] {
         let stop: [Action]
         switch self.stage {
@@ -464,7 +466,7 @@ struct DownloadMachine: Sendable, Hashable {
             stop = [.stopTransfer(token: token)]
         case .installing(_, .installing, _, _): return []
         case .installing, .waitingToRetry: stop = self.installOutstanding ? [.stopInstall] : []
-        case .paused(.insufficientStorage, _) where reason == .insufficientStorage: stop = []
+        case .paused(.insufficientStorage, _) where reason == .insufficientStorage || reason == .user: stop = []
         case .paused, .failed, .finished, .cancelled: return []
         }
         return stop + self.enterPaused(reason, error: error)
@@ -481,6 +483,12 @@ struct DownloadMachine: Sendable, Hashable {
         self.remedies.manifestReread = false
         self.stage = .waiting
         return []
+    }
+
+    /// Enough space is free again: a download paused for space waits for a slot; any other stays as it is.
+    mutating func spaceReturned() -> [Action] {
+        guard case .paused(.insufficientStorage, _) = self.stage else { return [] }
+        return self.resume()
     }
 
     /// Cancel: stop whatever runs and delete the partial data. Finished downloads and a move in progress stay.

@@ -176,7 +176,7 @@ struct QueueMachine: Sendable {
             for id in self.pausedForSpace {
                 guard let download = self.entries[id]?.machine.download, let free = available[download.destination] else { continue }
                 if free.map({ self.needed(download) <= $0 }) ?? true {
-                    actions += self.update(id) { $0.resume() }
+                    actions += self.update(id) { $0.spaceReturned() }
                 }
             }
         }
