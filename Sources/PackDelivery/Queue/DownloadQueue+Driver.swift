@@ -59,7 +59,7 @@ extension DownloadQueue {
                 for: download, url: download.url, refused: machine.credentialsRefused,
                 receipt: self.recordedAccess(download.transactionID)?.receipt)
             if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
-                self.state.withLock { $0.deltas[id] = delta }
+                self.state.withLock { $0.updateWork(id) { $0.delta = delta } }
                 delta.start { [weak self] event in
                     guard let self else { return }
                     self.driver.async { self.handle(event) }
@@ -67,14 +67,15 @@ extension DownloadQueue {
                 return []
             }
             let request = TransferRequest(
-                id: "\(id)#\(token)", url: download.url, file: archive,
+                id: TransferID(download: id, token: token), url: download.url, file: archive,
                 expectedLength: download.contentLength, validator: machine.validator,
                 fromZero: fromZero, options: options, writer: self.configuration.writer,
                 stream: self.startStream(for: download, token: token))
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
-            if let delta = self.state.withLock({ $0.deltas[id] }), delta.request.id == "\(id)#\(token)" { delta.stop() }
-            self.engineBox.withLock { $0 }?.stop("\(id)#\(token)")
+            let transfer = TransferID(download: id, token: token)
+            if let delta = self.state.withLock({ $0.work[id]?.delta }), delta.request.id == transfer { delta.stop() }
+            self.engineBox.withLock { $0 }?.stop(transfer)
         case .scheduleRetry(let token, let delay):
             self.logger.info("retrying", metadata: ["download": "\(id)", "after": "\(delay)", "error": "\(download.error?.message ?? "")"])
             self.driver.asyncAfter(deadline: .now() + delay) { [weak self] in
@@ -82,11 +83,14 @@ extension DownloadQueue {
             }
         case .install(let token):
             let flag = CancelFlag()
-            let streamed = self.state.withLock { state in
-                state.cancelFlags[id] = flag
-                return state.streams.removeValue(forKey: id)
+            // The install takes the streamed unpack and the delta's tree, and can be stopped through its flag.
+            let (streamed, built) = self.state.withLock { state in
+                state.updateWork(id) { work in
+                    defer { work = DownloadWork(install: flag) }
+                    return (work.stream, work.delta)
+                }
             }
-            let delta = self.state.withLock { $0.deltas.removeValue(forKey: id) }?.tree.withLock { $0 }
+            let delta = built?.tree.withLock { $0 }
             let installer = self.installer
             let recheck = machine.recheckArchive
             DispatchQueue.global().async { [weak self] in
@@ -102,17 +106,23 @@ extension DownloadQueue {
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 self.driver.async {
-                    self.state.withLock { state in if state.cancelFlags[id] === flag { state.cancelFlags[id] = nil } }
+                    self.state.withLock { $0.updateWork(id) { work in if work.install === flag { work.install = nil } } }
                     self.change { $0.handle(id, .installFinished(token: token, result: result)) }
                 }
             }
         case .reloadManifest(let token):
             self.reloadManifest(for: download, token: token)
         case .stopInstall:
-            self.state.withLock { $0.cancelFlags[id] }?.cancel()
+            self.state.withLock { $0.work[id]?.install }?.cancel()
         case .deleteFiles(let staging):
-            self.state.withLock { $0.streams.removeValue(forKey: id) }?.discard()
-            self.state.withLock { $0.deltas.removeValue(forKey: id) }?.stop()
+            let (stream, delta) = self.state.withLock { state in
+                state.updateWork(id) { work in
+                    defer { (work.stream, work.delta) = (nil, nil) }
+                    return (work.stream, work.delta)
+                }
+            }
+            stream?.discard()
+            delta?.stop()
             self.discard(self.home.deltaURL(for: download))
             self.discard(self.home.archiveURL(for: download))
             if staging { self.discard(self.home.stagingURL(for: download)) }
@@ -134,7 +144,7 @@ extension DownloadQueue {
         else { return nil }
         return DeltaTransfer(
             DeltaTransfer.Request(
-                id: "\(download.id)#\(token)", download: download, index: index, install: install,
+                id: TransferID(download: download.id, token: token), download: download, index: index, install: install,
                 installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
                 writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries))
     }
@@ -142,7 +152,12 @@ extension DownloadQueue {
     /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.
     private func startStream(for download: Download, token: Int) -> StreamedUnpack? {
         let id = download.id
-        self.state.withLock { $0.streams.removeValue(forKey: id) }?.discard()
+        self.state.withLock { state in
+            state.updateWork(id) { work in
+                defer { work.stream = nil }
+                return work.stream
+            }
+        }?.discard()
         guard self.configuration.streamingUnpack else { return nil }
         let limits = UnpackLimits(
             maxBytes: self.installer.limits.maxBytes(packLength: download.contentLength, unpackedLength: download.unpackedLength),
@@ -157,7 +172,7 @@ extension DownloadQueue {
             guard let self else { return }
             self.driver.async { self.change { $0.handle(id, .streamProgress(token: token, bytes: bytes)) } }
         }
-        self.state.withLock { $0.streams[id] = stream }
+        self.state.withLock { $0.updateWork(id) { $0.stream = stream } }
         return stream
     }
 
@@ -236,13 +251,13 @@ extension DownloadQueue {
     func handle(_ event: TransferEvent) {
         switch event {
         case .progress(let transferID, let bytes, let validator):
-            let (id, token) = Self.split(transferID)
+            let (id, token) = (transferID.download, transferID.token)
             self.change { $0.handle(id, .transferProgress(token: token, bytes: bytes, validator: validator)) }
         case .durable(let transferID, let bytes):
-            let (id, token) = Self.split(transferID)
+            let (id, token) = (transferID.download, transferID.token)
             self.change { $0.handle(id, .transferDurable(token: token, bytes: bytes)) }
         case .finished(let transferID, let outcome):
-            let (id, token) = Self.split(transferID)
+            let (id, token) = (transferID.download, transferID.token)
             if case .deltaRefused(let fallback) = outcome {
                 self.logger.info(
                     "delta update not used; fetching the whole pack",
@@ -250,7 +265,7 @@ extension DownloadQueue {
             }
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
         case .deltaPlanned(let transferID, let delta):
-            let (id, token) = Self.split(transferID)
+            let (id, token) = (transferID.download, transferID.token)
             self.change { $0.handle(id, .deltaPlanned(token: token, delta: delta)) }
         }
     }
@@ -457,10 +472,5 @@ extension DownloadQueue {
         var machine = DownloadMachine(download: download, retryPolicy: self.configuration.retryPolicy)
         machine.credentialsRenewable = self.configuration.credentials != nil
         return machine
-    }
-
-    private static func split(_ transferID: String) -> (String, Int) {
-        let parts = transferID.split(separator: "#")
-        return (String(parts[0]), parts.count > 1 ? Int(parts[1]) ?? -1 : -1)
     }
 }

@@ -130,15 +130,29 @@ public final class DownloadQueue: Sendable {
         var continuations: [UUID: EventStream] = [:]
         /// Restores in progress: their downloads still running, until each settles.
         var restores: [UUID: RestoreBatch] = [:]
-        /// Installs running, by download, so pause and cancel can stop them.
-        var cancelFlags: [String: CancelFlag] = [:]
-        /// Unpacks that run while their download does, until the install takes them or they are discarded.
-        var streams: [String: StreamedUnpack] = [:]
-        /// Delta updates running or built, by download, until the install takes their tree.
-        var deltas: [String: DeltaTransfer] = [:]
+        /// The work running for each download (its install, the unpack that follows its transfer, its delta).
+        var work: [String: DownloadWork] = [:]
+
+        /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
+        mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {
+            var work = self.work[id] ?? DownloadWork()
+            defer { self.work[id] = work.install == nil && work.stream == nil && work.delta == nil ? nil : work }
+            return body(&work)
+        }
         var saveScheduled = false
         var closed = false
         var ticks = 0
+    }
+
+    /// The work the driver started for one download and may have to stop: one value, so that everything that
+    /// runs for a download is found, stopped and discarded together.
+    struct DownloadWork: Sendable {
+        /// Stops the running install (pause, cancel, the watchdog).
+        var install: CancelFlag?
+        /// The unpack that follows the transfer, until the install takes it or it is discarded.
+        var stream: StreamedUnpack?
+        /// The delta update, running or built, until the install takes its tree.
+        var delta: DeltaTransfer?
     }
 
     struct WeakObserver: Sendable {
@@ -458,18 +472,15 @@ public final class DownloadQueue: Sendable {
         self.engineBox.withLock { $0 }?.shutdown()
         self.runOnDriver {
             // Discarded, and waited for (briefly): a process that exits leaves no half-unpacked folder behind.
-            let streams = self.state.withLock { state in
-                defer { state.streams = [:] }
-                return Array(state.streams.values)
+            let work = self.state.withLock { state in
+                defer { state.work = [:] }
+                return Array(state.work.values)
             }
+            let streams = work.compactMap(\.stream)
             for stream in streams { stream.discard() }
             for stream in streams { stream.waitUntilEnded(timeout: 2) }
             // Stopped by the pause above; their threads end at the next block of bytes.
-            let deltas = self.state.withLock { state in
-                defer { state.deltas = [:] }
-                return Array(state.deltas.values)
-            }
-            for delta in deltas { delta.stopAndWait() }
+            for delta in work.compactMap(\.delta) { delta.stopAndWait() }
             self.save(includingProgress: true)
             let ids = self.state.withLock { Array($0.machine.entries.keys) }
             do { try self.store.release(ids, owner: self.owner) } catch {

@@ -26,7 +26,7 @@ struct DeltaTree: Sendable {
 final class DeltaTransfer: Sendable {
     struct Request: Sendable {
         /// The transfer id, `<download>#<token>`.
-        var id: String
+        var id: TransferID
         var download: Download
         var index: Manifest.IndexReference
         var install: InstallRecord

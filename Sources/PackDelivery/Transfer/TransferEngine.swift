@@ -46,7 +46,7 @@ final class TransferEngine: Sendable {
     func start(_ request: TransferRequest) { self.post(.start(request)) }
 
     /// Stops a transfer, keeping its file; reports `.stopped` when it was running.
-    func stop(_ id: String) { self.post(.stop(id)) }
+    func stop(_ id: TransferID) { self.post(.stop(id)) }
 
     /// Removes a partial file once every command posted before has run: a transfer that was starting when it was
     /// cancelled cannot create the file again after it is gone.
@@ -71,7 +71,7 @@ final class TransferEngine: Sendable {
 
 private enum TransferCommand: Sendable {
     case start(TransferRequest)
-    case stop(String)
+    case stop(TransferID)
     case discard(URL)
     case shutdown
 }

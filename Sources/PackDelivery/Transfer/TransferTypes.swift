@@ -89,9 +89,17 @@ public struct CredentialRequest: Sendable, Hashable {
 /// host, while other headers follow redirects. A redirect from https may only lead to https.
 public typealias CredentialProvider = @Sendable (CredentialRequest) -> [String]
 
+/// Which piece of work a transfer is: the download it is for, and the machine's token for that attempt
+/// (events of an attempt that was stopped carry an older token and change nothing).
+struct TransferID: Sendable, Hashable, CustomStringConvertible {
+    var download: String
+    var token: Int
+    var description: String { "\(self.download)#\(self.token)" }
+}
+
 /// One HTTP (or file) transfer into a partial file, resuming from what the file already holds.
 struct TransferRequest: Sendable {
-    var id: String
+    var id: TransferID
     var url: URL
     var file: URL
     var expectedLength: Int64
@@ -133,10 +141,10 @@ enum TransferOutcome: Sendable, Hashable {
 /// What the engine reports, on its own thread, in order per transfer.
 enum TransferEvent: Sendable {
     /// Bytes on disk and known good so far (throttled to about 10 a second), and the response's validator.
-    case progress(id: String, bytesOnDisk: Int64, validator: String?)
+    case progress(id: TransferID, bytesOnDisk: Int64, validator: String?)
     /// The first `bytes` of the partial file were synced to disk (from the hash thread).
-    case durable(id: String, bytes: Int64)
-    case finished(id: String, outcome: TransferOutcome)
+    case durable(id: TransferID, bytes: Int64)
+    case finished(id: TransferID, outcome: TransferOutcome)
     /// A delta update knows what it fetches and what it reuses (before its first `.progress`).
-    case deltaPlanned(id: String, delta: Download.Delta)
+    case deltaPlanned(id: TransferID, delta: Download.Delta)
 }
