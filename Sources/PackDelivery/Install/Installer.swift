@@ -130,11 +130,7 @@ struct Installer: Sendable {
             // The journal of the move: after a crash, the inode tells whether the rename below happened.
             guard stat(staging.path, &info) == 0 else { throw Self.fileError("inspect", staging.path, errno) }
             let inode = Int64(info.st_ino)
-            try self.store.write(durable: true) { db in
-                try db.execute(
-                    sql: "UPDATE downloads SET phase = ?, stagingInode = ? WHERE id = ?",
-                    arguments: [DownloadPhase.installing, inode, download.id])
-            }
+            try self.store.journalMove(downloadID: download.id, stagingInode: inode)
             self.hook?(.beforeRename)
             return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
         } catch {

@@ -189,6 +189,16 @@ extension Store {
 
     // MARK: Installs
 
+    /// The journal of a move into place, committed durably before the rename: after a crash, the staging folder's
+    /// inode tells recovery whether the rename happened.
+    func journalMove(downloadID: String, stagingInode: Int64) throws(PackDeliveryError) {
+        try self.write(durable: true) { db in
+            try db.execute(
+                sql: "UPDATE downloads SET phase = ?, stagingInode = ? WHERE id = ?",
+                arguments: [DownloadPhase.installing, stagingInode, downloadID])
+        }
+    }
+
     func installs(productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstallRecord] {
         try self.read { db in
             var request = InstallRecord.order(
