@@ -152,6 +152,7 @@ final class CurlEasy {
         try self.set(CURLOPT_LOW_SPEED_TIME, long: window)
         self.lowSpeed = (limit, window)
         self.arrivals = Arrivals(window: window)
+        // Unretained: libcurl calls back only while the handle lives, and this object owns the handle.
         try self.set(CURLOPT_XFERINFODATA, pointer: Unmanaged.passUnretained(self).toOpaque())
         try self.check(
             ccurl_easy_setopt_xferinfo_callback(
@@ -244,7 +245,7 @@ final class CurlEasy {
         return PackDeliveryError(
             .tooSlow,
             message:
-                "Data from \(url) arrived at \(Self.rate(Double(received) / Double(window))) over the last \(window) seconds, below the low-speed limit of \(limit) bytes per second.",
+                "Data from \(url) arrived at \(Self.rate(Double(received) / Double(window))) over the last \(window) seconds, below the low-speed limit of \(Self.rate(Double(limit))).",
             hint: hint, subject: url, underlying: underlying)
     }
 
@@ -299,7 +300,7 @@ struct Arrivals {
         while self.samples.count > 2, now.timeIntervalSince(self.samples[1].at) > self.window { self.samples.removeFirst() }
     }
 
-    /// The body bytes received in the last `seconds` (all of them when counting began later).
+    /// The body bytes received in the last `seconds` (at most ``window``; all of them when counting began later).
     func received(inLast seconds: TimeInterval, now: Date = Date()) -> Int64 {
         let baseline = self.samples.last { now.timeIntervalSince($0.at) >= seconds }?.total ?? 0
         return self.total - baseline
