@@ -23,7 +23,7 @@ enum ExitStatus {
             Self.badData
         case .httpStatus where error.httpStatus == 404 || error.httpStatus == 410:
             Self.badData  // nothing at that URL: the manifest (or the URL given) is wrong
-        case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled:
+        case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled:
             Self.network
         case .unauthorized:
             Self.noPermission
@@ -63,7 +63,7 @@ enum ExitStatus {
             let resume = download.map { "packs resume \($0.id)" } ?? "packs resume"
             return
                 "The server refused the credentials: renew the receipt and run \(resume) --receipt FILE (it is stored for later resumes), or pass other credentials with --header 'Authorization: …'."
-        case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled:
+        case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled:
             return download.map { "The partial download is kept; run packs resume \($0.id) to retry." }
         case .insufficientStorage:
             return download.map {

@@ -145,12 +145,16 @@ struct TransferFlags: ParsableArguments {
     var concurrency = 4
 
     @Option(
-        help: ArgumentHelp("Retry a failed transfer this many times (without new bytes kept) before the download fails.", valueName: "n"))
+        help: ArgumentHelp(
+            "Retry a failed transfer this many times (without new bytes kept; a stalled or too slow attempt always counts) before the download fails.",
+            valueName: "n"))
     var retries = 5
 
     @Option(
         name: .customLong("stall-timeout"),
-        help: ArgumentHelp("Retry a transfer after this many seconds without data.", valueName: "seconds"))
+        help: ArgumentHelp(
+            "Retry a transfer that receives nothing, or less than 1 KiB/s on average, for this many seconds (the manifest request too).",
+            valueName: "seconds"))
     var stallTimeout: Double = 30
 
     @Option(
@@ -194,12 +198,13 @@ struct TransferFlags: ParsableArguments {
     /// The options of the manifest request: the headers, with the receipt.
     var options: TransferOptions {
         TransferOptions(
-            maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout,
+            maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, lowSpeedTime: self.stallTimeout,
             headers: self.headers + (self.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? []))
     }
 
     func configuration(resumeInterrupted: Bool = false) -> DownloadQueue.Configuration {
-        let packOptions = TransferOptions(maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, headers: self.headers)
+        let packOptions = TransferOptions(
+            maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, lowSpeedTime: self.stallTimeout, headers: self.headers)
         var configuration = DownloadQueue.Configuration(
             concurrency: self.concurrency, transfer: packOptions, resumeInterruptedDownloads: resumeInterrupted,
             resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,

@@ -6,7 +6,7 @@ import Testing
 
 /// Issue 18: every error an app may handle is matched by its code (the message is for people). Each is
 /// provoked for real here, or in the suite named beside it: insufficientStorage (QueueTests), lengthMismatch,
-/// timedOut, unsupportedURL after a redirect (HostileInputTests), httpStatus (FaultTests), unauthorized,
+/// timedOut, unsupportedURL after a redirect (HostileInputTests), tooSlow (SlowServerTests), httpStatus (FaultTests), unauthorized,
 /// queueClosed, cancelled (LibraryAPITests), stalled, databaseBusy (StallTests), contentIdentifierTaken
 /// (QueueDecisionTests), unpackLimitExceeded (ArchiveReaderBoundsTests), tooManyOpenFiles (CatalogTests).
 @Suite(.timeLimit(.minutes(5))) struct ErrorCodeTests {

@@ -154,8 +154,9 @@ import Testing
         defer { queue.close() }
         let id = try await #require(try queue.add(product: "com.example.big", from: loaded).downloads.first?.id)
         let ended = try #require(await waitFor(queue, id, timeout: 40) { !$0.state.isRunning }, "ended instead of trickling on")
-        #expect(ended.state == .failed && ended.error?.code == .timedOut, "\(String(describing: ended.error))")
-        #expect(ended.error?.message.contains("slower than") == true, "\(ended.error?.message ?? "")")
+        #expect(ended.state == .failed && ended.error?.code == .tooSlow, "\(String(describing: ended.error))")
+        #expect(
+            ended.error?.message.contains("below the low-speed limit of 1000 bytes per second") == true, "\(ended.error?.message ?? "")")
         #expect(server.requests().count == 2)
     }
 

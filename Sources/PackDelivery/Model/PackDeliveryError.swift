@@ -60,8 +60,11 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public static let unauthorized = Code("unauthorized")
         /// The host could not be resolved or reached.
         public static let networkUnreachable = Code("networkUnreachable")
-        /// No answer, or too slow, for too long (connect timeout, stall, low speed).
+        /// No answer for too long: the connect timeout, or no data for the stall timeout.
         public static let timedOut = Code("timedOut")
+        /// Data arrived, but slower than the low-speed limit over the whole window, on every attempt allowed (a server
+        /// that trickles); the message names the rate measured.
+        public static let tooSlow = Code("tooSlow")
         /// Another network failure (connection reset, TLS, protocol error, redirect loop).
         public static let networkFailure = Code("networkFailure")
         /// The URL's scheme is not allowed (only http and https, and file for a local manifest).
@@ -115,7 +118,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
                 .unsupportedURL, .contentDamaged:
                 .badData
-            case .httpStatus, .networkUnreachable, .timedOut, .networkFailure, .stalled: .network
+            case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled: .network
             case .unauthorized: .unauthorized
             case .insufficientStorage: .insufficientStorage
             case .cancelled: .cancelled

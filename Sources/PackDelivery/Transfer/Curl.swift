@@ -64,6 +64,11 @@ enum Curl {
                 subject: url.redacted)
         }
         guard code == CURLE_OK else {
+            if let error = easy.speedFailure(
+                code, url: url.redacted, hint: "The server or the network is too slow; try again later, or allow a longer stall timeout.")
+            {
+                throw error
+            }
             if code == CURLE_COULDNT_CONNECT, easy.connectFailedForDescriptors {
                 throw PackDeliveryError(
                     .tooManyOpenFiles, message: "Could not open a connection to fetch \(url.redacted): too many open files.",
@@ -99,6 +104,9 @@ final class CurlEasy {
     let url: URL
     private var headerList: UnsafeMutablePointer<curl_slist>?
     private let errorBuffer = UnsafeMutablePointer<CChar>.allocate(capacity: Int(CURL_ERROR_SIZE) + 1)
+    /// The low-speed check in force (set by ``apply(_:extraHeaders:)``), and the body bytes seen, to say why it ended a transfer.
+    private var lowSpeed: (limit: Int64, window: Int)?
+    private var arrivals = Arrivals()
 
     init(url: URL) throws(PackDeliveryError) {
         guard let handle = curl_easy_init() else {
@@ -134,13 +142,26 @@ final class CurlEasy {
     /// Applies timeouts, rate limit, TLS verification and extra headers.
     func apply(_ options: TransferOptions, extraHeaders: [String] = []) throws(PackDeliveryError) {
         try self.set(CURLOPT_CONNECTTIMEOUT_MS, long: Int(options.connectTimeout * 1000))
-        // Too slow: less than the low-speed limit on average for lowSpeedTime seconds ends the attempt with
-        // CURLE_OPERATION_TIMEDOUT. (No byte at all for the stall timeout is caught by the transfer loop.)
-        let lowSpeed = options.effectiveLowSpeedLimit
-        if lowSpeed > 0 {
-            try self.set(CURLOPT_LOW_SPEED_LIMIT, long: Int(lowSpeed))
-            try self.set(CURLOPT_LOW_SPEED_TIME, long: max(1, Int(options.lowSpeedTime.rounded(.up))))
-        }
+        // Less than the low-speed limit for the whole window ends the attempt with CURLE_OPERATION_TIMEDOUT; with the
+        // speed check off, the limit is 1 byte per second, so that silence still ends it at the stall timeout (on a
+        // manifest request, which has no transfer loop to watch it). The progress callback notes the body bytes, so
+        // that ``speedFailure(_:url:hint:)`` can say what arrived within the window.
+        let limit = max(1, options.effectiveLowSpeedLimit)
+        let window = options.lowSpeedWindow
+        try self.set(CURLOPT_LOW_SPEED_LIMIT, long: Int(limit))
+        try self.set(CURLOPT_LOW_SPEED_TIME, long: window)
+        self.lowSpeed = (limit, window)
+        self.arrivals = Arrivals(window: window)
+        // Unretained: libcurl calls back only while the handle lives, and this object owns the handle.
+        try self.set(CURLOPT_XFERINFODATA, pointer: Unmanaged.passUnretained(self).toOpaque())
+        try self.check(
+            ccurl_easy_setopt_xferinfo_callback(
+                self.handle, CURLOPT_XFERINFOFUNCTION,
+                { user, _, received, _, _ in
+                    Unmanaged<CurlEasy>.fromOpaque(user!).takeUnretainedValue().arrivals.observe(transferred: Int64(received))
+                    return 0
+                }), "CURLOPT_XFERINFOFUNCTION")
+        try self.set(CURLOPT_NOPROGRESS, long: 0)
         if let rate = options.maxBytesPerSecond, rate > 0 {
             try self.set(CURLOPT_MAX_RECV_SPEED_LARGE, offset: rate)
         }
@@ -204,6 +225,37 @@ final class CurlEasy {
         return code
     }
 
+    /// The failure for a transfer that libcurl's low-speed check ended: `timedOut` when no body byte arrived within
+    /// the window, else `tooSlow`, naming the rate measured over it and the limit; nil for any other result.
+    /// - Parameters:
+    ///   - code: libcurl's result.
+    ///   - url: the URL without credentials, for the message.
+    ///   - hint: what happens next or what to do.
+    func speedFailure(_ code: CURLcode, url: String, hint: String?) -> PackDeliveryError? {
+        let detail = self.errorMessage(code).lowercased()
+        guard code == CURLE_OPERATION_TIMEDOUT, detail.contains("too slow") || detail.contains("less than"),
+            let (limit, window) = self.lowSpeed
+        else { return nil }
+        let received = self.arrivals.received(inLast: TimeInterval(window))
+        let underlying = PackDeliveryError.Underlying(.curl, Int(code.rawValue))
+        guard received > 0 else {
+            return PackDeliveryError(
+                .timedOut, message: "No data arrived from \(url) for \(window) seconds.", hint: hint, subject: url, underlying: underlying)
+        }
+        return PackDeliveryError(
+            .tooSlow,
+            message:
+                "Data from \(url) arrived at \(Self.rate(Double(received) / Double(window))) over the last \(window) seconds, below the low-speed limit of \(Self.rate(Double(limit))).",
+            hint: hint, subject: url, underlying: underlying)
+    }
+
+    /// A rate said for people: `1 byte per second`, `0.5 bytes per second`, `800 bytes per second`.
+    static func rate(_ bytesPerSecond: Double) -> String {
+        let shown = bytesPerSecond < 10 ? (bytesPerSecond * 10).rounded() / 10 : bytesPerSecond.rounded()
+        let number = shown == shown.rounded() ? "\(Int(shown))" : "\(shown)"
+        return "\(number) byte\(shown == 1 ? "" : "s") per second"
+    }
+
     /// libcurl's detailed message for a failed call (the error buffer), else its generic text.
     func errorMessage(_ code: CURLcode) -> String {
         let detail = String(cString: self.errorBuffer)
@@ -217,5 +269,40 @@ final class CurlEasy {
                 message: "libcurl refused \(what) for \(self.url.redacted): \(Curl.describe(code)).",
                 subject: self.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
         }
+    }
+}
+
+/// The body bytes one handle received, sampled over time by libcurl's progress callback (at least once a second,
+/// on the handle's thread): what arrived within the low-speed window when libcurl ends a transfer as too slow.
+struct Arrivals {
+    /// The longest window asked about (seconds); older samples are dropped.
+    let window: TimeInterval
+    /// (time, bytes received in all), at most four a second, oldest first; the first is when counting began.
+    private var samples: [(at: Date, total: Int64)]
+    /// Body bytes received in all, over every transfer of the handle.
+    private(set) var total: Int64 = 0
+    /// libcurl's count for the current transfer (it starts again at 0 for each transfer on the handle).
+    private var current: Int64 = 0
+
+    init(window: Int = 60, start: Date = Date()) {
+        self.window = TimeInterval(window)
+        self.samples = [(start, 0)]
+    }
+
+    /// libcurl says the current transfer has received `transferred` body bytes.
+    mutating func observe(transferred: Int64, at now: Date = Date()) {
+        if transferred < self.current { self.current = 0 }
+        self.total += transferred - self.current
+        self.current = transferred
+        guard let last = self.samples.last, now.timeIntervalSince(last.at) >= 0.25 else { return }
+        self.samples.append((now, self.total))
+        // Keep one sample at or before the oldest moment a window may start from.
+        while self.samples.count > 2, now.timeIntervalSince(self.samples[1].at) > self.window { self.samples.removeFirst() }
+    }
+
+    /// The body bytes received in the last `seconds` (at most ``window``; all of them when counting began later).
+    func received(inLast seconds: TimeInterval, now: Date = Date()) -> Int64 {
+        let baseline = self.samples.last { now.timeIntervalSince($0.at) >= seconds }?.total ?? 0
+        return self.total - baseline
     }
 }

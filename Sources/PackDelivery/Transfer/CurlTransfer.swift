@@ -388,12 +388,9 @@ final class CurlTransfer {
         }
         switch curlCode {
         case CURLE_OPERATION_TIMEDOUT:
-            if detail.lowercased().contains("low speed") || detail.lowercased().contains("less than") {
-                let options = self.request.options
-                return failure(
-                    .timedOut,
-                    "The transfer of \(url) was slower than \(options.effectiveLowSpeedLimit) bytes per second for \(Int(options.lowSpeedTime)) seconds.",
-                    retryable: true, countsAlways: true)
+            // Too slow (or silent) for the low-speed window: counts as a failed attempt, whatever bytes it kept.
+            if let error = self.easy.speedFailure(curlCode, url: url, hint: "It is tried again; the partial download is kept.") {
+                return TransferFailure(error: error, retryable: true, countsAlways: true)
             }
             return failure(.timedOut, "The transfer of \(url) timed out (\(detail)).", retryable: true, countsAlways: true)
         case CURLE_TOO_MANY_REDIRECTS:

@@ -6,13 +6,15 @@ public struct TransferOptions: Sendable, Hashable {
     public var maxBytesPerSecond: Int64?
     /// Seconds to wait for a connection.
     public var connectTimeout: TimeInterval
-    /// Seconds without a single byte before a transfer counts as stalled and is retried.
+    /// Seconds without a single byte before a transfer counts as stalled and is retried; also the longest window
+    /// over which ``lowSpeedLimit`` is measured. Pack, manifest and index requests all honour it.
     public var stallTimeout: TimeInterval
-    /// Bytes per second below which a transfer counts as too slow (averaged over ``lowSpeedTime``) and is
-    /// retried; such retries always count against the limit. 0 turns the check off. Kept below half of
-    /// ``maxBytesPerSecond`` when that is set.
+    /// Bytes per second below which a transfer counts as too slow (averaged over ``lowSpeedTime``, or over
+    /// ``stallTimeout`` when that is shorter) and is retried; such retries always count against the limit, and the
+    /// last one fails with `tooSlow`, naming the rate measured. 0 turns the speed check off (a transfer that
+    /// receives nothing for the stall timeout still ends). Kept below half of ``maxBytesPerSecond`` when that is set.
     public var lowSpeedLimit: Int64
-    /// Seconds over which ``lowSpeedLimit`` is measured.
+    /// Seconds over which ``lowSpeedLimit`` is measured; ``stallTimeout`` when that is shorter.
     public var lowSpeedTime: TimeInterval
     /// Extra request headers, as `Name: value` lines (for example `Authorization: Bearer …`).
     public var headers: [String]
@@ -24,11 +26,11 @@ public struct TransferOptions: Sendable, Hashable {
     /// - Parameters:
     ///   - maxBytesPerSecond: bytes per second per download; nil for no limit.
     ///   - connectTimeout: seconds to wait for a connection.
-    ///   - stallTimeout: seconds without a byte before a transfer is retried.
+    ///   - stallTimeout: seconds without a byte before a transfer is retried, and the longest low-speed window.
     ///   - headers: extra request headers, as `Name: value` lines.
     ///   - verifyTLS: whether to verify TLS certificates.
     ///   - lowSpeedLimit: bytes per second below which a transfer is too slow; 0 for no limit.
-    ///   - lowSpeedTime: seconds over which the low-speed limit is measured.
+    ///   - lowSpeedTime: seconds over which the low-speed limit is measured (at most `stallTimeout`).
     public init(
         maxBytesPerSecond: Int64? = nil, connectTimeout: TimeInterval = 30, stallTimeout: TimeInterval = 30,
         lowSpeedLimit: Int64 = 1024, lowSpeedTime: TimeInterval = 60,
@@ -49,6 +51,13 @@ extension TransferOptions {
     var effectiveLowSpeedLimit: Int64 {
         guard let rate = self.maxBytesPerSecond else { return self.lowSpeedLimit }
         return min(self.lowSpeedLimit, rate / 2)
+    }
+
+    /// The whole seconds over which the low-speed limit is measured: ``lowSpeedTime``, or ``stallTimeout`` when that
+    /// is shorter, so that a trickle is caught as soon as a silence would be.
+    var lowSpeedWindow: Int {
+        let seconds = min(self.lowSpeedTime, self.stallTimeout)
+        return seconds.isNaN ? 60 : Int(min(max(1, seconds), 86_400).rounded(.up))
     }
 }
 
