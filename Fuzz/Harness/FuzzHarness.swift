@@ -49,6 +49,13 @@ public enum FuzzHarness {
         Self.inSandbox(data) { pack, staging throws(PackDeliveryError) in _ = try FuzzEntry.unpack(pack, into: staging) }
     }
 
+    /// A pack index as a delta update reads it (`FuzzEntry.index`): decoded and range-checked, planned, checked
+    /// against the central directory it describes, and its small entries to fetch made into zips of their own and
+    /// unpacked into a fresh staging folder; then the same checks of what is beside and inside it.
+    public static func index(_ data: Data) -> Outcome {
+        Self.inSandbox(data) { _, staging throws(PackDeliveryError) in _ = try FuzzEntry.index(data, staging: staging) }
+    }
+
     // MARK: The sandbox
 
     /// What `sentinel/keep` holds. (Made per call: a global `Data` initialised once is reported by

@@ -27,6 +27,7 @@ struct FuzzCorpusTests {
     }
 
     static let manifestInputs = Self.inputs("corpus/manifest", "crashers/manifest")
+    static let indexInputs = Self.inputs("corpus/index", "crashers/index")
     /// Packs go through both pack targets, whichever found them.
     static let packInputs = Self.inputs("corpus/pack", "crashers/inspect", "crashers/unpack")
 
@@ -78,6 +79,7 @@ struct FuzzCorpusTests {
 
     @Test func theCorpusIsThere() {
         #expect(Self.manifestInputs.contains { $0.hasSuffix("/valid-one-pack.json") }, "Fuzz/corpus/manifest at \(Self.fuzzFolder.path)")
+        #expect(Self.indexInputs.contains("corpus/index/valid-layout.json"), "Fuzz/corpus/index at \(Self.fuzzFolder.path)")
         for format in ["zip", "tar", "tar.gz", "tar.bz2", "tar.xz", "tar.zst"] {
             #expect(Self.packInputs.contains("corpus/pack/valid-layout.\(format)"), "a valid \(format) seed")
         }
@@ -89,6 +91,14 @@ struct FuzzCorpusTests {
         Self.expect(Self.withDeadline { FuzzHarness.manifest(data) }, input, "manifest decoding", refusesHostile: true)
     }
 
+    /// A pack index is refused by decoding and planning (a delta update then fetches the whole pack) or by the
+    /// unpack of an entry.
+    @Test(arguments: Self.indexInputs)
+    func index(_ input: String) throws {
+        let data = try Self.data(input)
+        Self.expect(Self.withDeadline { FuzzHarness.index(data) }, input, "index reading", refusesHostile: true)
+    }
+
     @Test(arguments: Self.packInputs)
     func pack(_ input: String) throws {
         let data = try Self.data(input)
@@ -97,13 +107,17 @@ struct FuzzCorpusTests {
     }
 
     /// A saved leak (`leak-*`) replayed 1,000 times must not grow the heap.
-    @Test(arguments: Self.inputs("crashers/manifest", "crashers/inspect", "crashers/unpack").filter { $0.contains("/leak-") })
+    @Test(
+        arguments: Self.inputs("crashers/manifest", "crashers/inspect", "crashers/unpack", "crashers/index").filter {
+            $0.contains("/leak-")
+        })
     func savedLeak(_ input: String) throws {
         let data = try Self.data(input)
         let target = input.split(separator: "/")[1]
         func run(_ data: Data) -> FuzzHarness.Outcome {
             switch target {
             case "manifest": FuzzHarness.manifest(data)
+            case "index": FuzzHarness.index(data)
             case "inspect": FuzzHarness.inspect(data)
             default: FuzzHarness.unpack(data)
             }

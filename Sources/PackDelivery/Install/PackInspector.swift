@@ -131,7 +131,7 @@ extension PackInspector {
         Self.normalized(name.map { String(cString: $0) } ?? "")
     }
 
-    private static func normalized(_ name: String) -> String {
+    static func normalized(_ name: String) -> String {
         var path = Substring(name)
         while path.hasPrefix("./") { path = path.dropFirst(2) }
         while path.hasSuffix("/") { path = path.dropLast() }

@@ -64,18 +64,83 @@ enum ZipDirectories {
         var info = stat()
         guard fstat(fd, &info) == 0, info.st_size >= 22, Self.read(fd, at: 0, count: 2) == [0x50, 0x4B] else { return nil }
         let size = Int64(info.st_size)
-        // The end record: the last "PK\5\6" within the last 64 KiB + 22 bytes (a comment may follow it).
-        let tailStart = max(0, size - 65_557)
-        guard let tail = Self.read(fd, at: tailStart, count: Int(size - tailStart)),
-            let end = (0...(tail.count - 22)).reversed().first(where: { Self.u32(tail, $0) == 0x0605_4B50 })
-        else { return nil }
+        guard let directory = Self.directory(size: size, read: { offset, count in Self.read(fd, at: offset, count: count) }) else {
+            return nil
+        }
+        var listing = Listing(entries: [], directoryOffset: directory.offset)
+        for central in directory.entries {
+            let localOffset = central.localOffset
+            guard localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30), Self.u32(local, 0) == 0x0403_4B50
+            else { return nil }
+            let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
+            var localCRC: UInt32? = Self.u32(local, 14)
+            if Self.u16(local, 6) & 0x8 != 0 {
+                // A data descriptor follows the data: its CRC (after an optional signature) is the one checked.
+                let after = localOffset + 30 + Int64(Self.u16(local, 26)) + Int64(Self.u16(local, 28)) + central.compressedSize
+                localCRC =
+                    central.compressedSize < 0
+                    ? nil : Self.read(fd, at: after, count: 8).map { Self.u32($0, 0) == 0x0807_4B50 ? Self.u32($0, 4) : Self.u32($0, 0) }
+            }
+            listing.entries.append(
+                Entry(
+                    name: central.name, localName: localName, method: central.method, localOffset: localOffset,
+                    unixMode: central.unixMode, crc: central.crc, localCRC: localCRC))
+        }
+        return listing
+    }
+
+    /// One file of a zip as its central directory alone describes it.
+    struct Central: Sendable, Hashable {
+        /// The name, as stored.
+        var name: [UInt8]
+        /// The general purpose flags (bit 0: encrypted; bit 3: sizes in a data descriptor).
+        var flags: UInt16
+        /// The compression method (0 stored, 8 deflate, …).
+        var method: UInt16
+        var crc: UInt32
+        /// The sizes, from the ZIP64 extra field when saturated; -1 when a saturated one is missing there.
+        var compressedSize: Int64
+        var size: Int64
+        /// Where the local header starts (at least 0).
+        var localOffset: Int64
+        /// The unix mode from the external attributes, when the entry was made on unix (a symlink, an executable).
+        var unixMode: Int?
+    }
+
+    /// A zip's central directory: its entries in order, and where it lies.
+    struct Directory: Sendable, Hashable {
+        var entries: [Central]
+        var offset: Int64
+        var size: Int64
+    }
+
+    /// Reads a zip's central directory through `read`, which gives `count` bytes at an offset of a zip of `size`
+    /// bytes (nil when it cannot): the end record within the last 64 KiB + 22 bytes, the ZIP64 records it points
+    /// at, and the directory, of at most ``maxDirectory`` bytes. Local headers are not read.
+    /// - Returns: nil when the structure cannot be followed.
+    static func directory<Failure: Error>(size: Int64, read: (Int64, Int) throws(Failure) -> [UInt8]?) throws(Failure) -> Directory? {
+        guard size >= 22 else { return nil }
+        // The end record: the last "PK\5\6" within the last 64 KiB + 22 bytes (a comment may follow it). Most zips
+        // have no comment, so the last 42 bytes (the record and the ZIP64 locator before it) are read first.
+        let shortStart = max(0, size - 42)
+        guard let short = try read(shortStart, Int(size - shortStart)), short.count == Int(size - shortStart) else { return nil }
+        var tail = short
+        var end = short.count - 22
+        if Self.u32(short, end) != 0x0605_4B50 {
+            let tailStart = max(0, size - 65_557)
+            guard let window = try read(tailStart, Int(size - tailStart)), window.count == Int(size - tailStart),
+                let found = (0...(window.count - 22)).reversed().first(where: { Self.u32(window, $0) == 0x0605_4B50 })
+            else { return nil }
+            (tail, end) = (window, found)
+        }
         var entries = Int64(Self.u16(tail, end + 10))
         var directorySize = Int64(Self.u32(tail, end + 12))
         var directoryOffset = Int64(Self.u32(tail, end + 16))
         if entries == 0xFFFF || directorySize == 0xFFFF_FFFF || directoryOffset == 0xFFFF_FFFF {
             // ZIP64: the locator just before the end record points at the ZIP64 end record.
-            guard end >= 20, Self.u32(tail, end - 20) == 0x0706_4B50,
-                let record = Self.read(fd, at: Int64(truncatingIfNeeded: Self.u64(tail, end - 20 + 8)), count: 56),
+            guard end >= 20, Self.u32(tail, end - 20) == 0x0706_4B50 else { return nil }
+            let recordOffset = Int64(truncatingIfNeeded: Self.u64(tail, end - 20 + 8))
+            guard recordOffset >= 0, recordOffset <= size - 56, let record = try read(recordOffset, 56), record.count == 56,
                 Self.u32(record, 0) == 0x0606_4B50
             else { return nil }
             entries = Int64(truncatingIfNeeded: Self.u64(record, 32))
@@ -84,9 +149,9 @@ enum ZipDirectories {
         }
         guard entries >= 0, directorySize >= 0, directorySize <= Self.maxDirectory, directoryOffset >= 0,
             directoryOffset <= size - directorySize,
-            let directory = Self.read(fd, at: directoryOffset, count: Int(directorySize))
+            let directory = try read(directoryOffset, Int(directorySize)), directory.count == Int(directorySize)
         else { return nil }
-        var listing = Listing(entries: [], directoryOffset: directoryOffset)
+        var result = Directory(entries: [], offset: directoryOffset, size: directorySize)
         var position = 0
         for _ in 0..<entries {
             guard position + 46 <= directory.count, Self.u32(directory, position) == 0x0201_4B50 else { return nil }
@@ -94,39 +159,28 @@ enum ZipDirectories {
             let extraLength = Int(Self.u16(directory, position + 30))
             let commentLength = Int(Self.u16(directory, position + 32))
             guard position + 46 + nameLength + extraLength <= directory.count else { return nil }
-            let name = Array(directory[(position + 46)..<(position + 46 + nameLength)])
-            let (compressedSize, localOffset) = Self.sizeAndOffset(
+            let (uncompressedSize, compressedSize, localOffset) = Self.sizesAndOffset(
                 uncompressed: Self.u32(directory, position + 24), compressed: Self.u32(directory, position + 20),
                 offset: Self.u32(directory, position + 42),
                 extra: Array(directory[(position + 46 + nameLength)..<(position + 46 + nameLength + extraLength)]))
-            guard localOffset >= 0, localOffset <= size - 30, let local = Self.read(fd, at: localOffset, count: 30),
-                Self.u32(local, 0) == 0x0403_4B50
-            else { return nil }
-            let localName = Self.read(fd, at: localOffset + 30, count: Int(Self.u16(local, 26))) ?? []
+            guard localOffset >= 0 else { return nil }
             let madeOnUnix = Self.u16(directory, position + 4) >> 8 == 3
             let mode = Int(Self.u32(directory, position + 38) >> 16)
-            var localCRC: UInt32? = Self.u32(local, 14)
-            if Self.u16(local, 6) & 0x8 != 0 {
-                // A data descriptor follows the data: its CRC (after an optional signature) is the one checked.
-                let after = localOffset + 30 + Int64(Self.u16(local, 26)) + Int64(Self.u16(local, 28)) + compressedSize
-                localCRC =
-                    compressedSize < 0
-                    ? nil : Self.read(fd, at: after, count: 8).map { Self.u32($0, 0) == 0x0807_4B50 ? Self.u32($0, 4) : Self.u32($0, 0) }
-            }
-            listing.entries.append(
-                Entry(
-                    name: name, localName: localName, method: Self.u16(directory, position + 10), localOffset: localOffset,
-                    unixMode: madeOnUnix && mode != 0 ? mode : nil, crc: Self.u32(directory, position + 16), localCRC: localCRC))
+            result.entries.append(
+                Central(
+                    name: Array(directory[(position + 46)..<(position + 46 + nameLength)]), flags: Self.u16(directory, position + 8),
+                    method: Self.u16(directory, position + 10), crc: Self.u32(directory, position + 16), compressedSize: compressedSize,
+                    size: uncompressedSize, localOffset: localOffset, unixMode: madeOnUnix && mode != 0 ? mode : nil))
             position += 46 + nameLength + extraLength + commentLength
         }
-        return listing
+        return result
     }
 
-    /// An entry's compressed size and local header offset: its 32-bit fields, or for those saturated (0xFFFFFFFF)
-    /// the ZIP64 extra field's values, which hold the saturated fields only, in the order uncompressed size,
-    /// compressed size, offset; -1 when a saturated one is missing there.
-    private static func sizeAndOffset(uncompressed: UInt32, compressed: UInt32, offset: UInt32, extra: [UInt8]) -> (
-        compressed: Int64, offset: Int64
+    /// An entry's sizes and local header offset: its 32-bit fields, or for those saturated (0xFFFFFFFF) the ZIP64
+    /// extra field's values, which hold the saturated fields only, in the order uncompressed size, compressed size,
+    /// offset; -1 when a saturated one is missing there (or does not fit an `Int64`).
+    private static func sizesAndOffset(uncompressed: UInt32, compressed: UInt32, offset: UInt32, extra: [UInt8]) -> (
+        uncompressed: Int64, compressed: Int64, offset: Int64
     ) {
         var values = [uncompressed, compressed, offset].map { $0 == 0xFFFF_FFFF ? -1 : Int64($0) }
         var position = 0
@@ -135,14 +189,14 @@ enum ZipDirectories {
             if Self.u16(extra, position) == 0x0001 {
                 var at = position + 4
                 for index in values.indices where values[index] == -1 && at + 8 <= min(position + 4 + length, extra.count) {
-                    values[index] = Int64(truncatingIfNeeded: Self.u64(extra, at))
+                    values[index] = Int64(exactly: Self.u64(extra, at)) ?? -1
                     at += 8
                 }
                 break
             }
             position += 4 + length
         }
-        return (values[1], values[2])
+        return (values[0], values[1], values[2])
     }
 
     private static func read(_ fd: Int32, at offset: Int64, count: Int) -> [UInt8]? {

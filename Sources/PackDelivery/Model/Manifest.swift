@@ -150,7 +150,7 @@ public struct LoadedManifest: Sendable {
 
     /// Decodes and checks a manifest's bytes.
     ///
-    /// Every size must lie between 0 and 2^50 bytes, every SHA-256 must be 64 ASCII hex digits, identifiers
+    /// Every size (an index's length too) must lie between 0 and 2^50 bytes, every SHA-256 must be 64 ASCII hex digits, identifiers
     /// may not hold control characters, `/`, a leading `.` or more than 255 bytes, no two products share an
     /// identifier, and no two packs share a content identifier.
     /// - Parameters:
@@ -201,7 +201,19 @@ public struct LoadedManifest: Sendable {
                         "a sha256 that is not 64 hex digits (0-9, a-f)"
                     } else if let problem = Self.textProblem(content.contentVersion, maxBytes: 255) {
                         "a contentVersion with \(problem)"
-                    } else if let problem = Self.textProblem(content.url, maxBytes: 8192) { "a url with \(problem)" } else { nil }
+                    } else if let problem = Self.textProblem(content.url, maxBytes: 8192) {
+                        "a url with \(problem)"
+                    } else if let index = content.index, !(0...Self.maxSize).contains(index.length) {
+                        "an index length of \(index.length), outside 0…2^50 bytes"
+                    } else if let index = content.index,
+                        index.sha256.utf8.count != 64 || !index.sha256.utf8.allSatisfy(Self.isASCIIHexDigit)
+                    {
+                        "an index sha256 that is not 64 hex digits (0-9, a-f)"
+                    } else if let index = content.index, let problem = Self.textProblem(index.url, maxBytes: 8192) {
+                        "an index url with \(problem)"
+                    } else {
+                        nil
+                    }
                 if let problem {
                     throw PackDeliveryError(
                         .invalidManifest, message: "The manifest at \(place) gives \(productID)/\(contentID) \(problem).",

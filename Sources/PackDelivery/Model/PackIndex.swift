@@ -50,6 +50,93 @@ public struct PackIndex: Sendable, Hashable, Codable {
     }
 }
 
+extension PackIndex {
+    /// The largest index read: as large as a manifest may be. The manifest gives an index's length, so a larger
+    /// one is refused before it is fetched.
+    static let maxBytes: Int64 = 64 << 20
+
+    /// Decodes and checks an index's bytes, as a delta update reads them.
+    ///
+    /// Its JSON objects are counted before anything is built, so an index of more than `maxEntries` entries is
+    /// refused in constant memory. Every number is then range-checked where it is decoded: sizes, offsets and
+    /// lengths between 0 and 2^50 (a length of at least a local header's 30 bytes), a method and a mode of 16
+    /// bits (as a zip stores them), a SHA-256 of 64 hex digits for every entry but a folder, and a path of at most
+    /// 65,535 bytes (a zip's name field) without NUL.
+    /// - Throws: `DeltaRefusal` (`indexUnusable`) saying what is wrong, naming the entry.
+    static func decode(_ data: Data, maxEntries: Int) throws(DeltaRefusal) -> PackIndex {
+        guard data.count <= Self.maxBytes else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index is \(data.count) bytes, more than the \(Self.maxBytes) an index may have")
+        }
+        // The root object, and one per entry.
+        guard Self.objectCount(data, stoppingAfter: maxEntries + 1) <= maxEntries + 1 else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index lists more than \(maxEntries) entries, more than a pack may hold")
+        }
+        guard let index = try? JSONDecoder().decode(PackIndex.self, from: data) else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index cannot be read")
+        }
+        guard index.format == 1 else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index has format \(index.format), not 1")
+        }
+        for entry in index.entries {
+            if let problem = Self.problem(entry) {
+                throw DeltaRefusal(.indexUnusable, "the pack's index gives \(PackDeliveryError.printable(entry.path)) \(problem)")
+            }
+        }
+        return index
+    }
+
+    /// What is out of range in an entry, or nil.
+    static func problem(_ entry: Entry) -> String? {
+        let sizes = 0...LoadedManifest.maxSize
+        return if entry.path.isEmpty || entry.path.utf8.count > 0xFFFF || entry.path.utf8.contains(0) {
+            "a path that no zip entry can have"
+        } else if !sizes.contains(entry.size) {
+            "a size of \(entry.size), outside 0…2^50 bytes"
+        } else if !sizes.contains(entry.offset) {
+            "an offset of \(entry.offset), outside 0…2^50"
+        } else if !(30...LoadedManifest.maxSize).contains(entry.length) {
+            "a length of \(entry.length), outside 30…2^50 bytes"
+        } else if !(0...0xFFFF).contains(entry.method) {
+            "a method of \(entry.method), outside 0…65535"
+        } else if let mode = entry.mode, !(0...0xFFFF).contains(mode) {
+            "a mode of \(mode), outside 0…0o177777"
+        } else if let sha256 = entry.sha256, sha256.utf8.count != 64 || !sha256.utf8.allSatisfy(LoadedManifest.isASCIIHexDigit) {
+            "a sha256 that is not 64 hex digits"
+        } else if entry.kind != .directory, entry.sha256 == nil {
+            "no SHA-256"
+        } else {
+            nil
+        }
+    }
+
+    /// The number of JSON objects in `data` (its `{` outside strings), counted without parsing, up to one more
+    /// than `limit`.
+    static func objectCount(_ data: Data, stoppingAfter limit: Int) -> Int {
+        data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> Int in
+            var count = 0
+            var inString = false
+            var escaped = false
+            for byte in bytes {
+                if inString {
+                    if escaped {
+                        escaped = false
+                    } else if byte == UInt8(ascii: "\\") {
+                        escaped = true
+                    } else if byte == UInt8(ascii: "\"") {
+                        inString = false
+                    }
+                } else if byte == UInt8(ascii: "\"") {
+                    inString = true
+                } else if byte == UInt8(ascii: "{") {
+                    count += 1
+                    if count > limit { break }
+                }
+            }
+            return count
+        }
+    }
+}
+
 extension Manifest {
     /// Where a pack's ``PackIndex`` is, and how to know it is the right one.
     public struct IndexReference: Sendable, Hashable, Codable {

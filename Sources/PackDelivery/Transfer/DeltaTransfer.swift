@@ -19,10 +19,17 @@ struct DeltaTree: Sendable {
 /// - `.finished` with `.assembled` (the tree is in ``tree``), `.deltaRefused` (fetch the whole pack, and why),
 ///   `.stopped` or `.failed`.
 ///
-/// Entries fetched are kept in `downloads/<id>.delta/` (each made durable once complete), so a pause, a kill
-/// or a failed attempt fetches again only the entry that was in flight. Each entry is unpacked with the
-/// unpacker's checks and compared with the index's SHA-256 before it is used; one that does not match is
-/// fetched once more, then the download fails naming it, and the installed version is untouched.
+/// Before anything else it reads the pack's central directory (its last bytes, with range requests) and
+/// requires that the index describes the pack as the directory does, and that each installed file it reuses has
+/// the CRC-32 the directory gives its entry: a delta installs the pack's bytes or nothing, so the same manifest
+/// installs the same tree with or without it. Any disagreement is the publisher's, and the whole pack is fetched
+/// instead (`indexUnusable`), which then installs or fails as it would have anyway.
+///
+/// Entries fetched are kept in `downloads/<id>.delta/` (each made durable once complete), with the directory,
+/// so a pause, a kill or a failed attempt fetches again only the entry that was in flight. Each entry's local
+/// header must match the directory; it is unpacked with the unpacker's checks and compared with the index's
+/// SHA-256 before it is used; one that does not match is fetched once more, then the download fails naming it,
+/// and the installed version is untouched.
 final class DeltaTransfer: Sendable {
     struct Request: Sendable {
         /// The transfer id, `<download>#<token>`.
@@ -75,6 +82,10 @@ private final class DeltaRun {
     private let stopped: () -> Bool
     private let onEvent: @Sendable (TransferEvent) -> Void
     private var index = PackIndex(entries: [])
+    /// The pack's central directory.
+    private var directory = ZipDirectories.Directory(entries: [], offset: 0, size: 0)
+    /// The connection that every range is fetched on, and what receives its bytes.
+    private var connection: (easy: CurlEasy, sink: RangeSink)?
     /// Bytes fetched and kept, for progress.
     private var fetched: Int64 = 0
     private var total: Int64 = 0
@@ -94,16 +105,24 @@ private final class DeltaRun {
         do {
             let plan = try self.plan()
             try self.prepareFolder()
+            let tail = try self.readDirectory()
+            try DeltaPlan.check(self.index, against: self.directory)
+            if let refusal = try DeltaPlan.reusedMismatch(
+                plan, index: self.index, directory: self.directory, crcOfInstalled: self.installedCRC)
+            {
+                throw refusal
+            }
             var missing = plan.fetch.filter { !FileManager.default.fileExists(atPath: self.entryFile($0).path) }
             let kept = plan.fetch.filter { !missing.contains($0) }.reduce(Int64(0)) { $0 + self.index.entries[$1].length }
-            self.total = plan.bytesToFetch
-            self.fetched = min(kept, self.total)
+            // The directory's bytes count as fetched: they were, in this attempt or an earlier one.
+            self.total = plan.bytesToFetch + tail.bytes
+            self.fetched = min(kept + tail.bytes, self.total)
             self.onEvent(
                 .deltaPlanned(
                     id: self.request.id,
                     delta: Download.Delta(
-                        bytesToFetch: plan.bytesToFetch, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
-                        filesReused: plan.reuse.count, bytesKept: self.fetched)))
+                        bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
+                        filesReused: plan.reuse.count, bytesKept: kept + (tail.kept ? tail.bytes : 0))))
             self.report(force: true)
             var refetched = Set<Int>()
             var verified: [Int: InstalledFile] = [:]
@@ -171,9 +190,15 @@ private final class DeltaRun {
             throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files")
         }
         let damaged = DownloadQueue.damagedFiles(self.request.install, files: self.request.installedFiles, modifiedSinceInstall: true)
+        // The manifest's length is between 0 and 2^50 (checked when it was read); the fetch stops one byte past it.
+        guard self.request.index.length <= PackIndex.maxBytes else {
+            throw DeltaRefusal(
+                .indexUnusable,
+                "the pack's index is \(self.request.index.length) bytes, more than the \(PackIndex.maxBytes) an index may have")
+        }
         let data: Data
         do {
-            data = try Curl.fetch(indexURL, options: self.request.options, maxBytes: Int(max(0, self.request.index.length)) + 1)
+            data = try Curl.fetch(indexURL, options: self.request.options, maxBytes: Int(self.request.index.length) + 1)
         } catch {
             if error.kind == .network || error.code == .unauthorized || error.kind == .badData {
                 throw DeltaRefusal(.indexUnusable, "the pack's index could not be fetched (\(error.message))")
@@ -185,15 +210,11 @@ private final class DeltaRun {
         guard Int64(data.count) == self.request.index.length, hasher.hexDigest() == self.request.index.sha256.lowercased() else {
             throw DeltaRefusal(.indexUnusable, "the pack's index does not match the SHA-256 and length the manifest gives")
         }
-        guard let index = try? JSONDecoder().decode(PackIndex.self, from: data), index.format == 1 else {
-            throw DeltaRefusal(.indexUnusable, "the pack's index cannot be read")
-        }
-        guard index.entries.count <= self.request.maxEntries else {
-            throw DeltaRefusal(.indexUnusable, "the pack's index lists more entries than a pack may hold")
-        }
+        let index = try PackIndex.decode(data, maxEntries: self.request.maxEntries)
         self.index = index
         return try DeltaPlan.make(
-            index: index, packLength: download.contentLength, installed: self.request.installedFiles, damaged: damaged
+            index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength,
+            installed: self.request.installedFiles, damaged: damaged
         ).get()
     }
 
@@ -210,6 +231,56 @@ private final class DeltaRun {
             try Durability.syncFolder(self.folder)
         }
         self.validator = try? String(contentsOf: self.folder.appending(path: "validator"), encoding: .utf8)
+    }
+
+    /// The most of the pack's end that is read for its central directory: the directory, its end record and ZIP64 records.
+    static let maxTail = Int64(ZipDirectories.maxDirectory) + (128 << 10)
+
+    /// Reads the pack's central directory into ``directory``: from `directory` in the delta folder (the pack's last
+    /// bytes, kept from an earlier attempt), else with range requests, then kept there. The first request asks for
+    /// the bytes after the index's last entry, where the directory lies if the index describes the pack; what the
+    /// directory needs before them is asked for next.
+    /// - Returns: how many of the pack's last bytes it took, and whether they were kept from an earlier attempt.
+    private func readDirectory() throws -> (bytes: Int64, kept: Bool) {
+        let length = self.request.download.contentLength
+        let file = self.folder.appending(path: "directory")
+        var tail = (try? Data(contentsOf: file)).map { [UInt8]($0) } ?? []
+        let kept = !tail.isEmpty && Int64(tail.count) <= min(length, Self.maxTail)
+        if !kept, length >= 22 {
+            // Offsets and lengths are at most 2^50 each (checked when the index was decoded): their sums fit.
+            let after = self.index.entries.map { $0.offset + $0.length }.max() ?? 0
+            tail = try self.fetchBytes(max(0, length - Self.maxTail, min(after, length - 22))..<length)
+        }
+        var start = length - Int64(tail.count)
+        var grown = false
+        let directory = try ZipDirectories.directory(size: length) { offset, count throws -> [UInt8]? in
+            guard offset >= 0, count >= 0, offset <= length - Int64(count), length - offset <= Self.maxTail else { return nil }
+            if offset < start {
+                tail = try self.fetchBytes(offset..<start) + tail
+                start = offset
+                grown = true
+            }
+            let from = Int(offset - start)
+            return Array(tail[from..<(from + count)])
+        }
+        guard let directory else { throw DeltaRefusal(.indexUnusable, "the pack's central directory cannot be read") }
+        self.directory = directory
+        if !kept || grown {
+            try Self.writeDurably(Data(tail), to: file)
+            try Durability.syncFolder(self.folder)
+        }
+        return (Int64(tail.count), kept && !grown)
+    }
+
+    /// The CRC-32 of an installed file, by its path in the installed version.
+    private func installedCRC(_ path: String) throws -> UInt32? {
+        let file = URL(filePath: self.request.install.contentURL).appending(path: path).path
+        let result: (crc: UInt32, count: Int64)?
+        do { result = try CRC32.ofFile(file, isCancelled: self.stopped) } catch {
+            throw DeltaRefusal(.installedFilesChanged, "the installed file \(PackDeliveryError.printable(path)) cannot be read")
+        }
+        guard let result else { throw Stop() }
+        return result.crc
     }
 
     static func coalesce(_ numbers: [Int], in index: PackIndex) -> [DeltaPlan.Range] {
@@ -231,10 +302,50 @@ private final class DeltaRun {
 
     /// Fetches the ranges one after another on one connection (libcurl keeps it open between requests).
     private func fetch(_ ranges: [DeltaPlan.Range]) throws {
+        for range in ranges { try self.perform(range, collecting: false) }
+    }
+
+    /// Fetches bytes of the pack into memory, on the same connection.
+    private func fetchBytes(_ bytes: Range<Int64>) throws -> [UInt8] {
+        guard !bytes.isEmpty else { return [] }
+        return try self.perform(DeltaPlan.Range(start: bytes.lowerBound, end: bytes.upperBound, entries: []), collecting: true)
+    }
+
+    /// One range request: its entries written to their files, or (`collecting`) its bytes returned.
+    @discardableResult
+    private func perform(_ range: DeltaPlan.Range, collecting: Bool) throws -> [UInt8] {
         let download = self.request.download
-        let easy = try CurlEasy(url: download.url)
+        let (easy, sink) = try self.openConnection()
+        if self.stopped() { throw Stop() }
+        try easy.set(CURLOPT_RANGE, string: "\(range.start)-\(range.end - 1)")
+        sink.begin(range, collecting: collecting)
+        let code = withExtendedLifetime(sink) { curl_easy_perform(easy.handle) }
+        sink.closeOpenEntry()
+        if let failure = sink.failure { throw failure }
+        if self.stopped() { throw Stop() }
+        guard code == CURLE_OK else {
+            throw PackDeliveryError(
+                Curl.errorCode(for: code),
+                message:
+                    "The transfer of \(download.contentIdentifier) from \(download.url.redacted) failed: \(PackDeliveryError.printable(easy.errorMessage(code))).",
+                hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted,
+                underlying: .init(.curl, Int(code.rawValue)))
+        }
+        if sink.position < range.end {
+            throw PackDeliveryError(
+                .networkFailure,
+                message: "The server ended the range of \(download.contentIdentifier) at byte \(sink.position) of \(range.end).",
+                hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted)
+        }
+        return sink.collected ?? []
+    }
+
+    /// The connection, made on first use.
+    private func openConnection() throws -> (easy: CurlEasy, sink: RangeSink) {
+        if let connection = self.connection { return connection }
+        let easy = try CurlEasy(url: self.request.download.url)
         try easy.apply(self.request.options)
-        try easy.restrictProtocols(for: download.url, allowingFile: false)
+        try easy.restrictProtocols(for: self.request.download.url, allowingFile: false)
         try easy.set(CURLOPT_BUFFERSIZE, long: 256 << 10)
         let sink = RangeSink(run: self)
         let user = Unmanaged.passUnretained(sink).toOpaque()
@@ -252,29 +363,8 @@ private final class DeltaRun {
                 Unmanaged<RangeSink>.fromOpaque(user!).takeUnretainedValue().header(
                     UnsafeRawBufferPointer(start: pointer, count: size * count))
             })
-        for range in ranges {
-            if self.stopped() { throw Stop() }
-            try easy.set(CURLOPT_RANGE, string: "\(range.start)-\(range.end - 1)")
-            sink.begin(range)
-            let code = withExtendedLifetime(sink) { curl_easy_perform(easy.handle) }
-            sink.closeOpenEntry()
-            if let failure = sink.failure { throw failure }
-            if self.stopped() { throw Stop() }
-            guard code == CURLE_OK else {
-                throw PackDeliveryError(
-                    Curl.errorCode(for: code),
-                    message:
-                        "The transfer of \(download.contentIdentifier) from \(download.url.redacted) failed: \(PackDeliveryError.printable(easy.errorMessage(code))).",
-                    hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted,
-                    underlying: .init(.curl, Int(code.rawValue)))
-            }
-            if sink.position < range.end {
-                throw PackDeliveryError(
-                    .networkFailure,
-                    message: "The server ended the range of \(download.contentIdentifier) at byte \(sink.position) of \(range.end).",
-                    hint: "It is tried again; the entries fetched are kept.", subject: download.url.redacted)
-            }
-        }
+        self.connection = (easy, sink)
+        return (easy, sink)
     }
 
     /// Checks the response of a range before its first byte is used.
@@ -334,7 +424,7 @@ private final class DeltaRun {
     /// A complete entry: made a zip of its own, synced, and renamed into place (so a kept `e<N>.zip` is whole).
     fileprivate func complete(_ number: Int, fd: Int32, part: URL) throws {
         let entry = self.index.entries[number]
-        try DeltaZip.close(fd, entry: entry, path: entry.path)
+        try DeltaZip.close(fd, entry: entry, central: self.directory.entries[number])
         guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync the fetched entry", path: part.path, errno: errno) }
         guard rename(part.path, self.entryFile(number).path) == 0 else {
             throw PackDeliveryError.io("keep the fetched entry", path: part.path, errno: errno)
@@ -350,29 +440,11 @@ private final class DeltaRun {
         let out = self.folder.appending(path: "u\(number)")
         try Installer.removeTree(out)
         if mkdir(out.path, 0o700) != 0 { throw Installer.fileError("create a folder in", out.path, errno) }
-        let result: Result<UnpackSummary, PackDeliveryError>
-        do throws(PackDeliveryError) {
-            result = .success(
-                try Unpacker.unpack(
-                    archive: self.entryFile(number), into: out,
-                    limits: UnpackLimits(maxBytes: max(entry.size, 0) + 1, maxEntries: 2),
-                    isCancelled: self.stopped, writer: self.request.writer))
-        } catch {
-            result = .failure(error)
-        }
-        let summary: UnpackSummary
-        switch result {
-        case .success(let unpacked): summary = unpacked
-        case .failure(let error) where [.corruptArchive, .unpackLimitExceeded, .encryptedArchive].contains(error.code):
-            // Bytes that are not the entry the index describes: fetched once more.
-            unlink(self.entryFile(number).path)
-            return nil
-        case .failure(let error): throw error
-        }
-        guard summary.files.count == 1, let file = summary.files.first, file.path == entry.path,
-            file.kind == (entry.kind == .symlink ? .symlink : .file), file.size == entry.size,
-            file.sha256.lowercased() == entry.sha256?.lowercased()
+        guard
+            let file = try DeltaZip.unpack(
+                self.entryFile(number), entry: entry, into: out, isCancelled: self.stopped, writer: self.request.writer)
         else {
+            // Bytes that are not the entry the index describes: fetched once more.
             unlink(self.entryFile(number).path)
             return nil
         }
@@ -520,11 +592,14 @@ private final class RangeSink {
     private(set) var failure: Error?
     /// The entry being written: its number, file and path.
     private var open: (number: Int, fd: Int32, part: URL)?
+    /// The range's bytes, when they are collected rather than written to entries.
+    private(set) var collected: [UInt8]?
 
     init(run: DeltaRun) { self.run = run }
 
-    func begin(_ range: DeltaPlan.Range) {
+    func begin(_ range: DeltaPlan.Range, collecting: Bool) {
         self.range = range
+        self.collected = collecting ? [] : nil
         self.status = 0
         self.headers = [:]
         self.accepted = false
@@ -550,6 +625,12 @@ private final class RangeSink {
             if !self.accepted {
                 try self.run.accept(status: self.status, headers: self.headers, range: self.range)
                 self.accepted = true
+            }
+            if self.collected != nil {
+                let count = Int(min(Int64(bytes.count), max(0, self.range.end - self.position)))
+                self.collected?.append(contentsOf: bytes[0..<count])
+                self.position += Int64(count)
+                return bytes.count
             }
             var taken = 0
             while taken < bytes.count {
