@@ -164,7 +164,10 @@ private final class DeltaRun {
             let hostile = error.code == .unsafeEntry || error.code == .checksumMismatch
             if hostile { try? Installer.removeTree(self.folder) }
             return (
-                .failed(TransferFailure(error: error, retryable: retryable && !hostile, countsAlways: hostile), bytesOnDisk: self.fetched),
+                .failed(
+                    TransferFailure(
+                        error: error, retryable: retryable && !hostile, countsAlways: hostile || error.code == .tooSlow),
+                    bytesOnDisk: self.fetched),
                 nil
             )
         } catch {
@@ -324,6 +327,8 @@ private final class DeltaRun {
         if let failure = sink.failure { throw failure }
         if self.stopped() { throw Stop() }
         guard code == CURLE_OK else {
+            let hint = "It is tried again; the entries fetched are kept."
+            if let slow = easy.speedFailure(code, url: download.url.redacted, hint: hint) { throw slow }
             throw PackDeliveryError(
                 Curl.errorCode(for: code),
                 message:
