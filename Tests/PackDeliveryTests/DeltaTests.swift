@@ -404,6 +404,8 @@ import Testing
             served <= Int(delta.bytesToFetch) + (192 << 10) + (64 << 10),
             "at most the entry cut short again: \(served) of \(delta.bytesToFetch)")
         #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, "delta-full-bsdtar")))
+        // The old version and the delta's folder are deleted off the critical path; closing waits for that.
+        await queue.close()
         #expect(leftovers(home) == [])
     }
 

@@ -171,6 +171,28 @@ import Testing
         #expect(machine.state == .finished)
     }
 
+    @Test func aDeltaInstallWaitingForAStoppedOneStartsWhenItReturns() {
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        #expect(machine.transferFinished(token: 1, outcome: .assembled(fetched: 100)) == [.install(token: 1)])
+        #expect(machine.pause(.user) == [.stopInstall])
+        _ = machine.resume()
+        let token = machine.start().count == 1 ? machine.token : -1
+        #expect(
+            machine.transferFinished(token: token, outcome: .assembled(fetched: 100)) == [], "the stopped install owns the staging folder")
+        #expect(machine.installFinished(token: 1, result: .failure(.stopped("stopped"))) == [.install(token: token)])
+        #expect(machine.installFinished(token: token, result: .success(URL(filePath: "/c/p"))) == [] && machine.state == .finished)
+    }
+
+    @Test func aCancelForgetsTheBytesOfATransferAPauseStopped() {
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        _ = machine.pause(.user)
+        _ = machine.cancel()
+        _ = machine.transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 420))
+        #expect(machine.state == .cancelled && machine.download.bytesReceived == 0 && machine.download.progress == 0)
+    }
+
     @Test func anInstallThatCompletedBeforeTheStopReachedItCountsAsFinished() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()

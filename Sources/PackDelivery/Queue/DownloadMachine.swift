@@ -388,9 +388,11 @@ struct DownloadMachine: Sendable, Hashable {
 
     /// The installer moved on to a phase, or along it.
     mutating func installProgress(token: Int, phase: DownloadPhase, fraction: Double, now: Date = Date()) -> Bool {
-        guard case .installing(token, _, let afterPrevious, _) = self.stage else { return false }
+        guard case .installing(token, let before, let afterPrevious, let error) = self.stage else { return false }
         self.lastMovement = now
-        self.stage = .installing(token: token, phase: phase, afterPrevious: afterPrevious, error: nil)
+        // The previous attempt's error (or the watchdog's warning) stays until the install moves on.
+        let moved = phase != before || max(0, min(1, fraction)) != self.base.phaseProgress
+        self.stage = .installing(token: token, phase: phase, afterPrevious: afterPrevious, error: moved ? nil : error)
         self.base.phaseProgress = max(0, min(1, fraction))
         return true
     }
@@ -500,7 +502,9 @@ struct DownloadMachine: Sendable, Hashable {
         case .installing, .waitingToRetry: actions = self.installOutstanding ? [.stopInstall] : []
         case .waiting, .reloadingManifest, .paused, .failed: actions = []
         }
-        // A running install owns the staging folder until it returns; it is removed then.
+        // A running install owns the staging folder until it returns; it is removed then. The bytes of a transfer
+        // stopped by an earlier pause no longer count.
+        self.stoppedTransfer = nil
         actions.append(.deleteFiles(staging: !self.installOutstanding))
         self.token += 1
         self.archive = .partial
@@ -561,7 +565,7 @@ struct DownloadMachine: Sendable, Hashable {
 
     /// An install that was stopped (or replaced) has returned: the staging folder is free again.
     private mutating func stoppedInstallReturned(_ result: Result<URL, PackDeliveryError>, outstanding: Bool, now: Date) -> [Action] {
-        if case .success(let url) = result {
+        if case .success(let url) = result, outstanding {
             if case .finished = self.stage { return [] }
             // It completed before the stop reached it: the content is in place and recorded, so it is finished.
             self.token += 1
@@ -569,7 +573,8 @@ struct DownloadMachine: Sendable, Hashable {
             return []
         }
         switch self.stage {
-        case .installing(let token, let phase, afterPrevious: true, let error) where self.verified:
+        // The installing stage is entered only once the bytes are checked (a verified archive, or a delta's tree).
+        case .installing(let token, let phase, afterPrevious: true, let error) where outstanding:
             self.stage = .installing(token: token, phase: phase, afterPrevious: false, error: error)
             self.installOutstanding = true
             self.lastMovement = now
