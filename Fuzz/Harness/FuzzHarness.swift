@@ -19,7 +19,9 @@ public enum FuzzHarness {
         /// Broken promises: something written outside the staging folder, an escaping symlink, a file
         /// type a pack may not create. Empty when all is well.
         public var problems: [String]
-        public var accepted: Bool { self.error == nil }
+        /// Why a receipt was refused (``Receipt/Problem``'s raw value); nil when accepted, or not a receipt.
+        public var refusal: String? = nil
+        public var accepted: Bool { self.error == nil && self.refusal == nil }
     }
 
     /// Where manifests are said to come from: a server, so pack URLs are checked as for a remote manifest.
@@ -54,6 +56,75 @@ public enum FuzzHarness {
     /// unpacked into a fresh staging folder; then the same checks of what is beside and inside it.
     public static func index(_ data: Data) -> Outcome {
         Self.inSandbox(data) { _, staging throws(PackDeliveryError) in _ = try FuzzEntry.index(data, staging: staging) }
+    }
+
+    // MARK: Receipts
+
+    /// The time receipts are checked at, so seeds do not expire: 2023-11-14.
+    static let receiptNow = Date(timeIntervalSince1970: 1_700_000_000)
+    /// Good claims for the header target: forest, valid from `receiptNow` until 2100.
+    static let goodClaims =
+        #"{"exp":4102444800,"iat":1700000000,"jti":"fuzz","nbf":1700000000,"products":["com.example.forest"],"sub":"fuzz"}"#
+    /// A good header for the claims target.
+    static let goodHeader = #"{"alg":"EdDSA","typ":"JWT"}"#
+
+    /// An Ed25519 key for signing fuzz inputs, and nothing else. Made once (a one-time allocation, which
+    /// `lsan.supp` lets through): parsing it for each input took most of the time of one.
+    static let receiptKey = try! PublisherSigningKey(
+        pem: "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIFAwLZi/E59n0RhIn5KgA7c+IJ0jIo4eYAZrY/tEmLeZ\n-----END PRIVATE KEY-----\n")
+
+    /// `Receipt.verify` of a token whose header is the input, with good claims, properly signed: only the header
+    /// decides. Accepted, the header must read (by JSONSerialization) as an object with `alg` `EdDSA` and no `crit`.
+    public static func receiptHeader(_ data: Data) -> Outcome {
+        let json = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        return Self.receipt(header: data, claims: Data(Self.goodClaims.utf8)) { receipt in
+            var problems: [String] = []
+            if receipt != nil {
+                if json?["alg"] as? String != "EdDSA" { problems.append("accepted a header whose alg is not EdDSA") }
+                if json?["crit"] != nil { problems.append("accepted a header with crit") }
+            }
+            return problems
+        }
+    }
+
+    /// `Receipt.verify` of a token whose claims are the input, with a good header, properly signed. Accepted, the
+    /// receipt must say what JSONSerialization reads in the claims (a repeated claim read two ways differs here).
+    public static func receiptClaims(_ data: Data) -> Outcome {
+        let json = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        return Self.receipt(header: Data(Self.goodHeader.utf8), claims: data) { receipt in
+            guard let receipt else { return [] }
+            guard let json else { return ["accepted claims that JSONSerialization does not read as an object"] }
+            func seconds(_ key: String) -> Double? { (json[key] as? NSNumber)?.doubleValue }
+            var problems: [String] = []
+            if json["products"] as? [String] != receipt.products { problems.append("products differ from JSONSerialization's") }
+            if json["sub"] as? String != receipt.subject { problems.append("sub differs from JSONSerialization's") }
+            if json["jti"] as? String != receipt.id { problems.append("jti differs from JSONSerialization's") }
+            if seconds("exp") != receipt.expires.timeIntervalSince1970 { problems.append("exp differs from JSONSerialization's") }
+            if seconds("nbf") != receipt.notBefore.timeIntervalSince1970 { problems.append("nbf differs from JSONSerialization's") }
+            if seconds("iat") != receipt.issuedAt.timeIntervalSince1970 { problems.append("iat differs from JSONSerialization's") }
+            if receipt.expires <= Self.receiptNow { problems.append("accepted an expired receipt") }
+            return problems
+        }
+    }
+
+    /// Signs `header.claims` (base64url) with ``receiptKey``, verifies it at ``receiptNow``, and checks the result
+    /// with `promises`, given the receipt when accepted.
+    private static func receipt(header: Data, claims: Data, promises: (Receipt?) -> [String]) -> Outcome {
+        func base64URL(_ data: Data) -> String {
+            data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                .replacingOccurrences(of: "=", with: "")
+        }
+        let key = Self.receiptKey
+        let input = base64URL(header) + "." + base64URL(claims)
+        guard let signature = try? key.sign(Data(input.utf8)) else { return Outcome(error: nil, problems: ["cannot sign"]) }
+        switch Receipt.verify(input + "." + base64URL(signature), keys: [key.publicKey], now: Self.receiptNow) {
+        case .success(let receipt):
+            return Outcome(error: nil, problems: promises(receipt))
+        case .failure(let refusal):
+            var problems = promises(nil)
+            if refusal.problem == .signature { problems.append("a properly signed token failed its signature check") }
+            return Outcome(error: nil, problems: problems, refusal: refusal.problem.rawValue)
+        }
     }
 
     // MARK: The sandbox

@@ -171,7 +171,8 @@ public enum BearerCredentials {
 
 /// `packs serve --receipt-key store.pub`: every pack needs a signed receipt (``Receipt``) that names its
 /// product. No receipt, a bad signature, an `alg` other than `EdDSA` (`none`, `HS256` keyed with the public
-/// key…), an expired one or one not yet valid get 401; a valid receipt for other products gets 403 for the
+/// key…), a header with `crit`, a header or claims naming a member twice, an expired one or one not yet valid
+/// get 401; a valid receipt for other products gets 403 for the
 /// pack. The catalog is open to any valid receipt.
 public struct ReceiptAuthorizer: PackAuthorizer {
     private let keys: [PublisherKey]

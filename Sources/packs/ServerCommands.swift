@@ -200,9 +200,15 @@ extension Packs {
                 "How long the signed manifest stays valid: a number of days (30d), hours (12h) or minutes (90m).", valueName: "duration"))
         var expires: String?
 
+        @Option(
+            help: ArgumentHelp(
+                "What the signed manifest's version counts; clients keep a rollback mark per publisher and scope (default: the scope of the manifest.json it replaces, else its one product's identifier, else the folder's name).",
+                valueName: "name"))
+        var scope: String?
+
         func validate() throws {
-            if self.sign == nil, self.manifestVersion != nil || self.expires != nil {
-                throw ValidationError("--manifest-version and --expires apply to a signed manifest: add --sign KEY.")
+            if self.sign == nil, self.manifestVersion != nil || self.expires != nil || self.scope != nil {
+                throw ValidationError("--manifest-version, --expires and --scope apply to a signed manifest: add --sign KEY.")
             }
             if let expires, Self.seconds(expires) == nil { throw ValidationError("--expires takes a duration like 30d, 12h or 90m.") }
             if let manifestVersion, manifestVersion < 1 { throw ValidationError("--manifest-version takes a whole number from 1.") }
@@ -232,7 +238,7 @@ extension Packs {
                 let expiry = self.expires.flatMap(Self.seconds).map { Date().addingTimeInterval($0) }
                 let manifest = try ManifestBuilder.write(
                     folder: URL(filePath: self.directory).absoluteURL, signing: key,
-                    version: self.manifestVersion, expires: expiry)
+                    version: self.manifestVersion, expires: expiry, scope: self.scope)
                 let count = manifest.products.reduce(0) { $0 + $1.contents.count }
                 printLine(
                     "wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs"

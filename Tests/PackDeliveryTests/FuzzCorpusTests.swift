@@ -11,8 +11,9 @@ import Testing
 /// Issue 19, "Habits to keep this from coming back": the fuzzers' seeds (`Fuzz/corpus`) and every input they
 /// saved (`Fuzz/crashers`) go through the same harness as under libFuzzer (`Fuzz/Harness`), here without
 /// sanitizers. Each input returns within 10 s; a refusal is a thrown `PackDeliveryError`; nothing is written
-/// outside the staging folder and nothing inside it leads out. Seeds named `valid-*` must be accepted and
-/// `hostile-*` refused (`odd-*` either); saved leaks (`leak-*`) must not grow the heap when replayed.
+/// outside the staging folder and nothing inside it leads out; a receipt's header or claims, signed into a token,
+/// is accepted only as JSONSerialization reads it. Seeds named `valid-*` must be accepted and `hostile-*` refused
+/// (`odd-*` either); saved leaks (`leak-*`) must not grow the heap when replayed.
 @Suite(.serialized, .timeLimit(.minutes(1)))
 struct FuzzCorpusTests {
     static let fuzzFolder = URL(filePath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
@@ -30,6 +31,8 @@ struct FuzzCorpusTests {
     static let indexInputs = Self.inputs("corpus/index", "crashers/index")
     /// Packs go through both pack targets, whichever found them.
     static let packInputs = Self.inputs("corpus/pack", "crashers/inspect", "crashers/unpack")
+    static let receiptHeaderInputs = Self.inputs("corpus/receipt-header", "crashers/receipt-header")
+    static let receiptClaimsInputs = Self.inputs("corpus/receipt-claims", "crashers/receipt-claims")
 
     /// The most one input may take; the fuzzers' `-timeout`.
     static let deadline: Duration = .seconds(10)
@@ -71,7 +74,9 @@ struct FuzzCorpusTests {
         #expect(elapsed < Self.deadline, "\(target) of \(input) took \(elapsed)", sourceLocation: sourceLocation)
         let name = input.split(separator: "/").last.map(String.init) ?? input
         if name.hasPrefix("valid-") {
-            #expect(outcome.accepted, "\(target) accepts \(input): \(outcome.error?.description ?? "")", sourceLocation: sourceLocation)
+            #expect(
+                outcome.accepted, "\(target) accepts \(input): \(outcome.error?.description ?? outcome.refusal ?? "")",
+                sourceLocation: sourceLocation)
         } else if refusesHostile, name.hasPrefix("hostile-") {
             #expect(!outcome.accepted, "\(target) refuses \(input)", sourceLocation: sourceLocation)
         }
@@ -83,6 +88,8 @@ struct FuzzCorpusTests {
         for format in ["zip", "tar", "tar.gz", "tar.bz2", "tar.xz", "tar.zst"] {
             #expect(Self.packInputs.contains("corpus/pack/valid-layout.\(format)"), "a valid \(format) seed")
         }
+        #expect(Self.receiptHeaderInputs.contains("corpus/receipt-header/hostile-crit.json"))
+        #expect(Self.receiptClaimsInputs.contains("corpus/receipt-claims/hostile-products-twice.json"))
     }
 
     @Test(arguments: Self.manifestInputs)
@@ -106,11 +113,25 @@ struct FuzzCorpusTests {
         Self.expect(Self.withDeadline { FuzzHarness.unpack(data) }, input, "unpacking", refusesHostile: true)
     }
 
+    @Test(arguments: Self.receiptHeaderInputs)
+    func receiptHeader(_ input: String) throws {
+        let data = try Self.data(input)
+        Self.expect(Self.withDeadline { FuzzHarness.receiptHeader(data) }, input, "receipt header checking", refusesHostile: true)
+    }
+
+    @Test(arguments: Self.receiptClaimsInputs)
+    func receiptClaims(_ input: String) throws {
+        let data = try Self.data(input)
+        Self.expect(Self.withDeadline { FuzzHarness.receiptClaims(data) }, input, "receipt claims checking", refusesHostile: true)
+    }
+
     /// A saved leak (`leak-*`) replayed 1,000 times must not grow the heap.
     @Test(
-        arguments: Self.inputs("crashers/manifest", "crashers/inspect", "crashers/unpack", "crashers/index").filter {
-            $0.contains("/leak-")
-        })
+        arguments: Self.inputs(
+            "crashers/manifest", "crashers/inspect", "crashers/unpack", "crashers/index", "crashers/receipt-header",
+            "crashers/receipt-claims"
+        )
+        .filter { $0.contains("/leak-") })
     func savedLeak(_ input: String) throws {
         let data = try Self.data(input)
         let target = input.split(separator: "/")[1]
@@ -119,6 +140,8 @@ struct FuzzCorpusTests {
             case "manifest": FuzzHarness.manifest(data)
             case "index": FuzzHarness.index(data)
             case "inspect": FuzzHarness.inspect(data)
+            case "receipt-header": FuzzHarness.receiptHeader(data)
+            case "receipt-claims": FuzzHarness.receiptClaims(data)
             default: FuzzHarness.unpack(data)
             }
         }

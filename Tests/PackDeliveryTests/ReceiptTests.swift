@@ -65,6 +65,75 @@ import Testing
             .replacingOccurrences(of: "=", with: "")
     }
 
+    /// A compact JWS of exactly these header and claims texts, signed with `key`: what a store that signs
+    /// whatever its code serializes could hand out.
+    static func token(header: String, claims: String, key: PublisherSigningKey) throws -> String {
+        let input = Self.base64URL(header) + "." + Self.base64URL(claims)
+        let signature = try key.sign(Data(input.utf8)).base64EncodedString().replacingOccurrences(of: "+", with: "-")
+            .replacingOccurrences(of: "/", with: "_").replacingOccurrences(of: "=", with: "")
+        return input + "." + signature
+    }
+
+    /// Claims for forest valid from a minute ago for an hour, as JSON text, with `extra` members appended.
+    static func claims(_ products: String = #"["com.example.forest"]"#, extra: String = "") -> String {
+        let now = Int64(Date().timeIntervalSince1970)
+        return #"{"exp":\#(now + 3600),"iat":\#(now - 60),"jti":"r-1","nbf":\#(now - 60),"products":\#(products),"sub":"user-42"\#(extra)}"#
+    }
+
+    /// The problem `Receipt.verify` names for this token, or nil when it accepts it.
+    static func problem(_ token: String, _ key: PublisherSigningKey) -> Receipt.Problem? {
+        switch Receipt.verify(token, keys: [key.publicKey]) {
+        case .success: nil
+        case .failure(let refusal): refusal.problem
+        }
+    }
+
+    @Test func aHeaderWithCriticalExtensionsIsRefused() async throws {
+        let store = try await Store("receipt-crit")
+        defer { Task { await store.server.stop() } }
+        // The hand-made token is good without `crit`.
+        let plain = try Self.token(header: #"{"alg":"EdDSA","typ":"JWT"}"#, claims: Self.claims(), key: store.key)
+        #expect(try await store.status("forest.tar.gz", bearer: plain).0 == 200)
+        // RFC 7515 §4.1.11: an extension listed in `crit` that the recipient does not understand makes the JWS
+        // invalid. This verifier understands none, so any `crit` is refused, with a well-formed list or not.
+        for header in [
+            #"{"alg":"EdDSA","typ":"JWT","crit":["x-bound-host"],"x-bound-host":"elsewhere"}"#,
+            #"{"crit":["exp"],"alg":"EdDSA","exp":0}"#, #"{"alg":"EdDSA","crit":[]}"#, #"{"alg":"EdDSA","crit":"b64","b64":false}"#,
+            #"{"alg":"EdDSA","cr\u0069t":["x"]}"#,
+        ] {
+            let token = try Self.token(header: header, claims: Self.claims(), key: store.key)
+            #expect(Self.problem(token, store.key) == .critical, "\(header)")
+            let (code, challenge) = try await store.status("forest.tar.gz", bearer: token)
+            #expect(code == 401 && challenge.contains("Bearer"), "\(header): \(code)")
+        }
+    }
+
+    @Test func aMemberNameTwiceInTheHeaderOrTheClaimsIsRefused() async throws {
+        let store = try await Store("receipt-duplicates")
+        defer { Task { await store.server.stop() } }
+        let header = #"{"alg":"EdDSA","typ":"JWT"}"#
+        let past = Int64(Date().timeIntervalSince1970) - 7200
+        let cases: [(String, header: String, claims: String)] = [
+            // The second `products` names the product the store sold; the first one another.
+            ("products twice", header, Self.claims(extra: #","products":["com.example.ocean"]"#)),
+            ("a good exp, then an expired one", header, Self.claims(extra: #","exp":\#(past)"#)),
+            ("the same name escaped", header, Self.claims(extra: #","\u0065xp":\#(past)"#)),
+            ("a repeated member in a nested object", header, Self.claims(extra: #","cnf":{"jkt":"a","jkt":"b"}"#)),
+            ("alg twice", #"{"alg":"EdDSA","alg":"none"}"#, Self.claims()),
+            ("typ twice", #"{"alg":"EdDSA","typ":"JWT","typ":"JWT"}"#, Self.claims()),
+        ]
+        for (name, header, claims) in cases {
+            let token = try Self.token(header: header, claims: claims, key: store.key)
+            #expect(Self.problem(token, store.key) == .malformed, "\(name)")
+            let (code, challenge) = try await store.status("forest.tar.gz", bearer: token)
+            #expect(code == 401 && challenge.contains("Bearer"), "\(name): \(code)")
+        }
+        // Names that only look alike are different members.
+        let distinct = try Self.token(header: header, claims: Self.claims(extra: #","Exp":1,"exp ":2"#), key: store.key)
+        #expect(Self.problem(distinct, store.key) == nil)
+        #expect(try await store.status("forest.tar.gz", bearer: distinct).0 == 200)
+    }
+
     @Test func eachBadReceiptIs401AndAnotherProductsPackIs403() async throws {
         let store = try await Store("receipt-server")
         defer { Task { await store.server.stop() } }

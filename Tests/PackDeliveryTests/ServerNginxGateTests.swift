@@ -1,4 +1,5 @@
 import Foundation
+import PackDelivery
 import PackServer
 import PackTestSupport
 import Testing
@@ -127,5 +128,59 @@ struct ServerNginxGateTests {
         #expect(sneaky.status == 403, "a path that nginx normalizes to B's pack must be judged as B's")
         #expect(both.status == 200)
         #expect(both.body == site.b)
+    }
+
+    @Test("a receipt with an unknown critical header or a claim given twice gets 401 from the gate, so nginx serves nothing")
+    func strictReceipts() async throws {
+        let site = try twoProductSite("gate-strict-receipt")
+        defer { try? FileManager.default.removeItem(at: site.root) }
+        let keys = try Fixtures.temporaryDirectory("gate-strict-receipt-keys")
+        defer { try? FileManager.default.removeItem(at: keys) }
+        let key = try PublisherSigningKey.generate()
+        let pub = keys.appendingPathComponent("store.pub")
+        try Data(key.publicKey.pem.utf8).write(to: pub)
+        let gate = try PackServeProcess(binary: CLI.binary, [site.root.path, "--auth-only", "--receipt-key", pub.path])
+        defer { gate.stop() }
+        let nginx = try NginxServer(root: site.root, serverBlock: try readmeServerBlock(root: site.root, gatePort: gate.port))
+        defer { nginx.stop() }
+        let b = nginx.baseURL.appendingPathComponent("packs/b.zip").absoluteString
+
+        let now = Int64(Date().timeIntervalSince1970)
+        func claims(_ extra: String = "") -> String {
+            #"{"exp":\#(now + 3600),"iat":\#(now),"jti":"r-1","nbf":\#(now),"products":["com.example.b"],"sub":"user-42"\#(extra)}"#
+        }
+        func token(_ header: String, _ claims: String) throws -> String {
+            func encoded(_ data: Data) -> String {
+                data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+                    .replacingOccurrences(of: "=", with: "")
+            }
+            let input = encoded(Data(header.utf8)) + "." + encoded(Data(claims.utf8))
+            return input + "." + encoded(try key.sign(Data(input.utf8)))
+        }
+        let header = #"{"alg":"EdDSA","typ":"JWT"}"#
+        let good = try token(header, claims())
+        let refused = [
+            ("crit", try token(#"{"alg":"EdDSA","typ":"JWT","crit":["x-bound-host"],"x-bound-host":"elsewhere"}"#, claims())),
+            ("products twice", try token(header, claims(#","products":["com.example.a"]"#))),
+            ("exp twice", try token(header, claims(#","exp":\#(now - 7200)"#))),
+        ]
+        // The gate itself, asked as nginx asks it.
+        func gateStatus(_ token: String) async throws -> Int {
+            try await curl(gate.baseURL.absoluteString, ["-H", "X-Original-URI: /packs/b.zip", "-H", "Authorization: Bearer \(token)"])
+                .status
+        }
+
+        let served = try await curl(b, ["-H", "Authorization: Bearer \(good)"])
+        #expect(served.status == 200, "\(nginx.errorLogText())")
+        #expect(served.body == site.b)
+        #expect(try await gateStatus(good) == 204)
+        for (name, token) in refused {
+            let result = try await curl(b, ["-H", "Authorization: Bearer \(token)"])
+            #expect(result.status == 401, "\(name) through nginx")
+            #expect(result.header("WWW-Authenticate") == "Bearer realm=\"packs\"", "\(name)")
+            #expect(!result.body.contains(site.b.prefix(64)), "\(name)")
+            #expect(try await gateStatus(token) == 401, "\(name) at the gate")
+        }
+        #expect(!gate.log.contains(good) && !refused.contains { gate.log.contains($0.1) }, "the gate logged a token")
     }
 }

@@ -227,18 +227,30 @@ public enum ManifestBuilder {
     ///   - key: the publisher's key, or nil for an unsigned manifest.
     ///   - version: the manifest's version; nil for one more than that of the `manifest.json` it replaces, else 1.
     ///   - expires: when the signed manifest stops being valid; nil for never.
+    ///   - scope: what the signed manifest's version counts (``Manifest/scope``); nil for that of the `manifest.json`
+    ///     it replaces, else the identifier of the folder's one product, else the folder's name.
     /// - Returns: the manifest written.
-    /// - Throws: what ``build(folder:)`` throws; `io` when a file cannot be written.
+    /// - Throws: what ``build(folder:)`` throws; `invalidArgument` for an unusable scope; `io` when a file cannot be
+    ///   written.
     @discardableResult
-    public static func write(folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil)
-        throws(PackDeliveryError) -> Manifest
-    {
+    public static func write(
+        folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil
+    ) throws(PackDeliveryError) -> Manifest {
         var manifest = try self.build(folder: folder)
         let target = folder.appending(path: "manifest.json")
         if key != nil {
-            let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }?.version
-            manifest.version = version ?? ((previous ?? 0) + 1)
+            let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }
+            manifest.version = version ?? ((previous?.version ?? 0) + 1)
             manifest.expires = expires.map { $0.formatted(.iso8601) }
+            let scope =
+                scope ?? previous?.scope
+                ?? (manifest.products.count == 1 ? manifest.products[0].productIdentifier : folder.standardizedFileURL.lastPathComponent)
+            if let problem = scope.isEmpty ? "it is empty" : LoadedManifest.textProblem(scope, maxBytes: 255).map({ "it has \($0)" }) {
+                throw PackDeliveryError(
+                    .invalidArgument, message: "The scope '\(PackDeliveryError.printable(scope))' cannot be used: \(problem).",
+                    hint: "Name the scope the manifest's version counts in, such as its product's identifier.", subject: folder.path)
+            }
+            manifest.scope = scope
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]

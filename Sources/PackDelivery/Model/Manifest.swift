@@ -59,11 +59,16 @@ public struct Manifest: Sendable, Hashable, Codable {
 
     /// The products the server offers.
     public var products: [Product]
-    /// A signed manifest's version, one more with each publication: a client that trusts the publisher refuses
-    /// a lower one than it last accepted (a rollback to old content). Nil in an unsigned manifest.
+    /// A signed manifest's version, one more with each publication of its ``scope``: a client that trusts the
+    /// publisher refuses a lower one than it last accepted in that scope (a rollback to old content), and the
+    /// same one unless its bytes are those it accepted. Nil in an unsigned manifest.
     public var version: Int?
     /// When a signed manifest stops being valid (ISO 8601, UTC), so an old one cannot be replayed for ever.
     public var expires: String?
+    /// What a signed manifest's ``version`` counts: the publisher numbers the manifests of each scope on their
+    /// own (one per product, one per catalog), and a client keeps a rollback mark per publisher and scope.
+    /// Nil in an unsigned manifest, and in one signed before scopes (those share one mark per publisher).
+    public var scope: String?
 
     /// Creates a manifest.
     ///
@@ -71,10 +76,12 @@ public struct Manifest: Sendable, Hashable, Codable {
     ///   - products: the products it lists.
     ///   - version: its version, for a signed manifest.
     ///   - expires: when it expires (ISO 8601), for a signed manifest.
-    public init(products: [Product], version: Int? = nil, expires: String? = nil) {
+    ///   - scope: what its version counts, for a signed manifest.
+    public init(products: [Product], version: Int? = nil, expires: String? = nil, scope: String? = nil) {
         self.products = products
         self.version = version
         self.expires = expires
+        self.scope = scope
     }
 
     /// The product with this identifier, or nil.
@@ -94,6 +101,9 @@ public struct LoadedManifest: Sendable {
     public var baseURL: URL
     /// The ``PublisherKey/id`` whose signature was checked, when it was loaded trusting publishers.
     public var signedBy: String? = nil
+    /// The SHA-256 (hex) of the bytes it was decoded from; nil for one built in memory. A signed manifest's
+    /// rollback mark keeps it, so the same version is accepted again only with the same bytes.
+    public var sha256: String? = nil
     /// Where the manifest was read from (by ``load(_:options:)``); `nil` for one built in memory.
     ///
     /// A transaction added from it records this URL: when a pack's URL stops working (401 or 403 after the
@@ -150,7 +160,8 @@ public struct LoadedManifest: Sendable {
 
     /// Decodes and checks a manifest's bytes.
     ///
-    /// Every size (an index's length too) must lie between 0 and 2^50 bytes, every SHA-256 must be 64 ASCII hex digits, identifiers
+    /// A `scope`, when given, must be 1 to 255 bytes without control characters. Every size (an index's length too)
+    /// must lie between 0 and 2^50 bytes, every SHA-256 must be 64 ASCII hex digits, identifiers
     /// may not hold control characters, `/`, a leading `.` or more than 255 bytes, no two products share an
     /// identifier, and no two packs share a content identifier.
     /// - Parameters:
@@ -168,11 +179,22 @@ public struct LoadedManifest: Sendable {
                 .invalidManifest, message: "The manifest at \(place) cannot be read: \(Self.describe(error, data: data)).",
                 hint: "Check that the URL points at a manifest.json.", subject: place)
         }
-        return try LoadedManifest(manifest: manifest, baseURL: baseURL)
+        var loaded = try LoadedManifest(manifest: manifest, baseURL: baseURL)
+        let hasher = SHA256Hasher()
+        data.withUnsafeBytes { hasher.update($0) }
+        loaded.sha256 = hasher.hexDigest()
+        return loaded
     }
 
     /// The checks every manifest passes, decoded or built in memory.
     private static func check(_ manifest: Manifest, place: String) throws(PackDeliveryError) {
+        if let scope = manifest.scope,
+            let problem = scope.isEmpty ? "an empty scope" : Self.textProblem(scope, maxBytes: 255).map({ "a scope with \($0)" })
+        {
+            throw PackDeliveryError(
+                .invalidManifest, message: "The manifest at \(place) has \(problem).",
+                hint: "A scope names what the manifest's version counts, such as its product; sign it again.", subject: place)
+        }
         var products: Set<String> = []
         var contents: [String: String] = [:]
         for product in manifest.products {

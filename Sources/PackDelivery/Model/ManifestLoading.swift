@@ -16,8 +16,8 @@ extension LoadedManifest {
     ///
     /// The signature is the file beside the manifest named `manifest.json.sig` (``ManifestSignature``), over
     /// the manifest's exact bytes. A signed manifest must carry a `version`, and is refused after its `expires`.
-    /// (Refusing a lower version than the last one accepted needs a memory: see
-    /// ``DownloadQueue/acceptManifest(_:)``.)
+    /// (Refusing a lower version than the last one accepted in the manifest's `scope`, or the same version with
+    /// other bytes, needs a memory: see ``DownloadQueue/acceptManifest(_:)``.)
     /// - Parameters:
     ///   - location: a URL, or a path (relative paths start at the current directory).
     ///   - options: transfer options for fetching an http(s) manifest and its signature.

@@ -367,7 +367,8 @@ extension DownloadQueue {
     }
 
     /// Refuses a rollback: a signed manifest whose version is lower than the last one this home accepted from
-    /// its publisher (an old manifest replayed, pointing at old content). Records its version otherwise.
+    /// its publisher in its ``Manifest/scope`` (an old manifest replayed, pointing at old content), or equal to it
+    /// with other bytes (another manifest signed with the same version). Records its version and bytes otherwise.
     ///
     /// - Parameter manifest: a manifest loaded with ``LoadedManifest/load(_:options:trusting:now:)``; an unsigned
     ///   one is accepted as it is.
@@ -375,13 +376,24 @@ extension DownloadQueue {
     public func acceptManifest(_ manifest: LoadedManifest) throws(PackDeliveryError) {
         try self.requireOpen()
         guard let keyID = manifest.signedBy, let version = manifest.manifest.version else { return }
-        if let last = try self.store.acceptManifestVersion(version, keyID: keyID) {
-            let place = manifest.baseURL.redacted
-            throw PackDeliveryError(
-                .untrustedManifest,
-                message:
-                    "The manifest at \(place) is not trusted: its version \(version) is lower than version \(last), already accepted from the same publisher (a rollback).",
-                hint: "Nothing was downloaded; ask the publisher for the current manifest.", subject: place)
-        }
+        let scope = manifest.manifest.scope ?? ""
+        guard let conflict = try self.store.acceptManifest(version: version, scope: scope, sha256: manifest.sha256, keyID: keyID)
+        else { return }
+        let place = manifest.baseURL.redacted
+        let publisher = "the same publisher" + (scope.isEmpty ? "" : " for the scope \(PackDeliveryError.printable(scope))")
+        let (why, hint) =
+            switch conflict {
+            case .rollback(let last):
+                (
+                    "its version \(version) is lower than version \(last), already accepted from \(publisher) (a rollback)",
+                    "Nothing was downloaded; ask the publisher for the current manifest."
+                )
+            case .otherBytes:
+                (
+                    "its version \(version) was already accepted from \(publisher) with different content (a manifest changed without a new version, or a replaced one)",
+                    "Nothing was downloaded; the publisher must sign each changed manifest with a higher version."
+                )
+            }
+        throw PackDeliveryError(.untrustedManifest, message: "The manifest at \(place) is not trusted: \(why).", hint: hint, subject: place)
     }
 }

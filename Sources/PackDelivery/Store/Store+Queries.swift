@@ -296,7 +296,7 @@ extension Array {
     }
 }
 
-// Manifest publishers: the keys a home trusts, and the newest manifest version accepted from each.
+// Manifest publishers: the keys a home trusts, and the newest manifest accepted from each publisher and scope.
 extension Store {
     func trustedPublishers() throws(PackDeliveryError) -> [String] {
         try self.read { db in try String.fetchAll(db, sql: "SELECT pem FROM trustedPublishers ORDER BY id") }
@@ -308,15 +308,40 @@ extension Store {
         }
     }
 
-    /// Records `version` as the newest from `keyID` unless a higher one was accepted; returns that higher one.
-    func acceptManifestVersion(_ version: Int, keyID: String) throws(PackDeliveryError) -> Int? {
-        try self.write(durable: true) { db -> Int? in
-            if let last = try Int.fetchOne(db, sql: "SELECT version FROM manifestVersions WHERE keyID = ?", arguments: [keyID]),
-                last > version
-            {
-                return last
+    /// Why a signed manifest was not accepted.
+    enum ManifestMarkConflict: Sendable, Hashable {
+        /// A higher version of the same publisher and scope was accepted before.
+        case rollback(last: Int)
+        /// The same version was accepted before with other bytes.
+        case otherBytes
+    }
+
+    /// Records a signed manifest as the newest of its publisher and scope, unless that would roll back: a lower
+    /// version than the one accepted before, or the same version with other bytes. A mark kept without bytes (from
+    /// before they were kept) takes the bytes of the first manifest of its version accepted after.
+    ///
+    /// - Parameters:
+    ///   - version: the manifest's version.
+    ///   - scope: its scope, "" for none.
+    ///   - sha256: the SHA-256 of its bytes, nil when unknown (then an equal version is refused).
+    ///   - keyID: the publisher that signed it.
+    /// - Returns: nil when it was recorded, else why not.
+    func acceptManifest(version: Int, scope: String, sha256: String?, keyID: String) throws(PackDeliveryError) -> ManifestMarkConflict? {
+        try self.write(durable: true) { db -> ManifestMarkConflict? in
+            let row = try Row.fetchOne(
+                db, sql: "SELECT version, sha256 FROM manifestMarks WHERE keyID = ? AND scope = ?", arguments: [keyID, scope])
+            if let row {
+                let last: Int = row["version"]
+                let kept: String? = row["sha256"]
+                if last > version { return .rollback(last: last) }
+                if last == version {
+                    guard let sha256, kept == nil || kept == sha256 else { return .otherBytes }
+                    if kept != nil { return nil }
+                }
             }
-            try db.execute(sql: "INSERT OR REPLACE INTO manifestVersions (keyID, version) VALUES (?, ?)", arguments: [keyID, version])
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO manifestMarks (keyID, scope, version, sha256) VALUES (?, ?, ?, ?)",
+                arguments: [keyID, scope, version, sha256])
             return nil
         }
     }

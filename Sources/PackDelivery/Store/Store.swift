@@ -194,6 +194,21 @@ final class Store: Sendable {
         migrator.registerMigration("v5: the pack index a download may update from (delta updates)") { db in
             try db.alter(table: "downloads") { t in t.add(column: "indexReference", .text) }
         }
+        migrator.registerMigration("v6: rollback marks per publisher and scope, with the SHA-256 of the manifest accepted") { db in
+            try db.create(table: "manifestMarks") { t in
+                t.column("keyID", .text).notNull()
+                // The manifest's scope; "" for manifests without one, which share one mark per publisher.
+                t.column("scope", .text).notNull()
+                t.column("version", .integer).notNull()
+                // Of the accepted manifest's bytes; NULL for a mark kept before, whose bytes were not.
+                t.column("sha256", .text)
+                t.primaryKey(["keyID", "scope"])
+            }
+            // Before scopes every manifest of a publisher counted against one mark: those manifests had no scope.
+            try db.execute(
+                sql: "INSERT INTO manifestMarks (keyID, scope, version, sha256) SELECT keyID, '', version, NULL FROM manifestVersions")
+            try db.drop(table: "manifestVersions")
+        }
         return migrator
     }
 

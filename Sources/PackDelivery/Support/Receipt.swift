@@ -5,8 +5,9 @@ import Foundation
 ///
 /// A compact JWS (RFC 7515) carrying a JWT (RFC 7519), `alg` `EdDSA` (RFC 8037, Ed25519) and nothing
 /// else: a token whose header names another algorithm — `none`, or `HS256` keyed with the public key —
-/// is refused before any signature is looked at. Made and checked with the same OpenSSL Ed25519 as
-/// signed manifests (``PublisherSigningKey``, ``PublisherKey``).
+/// is refused before any signature is looked at, as is one whose header lists critical extensions (`crit`);
+/// a header or claims that name a member twice make it malformed. Made and checked with the same OpenSSL
+/// Ed25519 as signed manifests (``PublisherSigningKey``, ``PublisherKey``).
 public struct Receipt: Sendable, Hashable {
     /// The products bought (claim `products`).
     public var products: [String]
@@ -23,10 +24,14 @@ public struct Receipt: Sendable, Hashable {
 
     /// Why a receipt was refused.
     public enum Problem: String, Sendable, Hashable {
-        /// Not a compact JWS, or its parts are not base64url JSON.
+        /// Not a compact JWS, or its parts are not base64url JSON objects, or an object in them names a member
+        /// twice (a claim given twice: RFC 7519 §4 leaves the reader only to refuse or to take the last one).
         case malformed
         /// The header's `alg` is not `EdDSA`.
         case algorithm
+        /// The header lists critical extensions (`crit`), which must be understood to use the token (RFC 7515
+        /// §4.1.11); none is understood here.
+        case critical
         /// The signature does not verify with any trusted key.
         case signature
         /// Past `exp`.
@@ -77,7 +82,10 @@ public struct Receipt: Sendable, Hashable {
         return signingInput + "." + Self.base64URL(try key.sign(Data(signingInput.utf8)))
     }
 
-    /// Checks a receipt: its form, `alg`, signature (by any of `keys`), `exp` and `nbf`.
+    /// Checks a receipt: its form, `alg`, `crit`, signature (by any of `keys`), `exp` and `nbf`.
+    ///
+    /// The header and the claims must each be one strict JSON object in which no object names a member twice;
+    /// a header with `crit` is refused, since no extension is understood here.
     ///
     /// - Parameters:
     ///   - token: the compact JWS.
@@ -91,16 +99,19 @@ public struct Receipt: Sendable, Hashable {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let headerData = Self.decodeBase64URL(parts[0]), let bodyData = Self.decodeBase64URL(parts[1]),
             let signature = Self.decodeBase64URL(parts[2]),
+            let headerNames = StrictJSON.memberNames(ofObject: headerData),
             let header = try? JSONDecoder().decode(Header.self, from: headerData)
         else {
             return .failure(ReceiptRefusal(problem: .malformed))
         }
         guard header.alg == "EdDSA" else { return .failure(ReceiptRefusal(problem: .algorithm)) }
+        // No extension is understood here, so a header that makes any critical is refused (RFC 7515 §4.1.11).
+        guard !headerNames.contains("crit") else { return .failure(ReceiptRefusal(problem: .critical)) }
         let signingInput = Data("\(parts[0]).\(parts[1])".utf8)
         guard keys.contains(where: { $0.verifies(signature, of: signingInput) }) else {
             return .failure(ReceiptRefusal(problem: .signature))
         }
-        guard let claims = try? JSONDecoder().decode(Claims.self, from: bodyData) else {
+        guard StrictJSON.memberNames(ofObject: bodyData) != nil, let claims = try? JSONDecoder().decode(Claims.self, from: bodyData) else {
             return .failure(ReceiptRefusal(problem: .malformed))
         }
         let receipt = Receipt(
