@@ -185,7 +185,7 @@ extension Packs {
                 defer { queue.close() }
                 let transactions = try await queue.transactions()
                 if self.global.json {
-                    printLine(JSONOutput.encode(["transactions": transactions.map(JSONOutput.transaction)]))
+                    printJSON(StatusJSON(transactions: transactions.map { TransactionJSON($0) }))
                     return
                 }
                 if transactions.isEmpty {
@@ -289,9 +289,9 @@ extension Packs {
                         if self.product != nil { continue }
                     }
                     if self.global.json {
-                        var object = JSONOutput.content(content)
-                        object["missing"] = missing.last == content
-                        printLine(JSONOutput.encode(object))
+                        var object = InstalledJSON(content)
+                        object.missing = missing.last == content
+                        printJSON(object)
                     } else if self.product != nil {
                         printLine(content.contentURL.path)
                     } else {
@@ -361,15 +361,7 @@ extension Packs {
         private func report(_ results: [VerifyResult], final: Bool) {
             if self.global.json {
                 guard final else { return }
-                let items: [[String: Any]] = results.map { result in
-                    var object = JSONOutput.content(result.content)
-                    object["intact"] = result.isIntact
-                    object["folderMissing"] = result.folderMissing
-                    object["filesRecorded"] = result.filesRecorded
-                    object["damage"] = result.damage.map { ["path": $0.path, "problem": $0.problem.rawValue] }
-                    return object
-                }
-                printLine(JSONOutput.encode(["intact": results.allSatisfy(\.isIntact), "contents": items]))
+                printJSON(VerifyJSON(intact: results.allSatisfy(\.isIntact), contents: results.map(InstalledJSON.init)))
                 return
             }
             for result in results {

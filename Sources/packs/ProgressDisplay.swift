@@ -35,11 +35,11 @@ final class ProgressDisplay {
         case .quiet: return
         case .json:
             switch event {
-            case .transactionUpdated(let transaction): printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction)))
-            case .downloadUpdated(let download): printLine(JSONOutput.encode(JSONOutput.downloadEvent(download)))
+            case .transactionUpdated(let transaction): printJSON(TransactionJSON(transaction, event: "transaction"))
+            case .downloadUpdated(let download): printJSON(DownloadJSON(download, event: "download"))
             case .restoreCompleted(let transactions):
-                printLine(JSONOutput.encode(["event": "restoreCompleted", "transactions": transactions.map(\.id)]))
-            case .restoreFailed(let error): printLine(JSONOutput.encode(["event": "restoreFailed", "error": JSONOutput.error(error)]))
+                printJSON(RestoreEventJSON(event: "restoreCompleted", transactions: transactions.map(\.id)))
+            case .restoreFailed(let error): printJSON(RestoreEventJSON(event: "restoreFailed", error: error))
             case .transactionsRemoved: break  // each finished transaction is printed as a transaction event
             }
         case .plain:
@@ -72,7 +72,7 @@ final class ProgressDisplay {
     func finished(_ transactions: [Transaction], last: Bool, total: Int) {
         switch self.mode {
         case .quiet: return
-        case .json: for transaction in transactions { printLine(JSONOutput.encode(JSONOutput.transactionEvent(transaction))) }
+        case .json: for transaction in transactions { printJSON(TransactionJSON(transaction, event: "transaction")) }
         case .plain, .terminal:
             guard last else { return }
             if total == 1, let transaction = transactions.first {
@@ -175,82 +175,5 @@ enum ByteFormat {
         if total < 60 { return "\(total)s" }
         if total < 3600 { return "\(total / 60)m\(String(format: "%02d", total % 60))s" }
         return "\(total / 3600)h\(String(format: "%02d", total % 3600 / 60))m"
-    }
-}
-
-/// The JSON the CLI prints, with the library's field names.
-enum JSONOutput {
-    static func encode(_ object: [String: Any]) -> String {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]) else {
-            return "{}"
-        }
-        return String(decoding: data, as: UTF8.self)
-    }
-
-    static func download(_ download: Download) -> [String: Any] {
-        var object: [String: Any] = [
-            "id": download.id, "transactionID": download.transactionID, "productIdentifier": download.productIdentifier,
-            "state": download.state.rawValue, "progress": download.progress, "phaseProgress": download.phaseProgress,
-            "timeRemaining": download.timeRemaining,
-            "contentLength": download.contentLength, "contentIdentifier": download.contentIdentifier,
-            "contentVersion": download.contentVersion, "bytesReceived": download.bytesReceived,
-            "destination": download.destination.rawValue, "url": download.redactedURL,
-        ]
-        object["phase"] = download.phase?.rawValue ?? NSNull()
-        object["pauseReason"] = download.pauseReason?.rawValue ?? NSNull()
-        object["contentURL"] = download.contentURL?.path ?? NSNull()
-        object["retryDate"] = download.retryDate.map { ISO8601DateFormatter().string(from: $0) } ?? NSNull()
-        object["error"] = download.error.map(self.error) ?? NSNull()
-        if let delta = download.delta {
-            object["delta"] = [
-                "bytesToFetch": delta.bytesToFetch, "bytesReused": delta.bytesReused, "entriesToFetch": delta.entriesToFetch,
-                "filesReused": delta.filesReused, "bytesKept": delta.bytesKept,
-            ]
-        }
-        if let fallback = download.deltaFallback {
-            object["deltaFallback"] = ["reason": fallback.reason.rawValue, "message": fallback.message]
-        }
-        return object
-    }
-
-    /// `{"code", "kind", "message", "hint", "subject", "underlying": {"domain", "value"}, "httpStatus", "pendingDownloadIDs", "neededBytes", "availableBytes"}`.
-    static func error(_ error: PackDeliveryError) -> [String: Any] {
-        var json: [String: Any] = ["code": error.code.rawValue, "kind": error.kind.rawValue, "message": error.message]
-        if let hint = error.hint { json["hint"] = hint }
-        if let subject = error.subject { json["subject"] = subject }
-        if let underlying = error.underlying { json["underlying"] = ["domain": underlying.domain.rawValue, "value": underlying.value] }
-        if let status = error.httpStatus { json["httpStatus"] = status }
-        if !error.pendingDownloadIDs.isEmpty { json["pendingDownloadIDs"] = error.pendingDownloadIDs }
-        if let needed = error.neededBytes { json["neededBytes"] = needed }
-        if let available = error.availableBytes { json["availableBytes"] = available }
-        return json
-    }
-
-    static func downloadEvent(_ download: Download) -> [String: Any] {
-        var object = self.download(download)
-        object["event"] = "download"
-        return object
-    }
-
-    static func transaction(_ transaction: Transaction) -> [String: Any] {
-        [
-            "id": transaction.id, "productIdentifier": transaction.productIdentifier,
-            "state": transaction.isFinished ? "finished" : transaction.kind.rawValue,
-            "kind": transaction.kind.rawValue, "finishable": transaction.isFinishable,
-            "downloads": transaction.downloads.map(self.download),
-        ]
-    }
-
-    static func transactionEvent(_ transaction: Transaction) -> [String: Any] {
-        var object = self.transaction(transaction)
-        object["event"] = "transaction"
-        return object
-    }
-
-    static func content(_ content: InstalledContent) -> [String: Any] {
-        [
-            "productIdentifier": content.productIdentifier, "contentIdentifier": content.contentIdentifier,
-            "contentVersion": content.contentVersion, "contentURL": content.contentURL.path, "destination": content.destination.rawValue,
-        ]
     }
 }

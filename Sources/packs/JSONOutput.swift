@@ -1,0 +1,167 @@
+import Foundation
+import PackDelivery
+
+/// What `--json` prints: one `Encodable` type per object, with the library's field names.
+///
+/// The library's own Codable types are printed as they encode themselves (``PackDeliveryError``, the state,
+/// phase, reason and kind enums, ``Download/Delta``, ``Download/DeltaFallback``). A download, a transaction
+/// and an installed pack have a shape of their own here: paths rather than file URLs, the pack's URL without
+/// credentials, only what a reader needs, and `null` for a field that is unset rather than no key.
+enum JSONOutput {
+    /// One line of compact JSON: keys sorted, `/` not escaped, dates in ISO 8601 (`2025-03-01T12:00:00Z`).
+    static func line(_ value: some Encodable) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
+        // Encoding fails only for a progress or time that is not a finite number.
+        guard let data = try? encoder.encode(value) else { return "{}" }
+        return String(decoding: data, as: UTF8.self)
+    }
+}
+
+/// Prints a value as one line of JSON on stdout.
+func printJSON(_ value: some Encodable) {
+    printLine(JSONOutput.line(value))
+}
+
+/// A value, or `null` when there is none (a synthesized `Encodable` leaves an optional's key out instead).
+struct Nullable<Value: Encodable>: Encodable {
+    let value: Value?
+
+    init(_ value: Value?) { self.value = value }
+
+    func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        if let value = self.value { try container.encode(value) } else { try container.encodeNil() }
+    }
+}
+
+/// A download, in `status` and in events: `"phase"`, `"pauseReason"`, `"contentURL"`, `"retryDate"` and
+/// `"error"` are null when unset; `"delta"` and `"deltaFallback"` are there only for a delta update.
+struct DownloadJSON: Encodable {
+    /// `"download"` on an event line; no key in `status`.
+    var event: String?
+    let id: String
+    let transactionID: String
+    let productIdentifier: String
+    let contentIdentifier: String
+    let contentVersion: String
+    let contentLength: Int64
+    let destination: Destination
+    /// The pack's URL without credentials.
+    let url: String
+    let state: DownloadState
+    let phase: Nullable<DownloadPhase>
+    let progress: Double
+    let phaseProgress: Double
+    let timeRemaining: Double
+    let bytesReceived: Int64
+    let pauseReason: Nullable<PauseReason>
+    /// The installed folder's path.
+    let contentURL: Nullable<String>
+    let retryDate: Nullable<Date>
+    let error: Nullable<PackDeliveryError>
+    let delta: Download.Delta?
+    let deltaFallback: Download.DeltaFallback?
+
+    init(_ download: Download, event: String? = nil) {
+        self.event = event
+        self.id = download.id
+        self.transactionID = download.transactionID
+        self.productIdentifier = download.productIdentifier
+        self.contentIdentifier = download.contentIdentifier
+        self.contentVersion = download.contentVersion
+        self.contentLength = download.contentLength
+        self.destination = download.destination
+        self.url = download.redactedURL
+        self.state = download.state
+        self.phase = Nullable(download.phase)
+        self.progress = download.progress
+        self.phaseProgress = download.phaseProgress
+        self.timeRemaining = download.timeRemaining
+        self.bytesReceived = download.bytesReceived
+        self.pauseReason = Nullable(download.pauseReason)
+        self.contentURL = Nullable(download.contentURL?.path)
+        self.retryDate = Nullable(download.retryDate)
+        self.error = Nullable(download.error)
+        self.delta = download.delta
+        self.deltaFallback = download.deltaFallback
+    }
+}
+
+/// A transaction, in `status` and in events; `"state"` is `"finished"` once finished, else its kind.
+struct TransactionJSON: Encodable {
+    /// `"transaction"` on an event line; no key in `status`.
+    var event: String?
+    let id: String
+    let productIdentifier: String
+    let state: String
+    let kind: TransactionKind
+    let finishable: Bool
+    let downloads: [DownloadJSON]
+
+    init(_ transaction: Transaction, event: String? = nil) {
+        self.event = event
+        self.id = transaction.id
+        self.productIdentifier = transaction.productIdentifier
+        self.state = transaction.isFinished ? "finished" : transaction.kind.rawValue
+        self.kind = transaction.kind
+        self.finishable = transaction.isFinishable
+        self.downloads = transaction.downloads.map { DownloadJSON($0) }
+    }
+}
+
+/// The event line of a restore: `"transactions"` (their ids) when it completed, `"error"` when it failed.
+struct RestoreEventJSON: Encodable {
+    let event: String
+    var transactions: [String]?
+    var error: PackDeliveryError?
+}
+
+/// `status`: every unfinished transaction.
+struct StatusJSON: Encodable {
+    let transactions: [TransactionJSON]
+}
+
+/// An installed pack: a line of `content`, with `"missing"`; an element of `verify`'s `"contents"`, with
+/// `"intact"`, `"folderMissing"`, `"filesRecorded"` and `"damage"`.
+struct InstalledJSON: Encodable {
+    struct Damage: Encodable {
+        let path: String
+        let problem: VerifyResult.Damage.Problem
+    }
+
+    let productIdentifier: String
+    let contentIdentifier: String
+    let contentVersion: String
+    /// The installed folder's path.
+    let contentURL: String
+    let destination: Destination
+    var missing: Bool?
+    var intact: Bool?
+    var folderMissing: Bool?
+    var filesRecorded: Bool?
+    var damage: [Damage]?
+
+    init(_ content: InstalledContent) {
+        self.productIdentifier = content.productIdentifier
+        self.contentIdentifier = content.contentIdentifier
+        self.contentVersion = content.contentVersion
+        self.contentURL = content.contentURL.path
+        self.destination = content.destination
+    }
+
+    init(_ result: VerifyResult) {
+        self.init(result.content)
+        self.intact = result.isIntact
+        self.folderMissing = result.folderMissing
+        self.filesRecorded = result.filesRecorded
+        self.damage = result.damage.map { Damage(path: $0.path, problem: $0.problem) }
+    }
+}
+
+/// `verify`: whether everything is intact, and each pack checked.
+struct VerifyJSON: Encodable {
+    let intact: Bool
+    let contents: [InstalledJSON]
+}
