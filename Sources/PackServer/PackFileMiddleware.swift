@@ -81,7 +81,7 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     /// The answer to a GET or HEAD of `file` with these request headers: preconditions, then Range
-    /// and If-Range. Shared by this middleware and ``ConnectionGuard``'s fast path.
+    /// and If-Range. Shared by this middleware and the connections' fast path (``FileFastPath``).
     static func outcome(method: HTTPRequest.Method, path: String, headers requestHeaders: HTTPFields, file: ResolvedFile) -> Outcome {
         let status = file.status
         var headers = HTTPFields()
