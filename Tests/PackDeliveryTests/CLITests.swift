@@ -27,7 +27,7 @@ import Testing
         #expect(ranges.count == 2 && ranges[1]?.hasPrefix("bytes=") == true, "resumed with a range: \(ranges)")
     }
 
-    /// Issue 19, item 12: `packs fetch … | head -1` — the reader goes away; the fetch pauses, saves and says so, like SIGTERM.
+    /// `packs fetch … | head -1` — the reader goes away; the fetch pauses, saves and says so, like SIGTERM.
     @Test func aClosedOutputPipeStopsLikeSIGTERM() throws {
         let site = try TestSite.random("sigpipe-site", size: 4 << 20)
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)

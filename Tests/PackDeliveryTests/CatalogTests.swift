@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Issue 13: whole catalogs in one process, descriptors bounded by the work that runs, and no download that
+/// Whole catalogs in one process, descriptors bounded by the work that runs, and no download that
 /// can stall silently: every internal failure ends with a named error and a documented exit code.
 /// (The 1,000- and 10,000-pack runs are in the benchmark; these are their short versions.)
 @Suite(.timeLimit(.minutes(5))) struct CatalogTests {
@@ -132,7 +132,7 @@ final class HangingWriter: FileWriting {
     }
 }
 
-/// Internal failures of the queue (issue 13): each ends the download with an error that names it, or
+/// Internal failures of the queue: each ends the download with an error that names it, or
 /// is retried by the watchdog; none leaves a download active forever.
 @Suite(.timeLimit(.minutes(5))) struct StallTests {
     static func setup(_ label: String, size: Int = 2 << 20, fault: Fault = .none, configuration: DownloadQueue.Configuration)

@@ -5,7 +5,7 @@ import Testing
 
 @testable import PackDelivery
 
-/// Issue 17: a new version of an indexed zip pack fetches only the entries that changed, with range requests,
+/// A new version of an indexed zip pack fetches only the entries that changed, with range requests,
 /// and builds the new version from them and the installed files. Real libcurl, libarchive and a loopback server
 /// that counts the bytes it sends; trees compared with `bsdtar -xf` of the new pack.
 @Suite(.serialized, .timeLimit(.minutes(3))) struct DeltaTests {

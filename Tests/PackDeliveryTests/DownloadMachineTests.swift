@@ -106,7 +106,7 @@ import Testing
     }
 
     @Test func aServerThatSendsTheSameBytesAgainAndThrowsThemAwayRunsOutOfAttempts() {
-        // Issue 19, item 3: a 200 of the whole (short) file, then a 416 that empties it, again and again.
+        // A 200 of the whole (short) file, then a 416 that empties it, again and again.
         var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 4, baseDelay: 1, maxDelay: 8))
         _ = machine.start()
         var token = 1
@@ -125,7 +125,7 @@ import Testing
     }
 
     @Test func failuresThatAlwaysCountEndEvenWhileBytesTrickleIn() {
-        // Issue 19, item 4: a server slower than the low-speed limit keeps adding a few bytes per attempt.
+        // A server slower than the low-speed limit keeps adding a few bytes per attempt.
         var machine = DownloadMachine(download: Self.download(), retryPolicy: .init(maxAttempts: 3, baseDelay: 1, maxDelay: 8))
         _ = machine.start()
         let slow = TransferFailure(error: PackDeliveryError(.timedOut, message: "too slow"), retryable: true, countsAlways: true)
@@ -237,12 +237,12 @@ import Testing
         _ = machine.progress(token: 1, bytesOnDisk: 400, validator: nil)
         #expect(machine.pause(.user) == [.stopTransfer(token: 1)])
         #expect(machine.transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 420)) == [])
-        // Issue 18, bug 4: the paused download reports every byte it keeps, not the last progress step.
+        // The paused download reports every byte it keeps, not the last progress step.
         #expect(machine.state == .paused && machine.download.bytesReceived == 420 && machine.download.progress == 0.42)
     }
 
     @Test func cancellingADownloadPausedForSpaceDropsTheSpaceError() {
-        // Issue 18, bug 1: the cancelled event still carried the insufficientStorage error.
+        // The cancelled event still carried the insufficientStorage error.
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()
         let full = TransferFailure(error: .insufficientStorage(path: "/x", needed: 600, available: 10), retryable: false)
@@ -382,7 +382,7 @@ import Testing
     }
 
     @Test func aTotalThatDiffersFromTheManifestMeansTheFileChanged() {
-        // Issue 19, item 6: the partial is from another version; start over, and say how the lengths differ.
+        // The partial is from another version; start over, and say how the lengths differ.
         guard case .reject(let failure, let discard) = self.decide(206, range: "bytes 100-999/2000", offset: 100, expected: 1000) else {
             Issue.record("a different total must be rejected")
             return
@@ -394,7 +394,7 @@ import Testing
     @Test func a200RestartsFromZeroUnlessItsLengthDisagreesWithTheManifest() {
         #expect(self.decide(200, offset: 500, expected: 1000) == .restartFromZero)
         #expect(self.decide(200, length: "1000", offset: 500, expected: 1000) == .restartFromZero)
-        // Issue 19, item 3: a stale manifest one byte longer than the file is said at once, without downloading the body.
+        // A stale manifest one byte longer than the file is said at once, without downloading the body.
         guard case .reject(let failure, let discard) = self.decide(200, length: "999", offset: 0, expected: 1000) else {
             Issue.record("a 200 of another length must be rejected")
             return
@@ -427,7 +427,7 @@ import Testing
             #expect(failure.retryable && failure.retryAfter == 3 && !failure.countsAlways)
         }
         guard case .reject(let wait, _) = self.decide(503, retryAfter: "300", offset: 0, expected: 1) else { return }
-        #expect(wait.error.message.contains("503") && wait.error.message.contains("5 min"), "issue 19, item 5: the wait is said")
+        #expect(wait.error.message.contains("503") && wait.error.message.contains("5 min"), "the wait is said")
         guard case .reject(let failure, _) = self.decide(404, offset: 0, expected: 1) else {
             Issue.record("404 must be rejected")
             return

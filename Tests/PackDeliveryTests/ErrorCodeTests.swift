@@ -4,7 +4,7 @@ import Testing
 
 @testable import PackDelivery
 
-/// Issue 18: every error an app may handle is matched by its code (the message is for people). Each is
+/// Every error an app may handle is matched by its code (the message is for people). Each is
 /// provoked for real here, or in the suite named beside it: insufficientStorage (QueueTests), lengthMismatch,
 /// timedOut, unsupportedURL after a redirect (HostileInputTests), tooSlow (SlowServerTests), httpStatus (FaultTests), unauthorized,
 /// queueClosed, cancelled (LibraryAPITests), stalled, databaseBusy (StallTests), contentIdentifierTaken

@@ -8,7 +8,7 @@ import Testing
     import Glibc
 #endif
 
-/// Issue 19, "Habits to keep this from coming back": the fuzzers' seeds (`Fuzz/corpus`) and every input they
+/// The fuzzers' seeds (`Fuzz/corpus`) and every input they
 /// saved (`Fuzz/crashers`) go through the same harness as under libFuzzer (`Fuzz/Harness`), here without
 /// sanitizers. Each input returns within 10 s; a refusal is a thrown `PackDeliveryError`; nothing is written
 /// outside the staging folder and nothing inside it leads out; a receipt's header or claims, signed into a token,

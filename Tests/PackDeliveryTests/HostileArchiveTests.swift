@@ -3,7 +3,7 @@ import PackDelivery
 import PackTestSupport
 import Testing
 
-/// Issue 19, items 14–17: archives that crashed, hung or installed nothing are refused with one line and exit 65,
+/// Archives that crashed, hung or installed nothing are refused with one line and exit 65,
 /// by `packs fetch` and by `packs manifest`.
 @Suite(.timeLimit(.minutes(5))) struct HostileArchiveTests {
     /// A folder with one pack (`pack.<ext>`) and a hand-written manifest for it (product `com.example.bad`).

@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Issue 19, round two: bad manifests, misbehaving servers and odd archives end with one clear line and a
+/// Bad manifests, misbehaving servers and odd archives end with one clear line and a
 /// documented exit code, and never with a crash, a loop, a silent wait or lost content.
 @Suite(.timeLimit(.minutes(5))) struct HostileInputTests {
     /// A site of the sample packs, served by nginx, and a fresh home.
@@ -310,7 +310,7 @@ import Testing
         #expect(Date().timeIntervalSince(started) < 10, "refused at once, not blocked on the FIFO")
     }
 
-    /// Item 13 (and issue 15): what a server says in its error body is shown, short and escaped.
+    /// What a server says in its error body is shown, short and escaped.
     @Test func whatTheServerSaidIsShownAndAHugeHeaderIsNamed() async throws {
         let site = try TestSite.random("server-said", size: 10_000)
         let server = try FaultServer(root: site.folder)

@@ -6,7 +6,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Issue 18: the library as a store client embeds it — main-actor observation, one await per
+/// The library as a store client embeds it — main-actor observation, one await per
 /// operation, StoreKit's missing pieces (explicit start, restore, removed transactions, throughput),
 /// credentials that change, manifests built in memory, and the bugs of the first round.
 @Suite(.timeLimit(.minutes(5))) struct LibraryAPITests {
@@ -231,7 +231,7 @@ import Testing
     @Test func aClosedQueueRefusesNewWorkAndItsStreamsEnd() async throws {
         let shop = try await Shop("closed")
         await shop.queue.close()
-        // Issue 18, bug 2: add after close recorded a transaction that waited forever.
+        // Add after close recorded a transaction that waited forever.
         do {
             try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
             Issue.record("add after close must be refused")
@@ -239,7 +239,7 @@ import Testing
             #expect(error.code == .queueClosed)
         }
         #expect(try CLI.run(home: shop.home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "nothing was recorded")
-        // Issue 18, bug 3: a stream asked for after close never finished.
+        // A stream asked for after close never finished.
         var count = 0
         for await _ in shop.queue.events() { count += 1 }
         #expect(count == 0)
@@ -247,7 +247,7 @@ import Testing
     }
 
     @Test func contentURLIsTheNewestPackAsDocumented() async throws {
-        // Issue 18, bug 5: the documentation and the code now agree: the most recently installed pack.
+        // The documentation and the code now agree: the most recently installed pack.
         let shop = try await Shop("newest")
         let forest = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
         _ = try await shop.queue.settled(transactionID: forest.id)

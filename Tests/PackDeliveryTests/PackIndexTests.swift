@@ -3,7 +3,7 @@ import PackDelivery
 import PackTestSupport
 import Testing
 
-/// Issue 17, the groundwork: `packs manifest` indexes each zip pack (where each entry lies, its size and the
+/// `packs manifest` indexes each zip pack (where each entry lies, its size and the
 /// SHA-256 of its bytes) in a sidecar the manifest names with its SHA-256 and length. Checked against the pack's
 /// own bytes and `unzip -p`, for packs made by `packs pack` and by `zip -r`.
 @Suite(.serialized, .timeLimit(.minutes(2))) struct PackIndexTests {

@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Power cuts (issue 12): the home lives on an ext4 filesystem whose power is cut (EXT4_IOC_SHUTDOWN with
+/// Power cuts: the home lives on an ext4 filesystem whose power is cut (EXT4_IOC_SHUTDOWN with
 /// NOLOGFLUSH, then unmount and mount), at moments from mid-download to just after `packs fetch` exits 0.
 /// After every cut the state store opens, and either the content is installed byte for byte with its
 /// transaction finished, or an open transaction remains that `packs resume` completes byte for byte.

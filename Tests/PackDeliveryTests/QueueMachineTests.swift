@@ -88,7 +88,7 @@ import Testing
     }
 
     @Test func sizesFromOutsideNeverOverflowTheSpaceCheck() {
-        // Issue 19, item 2: contentLength 2^63-1 trapped in the space check.
+        // A `contentLength` of 2^63-1 trapped in the space check.
         var queue = QueueMachine(concurrency: 1)
         let huge = Self.machine(0, length: .max, unpacked: .max)
         #expect(queue.needed(huge.download) == .max)

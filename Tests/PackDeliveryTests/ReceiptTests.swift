@@ -5,7 +5,7 @@ import PackServer
 import PackTestSupport
 import Testing
 
-/// Issue 15, receipts: `packs serve --receipt-key` serves a pack only to a signed receipt that names its
+/// `packs serve --receipt-key` serves a pack only to a signed receipt that names its
 /// product (401 for a missing, forged, `alg: none`, HS256, expired or not-yet-valid receipt; 403 for another
 /// product's pack), and `packs fetch --receipt` presents one. The real server, curl and the real binary.
 @Suite(.serialized, .timeLimit(.minutes(2))) struct ReceiptTests {

@@ -4,8 +4,8 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Verify and repair (issue 12), the launch check of recent installs (issue 12) and a damaged state
-/// database (issue 19, item 11): installed content is checked against what was installed, and damage is
+/// Verify and repair, the launch check of recent installs and a damaged state
+/// database: installed content is checked against what was installed, and damage is
 /// delivered again without touching anything else.
 @Suite(.timeLimit(.minutes(5))) struct RecoveryTests {
     static let samples = CLI.packageRoot.appending(path: "SampleContent")

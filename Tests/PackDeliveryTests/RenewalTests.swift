@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Issue 15, the renewals: a receipt that expires mid-download is renewed through the credential provider,
+/// A receipt that expires mid-download is renewed through the credential provider,
 /// a presigned URL that stops working is replaced by reading the manifest again, and the receipt given to
 /// `fetch` is stored so that `resume` needs no flag. Bytes are counted at the server: none is fetched twice.
 @Suite(.serialized, .timeLimit(.minutes(2))) struct RenewalTests {

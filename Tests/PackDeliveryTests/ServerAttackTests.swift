@@ -7,7 +7,7 @@ import Testing
     import Glibc
 #endif
 
-// Issue 19, items 18–21: `packs serve` under attack, through the real server — the `packs` binary
+// `packs serve` under attack, through the real server — the `packs` binary
 // spawned (under a low descriptor limit where that is the point) or PackServer started in-process on
 // a socket — and real clients (curl, raw sockets).
 
@@ -62,7 +62,7 @@ private func makeDirectory(bytes: [UInt8]) throws {
     guard made == 0 else { throw FixtureError("mkdir failed: \(String(cString: strerror(errno)))") }
 }
 
-@Suite("packs serve under attack (issue 19, items 18–21)", .serialized, .timeLimit(.minutes(1)))
+@Suite("packs serve under attack", .serialized, .timeLimit(.minutes(1)))
 struct ServerAttackTests {
     // MARK: 18. A header too large: 431, and the connection closed fully
 

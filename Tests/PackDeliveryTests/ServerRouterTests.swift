@@ -8,7 +8,7 @@ import Testing
 @testable import PackServer
 
 // The server's middleware driven through Hummingbird's router test framework (`app.test(.router)`):
-// the real router PackServer builds, with no sockets. Issue 16's preconditions, methods and bearer
+// the real router PackServer builds, with no sockets. The preconditions, methods and bearer
 // parsing, and the --auth-only gate's decisions.
 
 /// A folder with two products' packs and a manifest listing them.

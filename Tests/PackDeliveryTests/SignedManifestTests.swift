@@ -3,7 +3,7 @@ import PackDelivery
 import PackTestSupport
 import Testing
 
-/// Issue 15, signed manifests: a client that trusts a publisher refuses (exit 65, nothing downloaded, the
+/// A client that trusts a publisher refuses (exit 65, nothing downloaded, the
 /// reason named) a manifest with no signature or a bad one, an expired one, and a rollback to a lower version.
 /// The real `packs` binary, real OpenSSL Ed25519 keys, manifests read from disk.
 @Suite(.timeLimit(.minutes(2))) struct SignedManifestTests {

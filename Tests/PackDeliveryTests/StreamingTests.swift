@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-/// Issue 14: a pack is unpacked while it downloads, into a staging folder of its own that is moved into
+/// A pack is unpacked while it downloads, into a staging folder of its own that is moved into
 /// place only once the whole pack's SHA-256 matched. Real libcurl, libarchive and a throttled server (so the
 /// unpack really overlaps the download); trees compared with `bsdtar -xf`.
 @Suite(.serialized, .timeLimit(.minutes(3))) struct StreamingTests {

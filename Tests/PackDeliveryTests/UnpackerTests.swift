@@ -506,7 +506,7 @@ struct UnpackerTests {
 
     // MARK: Formats
 
-    // MARK: Zips unpacked while downloading (issue 14)
+    // MARK: Zips unpacked while downloading
 
     @Test("A zip read by its local headers and finished by its central directory is the tree of the whole zip's unpack")
     func streamedZipAdopted() throws {
@@ -1013,7 +1013,7 @@ struct UnpackToolError: Error, CustomStringConvertible {
     var description: String { "\(self.command) exited with \(self.status): \(self.message)" }
 }
 
-/// Issue 19, item 14: libarchive's reading is bounded and cancellable inside one call.
+/// Libarchive's reading is bounded and cancellable inside one call.
 @Suite(.timeLimit(.minutes(5))) struct ArchiveReaderBoundsTests {
     /// A tar.gz whose first file holds 32 MiB of a repeating pattern (a few hundred KiB compressed), then a second file.
     static func pack() throws -> URL {

@@ -1,6 +1,6 @@
 import Foundation
 
-/// What a delta update (issue 17) fetches and what it reuses, decided with no I/O from the new pack's index
+/// What a delta update fetches and what it reuses, decided with no I/O from the new pack's index
 /// and the files the installed version recorded (their SHA-256 as installed, and whether they still look so).
 ///
 /// An entry of the new version whose SHA-256 and size match an installed regular file is reused (linked or

@@ -3,7 +3,7 @@ import Foundation
 import Synchronization
 
 /// The SHA-256 of every file an unpack writes (recorded for `packs verify` and delta updates), computed on a
-/// queue of its own when the unpack's thread also decompresses (issue 14).
+/// queue of its own when the unpack's thread also decompresses.
 ///
 /// Decompressing, parsing, writing and hashing, the unpack's thread was the slowest of a streamed fetch: it
 /// fell behind the download and caught up after the last byte. With ``onQueue``, the unpack copies each

@@ -1,7 +1,7 @@
 import Foundation
 import Synchronization
 
-/// How far a download has written its partial file, for readers that follow it (issue 14).
+/// How far a download has written its partial file, for readers that follow it.
 ///
 /// The transfer reports what it wrote (``advance(to:)``), a restart from byte 0 (``restart()``), the end
 /// (``finish(length:)``) or that it stopped (``stop(_:)``); a reader waits in ``GrowingFile/wait(beyond:)``.
@@ -109,7 +109,7 @@ struct GrowingFile: Sendable {
     }
 }
 
-/// Unpacks a pack while it downloads (issue 14): a thread follows the partial file as the transfer writes it
+/// Unpacks a pack while it downloads: a thread follows the partial file as the transfer writes it
 /// and unpacks it into a staging folder of its own, with every check of ``Unpacker``. Nothing leaves that
 /// folder here: the installer takes it (``take(cancel:progress:)``) only once the whole pack's SHA-256
 /// matched, then moves it into place as it would a folder it unpacked itself.

@@ -100,7 +100,7 @@ enum Unpacker {
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
 
-    /// Finishes a zip that was unpacked while it downloaded (issue 14).
+    /// Finishes a zip that was unpacked while it downloaded.
     ///
     /// Read as it arrives, a zip can only be read by its local headers, which carry neither the files' types
     /// (a symlink arrives as a file holding its target) nor their modes: those are in the central directory at

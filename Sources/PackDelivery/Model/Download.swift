@@ -97,7 +97,7 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     /// Bytes of the pack on disk and known good; during a delta update, bytes of the changed entries fetched
     /// and checked so far, out of ``Delta/bytesToFetch``.
     public var bytesReceived: Int64
-    /// While this download is a delta update (issue 17): what it fetches and what it reuses; nil for a whole pack.
+    /// While this download is a delta update: what it fetches and what it reuses; nil for a whole pack.
     public var delta: Delta? = nil
     /// Why a delta update was not used for this new version, when one was tried (the whole pack is fetched instead).
     public var deltaFallback: DeltaFallback? = nil

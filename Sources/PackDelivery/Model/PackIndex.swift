@@ -1,6 +1,6 @@
 import Foundation
 
-/// Where each file of a zip pack lies inside it (issue 17): the groundwork for delta updates, which fetch
+/// Where each file of a zip pack lies inside it: the groundwork for delta updates, which fetch
 /// only the files of a new version that changed, with HTTP range requests.
 ///
 /// `packs manifest` writes one beside each zip pack, as `<pack>.index.json`, and the manifest names it with

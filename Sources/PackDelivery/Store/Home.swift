@@ -1,7 +1,7 @@
 import CLinux
 import Foundation
 
-/// The folders PackDelivery uses: the state database, locks, partial downloads, staging and installed content.
+/// The folders PackDelivery uses: the state database, partial downloads, staging and installed content.
 ///
 /// With a home folder (`--home DIR` or `PACKS_HOME`): `DIR/state.sqlite`, `DIR/Caches/`, `DIR/Documents/`.
 /// Without one, the XDG base directories: `$XDG_STATE_HOME/packdelivery` for the state,
@@ -9,7 +9,7 @@ import Foundation
 /// Inside each destination root: `<contentIdentifier>/` holds installed content (its `contentURL`),
 /// `.packdelivery/downloads/<id>.pack` the downloaded archive, `.packdelivery/staging/<id>/` an unpack in progress.
 public struct Home: Sendable, Hashable {
-    /// Where `state.sqlite` and `locks/` live.
+    /// Where `state.sqlite` lives (with its WAL and shared-memory files).
     public var stateFolder: URL
     /// The root for ``Destination/caches``: installed content and its downloads and staging.
     public var cachesFolder: URL
@@ -19,7 +19,7 @@ public struct Home: Sendable, Hashable {
     /// Creates a home from three folders; nothing is created on disk until a ``DownloadQueue`` opens it.
     ///
     /// - Parameters:
-    ///   - stateFolder: where `state.sqlite` and `locks/` go.
+    ///   - stateFolder: where `state.sqlite` goes.
     ///   - cachesFolder: the root for caches content.
     ///   - documentsFolder: the root for documents content.
     public init(stateFolder: URL, cachesFolder: URL, documentsFolder: URL) {

@@ -1,7 +1,7 @@
 import Foundation
 
 /// A signed receipt: what a store's backend hands a client after a purchase, and what a content server
-/// checks before it serves a pack (issue 15).
+/// checks before it serves a pack.
 ///
 /// A compact JWS (RFC 7515) carrying a JWT (RFC 7519), `alg` `EdDSA` (RFC 8037, Ed25519) and nothing
 /// else: a token whose header names another algorithm — `none`, or `HS256` keyed with the public key —

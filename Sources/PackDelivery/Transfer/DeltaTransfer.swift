@@ -9,7 +9,7 @@ struct DeltaTree: Sendable {
     var summary: UnpackSummary
 }
 
-/// A delta update (issue 17): builds the new version of an installed pack from the installed files that did
+/// A delta update: builds the new version of an installed pack from the installed files that did
 /// not change and the changed entries of the new pack, fetched with HTTP range requests on one connection.
 ///
 /// It runs on a thread of its own and reports in the transfer engine's vocabulary (`TransferEvent`), so the

@@ -118,7 +118,7 @@ struct TransferRequest: Sendable {
     var fromZero: Bool
     var options: TransferOptions
     var writer: any FileWriting
-    /// Unpacks the pack while it downloads (issue 14); told how far the file is written.
+    /// Unpacks the pack while it downloads; told how far the file is written.
     var stream: StreamedUnpack? = nil
 }
 
