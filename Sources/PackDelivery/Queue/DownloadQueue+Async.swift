@@ -77,7 +77,7 @@ extension DownloadQueue {
     public func settled(downloadID: String) async throws(PackDeliveryError) -> Download {
         try self.requireOpen()
         let read = { @Sendable () throws(PackDeliveryError) -> Download? in
-            if let live = self.state.withLock({ $0.machine.download(downloadID) }) { return live }
+            if let live = self.driven({ $0.machine.download(downloadID) }) { return live }
             return try self.store.downloadRecord(downloadID)?.download
         }
         let steps = try await Blocking.run { () throws(PackDeliveryError) in self.waitSteps(self.events(downloadID: downloadID)) }
@@ -254,7 +254,7 @@ extension DownloadQueue {
             if pending.isEmpty {
                 self.emit(.restoreCompleted(transactions))
             } else {
-                self.state.withLock { $0.restores[UUID()] = RestoreBatch(transactionIDs: transactions.map(\.id), pending: pending) }
+                self.driven { $0.restores[UUID()] = RestoreBatch(transactionIDs: transactions.map(\.id), pending: pending) }
             }
             return transactions
         }

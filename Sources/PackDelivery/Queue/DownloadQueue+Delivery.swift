@@ -138,7 +138,7 @@ extension DownloadQueue {
     /// - Parameter observer: keep a strong reference to it for as long as it should be called.
     public func add(_ observer: any DownloadQueueObserver) {
         self.runOnDriver {
-            self.state.withLock { $0.observers[ObjectIdentifier(observer)] = WeakObserver(observer: observer) }
+            self.registry.withLock { $0.observers[ObjectIdentifier(observer)] = WeakObserver(observer: observer) }
             let transactions = (try? self.liveTransactions()) ?? []
             self.delivery.async { if !transactions.isEmpty { observer.downloadQueue(self, updatedTransactions: transactions) } }
         }
@@ -149,7 +149,7 @@ extension DownloadQueue {
     /// - Parameter observer: keep a strong reference to it for as long as it should be called.
     @MainActor public func add(_ observer: any DownloadQueueMainActorObserver) {
         let relay = MainActorRelay(observer)
-        self.state.withLock { $0.relays[ObjectIdentifier(observer)] = relay }
+        self.registry.withLock { $0.relays[ObjectIdentifier(observer)] = relay }
         self.add(relay)
     }
 
@@ -157,14 +157,14 @@ extension DownloadQueue {
     ///
     /// - Parameter observer: an observer added with ``add(_:)-(DownloadQueueObserver)``.
     public func remove(_ observer: any DownloadQueueObserver) {
-        self.state.withLock { _ = $0.observers.removeValue(forKey: ObjectIdentifier(observer)) }
+        self.registry.withLock { _ = $0.observers.removeValue(forKey: ObjectIdentifier(observer)) }
     }
 
     /// Stops calling a main-actor observer.
     ///
     /// - Parameter observer: an observer added with ``add(_:)-(DownloadQueueMainActorObserver)``.
     @MainActor public func remove(_ observer: any DownloadQueueMainActorObserver) {
-        guard let relay = self.state.withLock({ $0.relays.removeValue(forKey: ObjectIdentifier(observer)) }) else { return }
+        guard let relay = self.registry.withLock({ $0.relays.removeValue(forKey: ObjectIdentifier(observer)) }) else { return }
         self.remove(relay)
     }
 
@@ -211,16 +211,16 @@ extension DownloadQueue {
         let (stream, continuation) = AsyncStream.makeStream(of: DownloadQueueEvent.self, bufferingPolicy: .unbounded)
         let id = UUID()
         self.runOnDriver {
-            guard !self.state.withLock({ $0.closed }) else {
+            guard !self.registry.withLock({ $0.closed }) else {
                 continuation.finish()
                 return
             }
             for transaction in (try? self.liveTransactions()) ?? [] where filter(.transactionUpdated(transaction)) {
                 continuation.yield(.transactionUpdated(transaction))
             }
-            self.state.withLock { $0.continuations[id] = EventStream(continuation: continuation, filter: filter) }
+            self.registry.withLock { $0.continuations[id] = EventStream(continuation: continuation, filter: filter) }
         }
-        continuation.onTermination = { [weak self] _ in self?.state.withLock { _ = $0.continuations.removeValue(forKey: id) } }
+        continuation.onTermination = { [weak self] _ in self?.registry.withLock { _ = $0.continuations.removeValue(forKey: id) } }
         return stream
     }
 
@@ -232,7 +232,7 @@ extension DownloadQueue {
 
     /// Delivers one event to every stream and observer, in order; keeps track of restores.
     func emit(_ event: DownloadQueueEvent) {
-        let (streams, observers) = self.state.withLock { state in
+        let (streams, observers) = self.registry.withLock { state in
             // A main-actor observer that went away without remove(_:): its relay goes too.
             for (key, relay) in state.relays where (relay as? MainActorRelay)?.target == nil {
                 state.relays[key] = nil
@@ -261,7 +261,7 @@ extension DownloadQueue {
     /// A restore ends when each of its downloads settled (completed), or when one fails or pauses (failed).
     private func trackRestores(_ download: Download) {
         guard !download.state.isRunning else { return }
-        let ended = self.state.withLock { state -> [(RestoreBatch, PackDeliveryError?)] in
+        let ended = self.driven { state -> [(RestoreBatch, PackDeliveryError?)] in
             var ended: [(RestoreBatch, PackDeliveryError?)] = []
             for (id, var batch) in state.restores where batch.pending.contains(download.id) {
                 if download.state.isSettled {

@@ -5,7 +5,7 @@ import Synchronization
 extension DownloadQueue {
     /// Changes the machine under the lock, then runs the actions it returned (and those they lead to) after unlocking.
     func change(_ body: (inout QueueMachine) -> [QueueMachine.Action]) {
-        var work = self.state.withLock { body(&$0.machine) }
+        var work = self.driven { body(&$0.machine) }
         var index = 0
         var save = false
         var settled: [String] = []
@@ -17,7 +17,7 @@ extension DownloadQueue {
             case .run(let id, let action):
                 if case .stopTransfer = action { stopped.insert(id) }
                 if case .deleteFiles(let staging) = action, stopped.contains(id),
-                    let download = self.state.withLock({ $0.machine.download(id) })
+                    let download = self.driven({ $0.machine.download(id) })
                 {
                     // Gone at once, as the cancel reports; the transfer thread removes it once more after the stop, in
                     // order, in case a start posted before the cancel creates it again (see TransferEngine.discard).
@@ -32,9 +32,9 @@ extension DownloadQueue {
             case .measureSpace(let id, let destination):
                 let folder = self.home.workFolder(for: destination)
                 let available = SpaceCheck.available(at: folder)
-                work += self.state.withLock { $0.machine.admit(id, available: available, path: folder.path) }
+                work += self.driven { $0.machine.admit(id, available: available, path: folder.path) }
             case .notify(let id):
-                if let download = self.state.withLock({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
+                if let download = self.driven({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
             case .settled(let transactionID):
                 if !settled.contains(transactionID) { settled.append(transactionID) }
             case .save:
@@ -48,7 +48,7 @@ extension DownloadQueue {
 
     /// Runs one download's action; returns the machine's actions when running it failed at once.
     private func perform(_ action: DownloadMachine.Action, for id: String) -> [QueueMachine.Action] {
-        guard let machine = self.state.withLock({ $0.machine.machine(id) }) else { return [] }
+        guard let machine = self.driven({ $0.machine.machine(id) }) else { return [] }
         let download = machine.download
         switch action {
         case .startTransfer(let token, let fromZero):
@@ -59,7 +59,7 @@ extension DownloadQueue {
                 for: download, url: download.url, refused: machine.credentialsRefused,
                 receipt: self.recordedAccess(download.transactionID)?.receipt)
             if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
-                self.state.withLock { $0.updateWork(id) { $0.delta = delta } }
+                self.driven { $0.updateWork(id) { $0.delta = delta } }
                 delta.start { [weak self] event in
                     guard let self else { return }
                     self.driver.async { self.handle(event) }
@@ -74,7 +74,7 @@ extension DownloadQueue {
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
             let transfer = TransferID(download: id, token: token)
-            if let delta = self.state.withLock({ $0.work[id]?.delta }), delta.request.id == transfer { delta.stop() }
+            if let delta = self.driven({ $0.work[id]?.delta }), delta.request.id == transfer { delta.stop() }
             self.engineBox.withLock { $0 }?.stop(transfer)
         case .scheduleRetry(let token, let delay):
             self.logger.info("retrying", metadata: ["download": "\(id)", "after": "\(delay)", "error": "\(download.error?.message ?? "")"])
@@ -84,7 +84,7 @@ extension DownloadQueue {
         case .install(let token):
             let flag = CancelFlag()
             // The install takes the streamed unpack and the delta's tree, and can be stopped through its flag.
-            let (streamed, built) = self.state.withLock { state in
+            let (streamed, built) = self.driven { state in
                 state.updateWork(id) { work in
                     defer { work = DownloadWork(install: flag) }
                     return (work.stream, work.delta)
@@ -106,16 +106,16 @@ extension DownloadQueue {
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 self.driver.async {
-                    self.state.withLock { $0.updateWork(id) { work in if work.install === flag { work.install = nil } } }
+                    self.driven { $0.updateWork(id) { work in if work.install === flag { work.install = nil } } }
                     self.change { $0.handle(id, .installFinished(token: token, result: result)) }
                 }
             }
         case .reloadManifest(let token):
             self.reloadManifest(for: download, token: token)
         case .stopInstall:
-            self.state.withLock { $0.work[id]?.install }?.cancel()
+            self.driven { $0.work[id]?.install }?.cancel()
         case .deleteFiles(let staging):
-            let (stream, delta) = self.state.withLock { state in
+            let (stream, delta) = self.driven { state in
                 state.updateWork(id) { work in
                     defer { (work.stream, work.delta) = (nil, nil) }
                     return (work.stream, work.delta)
@@ -152,7 +152,7 @@ extension DownloadQueue {
     /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.
     private func startStream(for download: Download, token: Int) -> StreamedUnpack? {
         let id = download.id
-        self.state.withLock { state in
+        self.driven { state in
             state.updateWork(id) { work in
                 defer { work.stream = nil }
                 return work.stream
@@ -172,7 +172,7 @@ extension DownloadQueue {
             guard let self else { return }
             self.driver.async { self.change { $0.handle(id, .streamProgress(token: token, bytes: bytes)) } }
         }
-        self.state.withLock { $0.updateWork(id) { $0.stream = stream } }
+        self.driven { $0.updateWork(id) { $0.stream = stream } }
         return stream
     }
 
@@ -273,7 +273,7 @@ extension DownloadQueue {
     /// Twice a second: requests from other processes, the watchdog, progress checkpoints, and every few
     /// seconds the space of downloads paused for it.
     func tick() {
-        let ticks = self.state.withLock { state -> Int in
+        let ticks = self.driven { state -> Int in
             state.ticks += 1
             return state.ticks
         }
@@ -301,7 +301,7 @@ extension DownloadQueue {
 
     /// Saves state changes soon: changes that arrive before then are saved in the same write.
     func scheduleSave() {
-        let schedule = self.state.withLock { state -> Bool in
+        let schedule = self.driven { state -> Bool in
             defer { state.saveScheduled = true }
             return !state.saveScheduled
         }
@@ -311,7 +311,7 @@ extension DownloadQueue {
     /// Writes changed downloads in one transaction. A store that cannot be written ends those downloads
     /// as failed, naming why: nothing runs on without its state being kept.
     func save(includingProgress: Bool) {
-        let changes = self.state.withLock { state in
+        let changes = self.driven { state in
             state.saveScheduled = false
             return state.machine.takeChanges(includingProgress: includingProgress)
         }
@@ -366,7 +366,7 @@ extension DownloadQueue {
     /// Unfinished transactions from the store, with the downloads this queue runs as they are now.
     func liveTransactions(ids: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
         let transactions = try self.store.transactions(unfinishedOnly: ids == nil, ids: ids)
-        return self.state.withLock { state in
+        return self.driven { state in
             transactions.map { transaction in
                 var transaction = transaction
                 transaction.downloads = transaction.downloads.map { state.machine.download($0.id) ?? $0 }
@@ -399,7 +399,7 @@ extension DownloadQueue {
         self.save(includingProgress: true)
         let now = Date()
         try self.store.finish(open.map(\.id), at: now)
-        self.state.withLock { state in
+        self.driven { state in
             for transaction in open { for download in transaction.downloads { state.machine.forget(download.id) } }
         }
         var finished: [Transaction] = []
@@ -417,7 +417,7 @@ extension DownloadQueue {
     func control(_ ids: [String], request: String, event: QueueMachine.Event) throws(PackDeliveryError) {
         try self.onDriver { () throws(PackDeliveryError) in
             for id in ids {
-                if self.state.withLock({ $0.machine.machine(id) != nil }) {
+                if self.driven({ $0.machine.machine(id) != nil }) {
                     self.change { $0.handle(id, event) }
                     continue
                 }
@@ -434,8 +434,8 @@ extension DownloadQueue {
                 self.change { $0.handle(id, event) }
             }
             self.save(includingProgress: false)
-            if self.state.withLock({ $0.closed }) {
-                let ids = self.state.withLock { Array($0.machine.entries.keys) }
+            if self.registry.withLock({ $0.closed }) {
+                let ids = self.driven { Array($0.machine.entries.keys) }
                 try self.store.release(ids, owner: self.owner)
             }
         }
@@ -443,7 +443,7 @@ extension DownloadQueue {
 
     func resumeOnDriver(_ ids: [String]?) throws(PackDeliveryError) -> [String] {
         if let ids {
-            for id in ids where self.state.withLock({ $0.machine.machine(id) == nil }) {
+            for id in ids where self.driven({ $0.machine.machine(id) == nil }) {
                 guard let record = try self.store.downloadRecord(id) else {
                     throw PackDeliveryError(
                         .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
@@ -456,13 +456,13 @@ extension DownloadQueue {
         }
         let targets =
             ids
-            ?? self.state.withLock { state in
+            ?? self.driven { state in
                 state.machine.entries.filter { $0.value.machine.download.pauseReason != .notStarted }.map(\.key)
             }
         var resumed: [String] = []
         for id in targets {
             self.change { $0.handle(id, .resume) }
-            if let state = self.state.withLock({ $0.machine.download(id)?.state }), state.isRunning { resumed.append(id) }
+            if let state = self.driven({ $0.machine.download(id)?.state }), state.isRunning { resumed.append(id) }
         }
         return resumed
     }

@@ -26,16 +26,16 @@ extension DownloadQueue {
             record.state.isRunning || record.phase != nil || (resumeInterrupted && record.pauseReason == .interrupted)
         }
         if resumeInterrupted {
-            for id in taken where self.state.withLock({ $0.machine.download(id)?.pauseReason == .interrupted }) {
+            for id in taken where self.driven({ $0.machine.download(id)?.pauseReason == .interrupted }) {
                 self.change { $0.handle(id, .resume) }
             }
         }
         self.save(includingProgress: false)
         if !resumeInterrupted {
             // Recorded as paused (interrupted); they wait for a resume, by this queue or another.
-            let ids = self.state.withLock { Array($0.machine.entries.keys) }
+            let ids = self.driven { Array($0.machine.entries.keys) }
             try self.store.release(ids, owner: self.owner)
-            self.state.withLock { state in for id in ids { state.machine.forget(id) } }
+            self.driven { state in for id in ids { state.machine.forget(id) } }
         }
     }
 

@@ -109,29 +109,31 @@ public final class DownloadQueue: Sendable {
     let logger: Logger
     let installer: Installer
     let owner: QueueOwner
-    /// Every state change runs here, one at a time and in order; the Mutex only guards reads from other threads.
+    /// Every state change runs here, one at a time and in order: the one serializer of ``DriverState``.
     let driver = DispatchQueue(label: "PackDelivery.DownloadQueue")
     /// Observers are called here, in order, so a slow observer never holds up the downloads.
     let delivery = DispatchQueue(label: "PackDelivery.DownloadQueue.delivery")
     /// Deletes leftovers (archives, old versions) off the critical path.
     let janitor = DispatchQueue(label: "PackDelivery.DownloadQueue.janitor", qos: .utility)
-    let state: Mutex<QueueState>
+    /// What only the driver changes: the machines, the work running, restores, saving. Its one serializer is
+    /// ``driver``; see ``driven(_:)``.
+    let driverState: DriverStateBox
+    /// Who is listening, and whether the queue is closed: registered from any thread, under this lock alone.
+    let registry = Mutex(Registry())
     let engineBox = Mutex<TransferEngine?>(nil)
     let timer: Mutex<DispatchSourceTimer?>
     static let driverKey = DispatchSpecificKey<Bool>()
     /// Set on ``delivery``: close() called from an observer's callback must not wait for that callback.
     static let deliveryKey = DispatchSpecificKey<Bool>()
 
-    struct QueueState: Sendable {
+    struct DriverState: Sendable {
         var machine: QueueMachine
-        var observers: [ObjectIdentifier: WeakObserver] = [:]
-        /// The relays of main-actor observers, by observer (each relay is itself an observer).
-        var relays: [ObjectIdentifier: any DownloadQueueObserver] = [:]
-        var continuations: [UUID: EventStream] = [:]
         /// Restores in progress: their downloads still running, until each settles.
         var restores: [UUID: RestoreBatch] = [:]
         /// The work running for each download (its install, the unpack that follows its transfer, its delta).
         var work: [String: DownloadWork] = [:]
+        var saveScheduled = false
+        var ticks = 0
 
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
         mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {
@@ -139,9 +141,23 @@ public final class DownloadQueue: Sendable {
             defer { self.work[id] = work.install == nil && work.stream == nil && work.delta == nil ? nil : work }
             return body(&work)
         }
-        var saveScheduled = false
+    }
+
+    /// Holds the ``DriverState``, which only code running on the driver queue touches.
+    final class DriverStateBox: @unchecked Sendable {
+        // @unchecked Sendable: `value` is read and written only inside `DownloadQueue.driven(_:)`, which runs its
+        // body on the driver queue (directly when already on it, as checked by its queue-specific key, otherwise
+        // through `driver.sync`). A serial queue runs one block at a time, so no two threads touch `value` at once.
+        var value: DriverState
+        init(_ value: DriverState) { self.value = value }
+    }
+
+    struct Registry: Sendable {
+        var observers: [ObjectIdentifier: WeakObserver] = [:]
+        /// The relays of main-actor observers, by observer (each relay is itself an observer).
+        var relays: [ObjectIdentifier: any DownloadQueueObserver] = [:]
+        var continuations: [UUID: EventStream] = [:]
         var closed = false
-        var ticks = 0
     }
 
     /// The work the driver started for one download and may have to stop: one value, so that everything that
@@ -182,7 +198,7 @@ public final class DownloadQueue: Sendable {
             home: home, store: store,
             limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
             writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
-        self.state = Mutex(QueueState(machine: QueueMachine(concurrency: configuration.concurrency)))
+        self.driverState = DriverStateBox(DriverState(machine: QueueMachine(concurrency: configuration.concurrency)))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)
         self.delivery.setSpecific(key: Self.deliveryKey, value: true)
@@ -220,7 +236,7 @@ public final class DownloadQueue: Sendable {
         self.timer.withLock { $0?.cancel() }
         self.engineBox.withLock { $0 }?.shutdown()
         QueueOwner.unregister(self.owner)
-        let continuations = self.state.withLock { $0.continuations.values }
+        let continuations = self.registry.withLock { $0.continuations.values }
         for stream in continuations { stream.continuation.finish() }
     }
 
@@ -462,7 +478,7 @@ public final class DownloadQueue: Sendable {
     /// Pauses running downloads (reason `interrupted`), saves their state, gives them up for other
     /// processes, and stops the transfer thread. Event streams end.
     public func close() {
-        let first = self.state.withLock { state in
+        let first = self.registry.withLock { state in
             defer { state.closed = true }
             return !state.closed
         }
@@ -472,7 +488,7 @@ public final class DownloadQueue: Sendable {
         self.engineBox.withLock { $0 }?.shutdown()
         self.runOnDriver {
             // Discarded, and waited for (briefly): a process that exits leaves no half-unpacked folder behind.
-            let work = self.state.withLock { state in
+            let work = self.driven { state in
                 defer { state.work = [:] }
                 return Array(state.work.values)
             }
@@ -482,7 +498,7 @@ public final class DownloadQueue: Sendable {
             // Stopped by the pause above; their threads end at the next block of bytes.
             for delta in work.compactMap(\.delta) { delta.stopAndWait() }
             self.save(includingProgress: true)
-            let ids = self.state.withLock { Array($0.machine.entries.keys) }
+            let ids = self.driven { Array($0.machine.entries.keys) }
             do { try self.store.release(ids, owner: self.owner) } catch {
                 self.logger.error("could not give up the downloads", metadata: ["error": "\(error)"])
             }
@@ -494,14 +510,14 @@ public final class DownloadQueue: Sendable {
         // Closed now rather than whenever the last reference goes: its WAL is folded back before the process exits.
         self.store.close()
         // Finished outside the lock: a stream's onTermination takes it too.
-        let continuations = self.state.withLock { $0.continuations.values }
+        let continuations = self.registry.withLock { $0.continuations.values }
         for stream in continuations { stream.continuation.finish() }
     }
 
     // MARK: Helpers
 
     func requireOpen() throws(PackDeliveryError) {
-        if self.state.withLock({ $0.closed }) {
+        if self.registry.withLock({ $0.closed }) {
             throw PackDeliveryError(
                 .queueClosed, message: "The download queue was closed.", hint: "Open a new DownloadQueue on the same home.")
         }
@@ -514,6 +530,13 @@ public final class DownloadQueue: Sendable {
             do throws(PackDeliveryError) { return .success(try body()) } catch { return .failure(error) }
         }
         return try result.get()
+    }
+
+    /// Reads or changes the driver's state, on the driver queue: at once when already on it, otherwise by waiting
+    /// for it. Every access to ``DriverState`` goes through here, so the driver queue is its one serializer.
+    func driven<T>(_ body: (inout DriverState) -> T) -> T {
+        if DispatchQueue.getSpecific(key: Self.driverKey) == true { return body(&self.driverState.value) }
+        return self.driver.sync { body(&self.driverState.value) }
     }
 
     func runOnDriver(_ body: () -> Void) {
