@@ -75,9 +75,7 @@ extension Packs {
                         products: products, from: loaded, kind: self.restore ? .restored : .purchased,
                         destination: self.to, autoFinish: !self.noFinish, force: self.force,
                         receipt: self.transfer.currentReceipt())
-                    return RunSession.Follow(
-                        downloads: transactions.flatMap(\.downloads),
-                        finishing: self.noFinish ? [] : Set(transactions.map(\.id)))
+                    return RunSession.Follow(transactions: transactions, finishing: !self.noFinish)
                 }
             }
             if code != 0 { throw ExitCode(code) }
@@ -347,7 +345,7 @@ extension Packs {
                     let session = RunSession(queue: queue, global: self.global)
                     let code = try await session.run { () throws(PackDeliveryError) in
                         let transactions = try queue.repair(productIDs: ids)
-                        return RunSession.Follow(downloads: transactions.flatMap(\.downloads), finishing: Set(transactions.map(\.id)))
+                        return RunSession.Follow(transactions: transactions)
                     }
                     if code != 0 { return code }
                     results = try queue.verify(productIDs: ids)

@@ -291,7 +291,7 @@ extension Packs {
                 let code = try await RunSession(queue: queue, global: self.global).run { () throws(PackDeliveryError) in
                     let transactions = try queue.add(
                         products: manifest.products.map(\.productIdentifier), from: loaded, autoFinish: true, force: true)
-                    return RunSession.Follow(downloads: transactions.flatMap(\.downloads), finishing: Set(transactions.map(\.id)))
+                    return RunSession.Follow(transactions: transactions)
                 }
                 if code == 0 && !self.global.quiet && !self.global.json {
                     printLine("\nContent landed in:")

@@ -62,6 +62,15 @@ import Testing
         #expect(leftovers(home).isEmpty, "no partial or staging left: \(leftovers(home).prefix(3))")
     }
 
+    /// A catalog's transactions are all recorded before an event stream is read, so the stream buffers an event for
+    /// each (`packs fetch --all` of 10,000 packs: 10,000). Each takes a pointer there, not the size of a download.
+    @Test func aBufferedEventTakesAPointerNotADownload() {
+        #expect(
+            MemoryLayout<DownloadQueueEvent>.stride <= 16,
+            "an event takes \(MemoryLayout<DownloadQueueEvent>.stride) bytes in a stream's buffer (a download: \(MemoryLayout<Download>.stride))"
+        )
+    }
+
     @Test func productsComeFromAFileOrStandardInput() throws {
         let site = try Self.catalog("catalog-from", count: 6)
         let nginx = try NginxServer(root: site)

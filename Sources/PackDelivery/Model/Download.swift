@@ -200,7 +200,10 @@ public struct InstalledContent: Sendable, Hashable, Codable {
 /// A change the queue reports, in order, to observers and to ``DownloadQueue/events()``.
 ///
 /// New cases may be added: a `switch` over events needs a `default`.
-public enum DownloadQueueEvent: Sendable, Hashable {
+///
+/// Indirect, so that an event takes a pointer, not the size of a ``Download``, in a stream's buffer: a catalog of
+/// 10,000 transactions, recorded before the stream is read, buffers an event for each.
+public indirect enum DownloadQueueEvent: Sendable, Hashable {
     /// A transaction was added, delivered again on launch, or finished.
     case transactionUpdated(Transaction)
     /// A download changed state, phase or progress.
