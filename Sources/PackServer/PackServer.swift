@@ -236,7 +236,7 @@ public enum PackServer {
         }
     }
 
-    /// What the connections need to answer plain file requests themselves (see ``FileFastPathHandler``).
+    /// What the connections need to answer plain file requests themselves (see ``ConnectionGuard``).
     private static func fastPath(_ configuration: PackServerConfiguration, logger: Logger) throws -> FileFastPath {
         let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
         return FileFastPath(
@@ -288,8 +288,9 @@ public enum PackServer {
             router: router,
             server: .http1(
                 configuration: HTTP1Channel.Configuration(
-                    additionalChannelHandlers: ConnectionPipeline.handlers(
-                        limits: limits, limiter: limiter, fastPath: fastPath, logger: connectionLogger)
+                    additionalChannelHandlers: [
+                        ConnectionGuard(limits: limits, limiter: limiter, logger: connectionLogger, fastPath: fastPath)
+                    ]
                 )
             ),
             configuration: ApplicationConfiguration(
