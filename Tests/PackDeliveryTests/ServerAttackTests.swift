@@ -352,7 +352,137 @@ struct ServerAttackTests {
         }
     }
 
+    // MARK: Connection handling: send timeout through the router, the connection limit, Connection: close
+
+    @Test("a client that stops reading a file sent through the router (a GET with a body) is closed after the send timeout")
+    func sendTimeoutThroughRouter() async throws {
+        let root = try Fixtures.temporaryDirectory("attack-send-router")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let size = 256 * 1024 * 1024
+        try Self.sparseFile(at: root.appendingPathComponent("big.bin"), size: size)
+        let server = try PackServeProcess(binary: CLI.binary, [root.path, "--send-timeout", "1"])
+        defer { server.stop() }
+        let port = server.port
+        let (status, count, closed) = try await onThread { () -> (String, Int, Bool) in
+            let connection = try RawConnection(port: port, timeout: 10)
+            // A body: not one the connection answers itself, so the router sends the file (sendfile from a task).
+            connection.send("GET /big.bin HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1\r\n\r\nx")
+            sleep(3)
+            // Far more than the socket buffers hold, far less than the file.
+            let (bytes, closed) = connection.readToEnd(limit: 32 * 1024 * 1024)
+            return (statusLine(bytes), bytes.count, closed)
+        }
+        #expect(status == "HTTP/1.1 200 OK")
+        #expect(closed, "the connection was not closed")
+        #expect(count < size, "the whole file arrived: the server waited for the stalled client")
+    }
+
+    @Test("at --max-connections a new client closes the connection idle longest, never a busy one; with none idle it is refused")
+    func connectionLimit() async throws {
+        let root = try packFolder("attack-limit")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let size = 64 * 1024 * 1024
+        try Self.sparseFile(at: root.appendingPathComponent("big.bin"), size: size)
+        let server = try PackServeProcess(binary: CLI.binary, [root.path, "--max-connections", "2"])
+        defer { server.stop() }
+        let port = server.port
+        let small = "GET /manifest.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        let large = "GET /big.bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        let outcome = try await onThread { () -> [String] in
+            var outcome: [String] = []
+            // Idle: answered, waiting for its next request.
+            let idle = try RawConnection(port: port, timeout: 5)
+            idle.send(small)
+            outcome.append("idle: \(Self.readResponse(idle).status)")
+            // Busy: its response waits for it to read.
+            let busy = try RawConnection(port: port, timeout: 5)
+            busy.send(large)
+            usleep(300_000)
+            let newcomer = try RawConnection(port: port, timeout: 5)
+            newcomer.send(small)
+            outcome.append("newcomer: \(Self.readResponse(newcomer).status)")
+            usleep(300_000)
+            outcome.append("idle closed: \(idle.isClosedByPeer)")
+            // The newcomer is idle now and the busy one still busy: the next client closes the newcomer.
+            let busyToo = try RawConnection(port: port, timeout: 5)
+            busyToo.send(large)
+            usleep(300_000)
+            outcome.append("newcomer closed: \(newcomer.isClosedByPeer)")
+            // Both busy: the next one is refused, closed without an answer.
+            let refused = try RawConnection(port: port, timeout: 5)
+            refused.send(small)
+            let (bytes, closed) = refused.readToEnd()
+            outcome.append("refused: \(bytes.count) bytes, closed: \(closed)")
+            // The busy ones were kept: they get all of their responses.
+            outcome.append("busy: \(Self.readResponse(busy).body)")
+            outcome.append("busyToo: \(Self.readResponse(busyToo).body)")
+            return outcome
+        }
+        #expect(
+            outcome == [
+                "idle: HTTP/1.1 200 OK", "newcomer: HTTP/1.1 200 OK", "idle closed: true", "newcomer closed: true",
+                "refused: 0 bytes, closed: true", "busy: \(size)", "busyToo: \(size)",
+            ], "\(server.log)")
+        #expect(server.isRunning)
+    }
+
+    @Test("Connection: close gets one answer, then the server closes; a request pipelined after it is not answered")
+    func connectionClose() async throws {
+        let root = try packFolder("attack-close")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let log = LogLines()
+        let server = try await PackServer.start(PackServerConfiguration(directory: root, port: 0), logger: log.logger())
+        let port = server.port
+        let (bytes, closed) = try await onThread { () -> ([UInt8], Bool) in
+            let connection = try RawConnection(port: port, timeout: 5)
+            connection.send(
+                "GET /manifest.json HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+                    + "GET /pack.bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            return connection.readToEnd()
+        }
+        // Give a second answer, if one were attempted, the time to be logged.
+        try await Task.sleep(for: .milliseconds(200))
+        await server.stop()
+        let requests = log.all.filter { $0.contains(" bytes") }
+        #expect(requests.count == 1 && requests.first?.contains("GET /manifest.json") == true, "\(requests)")
+        let text = String(decoding: bytes, as: UTF8.self)
+        #expect(statusLine(bytes) == "HTTP/1.1 200 OK")
+        #expect(header("Connection", in: bytes) == "close")
+        #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "more than one answer")
+        #expect(closed, "the server did not close the connection")
+    }
+
     // MARK: - Fixtures
+
+    /// A sparse file of `size` bytes (zeros that cost no disk).
+    static func sparseFile(at url: URL, size: Int) throws {
+        guard FileManager.default.createFile(atPath: url.path, contents: nil) else { throw FixtureError("cannot create \(url.path)") }
+        try FileHandle(forWritingTo: url).truncate(atOffset: UInt64(size))
+    }
+
+    /// Reads one response: its status line and how many body bytes arrived of its `Content-Length`
+    /// (reading stops there, at end-of-file or at the socket's timeout).
+    static func readResponse(_ connection: RawConnection) -> (status: String, body: Int) {
+        var head: [UInt8] = []
+        var body = 0
+        var length: Int?
+        var buffer = [UInt8](repeating: 0, count: 64 * 1024)
+        while length.map({ body < $0 }) ?? true {
+            let count = recv(connection.fd, &buffer, length.map { min(buffer.count, $0 - body) } ?? 1, 0)
+            if count < 0, errno == EINTR { continue }
+            if count <= 0 { break }
+            if length != nil {
+                body += count
+                continue
+            }
+            // The head one byte at a time, so that nothing of the body or the next response is taken.
+            head.append(buffer[0])
+            if head.count >= 4, head.suffix(4).elementsEqual("\r\n\r\n".utf8) {
+                length = Int(header("Content-Length", in: head) ?? "") ?? 0
+            }
+        }
+        return (statusLine(head), body)
+    }
 
     /// Makes OUTSIDE/d…/d…/…/secret.txt, more than 4096 bytes deep, and a short symbolic link
     /// halfway down pointing at it; returns the link's path (itself shorter than PATH_MAX).
