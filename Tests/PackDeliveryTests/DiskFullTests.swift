@@ -47,11 +47,12 @@ final class Tmpfs: Sendable {
     }
 }
 
+private let diskFullSkipped: Comment =
+    "mounting a tmpfs needs root; QueueTests and FaultTests cover the same logic with an injectable writer"
+
 /// Disk full on a real filesystem: paused with a reason, bytes kept, `status` still readable,
 /// resume fetching only what is missing, cancel freeing the space.
-@Suite(
-    .enabled(if: Tmpfs.available, "mounting a tmpfs needs root; QueueTests and FaultTests cover the same logic with an injectable writer"),
-    .timeLimit(.minutes(5)))
+@Suite(.timeLimit(.minutes(5)), .enabled(if: Tmpfs.available, diskFullSkipped))
 struct DiskFullTests {
     static func downloadID(_ home: URL) throws -> String {
         let status = try CLI.run(home: home, ["--json", "status"])

@@ -4,16 +4,14 @@ import PackTestSupport
 import Synchronization
 import Testing
 
+private let powerCutSkipped = Comment(
+    rawValue: "\(PowerCutDisk.unavailableReason ?? ""); the durable order is still exercised by every other install test")
+
 /// Power cuts: the home lives on an ext4 filesystem whose power is cut (EXT4_IOC_SHUTDOWN with
 /// NOLOGFLUSH, then unmount and mount), at moments from mid-download to just after `packs fetch` exits 0.
 /// After every cut the state store opens, and either the content is installed byte for byte with its
 /// transaction finished, or an open transaction remains that `packs resume` completes byte for byte.
-@Suite(
-    .serialized,
-    .enabled(
-        if: PowerCutDisk.unavailableReason == nil,
-        "\(PowerCutDisk.unavailableReason ?? ""); the durable order is still exercised by every other install test"),
-    .timeLimit(.minutes(5)))
+@Suite(.timeLimit(.minutes(5)), .serialized, .enabled(if: PowerCutDisk.unavailableReason == nil, powerCutSkipped))
 struct PowerCutTests {
     /// The two packs of the issue: one large file, and many small ones.
     enum Shape: String, CaseIterable, Sendable, CustomTestStringConvertible {
