@@ -467,7 +467,7 @@ struct DownloadMachine: Sendable, Hashable {
             self.stoppedTransfer = token
             stop = [.stopTransfer(token: token)]
         case .installing(_, .installing, _, _): return []
-        case .installing, .waitingToRetry: stop = self.installOutstanding ? [.stopInstall] : []
+        case .installing, .waitingToRetry: stop = self.stopOutstandingInstall
         case .paused(.insufficientStorage, _) where reason == .insufficientStorage || reason == .user: stop = []
         case .paused, .failed, .finished, .cancelled: return []
         }
@@ -499,7 +499,7 @@ struct DownloadMachine: Sendable, Hashable {
         switch self.stage {
         case .finished, .cancelled, .installing(_, .installing, _, _): return []
         case .transferring(let token, _): actions = [.stopTransfer(token: token)]
-        case .installing, .waitingToRetry: actions = self.installOutstanding ? [.stopInstall] : []
+        case .installing, .waitingToRetry: actions = self.stopOutstandingInstall
         case .waiting, .reloadingManifest, .paused, .failed: actions = []
         }
         // A running install owns the staging folder until it returns; it is removed then. The bytes of a transfer
@@ -524,14 +524,15 @@ struct DownloadMachine: Sendable, Hashable {
         case .paused, .failed, .finished, .cancelled: return []
         case .waiting, .reloadingManifest, .installing(_, .installing, _, _): stop = []
         case .transferring(let token, _): stop = [.stopTransfer(token: token)]
-        case .installing, .waitingToRetry(_, _, _, .verifying), .waitingToRetry(_, _, _, .unpacking):
-            stop = self.installOutstanding ? [.stopInstall] : []
-        case .waitingToRetry: stop = []
+        case .installing, .waitingToRetry: stop = self.stopOutstandingInstall
         }
         return stop + self.fail(error)
     }
 
     // MARK: Transitions
+
+    /// Stops the install still running for this download, if any (it owns the staging folder until it returns).
+    private var stopOutstandingInstall: [Action] { self.installOutstanding ? [.stopInstall] : [] }
 
     private mutating func transferFailed(_ failure: TransferFailure, bytes: Int64, jitter: Double, now: Date) -> [Action] {
         if failure.error.code == .insufficientStorage { return self.enterPaused(.insufficientStorage, error: failure.error) }

@@ -148,7 +148,7 @@ public final class DownloadQueue: Sendable {
         // @unchecked Sendable: `value` is read and written only inside `DownloadQueue.driven(_:)`, which runs its
         // body on the driver queue (directly when already on it, as checked by its queue-specific key, otherwise
         // through `driver.sync`). A serial queue runs one block at a time, so no two threads touch `value` at once.
-        var value: DriverState
+        fileprivate var value: DriverState
         init(_ value: DriverState) { self.value = value }
     }
 
