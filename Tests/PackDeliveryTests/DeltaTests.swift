@@ -409,6 +409,41 @@ import Testing
         #expect(leftovers(home) == [])
     }
 
+    /// A delta's ranges are ordinary transfers: a 503 with Retry-After on one is waited for as on a whole pack, and
+    /// the delta goes on where it was (it is not given up for the whole pack).
+    @Test func aRangeAnswered503WithRetryAfterIsWaitedForAndTheDeltaGoesOn() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-retry-after")
+        defer { server.stop() }
+        try Fixtures.randomFile(at: content.appending(path: "Contents/level1/deep/f0.bin"), size: 96 << 10)
+        try Self.publish(content, version: "2", site: site)
+        let started = Date()
+        let download = try await Self.fetch(
+            server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .status(503, times: 1, retryAfter: 2)))
+        let elapsed = Date().timeIntervalSince(started)
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.deltaFallback == nil && download.delta != nil, "still a delta: \(download.deltaFallback?.message ?? "")")
+        let requests = server.requests().filter { $0.file == "delta.zip" && $0.fault != .none }
+        #expect(requests.first?.status == 503, "\(requests)")
+        #expect(requests.dropFirst().allSatisfy { $0.range != nil && $0.status == 206 }, "only ranges after it: \(requests)")
+        // The queue's own backoff here is at most 1 s (maxRetryDelay): only the server's Retry-After makes it 2.
+        #expect(elapsed >= 1.9, "the server's Retry-After of 2 s was honoured: \(elapsed) s")
+        #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-retry-after-bsdtar")))
+    }
+
+    /// A server that answers a range with another range than the one asked for is not used for ranges: the whole pack
+    /// is fetched instead, and installs.
+    @Test func aServerThatAnswersAnotherRangeGetsTheWholePack() async throws {
+        let (site, server, home, content) = try await Self.installed("delta-wrong-range")
+        defer { server.stop() }
+        try Fixtures.randomFile(at: content.appending(path: "Contents/level1/deep/f0.bin"), size: 96 << 10)
+        try Self.publish(content, version: "2", site: site)
+        let download = try await Self.fetch(
+            server.url("manifest.json"), home: home, packURL: server.url("delta.zip", fault: .wrongRangeStart))
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.deltaFallback?.reason == .rangesNotSupported, "\(download.deltaFallback?.message ?? "no fallback")")
+        #expect(try treeContents(try #require(download.contentURL)) == (try Self.reference(site, "delta-wrong-range-bsdtar")))
+    }
+
     /// The pack changes on the server mid-delta (a new ETag): the entries kept are discarded and nothing of the two
     /// versions is mixed. The manifest in hand names the old pack, so the download ends failed, saying the pack
     /// does not match, and the installed version stays as it was (a fresh manifest is the store client's to load).

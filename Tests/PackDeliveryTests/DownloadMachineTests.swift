@@ -372,6 +372,35 @@ import Testing
             offset: offset, expectedLength: expected, url: self.url)
     }
 
+    /// A delta's range request (bytes 100..<200 of a 1000-byte pack, 20 of them kept): the same statuses, plus what
+    /// only a range can say — another range, another total, another validator.
+    @Test func aRangeRequestIsDecidedByTheSameRulesAndSaysWhatTheServerDid() {
+        func decide(_ status: Int, _ contentRange: String? = nil, validator: String? = "\"b\"", retryAfter: String? = nil)
+            -> ResponseDecision
+        {
+            ResponseDecision.decide(
+                status: status, headers: .init(contentRange: contentRange, retryAfter: retryAfter),
+                range: ByteRange(bytes: 100..<200, fileLength: 1000), offset: 20, validator: validator, expectedValidator: "\"b\"",
+                url: self.url)
+        }
+        func problem(_ decision: ResponseDecision) -> (TransferFailure.RangeProblem?, discard: Bool, failure: TransferFailure?) {
+            guard case .reject(let failure, let discard) = decision else { return (nil, false, nil) }
+            return (failure.rangeProblem, discard, failure)
+        }
+        #expect(decide(206, "bytes 120-199/1000") == .append)
+        #expect(decide(206, "bytes 120-199/1000", validator: nil) == .append, "no validator: nothing to compare")
+        #expect(problem(decide(206, "bytes 121-199/1000")).0 == .ignored, "another start")
+        #expect(problem(decide(206, "bytes 120-250/1000")).0 == .ignored, "more than was asked for")
+        #expect(problem(decide(206, "bytes 120-199/*")).0 == .ignored, "no total")
+        #expect(problem(decide(206, "bytes 120-199/1001")).0 == .fileChanged, "another length")
+        #expect(problem(decide(206, "bytes 120-199/1000", validator: "\"c\"")).0 == .fileChanged, "another ETag")
+        #expect(problem(decide(206, "bytes 120-199/1000", validator: "\"c\"")).discard, "the kept bytes are of another version")
+        #expect(problem(decide(200)).0 == .ignored && problem(decide(416, "bytes */1000")).0 == .ignored)
+        let busy = problem(decide(503, retryAfter: "7"))
+        #expect(busy.0 == nil && busy.failure?.retryable == true && busy.failure?.retryAfter == 7 && !busy.discard, "Retry-After")
+        #expect(problem(decide(401)).failure?.error.code == .unauthorized)
+    }
+
     @Test func a206MustStartWhereWeAsked() {
         #expect(self.decide(206, range: "bytes 100-999/1000", offset: 100, expected: 1000) == .append)
         guard case .reject(let failure, let discard) = self.decide(206, range: "bytes 0-999/1000", offset: 100, expected: 1000) else {

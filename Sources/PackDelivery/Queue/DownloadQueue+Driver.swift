@@ -133,7 +133,7 @@ extension DownloadQueue {
     /// A delta update for this download, when one may work: the manifest indexes the pack, another version of it
     /// is installed in the same destination, and no whole-pack bytes are kept. Nil means: fetch the whole pack.
     private func deltaTransfer(for download: Download, token: Int, options: TransferOptions) -> DeltaTransfer? {
-        guard self.configuration.deltaUpdates, let index = download.index else { return nil }
+        guard self.configuration.deltaUpdates, let index = download.index, let engine = self.engineBox.withLock({ $0 }) else { return nil }
         var info = stat()
         if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return nil }
         guard
@@ -146,7 +146,7 @@ extension DownloadQueue {
             DeltaTransfer.Request(
                 id: TransferID(download: download.id, token: token), download: download, index: index, install: install,
                 installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
-                writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries))
+                writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine))
     }
 
     /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.

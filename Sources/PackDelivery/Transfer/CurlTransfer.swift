@@ -23,7 +23,8 @@ final class CurlTransfer {
     private let resumedFrom: Int64
     private let fd: Int32
     private let follower: HashFollower
-    private let onEvent: @Sendable (TransferEvent) -> Void
+    /// Where this transfer's events go.
+    let onEvent: @Sendable (TransferEvent) -> Void
 
     /// Body bytes received but not yet written (at most `writeSize`), to be written at `offset`.
     private let pending: UnsafeMutableRawBufferPointer
@@ -92,12 +93,14 @@ final class CurlTransfer {
         }
         do {
             var extra: [String] = []
-            if offset > 0, !request.url.isFileURL, let validator = request.validator {
+            if offset > 0, request.range == nil, !request.url.isFileURL, let validator = request.validator {
                 extra.append("If-Range: \(validator)")
             }
             try self.easy.apply(request.options, extraHeaders: extra)
-            try self.easy.restrictProtocols(for: request.url, allowingFile: true)
-            if offset > 0 {
+            try self.easy.restrictProtocols(for: request.url, allowingFile: request.range == nil)
+            if let range = request.range {
+                try self.easy.set(CURLOPT_RANGE, string: "\(range.bytes.lowerBound + offset)-\(range.bytes.upperBound - 1)")
+            } else if offset > 0 {
                 try self.easy.set(CURLOPT_RANGE, string: "\(offset)-")
             }
             // A large buffer for throughput. Under a rate limit libcurl's default (16 KiB): measured here, with
@@ -170,9 +173,7 @@ final class CurlTransfer {
     private func receiveBody(_ bytes: UnsafeRawBufferPointer) -> Int {
         self.lastActivity = Date()
         if self.decision == nil {
-            let decision = ResponseDecision.decide(
-                status: self.request.url.isFileURL ? 0 : self.status, headers: .init(self.headers),
-                offset: self.offset, expectedLength: self.request.expectedLength, url: self.request.url.redacted)
+            let decision = self.decide(status: self.status)
             self.decision = decision
             if case .restartFromZero = decision, self.offset > 0 {
                 ftruncate(self.fd, 0)
@@ -318,6 +319,19 @@ final class CurlTransfer {
         }
     }
 
+    /// What to do with the response's body, by ``ResponseDecision``: for the whole file, or for a range of it.
+    private func decide(status: Int) -> ResponseDecision {
+        let (headers, url) = (ResponseDecision.Headers(self.headers), self.request.url.redacted)
+        guard let range = self.request.range else {
+            return ResponseDecision.decide(
+                status: self.request.url.isFileURL ? 0 : status, headers: headers, offset: self.offset,
+                expectedLength: self.request.expectedLength, url: url)
+        }
+        return ResponseDecision.decide(
+            status: status, headers: headers, range: range, offset: self.offset, validator: Self.validator(from: self.headers),
+            expectedValidator: self.request.validator, url: url)
+    }
+
     private func stalledOutcome() -> TransferOutcome {
         let url = self.request.url.redacted
         return .failed(
@@ -334,12 +348,7 @@ final class CurlTransfer {
         if let failure = self.writeFailure { return .failed(failure, bytesOnDisk: self.offset) }
         let url = self.request.url.redacted
         // A response with no body never reached the body callback: decide now.
-        let decision =
-            self.decision
-            ?? (curlCode == CURLE_OK || self.status >= 400
-                ? ResponseDecision.decide(
-                    status: self.request.url.isFileURL ? 0 : self.easy.responseCode, headers: .init(self.headers),
-                    offset: self.offset, expectedLength: self.request.expectedLength, url: url) : .append)
+        let decision = self.decision ?? (curlCode == CURLE_OK || self.status >= 400 ? self.decide(status: self.easy.responseCode) : .append)
         switch decision {
         case .reject(let failure, let discardPartial):
             if discardPartial {

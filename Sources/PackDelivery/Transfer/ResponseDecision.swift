@@ -107,6 +107,54 @@ enum ResponseDecision: Equatable, Sendable {
         }
     }
 
+    /// Decides for the response to a range request (a delta update's): `range.bytes`, of which the partial file
+    /// already holds the first `offset`, were asked for without If-Range.
+    /// - Parameters:
+    ///   - validator: the response's strong ETag or Last-Modified.
+    ///   - expectedValidator: the one the bytes kept so far came with, if any: another means the file changed.
+    static func decide(
+        status: Int, headers: Headers, range: ByteRange, offset: Int64, validator: String?, expectedValidator: String?, url: String,
+        now: Date = Date()
+    ) -> ResponseDecision {
+        switch status {
+        case 206:
+            // A server that answers another range than the one asked for does not serve ranges that can be used.
+            var unexpected = Self.unexpectedRange(headers.contentRange, offset: range.bytes.lowerBound + offset, url: url)
+            unexpected.rangeProblem = .ignored
+            guard let given = ContentRange(headers.contentRange), let total = given.total else {
+                return .reject(unexpected, discardPartial: true)
+            }
+            if total != range.fileLength {
+                // Another length: another version of the file, whatever its validator says.
+                var failure = Self.lengthMismatch(serverLength: total, expectedLength: range.fileLength, url: url)
+                failure.rangeProblem = .fileChanged
+                return .reject(failure, discardPartial: true)
+            }
+            guard given.start == range.bytes.lowerBound + offset, given.end < range.bytes.upperBound else {
+                return .reject(unexpected, discardPartial: true)
+            }
+            if let expectedValidator, let validator, validator != expectedValidator {
+                return .reject(
+                    TransferFailure(
+                        error: PackDeliveryError(
+                            .networkFailure, message: "The file \(url) changed on the server (its ETag or Last-Modified changed).",
+                            hint: "The bytes kept from it are discarded; it is read again from the start.", subject: url),
+                        retryable: true, countsAlways: true, rangeProblem: .fileChanged), discardPartial: true)
+            }
+            return .append
+        case 200, 416:
+            return .reject(
+                TransferFailure(
+                    error: PackDeliveryError(
+                        .httpStatus, message: "The server answered \(status) to a range request for \(url): it does not serve ranges.",
+                        subject: url, underlying: .init(.http, status), httpStatus: status),
+                    retryable: false, rangeProblem: .ignored), discardPartial: false)
+        default:
+            // Everything else means the same for a range as for the whole file.
+            return Self.decide(status: status, headers: headers, offset: offset, expectedLength: range.fileLength, url: url, now: now)
+        }
+    }
+
     /// The server's file is not as long as the manifest says: tried again (the server may be mid-deployment),
     /// but every attempt counts.
     static func lengthMismatch(serverLength: Int64, expectedLength: Int64, url: String) -> TransferFailure {

@@ -19,12 +19,14 @@ final class TransferEngine: Sendable {
     private let multi: MultiHandle
     private let finished = Mutex<Bool>(false)
     private let done = DispatchSemaphore(value: 0)
+    private let onEvent: @Sendable (TransferEvent) -> Void
 
     /// - Parameter onEvent: called on the transfer thread for every progress step and outcome.
     init(logger: Logger, onEvent: @escaping @Sendable (TransferEvent) -> Void) {
         Curl.globalInit()
         guard let pointer = curl_multi_init() else { fatalError("curl_multi_init failed: out of memory") }
         self.multi = MultiHandle(pointer: pointer)
+        self.onEvent = onEvent
         let multi = self.multi
         // The thread holds the engine until shutdown() ends its loop.
         let thread = Thread { [self] in
@@ -42,8 +44,18 @@ final class TransferEngine: Sendable {
         thread.start()
     }
 
-    /// Starts a transfer; its outcome arrives as a `.finished` event.
-    func start(_ request: TransferRequest) { self.post(.start(request)) }
+    /// Starts a transfer; its outcome arrives as a `.finished` event (at once, `.stopped`, once the engine is shut down).
+    func start(_ request: TransferRequest) {
+        let open = self.finished.withLock { finished in
+            if !finished { self.inbox.withLock { $0.append(.start(request)) } }
+            return !finished
+        }
+        guard open else {
+            (request.report ?? self.onEvent)(.finished(id: request.id, outcome: .stopped(bytesOnDisk: 0)))
+            return
+        }
+        curl_multi_wakeup(self.multi.pointer)
+    }
 
     /// Stops a transfer, keeping its file; reports `.stopped` when it was running.
     func stop(_ id: TransferID) { self.post(.stop(id)) }
@@ -99,7 +111,7 @@ private final class TransferLoop {
                     if let (easy, transfer) = self.transfers.first(where: { $0.value.request.id == id }) {
                         self.remove(easy)
                         transfer.stop()
-                        self.onEvent(.finished(id: id, outcome: .stopped(bytesOnDisk: transfer.offset)))
+                        transfer.onEvent(.finished(id: id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
                 case .discard(let file):
                     unlink(file.path)
@@ -107,7 +119,7 @@ private final class TransferLoop {
                     for (easy, transfer) in self.transfers {
                         self.remove(easy)
                         transfer.stop()
-                        self.onEvent(.finished(id: transfer.request.id, outcome: .stopped(bytesOnDisk: transfer.offset)))
+                        transfer.onEvent(.finished(id: transfer.request.id, outcome: .stopped(bytesOnDisk: transfer.offset)))
                     }
                     return
                 }
@@ -136,7 +148,7 @@ private final class TransferLoop {
     }
 
     private func complete(_ transfer: CurlTransfer, curlCode: CURLcode, stalled: Bool) {
-        let (id, logger, onEvent) = (transfer.request.id, self.logger, self.onEvent)
+        let (id, logger, onEvent) = (transfer.request.id, self.logger, transfer.onEvent)
         transfer.complete(curlCode: curlCode, stalled: stalled) { outcome in
             logger.debug("transfer ended", metadata: ["download": "\(id)", "outcome": "\(outcome)"])
             onEvent(.finished(id: id, outcome: outcome))
@@ -144,8 +156,9 @@ private final class TransferLoop {
     }
 
     private func start(_ request: TransferRequest) {
+        let onEvent = request.report ?? self.onEvent
         do {
-            let transfer = try CurlTransfer(request: request, onEvent: self.onEvent)
+            let transfer = try CurlTransfer(request: request, onEvent: onEvent)
             let easy = transfer.easy.handle
             self.transfers[easy] = transfer
             let code = curl_multi_add_handle(self.multi, easy)
@@ -157,7 +170,7 @@ private final class TransferLoop {
                     message:
                         "libcurl could not start the transfer of \(request.url.redacted): \(String(cString: curl_multi_strerror(code))).",
                     subject: request.url.redacted, underlying: .init(.curl, Int(code.rawValue)))
-                self.onEvent(
+                onEvent(
                     .finished(
                         id: request.id,
                         outcome: .failed(TransferFailure(error: error, retryable: true, countsAlways: true), bytesOnDisk: transfer.offset)))
@@ -171,7 +184,7 @@ private final class TransferLoop {
             request.stream?.discard()
             // A local failure (no descriptor left, a file that cannot be opened) may pass: retried, then failed naming it.
             let failure = TransferFailure(error: error, retryable: error.kind == .io, countsAlways: true)
-            self.onEvent(.finished(id: request.id, outcome: .failed(failure, bytesOnDisk: 0)))
+            onEvent(.finished(id: request.id, outcome: .failed(failure, bytesOnDisk: 0)))
         }
     }
 

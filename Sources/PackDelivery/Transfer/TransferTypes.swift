@@ -103,7 +103,17 @@ public typealias CredentialProvider = @Sendable (CredentialRequest) -> [String]
 struct TransferID: Sendable, Hashable, CustomStringConvertible {
     var download: String
     var token: Int
-    var description: String { "\(self.download)#\(self.token)" }
+    /// Which request of the attempt: 0 for the whole pack, 1, 2, … for the ranges a delta update fetches.
+    var part = 0
+    var description: String { self.part == 0 ? "\(self.download)#\(self.token)" : "\(self.download)#\(self.token).\(self.part)" }
+}
+
+/// Some bytes of a file on the server: what a range request asks for.
+struct ByteRange: Sendable, Hashable {
+    /// The bytes wanted; the partial file holds them from its first byte.
+    var bytes: Range<Int64>
+    /// The length of the whole file on the server (the manifest's `contentLength`), which its Content-Range must give.
+    var fileLength: Int64
 }
 
 /// One HTTP (or file) transfer into a partial file, resuming from what the file already holds.
@@ -120,6 +130,11 @@ struct TransferRequest: Sendable {
     var writer: any FileWriting
     /// Unpacks the pack while it downloads; told how far the file is written.
     var stream: StreamedUnpack? = nil
+    /// Only these bytes of the file on the server (a delta update's range), with `expectedLength` their count. The
+    /// validator is then not sent as If-Range but compared with the response's: a range never mixes two versions.
+    var range: ByteRange? = nil
+    /// Where this transfer's events go; the engine's own handler when nil.
+    var report: (@Sendable (TransferEvent) -> Void)? = nil
 }
 
 /// Why a transfer attempt ended without the whole pack.
@@ -131,7 +146,18 @@ struct TransferFailure: Sendable, Hashable {
     var retryAfter: TimeInterval? = nil
     /// Counts against the retry limit even when bytes were kept (a stall, a server too slow, a length that disagrees with the manifest).
     var countsAlways = false
+    /// What a range request learned about the server, beyond the error.
+    var rangeProblem: RangeProblem? = nil
+
+    enum RangeProblem: Sendable, Hashable {
+        /// The server answered a range request with the whole file (200) or refused it (416).
+        case ignored
+        /// The file's ETag or Last-Modified is not the one the kept bytes came with: it changed on the server.
+        case fileChanged
+    }
 }
+
+extension TransferFailure: Error {}
 
 /// How a transfer attempt ended.
 enum TransferOutcome: Sendable, Hashable {
