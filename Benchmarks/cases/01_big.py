@@ -41,7 +41,7 @@ def run(b):
         ("aria2c+bsdtar", lambda w: (
             f"aria2c -q --checksum=sha-256={sha} -d {w} -o big.tar {url} && "
             f"mkdir {w}/out && bsdtar -xf {w}/big.tar -C {w}/out")),
-        # packs makes the install durable (issue 12): the same pipeline, then syncfs of the filesystem,
+        # packs makes the install durable: the same pipeline, then syncfs of the filesystem,
         # which writes what packs writes (the archive and the content).
         ("curl+openssl+bsdtar+sync", lambda w: (
             f"curl -s -f -o {w}/big.tar {url} && "

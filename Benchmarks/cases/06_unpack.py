@@ -37,7 +37,7 @@ def run(b):
         return [
             ("packs fetch file://", lambda w: b.packs_cmd(f"{where(w)}/home", "fetch", manifest, "com.bench.unpack")),
             ("bsdtar -xf", lambda w: f"mkdir -p {where(w)}/out && bsdtar -xf {archive} -C {where(w)}/out"),
-            # The same, made durable: packs syncs what it installs (issue 12); bsdtar does not.
+            # The same, made durable: packs syncs what it installs; bsdtar does not.
             ("bsdtar -xf && sync", lambda w: f"mkdir -p {where(w)}/out && bsdtar -xf {archive} -C {where(w)}/out && sync"),
             ("curl file:// → /dev/null", lambda w: ["curl", "-s", "-o", "/dev/null", "file://" + archive]),
             ("packs fetch 1-file pack", lambda w: b.packs_cmd(f"{where(w)}/home", "fetch", tiny_manifest, "com.bench.tiny")),

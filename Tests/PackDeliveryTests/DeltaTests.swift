@@ -409,6 +409,43 @@ import Testing
         #expect(leftovers(home) == [])
     }
 
+    /// A repair of a pack with an index is a delta from the installed version to itself: only the entries of the
+    /// damaged files are fetched, even for damage that leaves a file's size and time as installed.
+    @Test func aRepairFetchesOnlyTheEntriesOfTheDamagedFiles() async throws {
+        let (_, server, home, _) = try await Self.installed("delta-repair")
+        defer { server.stop() }
+        let installed = home.appending(path: "Caches/\(Self.product)")
+        let reference = try treeContents(installed)
+        // One byte of big.bin flipped, its size and modification time kept; one file deleted.
+        let big = installed.appending(path: "Contents/big.bin").path
+        var info = stat()
+        #expect(stat(big, &info) == 0)
+        let fd = open(big, O_RDWR)
+        var byte: UInt8 = 0
+        #expect(pread(fd, &byte, 1, 300_000) == 1)
+        byte ^= 0x01
+        #expect(pwrite(fd, &byte, 1, 300_000) == 1)
+        close(fd)
+        var times = [info.st_atim, info.st_mtim]
+        #expect(utimensat(AT_FDCWD, big, &times, 0) == 0)
+        try FileManager.default.removeItem(at: installed.appending(path: "Contents/level2/f5.bin"))
+
+        let queue = try DownloadQueue(
+            home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
+        defer { queue.close() }
+        #expect(try queue.verify().contains { !$0.isIntact }, "verify sees the damage")
+        let before = server.bodyBytesSent("delta.zip")
+        let transactions = try queue.repair()
+        let id = try #require(transactions.first?.downloads.first?.id, "a download repairs the pack")
+        let done = try #require(await waitFor(queue, id) { $0.state.isSettled }, "the repair settles")
+        #expect(done.state == .finished, "\(done.error?.description ?? "")")
+        #expect(done.delta != nil && done.deltaFallback == nil, "by entries: \(done.deltaFallback?.message ?? "")")
+        let served = server.bodyBytesSent("delta.zip") - before
+        #expect(served < (1 << 20) + (96 << 10) + (256 << 10), "big.bin and f5.bin, with the directory: \(served) bytes")
+        #expect(try treeContents(installed) == reference, "the installed tree is whole again")
+        #expect(try queue.verify().allSatisfy(\.isIntact))
+    }
+
     /// A delta's ranges are ordinary transfers: a 503 with Retry-After on one is waited for as on a whole pack, and
     /// the delta goes on where it was (it is not given up for the whole pack).
     @Test func aRangeAnswered503WithRetryAfterIsWaitedForAndTheDeltaGoesOn() async throws {

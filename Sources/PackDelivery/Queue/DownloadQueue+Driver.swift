@@ -130,8 +130,9 @@ extension DownloadQueue {
         return []
     }
 
-    /// A delta update for this download, when one may work: the manifest indexes the pack, another version of it
-    /// is installed in the same destination, and no whole-pack bytes are kept. Nil means: fetch the whole pack.
+    /// A delta update for this download, when one may work: the manifest indexes the pack, a version of it is
+    /// installed in the same destination (another version, or this one damaged: a repair), and no whole-pack bytes
+    /// are kept. Nil means: fetch the whole pack.
     private func deltaTransfer(for download: Download, token: Int, options: TransferOptions) -> DeltaTransfer? {
         guard self.configuration.deltaUpdates, let index = download.index, let engine = self.engineBox.withLock({ $0 }) else { return nil }
         var info = stat()
@@ -139,7 +140,6 @@ extension DownloadQueue {
         guard
             let install = try? self.store.installs(contentIdentifier: download.contentIdentifier)
                 .first(where: { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }),
-            install.contentVersion != download.contentVersion,
             let files = try? self.store.files(of: install)
         else { return nil }
         return DeltaTransfer(

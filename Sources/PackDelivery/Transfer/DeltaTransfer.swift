@@ -255,7 +255,15 @@ private final class DeltaRun {
         guard self.request.install.fileCount >= 0 else {
             throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files")
         }
-        let damaged = DownloadQueue.damagedFiles(self.request.install, files: self.request.installedFiles, modifiedSinceInstall: true)
+        var installed = self.request.installedFiles
+        var damaged = DownloadQueue.damagedFiles(self.request.install, files: installed, modifiedSinceInstall: true)
+        if self.request.install.contentVersion == download.contentVersion {
+            // A repair: damaged files are what it fetches, not a reason to fetch everything. The damage may not show
+            // in a file's size or time, so every other file is hashed, as verify does.
+            let broken = Set(damaged + (try self.changedContent(excluding: Set(damaged))))
+            installed.removeAll { broken.contains($0.path) }
+            damaged = []
+        }
         // The manifest's length is between 0 and 2^50 (checked when it was read); the fetch stops one byte past it.
         guard self.request.index.length <= PackIndex.maxBytes else {
             throw DeltaRefusal(
@@ -280,8 +288,21 @@ private final class DeltaRun {
         self.index = index
         return try DeltaPlan.make(
             index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength,
-            installed: self.request.installedFiles, damaged: damaged
+            installed: installed, damaged: damaged
         ).get()
+    }
+
+    /// The installed files (not in `excluding`) whose SHA-256 is no longer the one recorded at install.
+    private func changedContent(excluding: Set<String>) throws -> [String] {
+        let root = URL(filePath: self.request.install.contentURL)
+        var changed: [String] = []
+        for file in self.request.installedFiles where file.kind == .file && !excluding.contains(file.path) {
+            if self.stopped { throw Stop() }
+            if (try? SHA256Hasher.hexDigest(ofFile: root.appending(path: file.path))) != file.sha256.lowercased() {
+                changed.append(file.path)
+            }
+        }
+        return changed
     }
 
     /// Keeps the entries of an earlier attempt only when they came from the same index (the same new version).
