@@ -238,6 +238,30 @@ import Testing
         } catch {
             #expect(error.code == .queueClosed)
         }
+        // Every other call says the same, by its code (it said `database`, "Connection is closed", before).
+        let queue = shop.queue
+        let calls: [(String, () throws(PackDeliveryError) -> Void)] = [
+            ("transactions", { () throws(PackDeliveryError) in _ = try queue.transactions() }),
+            ("pause", { () throws(PackDeliveryError) in try queue.pause(["d-x"]) }),
+            ("cancel", { () throws(PackDeliveryError) in try queue.cancel(["d-x"]) }),
+            ("resume", { () throws(PackDeliveryError) in _ = try queue.resume() }),
+            ("finish", { () throws(PackDeliveryError) in try queue.finish("t-x") }),
+            ("installedContent", { () throws(PackDeliveryError) in _ = try queue.installedContent() }),
+            ("verify", { () throws(PackDeliveryError) in _ = try queue.verify() }),
+            ("repair", { () throws(PackDeliveryError) in _ = try queue.repair() }),
+            ("deleteContent", { () throws(PackDeliveryError) in _ = try queue.deleteContent(forProductID: "com.example.forest") }),
+            ("setReceipt", { () throws(PackDeliveryError) in _ = try queue.setReceipt("r", forTransactions: ["t-x"]) }),
+            ("trustedPublishers", { () throws(PackDeliveryError) in _ = try queue.trustedPublishers() }),
+        ]
+        for (name, call) in calls {
+            do throws(PackDeliveryError) {
+                try call()
+                Issue.record("\(name) after close must throw")
+            } catch {
+                #expect(error.code == .queueClosed, "\(name): \(error.code) \(error.message)")
+            }
+        }
+        #expect(queue.contentURL(forProductID: "com.example.forest") == nil, "documented: nil after close")
         #expect(try CLI.run(home: shop.home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "nothing was recorded")
         // A stream asked for after close never finished.
         var count = 0

@@ -415,6 +415,7 @@ extension DownloadQueue {
     /// Pause or cancel (`event`) downloads: those this queue runs at once; others are taken over when no
     /// live process runs them, or asked of the process that does (through the store).
     func control(_ ids: [String], request: String, event: QueueMachine.Event) throws(PackDeliveryError) {
+        try self.requireOpen()
         try self.onDriver { () throws(PackDeliveryError) in
             for id in ids {
                 if self.driven({ $0.machine.machine(id) != nil }) {

@@ -176,6 +176,7 @@ extension DownloadQueue {
     /// - Returns: one result per installed pack.
     /// - Throws: a database error when the store cannot be read.
     public func verify(productIDs: [String]? = nil) throws(PackDeliveryError) -> [VerifyResult] {
+        try self.requireOpen()
         var installs = try self.store.installs()
         if let productIDs {
             let wanted = Set(productIDs)

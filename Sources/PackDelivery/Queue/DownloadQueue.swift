@@ -362,7 +362,8 @@ public final class DownloadQueue: Sendable {
     /// - Returns: unfinished transactions, oldest first.
     /// - Throws: a database error when the store cannot be read.
     public func transactions() throws(PackDeliveryError) -> [Transaction] {
-        try self.onDriver { () throws(PackDeliveryError) in try self.liveTransactions() }
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) in try self.liveTransactions() }
     }
 
     /// Finishes a transaction whose downloads are all finished or cancelled.
@@ -383,7 +384,8 @@ public final class DownloadQueue: Sendable {
     /// - Throws: as ``finish(_:)``, for the first that cannot finish; then none is finished.
     @discardableResult
     public func finish(_ transactionIDs: [String]) throws(PackDeliveryError) -> [Transaction] {
-        try self.onDriver { () throws(PackDeliveryError) in try self.finishOnDriver(transactionIDs) }
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) in try self.finishOnDriver(transactionIDs) }
     }
 
     // MARK: Controlling downloads
@@ -440,16 +442,17 @@ public final class DownloadQueue: Sendable {
     ///
     /// - Parameter productIdentifier: a product, or nil for everything installed.
     /// - Returns: one entry per installed pack, oldest first; empty when nothing is installed.
-    /// - Throws: a database error when the store cannot be read.
+    /// - Throws: a database error when the store cannot be read; `queueClosed` after ``close()``.
     public func installedContent(forProductID productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstalledContent] {
-        try self.store.installs(productIdentifier: productIdentifier).map(\.content)
+        try self.requireOpen()
+        return try self.store.installs(productIdentifier: productIdentifier).map(\.content)
     }
 
     /// The folder holding a product's installed content, or nil. Unlike StoreKit's, it outlives the transaction.
     ///
     /// - Parameter productIdentifier: the product.
     /// - Returns: the folder of its most recently installed pack (see ``installedContent(forProductID:)`` for all
-    ///   the packs of a product with several).
+    ///   the packs of a product with several). Nil after ``close()``: open a new queue to ask.
     public func contentURL(forProductID productIdentifier: String) -> URL? {
         (try? self.installedContent(forProductID: productIdentifier))?.max { $0.installedAt < $1.installedAt }?.contentURL
     }
@@ -461,6 +464,7 @@ public final class DownloadQueue: Sendable {
     /// - Throws: a database error when the store cannot be written.
     @discardableResult
     public func deleteContent(forProductID productIdentifier: String) throws(PackDeliveryError) -> Int {
+        try self.requireOpen()
         let records = try self.store.installs(productIdentifier: productIdentifier)
         for record in records {
             // Move aside first so the folder disappears in one step, then delete.

@@ -1,5 +1,6 @@
 import Foundation
 import GRDB
+import Synchronization
 
 /// The persistent record: transactions, downloads and installed content, in SQLite (WAL) through GRDB.
 ///
@@ -13,6 +14,8 @@ import GRDB
 /// `synchronous = FULL`: SQLite syncs the WAL before the commit returns, and with it every earlier commit.
 final class Store: Sendable {
     let pool: DatabasePool
+    /// Set by ``close()``: every later read or write throws `queueClosed` (the store closes with its queue).
+    private let closed = Atomic<Bool>(false)
     /// Space set aside beside the database (`state.reserve`), given back when the disk is full so that
     /// the state change that reports it (paused, insufficientStorage) can still be written.
     let reserveURL: URL
@@ -55,6 +58,7 @@ final class Store: Sendable {
 
     /// Closes the database: the WAL is checkpointed and removed when no other process has it open. Later calls fail.
     func close() {
+        self.closed.store(true, ordering: .sequentiallyConsistent)
         // Readers first: GRDB closes the writer first, and the writer folds the WAL back and deletes it only when
         // no other connection holds the file (GRDB issue #739). releaseMemory closes every reader connection.
         self.pool.releaseMemory()
@@ -212,7 +216,16 @@ final class Store: Sendable {
         return migrator
     }
 
+    /// Throws `queueClosed` once the store was closed, rather than the database's "connection is closed".
+    func requireOpen() throws(PackDeliveryError) {
+        if self.closed.load(ordering: .sequentiallyConsistent) {
+            throw PackDeliveryError(
+                .queueClosed, message: "The download queue was closed.", hint: "Open a new DownloadQueue on the same home.")
+        }
+    }
+
     func read<T>(_ body: (Database) throws -> T) throws(PackDeliveryError) -> T {
+        try self.requireOpen()
         do { return try self.pool.read(body) } catch { throw Self.map(error, self.pool.path) }
     }
 
@@ -222,6 +235,7 @@ final class Store: Sendable {
     ///   - durable: sync the WAL before returning (`synchronous = FULL` for this commit), for commits that report something as done.
     ///   - body: the changes.
     func write<T>(durable: Bool = false, _ body: (Database) throws -> T) throws(PackDeliveryError) -> T {
+        try self.requireOpen()
         func attempt() throws -> T {
             guard durable else { return try self.pool.write(body) }
             return try self.pool.writeWithoutTransaction { db in
