@@ -171,7 +171,9 @@ extension Packs {
                 let unpacked = try PackWriter.write(
                     folder: URL(filePath: self.folder).absoluteURL, to: output,
                     format: PackFormat(fileName: self.output)!, contentInfo: info)
-                printLine("wrote \(output.path) (\(unpacked) bytes of content)")
+                printLine(
+                    "wrote \(output.path) (\(unpacked) bytes of content) and its index \(PackWriter.indexURL(for: output).lastPathComponent)"
+                )
             }
         }
     }
@@ -238,7 +240,8 @@ extension Packs {
                 let expiry = self.expires.flatMap(Self.seconds).map { Date().addingTimeInterval($0) }
                 let manifest = try ManifestBuilder.write(
                     folder: URL(filePath: self.directory).absoluteURL, signing: key,
-                    version: self.manifestVersion, expires: expiry, scope: self.scope)
+                    version: self.manifestVersion, expires: expiry, scope: self.scope,
+                    note: { printError("packs: note: \($0)") })
                 let count = manifest.products.reduce(0) { $0 + $1.contents.count }
                 printLine(
                     "wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs"

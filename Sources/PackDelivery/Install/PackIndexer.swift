@@ -66,6 +66,8 @@ enum PackIndexer {
             let path = PackInspector.normalized(
                 (archive_entry_pathname_utf8(entry) ?? archive_entry_pathname(entry)).map { String(cString: $0) } ?? "")
             let mode = Int(archive_entry_mode(entry)) & 0xFFFF
+            // The folder the pack was made from (`./`) is not an entry of the index.
+            if path.isEmpty || path == "." { continue }
             switch UInt32(archive_entry_filetype(entry)) & 0o170000 {
             case 0o040000:
                 entries.append(.init(path: path, kind: .directory, size: 0, sha256: nil, method: 0, offset: 0, length: 0, mode: mode))

@@ -335,8 +335,8 @@ extension PackIndex {
             case .symlink: 0o120000
             }
         if type != wanted { return "a mode of 0o\(String(mode, radix: 8)), which is not a \(entry.kind.rawValue)'s" }
-        if let sha256 = entry.path.split(separator: "/", omittingEmptySubsequences: false).first(where: { $0.isEmpty || $0 == "." }) {
-            return "a path with an empty or `\(sha256)` part"
+        if entry.path.split(separator: "/", omittingEmptySubsequences: false).contains(where: { $0.isEmpty || $0 == "." }) {
+            return "a path with an empty or `.` part"
         }
         if index.container == .zip, entry.offset + entry.length > packLength {
             return "a range (bytes \(entry.offset)+\(entry.length)) that ends after the pack's \(packLength) bytes"
