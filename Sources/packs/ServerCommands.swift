@@ -156,9 +156,19 @@ extension Packs {
         @Option(help: "The pack file to write.") var output: String
         @Option(help: "Product identifier for ContentInfo.plist.") var product: String?
         @Option(help: "Content version for ContentInfo.plist.") var version: String?
+        @Option(
+            help: ArgumentHelp(
+                "The average chunk size in KiB, a power of two from 1 to 16384 (chunks run from a quarter of it to four times it).",
+                valueName: "KiB"))
+        var chunkAverage: Int = 64
+
+        var chunker: Chunker? {
+            Chunker(minimum: self.chunkAverage << 8, average: self.chunkAverage << 10, maximum: min(64 << 20, self.chunkAverage << 12))
+        }
 
         func validate() throws {
             if (self.product == nil) != (self.version == nil) { throw ValidationError("Give --product and --version together.") }
+            if self.chunker == nil { throw ValidationError("--chunk-average takes a power of two from 1 to 16384 (KiB).") }
             if PackFormat(fileName: self.output) == nil {
                 throw ValidationError("Cannot tell the format of '\(self.output)': use .zip, .tar, .tar.gz, .tar.bz2, .tar.xz or .tar.zst.")
             }
@@ -170,7 +180,7 @@ extension Packs {
                 let info = self.product.flatMap { product in self.version.map { (productIdentifier: product, contentVersion: $0) } }
                 let unpacked = try PackWriter.write(
                     folder: URL(filePath: self.folder).absoluteURL, to: output,
-                    format: PackFormat(fileName: self.output)!, contentInfo: info)
+                    format: PackFormat(fileName: self.output)!, contentInfo: info, chunker: self.chunker ?? .standard)
                 printLine(
                     "wrote \(output.path) (\(unpacked) bytes of content) and its index \(PackWriter.indexURL(for: output).lastPathComponent)"
                 )
