@@ -46,6 +46,12 @@ let package = Package(
             pkgConfig: "libarchive",
             providers: [.apt(["libarchive-dev"])]
         ),
+        // libzstd and zlib from Debian: a chunked pack's zstd frames, gzip members and seek table.
+        .systemLibrary(
+            name: "CCompression",
+            pkgConfig: "libzstd",
+            providers: [.apt(["libzstd-dev", "zlib1g-dev"])]
+        ),
         .systemLibrary(
             name: "CCrypto",
             pkgConfig: "libcrypto",
@@ -54,7 +60,7 @@ let package = Package(
         .target(
             name: "PackDelivery",
             dependencies: [
-                "CCurl", "CArchive", "CCrypto", "CLinux",
+                "CCurl", "CArchive", "CCompression", "CCrypto", "CLinux",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HeapModule", package: "swift-collections"),

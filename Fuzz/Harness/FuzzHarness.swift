@@ -55,7 +55,9 @@ public enum FuzzHarness {
     /// against the central directory it describes, and its small entries to fetch made into zips of their own and
     /// unpacked into a fresh staging folder; then the same checks of what is beside and inside it.
     public static func index(_ data: Data) -> Outcome {
-        Self.inSandbox(data) { _, staging throws(PackDeliveryError) in _ = try FuzzEntry.index(data, staging: staging) }
+        var outcome = Self.inSandbox(data) { _, staging throws(PackDeliveryError) in _ = try FuzzEntry.index(data, staging: staging) }
+        outcome.problems += FuzzEntry.indexPromisesBroken(data)
+        return outcome
     }
 
     // MARK: Receipts

@@ -156,9 +156,19 @@ extension Packs {
         @Option(help: "The pack file to write.") var output: String
         @Option(help: "Product identifier for ContentInfo.plist.") var product: String?
         @Option(help: "Content version for ContentInfo.plist.") var version: String?
+        @Option(
+            help: ArgumentHelp(
+                "The average chunk size in KiB, a power of two from 1 to 16384 (chunks run from a quarter of it to four times it).",
+                valueName: "KiB"))
+        var chunkAverage: Int = 64
+
+        var chunker: Chunker? {
+            Chunker(minimum: self.chunkAverage << 8, average: self.chunkAverage << 10, maximum: min(64 << 20, self.chunkAverage << 12))
+        }
 
         func validate() throws {
             if (self.product == nil) != (self.version == nil) { throw ValidationError("Give --product and --version together.") }
+            if self.chunker == nil { throw ValidationError("--chunk-average takes a power of two from 1 to 16384 (KiB).") }
             if PackFormat(fileName: self.output) == nil {
                 throw ValidationError("Cannot tell the format of '\(self.output)': use .zip, .tar, .tar.gz, .tar.bz2, .tar.xz or .tar.zst.")
             }
@@ -170,8 +180,10 @@ extension Packs {
                 let info = self.product.flatMap { product in self.version.map { (productIdentifier: product, contentVersion: $0) } }
                 let unpacked = try PackWriter.write(
                     folder: URL(filePath: self.folder).absoluteURL, to: output,
-                    format: PackFormat(fileName: self.output)!, contentInfo: info)
-                printLine("wrote \(output.path) (\(unpacked) bytes of content)")
+                    format: PackFormat(fileName: self.output)!, contentInfo: info, chunker: self.chunker ?? .standard)
+                printLine(
+                    "wrote \(output.path) (\(unpacked) bytes of content) and its index \(PackWriter.indexURL(for: output).lastPathComponent)"
+                )
             }
         }
     }
@@ -238,7 +250,8 @@ extension Packs {
                 let expiry = self.expires.flatMap(Self.seconds).map { Date().addingTimeInterval($0) }
                 let manifest = try ManifestBuilder.write(
                     folder: URL(filePath: self.directory).absoluteURL, signing: key,
-                    version: self.manifestVersion, expires: expiry, scope: self.scope)
+                    version: self.manifestVersion, expires: expiry, scope: self.scope,
+                    note: { printError("packs: note: \($0)") })
                 let count = manifest.products.reduce(0) { $0 + $1.contents.count }
                 printLine(
                     "wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs"

@@ -39,7 +39,7 @@ import Testing
 
         let manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
         let packs = Dictionary(uniqueKeysWithValues: manifest.products.map { ($0.productIdentifier, $0.contents[0]) })
-        #expect(packs["com.example.tar"]?.index == nil, "a tar pack has no index")
+        #expect(packs["com.example.tar"]?.index != nil, "a tar pack is indexed too")
         for product in ["com.example.packed", "com.example.zipped"] {
             let pack = try #require(packs[product])
             let reference = try #require(pack.index, "\(product) is indexed")

@@ -63,69 +63,6 @@ enum PackInspector {
 }
 
 extension PackInspector {
-    /// The index of a zip pack (``PackIndex``); nil for a pack that is not a zip.
-    ///
-    /// The byte ranges come from the central directory (each entry runs from its local header to the next
-    /// one, or to the directory); the sizes and digests from reading every entry with libarchive.
-    /// - Throws: `unsafeEntry` for a zip whose two directories disagree; `corruptArchive` when an entry cannot be read.
-    static func index(_ archive: URL) throws(PackDeliveryError) -> PackIndex? {
-        guard let listing = try ZipDirectories.listing(archive) else { return nil }
-        try ZipDirectories.check(listing)
-        let locale = ArchiveThreadLocale.useUTF8()
-        defer { locale.restore() }
-        let source = try ArchiveReader(archive, maxDecompressed: Self.maxDecompressed)
-        var contents: [String: (kind: PackIndex.Entry.Kind, size: Int64, sha256: String?)] = [:]
-        let hasher = SHA256Hasher()
-        var buffer = [UInt8](repeating: 0, count: 256 << 10)
-        var entry: OpaquePointer?
-        while true {
-            let status = archive_read_next_header(source.reader, &entry)
-            if status == ARCHIVE_EOF { break }
-            guard status == ARCHIVE_OK || status == ARCHIVE_WARN, let entry else { throw source.error(nil) }
-            let path = Self.normalized(archive_entry_pathname_utf8(entry) ?? archive_entry_pathname(entry))
-            switch UInt32(archive_entry_filetype(entry)) & 0o170000 {
-            case 0o040000:
-                contents[path] = (.directory, 0, nil)
-            case 0o120000:
-                let target = Array(
-                    ((archive_entry_symlink_utf8(entry) ?? archive_entry_symlink(entry)).map { String(cString: $0) } ?? "").utf8)
-                hasher.reset()
-                target.withUnsafeBytes { hasher.update($0) }
-                contents[path] = (.symlink, Int64(target.count), hasher.hexDigest())
-            default:
-                hasher.reset()
-                var size: Int64 = 0
-                while true {
-                    let count = archive_read_data(source.reader, &buffer, buffer.count)
-                    if count < 0 { throw source.error(path) }
-                    if count == 0 { break }
-                    buffer.withUnsafeBytes { hasher.update(UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
-                    size += Int64(count)
-                }
-                contents[path] = (.file, size, hasher.hexDigest())
-            }
-        }
-        let starts = listing.entries.map(\.localOffset).sorted()
-        var entries: [PackIndex.Entry] = []
-        for central in listing.entries {
-            let path = Self.normalized(String(decoding: central.name, as: UTF8.self))
-            guard let content = contents[path] ?? contents[String(path.drop { $0 == "/" })] else {
-                throw PackDeliveryError(
-                    .corruptArchive,
-                    message:
-                        "\(archive.lastPathComponent): the entry '\(PackDeliveryError.printable(path))' of its central directory could not be read.",
-                    hint: "Rebuild the pack with a standard zip tool.", subject: path)
-            }
-            // From this local header to the next one (or to the central directory).
-            let next = starts.first { $0 > central.localOffset } ?? listing.directoryOffset
-            entries.append(
-                PackIndex.Entry(
-                    path: path, kind: content.kind, size: content.size, sha256: content.sha256, method: Int(central.method),
-                    offset: central.localOffset, length: next - central.localOffset, mode: central.unixMode))
-        }
-        return PackIndex(entries: entries)
-    }
-
     /// A name as an index records it: without a leading `./`, and a folder without its trailing `/`.
     private static func normalized(_ name: UnsafePointer<CChar>?) -> String {
         Self.normalized(name.map { String(cString: $0) } ?? "")
@@ -146,14 +83,20 @@ public enum ManifestBuilder {
     /// Describes every pack in `folder` (product and version from its `ContentInfo.plist`; length, sha256,
     /// unpackedLength measured), with URLs relative to the folder.
     ///
+    /// Every pack gets an index (``PackIndex``) beside it, `<pack>.index.json`: the one `packs pack` wrote when
+    /// it still describes the pack (same length and SHA-256), else one made by reading the pack, as far as its
+    /// format allows (a tar compressed as one stream by another tool: by entry, without chunks).
+    ///
     /// Packs are the files ending in `.zip`, `.tar`, `.tar.gz`, `.tgz`, `.tar.bz2`, `.tar.xz` or `.tar.zst`,
     /// read in name order. A product's first pack gets the product identifier as its content identifier;
     /// further packs of the same product get `<product>.<file name without extension>`.
-    /// - Parameter folder: the folder holding the packs.
+    /// - Parameters:
+    ///   - folder: the folder holding the packs.
+    ///   - note: called with each thing an index could not give, naming the pack.
     /// - Returns: one product per product identifier found, in the order first seen.
     /// - Throws: `usage` when the folder cannot be listed; `badData` for a pack without a usable
     ///   `ContentInfo.plist` or one that is not a readable archive; `io` when a pack cannot be read.
-    public static func build(folder: URL) throws(PackDeliveryError) -> Manifest {
+    public static func build(folder: URL, note: (String) -> Void = { _ in }) throws(PackDeliveryError) -> Manifest {
         let names: [String]
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder.path).sorted() } catch {
             throw PackDeliveryError(
@@ -179,34 +122,30 @@ public enum ManifestBuilder {
                 url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
                 contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
                 unpackedLength: summary.unpackedLength)
-            if let index = try PackInspector.index(url) {
-                content.index = try Self.writeIndex(index, named: name + ".index.json", in: folder)
-            }
+            content.index = try Self.index(of: url, length: length, sha256: content.sha256, note: note)
             if products[info.productIdentifier] == nil { order.append(info.productIdentifier) }
             products[info.productIdentifier, default: []].append(content)
         }
         return Manifest(products: order.map { Manifest.Product(productIdentifier: $0, contents: products[$0] ?? []) })
     }
 
-    /// Writes a zip pack's index beside it (atomically) and returns the manifest's reference to it.
-    private static func writeIndex(_ index: PackIndex, named name: String, in folder: URL) throws(PackDeliveryError)
+    /// The reference to a pack's index: the one beside it when it describes this pack, else a new one.
+    private static func index(of pack: URL, length: Int64, sha256: String, note: (String) -> Void) throws(PackDeliveryError)
         -> Manifest.IndexReference
     {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        let target = folder.appending(path: name)
-        do {
-            let data = try encoder.encode(index)
-            try data.write(to: target, options: .atomic)
+        let target = PackWriter.indexURL(for: pack)
+        if let data = try? Data(contentsOf: target),
+            let index = try? PackIndex.decode(data, maxEntries: Int.max / 2, containers: Set(PackIndex.Container.allCases)),
+            index.format == 2, index.pack == PackIndex.Pack(length: length, sha256: sha256)
+        {
+            let name = target.lastPathComponent
             return Manifest.IndexReference(
                 url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
                 sha256: try SHA256Hasher.hexDigest(ofFile: target), length: Int64(data.count))
-        } catch let error as PackDeliveryError {
-            throw error
-        } catch {
-            throw PackDeliveryError(
-                .fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: target.path)
         }
+        let made = try PackIndexer.index(pack)
+        made.notes.forEach(note)
+        return try PackIndexer.write(made.index, to: target)
     }
 
     /// Writes `folder/manifest.json` (atomically) and returns the manifest.
@@ -229,14 +168,16 @@ public enum ManifestBuilder {
     ///   - expires: when the signed manifest stops being valid; nil for never.
     ///   - scope: what the signed manifest's version counts (``Manifest/scope``); nil for that of the `manifest.json`
     ///     it replaces, else the identifier of the folder's one product, else the folder's name.
+    ///   - note: called with each thing a pack's index could not give, naming the pack.
     /// - Returns: the manifest written.
     /// - Throws: what ``build(folder:)`` throws; `invalidArgument` for an unusable scope; `io` when a file cannot be
     ///   written.
     @discardableResult
     public static func write(
-        folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil
+        folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil,
+        note: (String) -> Void = { _ in }
     ) throws(PackDeliveryError) -> Manifest {
-        var manifest = try self.build(folder: folder)
+        var manifest = try self.build(folder: folder, note: note)
         let target = folder.appending(path: "manifest.json")
         if key != nil {
             let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }

@@ -64,11 +64,19 @@ public enum PackWriter {
     /// The pack is written to a temporary file beside `output`, flushed to disk and renamed into
     /// place, so a failure leaves no half-written pack (and an earlier `output` untouched).
     ///
+    /// Its ``PackIndex`` (format 2) goes beside it, as `<output>.index.json` (``indexURL(for:)``). A tar is
+    /// written so that each file's content-defined chunks can be fetched apart: in a plain tar each chunk is a
+    /// range of a file's data; in a tar.zst each chunk is a zstd frame of its own, the tar headers and padding
+    /// between chunks are frames of their own, and the zstd seekable format's seek table ends the pack; in a
+    /// tar.gz the same pieces are gzip members. Every tool reads these as ordinary archives. A zip's stored
+    /// entries are chunked and its deflated entries are indexed whole; a tar.bz2 or tar.xz is indexed by entry.
+    ///
     /// - Parameters:
     ///   - folder: the folder to pack.
     ///   - output: the archive to create or replace.
     ///   - format: the archive format and compression.
     ///   - contentInfo: the product identifier and content version for `ContentInfo.plist`.
+    ///   - chunker: the chunk sizes.
     /// - Returns: the number of bytes of all regular files' contents, `ContentInfo.plist` included
     ///   (the pack's unpacked length, as a manifest's `unpackedLength`).
     /// - Throws: `PackDeliveryError` of kind `.usage` when the folder holds something a pack may not
@@ -77,7 +85,7 @@ public enum PackWriter {
     @discardableResult
     public static func write(
         folder: URL, to output: URL, format: PackFormat,
-        contentInfo: (productIdentifier: String, contentVersion: String)? = nil
+        contentInfo: (productIdentifier: String, contentVersion: String)? = nil, chunker: Chunker = .standard
     ) throws(PackDeliveryError) -> Int64 {
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
@@ -110,19 +118,27 @@ public enum PackWriter {
         }
         items.sort { $0.path.lexicographicallyPrecedes($1.path) }
 
-        var writer = try PackArchiveWriter(output: output, format: format)
+        var writer = try PackArchiveWriter(output: output, format: format, chunker: chunker)
         do {
             var total: Int64 = 0
             for item in items {
                 try writer.add(item, folderPath: folderPath)
                 if item.isRegularFile { total += item.size }
             }
-            try writer.finish()
+            var index = try writer.finish()
+            // A pack libarchive wrote (zip, tar.bz2, tar.xz) is indexed by reading it back.
+            if index == nil { index = try PackIndexer.index(output, chunker: chunker).index }
+            if let index { try PackIndexer.write(index, to: Self.indexURL(for: output)) }
             return total
         } catch {
             writer.abandon()
             throw error
         }
+    }
+
+    /// Where the index of the pack at `pack` goes: `<pack>.index.json` beside it.
+    public static func indexURL(for pack: URL) -> URL {
+        pack.deletingLastPathComponent().appending(path: pack.lastPathComponent + ".index.json")
     }
 
     /// The XML property list of a pack's `ContentInfo.plist`.
@@ -297,10 +313,21 @@ private struct PackArchiveWriter {
     private let temporaryPath: String
     private let fd: Int32
     private let archive: OpaquePointer
-    private var buffer: [UInt8]
+    /// Where a file's bytes are read into; freed by `finish` or `abandon`.
+    private let buffer: UnsafeMutableRawBufferPointer
     private var finished = false
+    /// For a tar, tar.gz or tar.zst: where the tar stream goes, piece by piece; nil for the formats libarchive
+    /// compresses (zip, tar.bz2, tar.xz).
+    private let sink: PackFrameSink?
+    private let chunks: ChunkStream
+    private let hasher = SHA256Hasher()
+    private let chunkHasher = SHA256Hasher()
+    private let container: PackIndex.Container
+    private var entries: [PackIndex.Entry] = []
+    /// Retains the sink for libarchive's callbacks, which are given it unretained.
+    private var sinkContext: Unmanaged<PackFrameSink>?
 
-    init(output: URL, format: PackFormat) throws(PackDeliveryError) {
+    init(output: URL, format: PackFormat, chunker: Chunker) throws(PackDeliveryError) {
         self.output = output
         let directory = output.deletingLastPathComponent().path
         self.temporaryPath = directory + "/." + output.lastPathComponent + "." + UUID().uuidString + ".tmp"
@@ -313,7 +340,17 @@ private struct PackArchiveWriter {
         }
         self.fd = fd
         self.archive = archive
-        self.buffer = [UInt8](repeating: 0, count: 1 << 20)
+        self.buffer = .allocate(byteCount: 1 << 20, alignment: 16)
+        self.chunks = ChunkStream(chunker: chunker)
+        self.container = PackIndex.Container(rawValue: format.rawValue) ?? .zip
+        // zstd's and gzip's own default levels, as libarchive's filters use them.
+        self.sink =
+            switch format {
+            case .tar: PackFrameSink(fd: fd, path: output.path, framing: .raw)
+            case .tarZstd: PackFrameSink(fd: fd, path: output.path, framing: .zstd(level: 3))
+            case .tarGzip: PackFrameSink(fd: fd, path: output.path, framing: .gzip(level: 6))
+            case .zip, .tarBzip2, .tarXz: nil
+            }
 
         var status: Int32
         switch format {
@@ -322,7 +359,23 @@ private struct PackArchiveWriter {
         case .tar, .tarGzip, .tarBzip2, .tarXz, .tarZstd:
             status = archive_write_set_format_pax_restricted(archive)
         }
-        if status == ARCHIVE_OK {
+        if status == ARCHIVE_OK, let sink = self.sink {
+            // Unblocked, so that each write reaches the sink at once and the sink knows where a header ends.
+            status = archive_write_add_filter_none(archive)
+            if status == ARCHIVE_OK { status = archive_write_set_bytes_per_block(archive, 0) }
+            let context = Unmanaged.passRetained(sink)
+            self.sinkContext = context
+            if status == ARCHIVE_OK {
+                status = archive_write_open(
+                    archive, context.toOpaque(), nil,
+                    { _, context, bytes, count in
+                        guard let context, let bytes else { return -1 }
+                        let sink = Unmanaged<PackFrameSink>.fromOpaque(context).takeUnretainedValue()
+                        sink.append(UnsafeRawBufferPointer(start: bytes, count: count))
+                        return count
+                    }, nil)
+            }
+        } else if status == ARCHIVE_OK {
             switch format {
             case .zip, .tar: status = archive_write_add_filter_none(archive)
             case .tarGzip:
@@ -333,14 +386,16 @@ private struct PackArchiveWriter {
             case .tarXz: status = archive_write_add_filter_xz(archive)
             case .tarZstd: status = archive_write_add_filter_zstd(archive)
             }
+            if status == ARCHIVE_OK, format != .zip {
+                status = archive_write_set_bytes_in_last_block(archive, 1)
+            }
+            if status == ARCHIVE_OK { status = archive_write_open_fd(archive, fd) }
         }
-        if status == ARCHIVE_OK, format != .zip {
-            status = archive_write_set_bytes_in_last_block(archive, 1)
-        }
-        if status == ARCHIVE_OK { status = archive_write_open_fd(archive, fd) }
         if status != ARCHIVE_OK {
             let error = Self.archiveError(archive, "start writing", output: output)
             archive_write_free(archive)
+            self.sinkContext?.release()
+            self.buffer.deallocate()
             close(fd)
             unlink(self.temporaryPath)
             throw error
@@ -368,21 +423,102 @@ private struct PackArchiveWriter {
         }
         archive_entry_set_perm(entry, item.mode)
         if archive_write_header(self.archive, entry) < ARCHIVE_WARN {
-            throw Self.archiveError(self.archive, "write the entry '\(String(decoding: item.path, as: UTF8.self))' of", output: self.output)
+            throw self.sink?.failure
+                ?? Self.archiveError(
+                    self.archive, "write the entry '\(String(decoding: item.path, as: UTF8.self))' of", output: self.output)
         }
+        var record = PackIndex.Entry(
+            path: String(decoding: item.path, as: UTF8.self), kind: .file, size: item.size, sha256: nil, method: 0, offset: 0, length: 0,
+            mode: Int(item.mode), chunks: [])
         switch item.kind {
-        case .directory, .symlink:
-            break
+        case .directory:
+            record.kind = .directory
+            record.mode = 0o040000 | Int(item.mode)
+            record.size = 0
+            record.chunks = nil
+        case .symlink(let target):
+            self.hasher.reset()
+            target.withUnsafeBytes { self.hasher.update($0) }
+            (record.kind, record.size, record.sha256, record.chunks) = (.symlink, Int64(target.count), self.hasher.hexDigest(), nil)
+            record.mode = 0o120000 | Int(item.mode)
         case .generated(let data):
-            guard !data.isEmpty else { break }
-            let written = data.withUnsafeBytes { archive_write_data(self.archive, $0.baseAddress!, $0.count) }
-            if written != data.count { throw self.dataError(item) }
+            record.mode = 0o100000 | Int(item.mode)
+            self.hasher.reset()
+            if !data.isEmpty {
+                try self.startData()
+                let bytes = [UInt8](data)
+                let copied = min(bytes.count, self.buffer.count)
+                UnsafeMutableRawBufferPointer(rebasing: self.buffer[..<copied]).copyBytes(from: bytes[..<copied])
+                guard copied == bytes.count else {
+                    throw PackDeliveryError(.internalError, message: "A generated file of \(bytes.count) bytes does not fit in a pack.")
+                }
+                try self.addData(UnsafeRawBufferPointer(rebasing: self.buffer[..<copied]), item: item, into: &record)
+            }
+            try self.finishData(item: item, into: &record)
         case .file:
-            try self.copyFile(item, folderPath: folderPath)
+            record.mode = 0o100000 | Int(item.mode)
+            self.hasher.reset()
+            if item.size > 0 { try self.startData() }
+            try self.copyFile(item, folderPath: folderPath, into: &record)
+            try self.finishData(item: item, into: &record)
         }
+        // Folders and symlinks are headers only: a run of them stays in one piece, up to a limit.
+        if let sink = self.sink, sink.pendingCount >= PackFrameSink.maxHeaderRun { try sink.cut() }
+        self.entries.append(record)
     }
 
-    private mutating func copyFile(_ item: PackItem, folderPath: String) throws(PackDeliveryError) {
+    /// Ends the piece of tar headers (and the padding before them) ahead of a file's first chunk.
+    private func startData() throws(PackDeliveryError) {
+        try self.sink?.cut()
+    }
+
+    /// Writes a file's bytes: chunk by chunk, each a piece of its own, when the pack is chunked.
+    private mutating func addData(_ bytes: UnsafeRawBufferPointer, item: PackItem, into record: inout PackIndex.Entry)
+        throws(PackDeliveryError)
+    {
+        self.hasher.update(bytes)
+        guard self.sink != nil else {
+            let written = archive_write_data(self.archive, bytes.baseAddress!, bytes.count)
+            if written != bytes.count { throw self.dataError(item) }
+            return
+        }
+        var chunks = record.chunks ?? []
+        try self.chunks.add(bytes) { (chunk: UnsafeRawBufferPointer) throws(PackDeliveryError) in
+            chunks.append(try self.writeChunk(chunk, item: item))
+        }
+        record.chunks = chunks
+    }
+
+    private func finishData(item: PackItem, into record: inout PackIndex.Entry) throws(PackDeliveryError) {
+        if self.sink != nil {
+            var chunks = record.chunks ?? []
+            try self.chunks.finish { (chunk: UnsafeRawBufferPointer) throws(PackDeliveryError) in
+                chunks.append(try self.writeChunk(chunk, item: item))
+            }
+            record.chunks = chunks
+        }
+        record.sha256 = self.hasher.hexDigest()
+    }
+
+    private func writeChunk(_ chunk: UnsafeRawBufferPointer, item: PackItem) throws(PackDeliveryError) -> PackIndex.Chunk {
+        let written = archive_write_data(self.archive, chunk.baseAddress!, chunk.count)
+        if written != chunk.count { throw self.sink?.failure ?? self.dataError(item) }
+        guard let sink = self.sink, let (offset, length) = try sink.cut() else {
+            throw PackDeliveryError(.internalError, message: "A chunk of \(String(decoding: item.path, as: UTF8.self)) was not written.")
+        }
+        self.chunkHasher.reset()
+        self.chunkHasher.update(chunk)
+        let storage: PackIndex.Storage =
+            switch sink.framing {
+            case .raw: .raw
+            case .zstd: .zstdFrame
+            case .gzip: .gzipMember
+            }
+        return PackIndex.Chunk(
+            sha256: self.chunkHasher.hexDigest(), size: Int64(chunk.count), offset: offset, length: length, storage: storage)
+    }
+
+    private mutating func copyFile(_ item: PackItem, folderPath: String, into record: inout PackIndex.Entry) throws(PackDeliveryError) {
         let path = folderPath + "/" + String(decoding: item.source ?? item.path, as: UTF8.self)
         let fd = PackFolderScanner.withCName(Array(folderPath.utf8) + [UInt8(ascii: "/")] + (item.source ?? item.path)) {
             open($0, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
@@ -390,12 +526,10 @@ private struct PackArchiveWriter {
         guard fd >= 0 else { throw PackWriterErrors.file("read", path: path, errno: errno) }
         defer { close(fd) }
         var remaining = item.size
-        var buffer = self.buffer  // moved out and back, so writing into it does not copy it
-        self.buffer = []
-        defer { self.buffer = buffer }
+        let buffer = self.buffer
         while true {
             let wanted = remaining > 0 ? Int(min(Int64(buffer.count), remaining)) : 1
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress!, wanted) }
+            let count = read(fd, buffer.baseAddress!, wanted)
             if count < 0 {
                 if errno == EINTR { continue }
                 throw PackWriterErrors.file("read", path: path, errno: errno)
@@ -405,8 +539,7 @@ private struct PackArchiveWriter {
                 break
             }
             if remaining == 0 { throw Self.changed(path) }
-            let written = buffer.withUnsafeBytes { archive_write_data(self.archive, $0.baseAddress!, count) }
-            if written != count { throw self.dataError(item) }
+            try self.addData(UnsafeRawBufferPointer(rebasing: buffer[..<count]), item: item, into: &record)
             remaining -= Int64(count)
         }
     }
@@ -416,11 +549,21 @@ private struct PackArchiveWriter {
     }
 
     /// Closes the archive, flushes it to disk and renames it into place.
-    mutating func finish() throws(PackDeliveryError) {
+    ///
+    /// - Returns: the pack's index, when it was written chunk by chunk; nil for a zip, a tar.bz2 or a tar.xz.
+    mutating func finish() throws(PackDeliveryError) -> PackIndex? {
         if archive_write_close(self.archive) != ARCHIVE_OK {
-            throw Self.archiveError(self.archive, "finish", output: self.output)
+            throw self.sink?.failure ?? Self.archiveError(self.archive, "finish", output: self.output)
+        }
+        var index: PackIndex?
+        if let sink = self.sink {
+            let pack = try sink.finish()
+            index = PackIndex(container: self.container, pack: pack, chunking: .init(self.chunks.chunker), entries: self.entries)
         }
         archive_write_free(self.archive)
+        self.sinkContext?.release()
+        self.sinkContext = nil
+        self.buffer.deallocate()
         self.finished = true
         defer { close(self.fd) }
         if fsync(self.fd) != 0 {
@@ -433,6 +576,7 @@ private struct PackArchiveWriter {
             unlink(self.temporaryPath)
             throw PackWriterErrors.file("move the pack into place at", path: self.output.path, errno: code)
         }
+        return index
     }
 
     /// Frees the writer and removes the temporary file after a failure.
@@ -440,6 +584,8 @@ private struct PackArchiveWriter {
         guard !self.finished else { return }
         archive_write_fail(self.archive)
         archive_write_free(self.archive)
+        self.sinkContext?.release()
+        self.buffer.deallocate()
         close(self.fd)
         unlink(self.temporaryPath)
     }

@@ -29,6 +29,12 @@ enum ZipDirectories {
         /// The CRC-32 that a read by local headers checks the data against: the local header's, or the data
         /// descriptor's when the entry has one; nil when the descriptor cannot be found.
         var localCRC: UInt32? = nil
+        /// The general purpose flags in the central directory (bit 0: encrypted).
+        var flags: UInt16 = 0
+        /// Where the entry's data starts: after its local header's name and extra field.
+        var dataOffset: Int64 = 0
+        /// The length of its stored (compressed) data, as the central directory gives it.
+        var compressedSize: Int64 = 0
     }
 
     /// A zip's entries in central-directory order, and where the central directory starts.
@@ -84,7 +90,9 @@ enum ZipDirectories {
             listing.entries.append(
                 Entry(
                     name: central.name, localName: localName, method: central.method, localOffset: localOffset,
-                    unixMode: central.unixMode, crc: central.crc, localCRC: localCRC))
+                    unixMode: central.unixMode, crc: central.crc, localCRC: localCRC, flags: central.flags,
+                    dataOffset: localOffset + 30 + Int64(Self.u16(local, 26)) + Int64(Self.u16(local, 28)),
+                    compressedSize: central.compressedSize))
         }
         return listing
     }

@@ -1,14 +1,84 @@
 import Foundation
 
-/// Where each file of a zip pack lies inside it: the groundwork for delta updates, which fetch
-/// only the files of a new version that changed, with HTTP range requests.
+/// Where each file of a pack lies inside it, and of what chunks it is made: the groundwork for delta updates
+/// and repairs, which fetch only the chunks of a new version that are not on disk yet, with HTTP range requests.
 ///
-/// `packs manifest` writes one beside each zip pack, as `<pack>.index.json`, and the manifest names it with
-/// its SHA-256 and length (``Manifest/Content/index``), so the manifest of a large catalog stays small and a
-/// client reads an index only when it needs it. Tar packs have no index: a tar has no directory, and a
-/// compressed tar cannot be entered in the middle.
+/// `packs pack` writes one beside each pack it makes, as `<pack>.index.json`; `packs manifest` indexes any other
+/// pack as far as its format allows. The manifest names it with its SHA-256 and length
+/// (``Manifest/Content/index``), so the manifest of a large catalog stays small and a client reads an index only
+/// when it needs it.
+///
+/// Format 1 (zip packs only) gives each entry's range in the zip. Format 2 gives every format's entries their
+/// path, kind, mode, size and SHA-256, and each file its content-defined chunks (``Chunker``): each chunk's
+/// SHA-256 and length uncompressed, and the range of the pack that holds its bytes, stored as ``Storage`` says.
 public struct PackIndex: Sendable, Hashable, Codable {
-    /// One entry of the zip, in the order of its central directory.
+    /// The archive format of the pack an index describes.
+    public enum Container: String, Sendable, Hashable, Codable, CaseIterable {
+        case zip, tar
+        case tarGzip = "tar.gz"
+        case tarZstd = "tar.zst"
+        case tarBzip2 = "tar.bz2"
+        case tarXz = "tar.xz"
+    }
+
+    /// How a chunk's bytes are stored in the pack.
+    public enum Storage: String, Sendable, Hashable, Codable {
+        /// As they are: a range of a plain tar's data area, or of a stored zip entry's data.
+        case raw
+        /// One zstd frame, which decompresses to exactly the chunk.
+        case zstdFrame = "zstd-frame"
+        /// One gzip member, which decompresses to exactly the chunk.
+        case gzipMember = "gzip-member"
+        /// The whole compressed data of a deflated zip entry (the chunk is the whole file).
+        case deflatedZipEntry = "deflated-zip-entry"
+    }
+
+    /// One content-defined piece of a file.
+    public struct Chunk: Sendable, Hashable, Codable {
+        /// SHA-256 of the chunk's uncompressed bytes, hex.
+        public var sha256: String
+        /// The chunk's length uncompressed.
+        public var size: Int64
+        /// Where its stored bytes start in the pack.
+        public var offset: Int64
+        /// The length of its stored bytes in the pack.
+        public var length: Int64
+        public var storage: Storage
+
+        /// Creates a chunk.
+        public init(sha256: String, size: Int64, offset: Int64, length: Int64, storage: Storage) {
+            (self.sha256, self.size, self.offset, self.length, self.storage) = (sha256, size, offset, length, storage)
+        }
+    }
+
+    /// The pack an index describes.
+    public struct Pack: Sendable, Hashable, Codable {
+        /// The pack's length in bytes: every range of the index lies inside it.
+        public var length: Int64
+        /// The pack's SHA-256, hex.
+        public var sha256: String
+
+        /// Creates a description.
+        public init(length: Int64, sha256: String) {
+            (self.length, self.sha256) = (length, sha256)
+        }
+    }
+
+    /// The sizes the files were chunked with (``Chunker``).
+    public struct Chunking: Sendable, Hashable, Codable {
+        /// `fastcdc`: FastCDC with normalized chunking and ``Chunker``'s gear table.
+        public var algorithm: String
+        public var minimum: Int
+        public var average: Int
+        public var maximum: Int
+
+        /// The record of a chunker's sizes.
+        public init(_ chunker: Chunker) {
+            (self.algorithm, self.minimum, self.average, self.maximum) = ("fastcdc", chunker.minimum, chunker.average, chunker.maximum)
+        }
+    }
+
+    /// One entry of the pack, in the pack's order (for a zip: that of its central directory).
     public struct Entry: Sendable, Hashable, Codable {
         /// What the entry is.
         public enum Kind: String, Sendable, Hashable, Codable {
@@ -21,32 +91,115 @@ public struct PackIndex: Sendable, Hashable, Codable {
         public var size: Int64
         /// SHA-256 of the uncompressed bytes (a symlink's target text), hex; nil for a directory.
         public var sha256: String?
-        /// The zip compression method: 0 stored, 8 deflate, …
+        /// The zip compression method: 0 stored, 8 deflate, …; 0 in a tar pack's index.
         public var method: Int
-        /// Where the entry's local header starts in the pack.
+        /// Where the entry's local header starts in a zip pack; 0 in a tar pack's index.
         public var offset: Int64
-        /// Bytes from `offset` to the next entry: the local header, the data and any data descriptor.
+        /// Bytes from `offset` to the next entry of a zip pack: the local header, the data and any data descriptor;
+        /// 0 in a tar pack's index (which has no such range: its files are found by their chunks).
         public var length: Int64
-        /// The unix mode (type and permissions) from the central directory, when the entry was made on unix.
-        /// A delta update needs it: a local header does not say that an entry is a symlink or executable.
+        /// The unix mode (type and permissions), as a zip's central directory or a tar header gives it; in format 1
+        /// only when the zip entry was made on unix. A delta update needs it: a local header does not say that an
+        /// entry is a symlink or executable.
         public var mode: Int? = nil
+        /// The file's chunks, in order; nil when the pack's format does not let them be fetched apart (a
+        /// third-party tar.zst of one frame), and always in format 1. Their sizes add up to `size`.
+        public var chunks: [Chunk]? = nil
 
         /// Creates an entry.
-        public init(path: String, kind: Kind, size: Int64, sha256: String?, method: Int, offset: Int64, length: Int64, mode: Int? = nil) {
-            (self.path, self.kind, self.size, self.sha256, self.method, self.offset, self.length, self.mode) =
-                (path, kind, size, sha256, method, offset, length, mode)
+        public init(
+            path: String, kind: Kind, size: Int64, sha256: String?, method: Int, offset: Int64, length: Int64, mode: Int? = nil,
+            chunks: [Chunk]? = nil
+        ) {
+            (self.path, self.kind, self.size, self.sha256, self.method, self.offset, self.length, self.mode, self.chunks) =
+                (path, kind, size, sha256, method, offset, length, mode, chunks)
+        }
+
+        private enum CodingKeys: String, CodingKey {
+            case path, kind, size, sha256, method, offset, length, mode, chunks
+        }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            self.path = try container.decode(String.self, forKey: .path)
+            self.kind = try container.decode(Kind.self, forKey: .kind)
+            self.size = try container.decode(Int64.self, forKey: .size)
+            self.sha256 = try container.decodeIfPresent(String.self, forKey: .sha256)
+            // A tar pack's entries have no zip range: absent, read as 0.
+            self.method = try container.decodeIfPresent(Int.self, forKey: .method) ?? 0
+            self.offset = try container.decodeIfPresent(Int64.self, forKey: .offset) ?? 0
+            self.length = try container.decodeIfPresent(Int64.self, forKey: .length) ?? 0
+            self.mode = try container.decodeIfPresent(Int.self, forKey: .mode)
+            self.chunks = try container.decodeIfPresent([Chunk].self, forKey: .chunks)
+        }
+
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(self.path, forKey: .path)
+            try container.encode(self.kind, forKey: .kind)
+            try container.encode(self.size, forKey: .size)
+            try container.encodeIfPresent(self.sha256, forKey: .sha256)
+            // A zip entry's range is at least its 30-byte local header; a tar entry has none.
+            if self.length > 0 {
+                try container.encode(self.method, forKey: .method)
+                try container.encode(self.offset, forKey: .offset)
+                try container.encode(self.length, forKey: .length)
+            }
+            try container.encodeIfPresent(self.mode, forKey: .mode)
+            try container.encodeIfPresent(self.chunks, forKey: .chunks)
         }
     }
 
-    /// The version of this format: 1.
+    /// The version of this format: 1 (zip entries only) or 2 (every format, with chunks).
     public var format: Int = 1
+    /// The pack's format: always `zip` in format 1.
+    public var container: Container = .zip
+    /// The pack's length and SHA-256 (format 2).
+    public var pack: Pack? = nil
+    /// The sizes the chunks were cut with (format 2, when any file has chunks).
+    public var chunking: Chunking? = nil
     public var entries: [Entry]
 
-    /// Creates an index.
+    /// Creates an index of format 1 (a zip's entries).
     ///
     /// - Parameter entries: the pack's entries.
     public init(entries: [Entry]) {
         self.entries = entries
+    }
+
+    /// Creates an index of format 2.
+    ///
+    /// - Parameters:
+    ///   - container: the pack's format.
+    ///   - pack: the pack's length and SHA-256.
+    ///   - chunking: the chunker's sizes, when files have chunks.
+    ///   - entries: the pack's entries.
+    public init(container: Container, pack: Pack, chunking: Chunking?, entries: [Entry]) {
+        (self.format, self.container, self.pack, self.chunking, self.entries) = (2, container, pack, chunking, entries)
+    }
+
+    private enum CodingKeys: String, CodingKey {
+        case format, container, pack, chunking, entries
+    }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        self.format = try container.decode(Int.self, forKey: .format)
+        self.container = try container.decodeIfPresent(Container.self, forKey: .container) ?? .zip
+        self.pack = try container.decodeIfPresent(Pack.self, forKey: .pack)
+        self.chunking = try container.decodeIfPresent(Chunking.self, forKey: .chunking)
+        self.entries = try container.decode([Entry].self, forKey: .entries)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(self.format, forKey: .format)
+        if self.format >= 2 {
+            try container.encode(self.container, forKey: .container)
+            try container.encodeIfPresent(self.pack, forKey: .pack)
+            try container.encodeIfPresent(self.chunking, forKey: .chunking)
+        }
+        try container.encode(self.entries, forKey: .entries)
     }
 }
 
@@ -55,52 +208,112 @@ extension PackIndex {
     /// one is refused before it is fetched.
     static let maxBytes: Int64 = 64 << 20
 
+    /// The most chunks an index may list (a 64 MiB index holds fewer than this).
+    static let maxChunks = 1 << 20
+
+    /// The largest chunk but a whole deflated zip entry: 64 MiB, as ``Chunker`` allows.
+    static let maxChunkSize: Int64 = 64 << 20
+
     /// Decodes and checks an index's bytes, as a delta update reads them.
     ///
-    /// Its JSON objects are counted before anything is built, so an index of more than `maxEntries` entries is
-    /// refused in constant memory. Every number is then range-checked where it is decoded: sizes, offsets and
-    /// lengths between 0 and 2^50 (a length of at least a local header's 30 bytes), a method and a mode of 16
-    /// bits (as a zip stores them), a SHA-256 of 64 hex digits for every entry but a folder, and a path of at most
-    /// 65,535 bytes (a zip's name field) without NUL.
+    /// Its JSON objects are counted before anything is built, so an index of more than `maxEntries` entries (or
+    /// more than ``maxChunks`` chunks) is refused in constant memory. Every number is then range-checked where it
+    /// is decoded: sizes, offsets and lengths between 0 and 2^50 (a zip entry's length at least a local header's 30
+    /// bytes), a method and a mode of 16 bits (as a zip stores them), a SHA-256 of 64 hex digits for every entry
+    /// but a folder, and a path of at most 65,535 bytes (a zip's name field), relative, without NUL, `.` or `..`.
+    /// In format 2 every range lies inside the pack, no two chunks' ranges overlap, a file's chunks add up to its
+    /// size, and each chunk is stored as the pack's format allows.
+    /// - Parameters:
+    ///   - data: the index's bytes.
+    ///   - maxEntries: the most entries accepted.
+    ///   - containers: the pack formats the reader can use; by default zip only (what zip delta updates read).
     /// - Throws: `DeltaRefusal` (`indexUnusable`) saying what is wrong, naming the entry.
-    static func decode(_ data: Data, maxEntries: Int) throws(DeltaRefusal) -> PackIndex {
+    static func decode(_ data: Data, maxEntries: Int, containers: Set<Container> = [.zip]) throws(DeltaRefusal) -> PackIndex {
         guard data.count <= Self.maxBytes else {
             throw DeltaRefusal(.indexUnusable, "the pack's index is \(data.count) bytes, more than the \(Self.maxBytes) an index may have")
         }
-        // The root object, and one per entry.
-        guard Self.objectCount(data, stoppingAfter: maxEntries + 1) <= maxEntries + 1 else {
+        // One object per entry, in the root's array; then the root, `pack`, `chunking` and the chunks.
+        let counts = Self.objectCount(data, entriesAfter: maxEntries, totalAfter: maxEntries + Self.maxChunks + 3)
+        guard counts.shallow <= maxEntries else {
             throw DeltaRefusal(.indexUnusable, "the pack's index lists more than \(maxEntries) entries, more than a pack may hold")
+        }
+        guard counts.total <= maxEntries + Self.maxChunks + 3 else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index lists more than \(Self.maxChunks) chunks, more than an index may hold")
         }
         guard let index = try? JSONDecoder().decode(PackIndex.self, from: data) else {
             throw DeltaRefusal(.indexUnusable, "the pack's index cannot be read")
         }
-        guard index.format == 1 else {
-            throw DeltaRefusal(.indexUnusable, "the pack's index has format \(index.format), not 1")
+        guard index.format == 1 || index.format == 2 else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index has format \(index.format), not 1 or 2")
         }
+        guard containers.contains(index.container) else {
+            throw DeltaRefusal(
+                .indexUnusable, "the pack's index describes a \(index.container.rawValue) pack, which this reader cannot use")
+        }
+        if let problem = index.format == 2 ? Self.packProblem(index) : nil {
+            throw DeltaRefusal(.indexUnusable, "the pack's index \(problem)")
+        }
+        var paths = Set<String>()
+        var ranges: [(offset: Int64, length: Int64)] = []
         for entry in index.entries {
-            if let problem = Self.problem(entry) {
+            let zipRange = index.container == .zip
+            if let problem = Self.problem(entry, zipRange: zipRange)
+                ?? (index.format == 2 ? Self.problemV2(entry, in: index, ranges: &ranges) : nil)
+            {
                 throw DeltaRefusal(.indexUnusable, "the pack's index gives \(PackDeliveryError.printable(entry.path)) \(problem)")
             }
+            if index.format == 2, !paths.insert(entry.path).inserted {
+                throw DeltaRefusal(.indexUnusable, "the pack's index lists \(PackDeliveryError.printable(entry.path)) twice")
+            }
+        }
+        ranges.sort { $0.offset < $1.offset }
+        for (before, after) in zip(ranges, ranges.dropFirst()) where before.offset + before.length > after.offset {
+            throw DeltaRefusal(
+                .indexUnusable,
+                "the pack's index gives two chunks overlapping ranges (bytes \(before.offset)+\(before.length) and \(after.offset)+\(after.length))"
+            )
         }
         return index
     }
 
-    /// What is out of range in an entry, or nil.
-    static func problem(_ entry: Entry) -> String? {
+    /// What is wrong in a format 2 index as a whole, or nil.
+    private static func packProblem(_ index: PackIndex) -> String? {
+        guard let pack = index.pack else { return "does not give the pack's length and SHA-256" }
+        if !(0...LoadedManifest.maxSize).contains(pack.length) { return "gives the pack a length of \(pack.length), outside 0…2^50 bytes" }
+        if !Self.isDigest(pack.sha256) { return "gives the pack a sha256 that is not 64 hex digits" }
+        if let chunking = index.chunking,
+            chunking.algorithm != "fastcdc"
+                || Chunker(minimum: chunking.minimum, average: chunking.average, maximum: chunking.maximum) == nil
+        {
+            return "gives chunk sizes no chunker uses (\(chunking.minimum), \(chunking.average), \(chunking.maximum))"
+        }
+        return nil
+    }
+
+    /// What is out of range in an entry, in either format, or nil.
+    ///
+    /// - Parameters:
+    ///   - entry: the entry.
+    ///   - zipRange: whether the entry has a zip entry's range (format 1, or a zip pack's format 2 index), or none.
+    static func problem(_ entry: Entry, zipRange: Bool = true) -> String? {
         let sizes = 0...LoadedManifest.maxSize
         return if entry.path.isEmpty || entry.path.utf8.count > 0xFFFF || entry.path.utf8.contains(0) {
             "a path that no zip entry can have"
+        } else if entry.path.hasPrefix("/") || entry.path.split(separator: "/", omittingEmptySubsequences: false).contains("..") {
+            "a path that leaves the pack's folder"
         } else if !sizes.contains(entry.size) {
             "a size of \(entry.size), outside 0…2^50 bytes"
-        } else if !sizes.contains(entry.offset) {
+        } else if zipRange, !sizes.contains(entry.offset) {
             "an offset of \(entry.offset), outside 0…2^50"
-        } else if !(30...LoadedManifest.maxSize).contains(entry.length) {
+        } else if zipRange, !(30...LoadedManifest.maxSize).contains(entry.length) {
             "a length of \(entry.length), outside 30…2^50 bytes"
-        } else if !(0...0xFFFF).contains(entry.method) {
+        } else if zipRange, !(0...0xFFFF).contains(entry.method) {
             "a method of \(entry.method), outside 0…65535"
+        } else if !zipRange, entry.offset != 0 || entry.length != 0 || entry.method != 0 {
+            "a zip entry's range in a pack that is not a zip"
         } else if let mode = entry.mode, !(0...0xFFFF).contains(mode) {
             "a mode of \(mode), outside 0…0o177777"
-        } else if let sha256 = entry.sha256, sha256.utf8.count != 64 || !sha256.utf8.allSatisfy(LoadedManifest.isASCIIHexDigit) {
+        } else if let sha256 = entry.sha256, !Self.isDigest(sha256) {
             "a sha256 that is not 64 hex digits"
         } else if entry.kind != .directory, entry.sha256 == nil {
             "no SHA-256"
@@ -109,11 +322,80 @@ extension PackIndex {
         }
     }
 
+    /// What format 2 requires of an entry and its chunks beyond ``problem(_:zipRange:)``, or nil; adds the chunks'
+    /// ranges to `ranges`.
+    private static func problemV2(_ entry: Entry, in index: PackIndex, ranges: inout [(offset: Int64, length: Int64)]) -> String? {
+        let packLength = index.pack?.length ?? 0
+        guard let mode = entry.mode else { return "no mode" }
+        let type = mode & 0o170000
+        let wanted =
+            switch entry.kind {
+            case .file: 0o100000
+            case .directory: 0o040000
+            case .symlink: 0o120000
+            }
+        if type != wanted { return "a mode of 0o\(String(mode, radix: 8)), which is not a \(entry.kind.rawValue)'s" }
+        if entry.path.split(separator: "/", omittingEmptySubsequences: false).contains(where: { $0.isEmpty || $0 == "." }) {
+            return "a path with an empty or `.` part"
+        }
+        if index.container == .zip, entry.offset + entry.length > packLength {
+            return "a range (bytes \(entry.offset)+\(entry.length)) that ends after the pack's \(packLength) bytes"
+        }
+        guard let chunks = entry.chunks else { return nil }
+        if entry.kind != .file, !chunks.isEmpty { return "chunks, but it is not a file" }
+        var total: Int64 = 0
+        for chunk in chunks {
+            let storages: [Storage] =
+                switch index.container {
+                case .tar: [.raw]
+                case .tarZstd: [.zstdFrame]
+                case .tarGzip: [.gzipMember]
+                case .zip: entry.method == 0 ? [.raw] : [.deflatedZipEntry]
+                case .tarBzip2, .tarXz: []
+                }
+            let maxSize = chunk.storage == .deflatedZipEntry ? LoadedManifest.maxSize : Self.maxChunkSize
+            if !storages.contains(chunk.storage) {
+                return "a chunk stored as \(chunk.storage.rawValue), which a \(index.container.rawValue) pack cannot hold"
+            } else if !Self.isDigest(chunk.sha256) {
+                return "a chunk whose sha256 is not 64 hex digits"
+            } else if !(1...maxSize).contains(chunk.size) {
+                return "a chunk of \(chunk.size) bytes, outside 1…\(maxSize)"
+            } else if !(0...LoadedManifest.maxSize).contains(chunk.offset) || !(1...LoadedManifest.maxSize).contains(chunk.length)
+                || chunk.offset + chunk.length > packLength
+            {
+                return "a chunk at bytes \(chunk.offset)+\(chunk.length), outside the pack's \(packLength) bytes"
+            } else if chunk.storage == .raw, chunk.length != chunk.size {
+                return "a chunk stored raw in \(chunk.length) bytes that holds \(chunk.size)"
+            } else if chunk.storage == .deflatedZipEntry, chunks.count != 1 {
+                return "a deflated zip entry cut into \(chunks.count) chunks"
+            } else if index.container == .zip, chunk.offset < entry.offset || chunk.offset + chunk.length > entry.offset + entry.length {
+                return "a chunk at bytes \(chunk.offset)+\(chunk.length), outside its zip entry"
+            }
+            total += chunk.size
+            if total > entry.size { break }
+            ranges.append((chunk.offset, chunk.length))
+        }
+        if total != entry.size {
+            return "chunks that hold \(total > entry.size ? "more" : "fewer") bytes than its size of \(entry.size)"
+        }
+        return nil
+    }
+
+    static func isDigest(_ text: String) -> Bool {
+        text.utf8.count == 64 && text.utf8.allSatisfy(LoadedManifest.isASCIIHexDigit)
+    }
+
     /// The number of JSON objects in `data` (its `{` outside strings), counted without parsing, up to one more
     /// than `limit`.
     static func objectCount(_ data: Data, stoppingAfter limit: Int) -> Int {
-        data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> Int in
-            var count = 0
+        Self.objectCount(data, entriesAfter: limit, totalAfter: limit).total
+    }
+
+    /// The number of JSON objects in `data` (its `{` outside strings) that are elements of the root's arrays (an
+    /// index's entries), and of all, counted without parsing; the count stops at one more than either limit.
+    static func objectCount(_ data: Data, entriesAfter shallowLimit: Int, totalAfter totalLimit: Int) -> (shallow: Int, total: Int) {
+        data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> (shallow: Int, total: Int) in
+            var (shallow, total, depth) = (0, 0, 0)
             var inString = false
             var escaped = false
             for byte in bytes {
@@ -128,11 +410,17 @@ extension PackIndex {
                 } else if byte == UInt8(ascii: "\"") {
                     inString = true
                 } else if byte == UInt8(ascii: "{") {
-                    count += 1
-                    if count > limit { break }
+                    total += 1
+                    if depth == 2 { shallow += 1 }
+                    depth += 1
+                    if total > totalLimit || shallow > shallowLimit { break }
+                } else if byte == UInt8(ascii: "[") {
+                    depth += 1
+                } else if byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]") {
+                    depth -= 1
                 }
             }
-            return count
+            return (shallow, total)
         }
     }
 }

@@ -32,6 +32,35 @@ import Foundation
         return try Unpacker.unpack(archive: archive, into: staging, limits: limits).entries
     }
 
+    /// What an accepted index promises its reader and does not hold: every chunk inside the pack, no two
+    /// overlapping, a file's chunks adding up to its size, a path that stays inside the folder. Empty when the index
+    /// is refused or keeps its promises.
+    public static func indexPromisesBroken(_ data: Data) -> [String] {
+        guard
+            let index = try? PackIndex.decode(
+                data, maxEntries: Installer.UnpackLimitsPolicy().maxEntries, containers: Set(PackIndex.Container.allCases)),
+            index.format == 2
+        else { return [] }
+        var problems: [String] = []
+        var ranges: [(Int64, Int64)] = []
+        for entry in index.entries {
+            if entry.path.hasPrefix("/") || entry.path.split(separator: "/").contains("..") {
+                problems.append("escaping path \(entry.path)")
+            }
+            guard let chunks = entry.chunks else { continue }
+            if chunks.reduce(0, { $0 + $1.size }) != entry.size { problems.append("chunks of \(entry.path) do not add up") }
+            for chunk in chunks {
+                if chunk.offset < 0 || chunk.length < 1 || chunk.offset + chunk.length > (index.pack?.length ?? 0) {
+                    problems.append("chunk of \(entry.path) outside the pack")
+                }
+                ranges.append((chunk.offset, chunk.offset + chunk.length))
+            }
+        }
+        ranges.sort { $0.0 < $1.0 }
+        if zip(ranges, ranges.dropFirst()).contains(where: { $0.1 > $1.0 }) { problems.append("overlapping chunks") }
+        return problems
+    }
+
     /// Reads a pack index as a delta update does, then does with its numbers what a delta update does: plans the
     /// update (with every other file entry taken as installed), checks the index against the central directory it
     /// describes, and for each of the first 16 entries to fetch of at most 64 KiB, makes its bytes (a stored local
@@ -42,13 +71,20 @@ import Foundation
     ///   - staging: an existing, empty folder.
     /// - Returns: the number of entries unpacked whose bytes matched the index (`a`s rarely do).
     /// - Throws: `invalidManifest` saying why when a delta update would not use the index (it would fetch the whole
-    ///   pack); another ``PackDeliveryError`` when an entry's unpack fails.
+    ///   pack); another ``PackDeliveryError`` when an entry's unpack fails. A tar pack's index is only read.
     public static func index(_ data: Data, staging: URL) throws(PackDeliveryError) -> Int {
         func refused(_ refusal: DeltaRefusal) -> PackDeliveryError {
             PackDeliveryError(.invalidManifest, message: "The pack's index is not used: \(refusal.fallback.message).")
         }
         let index: PackIndex
-        do { index = try PackIndex.decode(data, maxEntries: Installer.UnpackLimitsPolicy().maxEntries) } catch { throw refused(error) }
+        do {
+            index = try PackIndex.decode(
+                data, maxEntries: Installer.UnpackLimitsPolicy().maxEntries, containers: Set(PackIndex.Container.allCases))
+        } catch {
+            throw refused(error)
+        }
+        // A tar pack's index is read, not planned: zip delta updates cannot use it.
+        guard index.container == .zip else { return 0 }
         let installed = index.entries.enumerated().compactMap { number, entry in
             number % 2 == 0 && entry.kind == .file
                 ? InstalledFileRecord(
