@@ -142,6 +142,27 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         await second.close()
     }
 
+    /// `resume` reaches a download another process runs, as `pause` and `cancel` do: here this process's queue owns
+    /// the paused download and `packs resume ID`, another process, resumes it. (It returned [] and the download stayed
+    /// paused until its owner died.)
+    @Test func resumeReachesADownloadAnotherProcessRuns() async throws {
+        let site = try TestSite.random("resume-across-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
+        defer { nginx.stop() }
+        let folder = try Fixtures.temporaryDirectory("resume-across-home")
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let queue = try DownloadQueue(home: Home(folder: folder), configuration: Self.options())
+        defer { queue.close() }
+        let id = try await #require(try queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        #expect(await waitFor(queue, id) { $0.progress > 0.1 } != nil, "the download runs")
+        try queue.pause([id])
+        #expect(await waitFor(queue, id) { $0.state == .paused } != nil, "paused by its owner")
+        let other = try CLI.run(home: folder, ["resume", id])
+        #expect(other.status == 0, "\(other.stderr)")
+        let finished = await waitFor(queue, id, timeout: 30) { $0.state == .finished }
+        #expect(finished != nil, "the owner resumed it on the other process's request and finished it")
+    }
+
     @Test func diskFullWhileDownloadingPausesKeepsTheBytesAndResumes() async throws {
         let size = 3 << 20
         let site = try TestSite.random("enospc-download-site", size: size)

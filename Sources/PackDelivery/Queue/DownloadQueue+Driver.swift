@@ -282,6 +282,7 @@ extension DownloadQueue {
                 switch request {
                 case "pause": self.change { $0.handle(id, .pause(.user, nil)) }
                 case "cancel": self.change { $0.handle(id, .cancel) }
+                case "resume": self.change { $0.handle(id, .resume) }
                 default: break
                 }
             }
@@ -449,7 +450,10 @@ extension DownloadQueue {
                     throw PackDeliveryError(
                         .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
                 }
-                if !record.download.state.isSettled { _ = try self.take([id]) }
+                if !record.download.state.isSettled, try self.take([id]).isEmpty {
+                    // Another process runs it: it resumes it within a second, as it pauses or cancels it.
+                    try self.store.setRequest("resume", for: id)
+                }
             }
         } else {
             // Resuming everything never starts what was added with start: false: that waits for the user's yes.

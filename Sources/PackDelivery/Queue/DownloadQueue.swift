@@ -407,6 +407,8 @@ public final class DownloadQueue: Sendable {
     }
 
     /// Resumes paused or failed downloads (all of them when `ids` is nil); they continue from the bytes on disk.
+    /// Like ``pause(_:)`` and ``cancel(_:)``, it reaches a download another process runs (through the store): that
+    /// process resumes it within a second.
     ///
     /// - Parameter ids: download ids, or nil for every paused, failed or orphaned download of an open transaction,
     ///   except those added with `start: false` (``PauseReason/notStarted``), which only ``start(_:)`` or their id starts.
