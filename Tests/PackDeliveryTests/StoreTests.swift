@@ -84,4 +84,59 @@ import Testing
         #expect(try store.files(of: install).map(\.path) == ["a.txt"])
         #expect(try store.downloadRecord("d-1")?.state == .finished)
     }
+
+    @Test func aRecordedValueThatCannotBeReadIsSaidNotDropped() throws {
+        let folder = try Fixtures.temporaryDirectory("store-unreadable")
+        let home = Home(folder: folder)
+        try FileManager.default.createDirectory(at: home.databaseURL.deletingLastPathComponent(), withIntermediateDirectories: true)
+        func download(_ id: String, _ state: DownloadState) -> Download {
+            var download = Download(
+                id: id, transactionID: "t-1", productIdentifier: "p", contentIdentifier: id, contentVersion: "1",
+                contentLength: 1000, state: state, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+                contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1:9/\(id).zip")!, sha256: Self.sha,
+                unpackedLength: nil, destination: .caches, bytesReceived: 0)
+            if state == .failed { download.error = PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404) }
+            download.index = Manifest.IndexReference(url: "\(id).index", sha256: Self.sha, length: 10)
+            return download
+        }
+        do {
+            let store = try Store(url: home.databaseURL)
+            defer { store.close() }
+            let transaction = Transaction(
+                id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+                downloads: [download("failed", .failed), download("running", .active), download("intact", .failed)])
+            // Owned by a queue of this process that is not open: the next queue takes the running one over.
+            try store.insert([transaction], owner: QueueOwner.new()) { "\($0.id).pack" }
+            // What the columns hold: the values as JSON.
+            let stored = try store.read { db in
+                try Row.fetchOne(db, sql: "SELECT error, indexReference FROM downloads WHERE id = 'intact'")
+            }
+            let error: String? = stored?["error"]
+            let index: String? = stored?["indexReference"]
+            #expect(error?.contains(#""httpStatus":404"#) == true && error?.contains(#""code":"httpStatus""#) == true, "\(error ?? "")")
+            #expect(index == #"{"length":10,"sha256":"\#(Self.sha)","url":"intact.index"}"#)
+            try store.write { db in
+                try db.execute(sql: "UPDATE downloads SET error = '{\"code\": \"httpSt' WHERE id = 'failed'")
+                try db.execute(sql: "UPDATE downloads SET indexReference = '{\"url\": 5}' WHERE id = 'running'")
+            }
+        }
+        let lines = LogLines()
+        let queue = try DownloadQueue(
+            home: home, configuration: DownloadQueue.Configuration(resumeInterruptedDownloads: false), logger: lines.logger())
+        defer { queue.close() }
+        let downloads = Dictionary(uniqueKeysWithValues: try queue.transactions().flatMap(\.downloads).map { ($0.id, $0) })
+        // The error that cannot be read is said as such, naming the column; the download stays failed.
+        let failed = try #require(downloads["failed"])
+        #expect(failed.state == .failed && failed.error?.code == .internalError && failed.error?.subject == "downloads.error")
+        #expect(failed.error?.message.contains("cannot be read (column downloads.error") == true, "\(failed.error?.message ?? "")")
+        // The index that cannot be read is dropped, with a warning, when the download is taken over to run.
+        let running = try #require(downloads["running"])
+        #expect(running.state == .paused && running.index == nil)
+        let warned = lines.all.filter { $0.contains("pack index recorded for a download cannot be read") }
+        #expect(warned.count == 1, "\(lines.all)")
+        // The other values read back as they were written.
+        let intact = try #require(downloads["intact"])
+        #expect(intact.error == PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404))
+        #expect(intact.index == Manifest.IndexReference(url: "intact.index", sha256: Self.sha, length: 10))
+    }
 }

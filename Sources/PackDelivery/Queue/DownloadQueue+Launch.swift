@@ -63,6 +63,11 @@ extension DownloadQueue {
     /// The machine for a download taken over from an earlier process: the facts (recovery of a move into place,
     /// the archive's size), then the decision (``Adoption``).
     private func adopt(_ record: DownloadRecord) throws(PackDeliveryError) -> DownloadMachine? {
+        if let reason = record.unreadableIndexReference {
+            self.logger.warning(
+                "the pack index recorded for a download cannot be read; the download has none, and an update fetches the whole pack",
+                metadata: ["download": "\(record.id)", "column": "downloads.indexReference", "reason": "\(reason)"])
+        }
         var recovered: InstalledPack?
         if Adoption.needsInstallRecovery(record) {
             recovered = try self.installer.recover(record.download, stagingInode: record.stagingInode)
