@@ -139,4 +139,110 @@ import Testing
         #expect(intact.error == PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404))
         #expect(intact.index == Manifest.IndexReference(url: "intact.index", sha256: Self.sha, length: 10))
     }
+
+    /// zlib's CRC-32 of every file and symlink (of its target text) under `folder`, by relative path.
+    static func zlibCRCs(_ folder: URL) throws -> [String: UInt32] {
+        let run = try Fixtures.run(
+            "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import json, os, sys, zlib
+                root, crcs = sys.argv[1], {}
+                for folder, _, names in os.walk(root):
+                    for name in names:
+                        path = os.path.join(folder, name)
+                        data = os.readlink(path).encode() if os.path.islink(path) else open(path, "rb").read()
+                        crcs[os.path.relpath(path, root)] = zlib.crc32(data)
+                print(json.dumps(crcs))
+                """, folder.path,
+            ], timeout: 60)
+        guard run.status == 0 else { throw FixtureError("python3: \(run.stderr)") }
+        return try JSONDecoder().decode([String: UInt32].self, from: Data(run.stdout.utf8))
+    }
+
+    /// What the store records of each installed product's files, by product.
+    static func recordedFiles(_ home: Home) throws -> [String: [InstalledFileRecord]] {
+        let store = try Store(url: home.databaseURL)
+        defer { store.close() }
+        var files: [String: [InstalledFileRecord]] = [:]
+        for install in try store.installs() { files[install.productIdentifier] = try store.files(of: install) }
+        return files
+    }
+
+    /// Each recorded file of the zip pack has zlib's CRC-32 of its bytes; the tar packs' files have none.
+    static func expectCRCs(_ home: Home, products: [String], zip: String) throws {
+        let recorded = try Self.recordedFiles(home)
+        #expect(Set(recorded.keys) == Set(products))
+        for (product, files) in recorded {
+            #expect(!files.isEmpty, "\(product) has recorded files")
+            if product == zip {
+                let crcs = try Self.zlibCRCs(home.cachesFolder.appending(path: product))
+                for file in files {
+                    #expect(file.crc32 != nil && file.crc32 == crcs[file.path], "\(product) \(file.path): \(file.crc32 ?? 0)")
+                }
+            } else {
+                #expect(files.allSatisfy { $0.crc32 == nil }, "\(product) is a tar: \(files.map(\.crc32))")
+            }
+        }
+    }
+
+    static let sampleProducts = ["com.example.atlas", "com.example.forest", "com.example.ocean"]
+
+    @Test func aZipPacksFilesAreRecordedWithTheirCRC32AndATarPacksWithout() async throws {
+        // atlas is a zip, forest a tar.gz, ocean a tar.xz.
+        let site = try TestSite.samples("crc-site")
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        // packs fetch: the zip is unpacked while it downloads, then adopted by its central directory.
+        let streamed = try Fixtures.temporaryDirectory("crc-streamed-home")
+        let fetch = try CLI.run(home: streamed, ["fetch", manifestURL] + Self.sampleProducts)
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        try Self.expectCRCs(Home(folder: streamed), products: Self.sampleProducts, zip: "com.example.atlas")
+        // Without streaming, the whole pack is unpacked after the download.
+        let home = Home(folder: try Fixtures.temporaryDirectory("crc-whole-home"))
+        var configuration = DownloadQueue.Configuration()
+        configuration.streamingUnpack = false
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        let manifest = try await LoadedManifest.load(manifestURL)
+        let id = try await #require(try queue.add(product: "com.example.atlas", from: manifest).downloads.first?.id)
+        let finished = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        await queue.close()
+        #expect(finished.state == .finished, "\(finished)")
+        try Self.expectCRCs(home, products: ["com.example.atlas"], zip: "com.example.atlas")
+    }
+
+    @Test func aHomeFromBeforeCRCsKeepsItsRecordsReadable() throws {
+        let site = try TestSite.samples("crc-migrate-site")
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let folder = try Fixtures.temporaryDirectory("crc-migrate-home")
+        let fetch = try CLI.run(
+            home: folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.atlas"])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        // The home as the release before CRC-32s left it: no crc32 column, and an error kept as its encoder wrote it.
+        let legacy = try Fixtures.run(
+            "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import sqlite3, sys
+                db = sqlite3.connect(sys.argv[1])
+                db.execute("ALTER TABLE installedFiles DROP COLUMN crc32")
+                db.execute("DELETE FROM grdb_migrations WHERE identifier LIKE 'v7:%'")
+                db.execute(\"\"\"UPDATE downloads SET error = '{"message":"The server said 404.","kind":"network","code":"httpStatus","httpStatus":404}'\"\"\")
+                db.commit()
+                """, folder.appending(path: "state.sqlite").path,
+            ], timeout: 30)
+        #expect(legacy.status == 0, "\(legacy.stderr)")
+        let verify = try CLI.run(home: folder, ["verify"])
+        #expect(verify.status == 0 && verify.stdout.contains("intact com.example.atlas"), "\(verify.stdout) \(verify.stderr)")
+        let files = try #require(try Self.recordedFiles(Home(folder: folder))["com.example.atlas"])
+        #expect(!files.isEmpty && files.allSatisfy { $0.crc32 == nil }, "installed before CRC-32s were recorded")
+        let store = try Store(url: Home(folder: folder).databaseURL)
+        defer { store.close() }
+        let row = try #require(try store.read { db in try DownloadRecord.fetchOne(db) })
+        #expect(row.error?.value == PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404))
+    }
 }

@@ -180,7 +180,9 @@ struct Installer: Sendable {
             progress(.verifying, 0)
             try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
         }
-        try ZipDirectories.check(archive)
+        // A zip's central directory: checked, and the CRC-32s its files are recorded with.
+        let listing = try ZipDirectories.listing(archive)
+        if let listing { try ZipDirectories.check(listing) }
         try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
         let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
         let expected = Double(download.unpackedLength ?? max(packLength, 1))
@@ -188,7 +190,7 @@ struct Installer: Sendable {
         var hooked = false
         let summary = try Unpacker.unpack(
             archive: archive, into: staging,
-            limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+            limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries), listing: listing,
             progress: { bytes in
                 progress(.unpacking, min(0.99, Double(bytes) / expected))
                 if !hooked, bytes > 0 {
@@ -239,7 +241,7 @@ struct Installer: Sendable {
         let records = files.map { file in
             InstalledFileRecord(
                 destination: download.destination, contentIdentifier: download.contentIdentifier,
-                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256)
+                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256, crc32: file.crc32)
         }
         return InstalledPack(install: install, files: records, leftovers: leftovers)
     }

@@ -244,6 +244,8 @@ struct InstalledFileRecord: Codable, FetchableRecord, PersistableRecord, Sendabl
     var size: Int64
     /// Hex SHA-256 of a regular file's bytes, or of a symlink's target text.
     var sha256: String
+    /// The CRC-32 of the same bytes, for a zip pack's files (see ``InstalledFile/crc32``); nil when not known.
+    var crc32: UInt32? = nil
 
     enum Columns {
         static let destination = Column(CodingKeys.destination)
