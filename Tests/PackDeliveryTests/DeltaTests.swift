@@ -115,6 +115,8 @@ import Testing
         #expect(
             try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/level0/link").path) == "f3.bin")
         #expect(FileManager.default.isExecutableFile(atPath: installed.appending(path: "Contents/run.sh").path), "modes kept")
+        // Every file of the new version, fetched or reused, is recorded with its CRC-32 (the next delta reads none).
+        try StoreTests.expectCRCs(Home(folder: home), products: [Self.product], zip: Self.product)
         #expect(leftovers(home) == [], "no delta folder, staging or archive left")
         let verify = try DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")

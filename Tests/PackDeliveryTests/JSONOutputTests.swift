@@ -148,6 +148,11 @@ import Testing
         let fetch = try CLI.run(home: home, ["--json", "fetch", manifestURL, "com.example.forest", "com.example.ocean"])
         #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
         try record("events", fetch.stdout)
+        // A finished download reads the same from the store as from its machine: no error, nothing left to wait.
+        for line in fetch.stdout.split(separator: "\n")
+        where line.contains(#""state":"finished""#) && line.contains(#""event":"transaction""#) {
+            #expect(line.contains(#""error":null"#) && !line.contains(#""timeRemaining":-1"#), "\(line)")
+        }
         let gone = try CLI.run(home: home, ["--json", "fetch", manifestURL, "com.example.gone"])
         #expect(gone.status == 65, "a pack the server does not have: \(gone.stderr)")
         try record("events", gone.stdout)

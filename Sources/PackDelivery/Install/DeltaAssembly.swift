@@ -111,14 +111,17 @@ struct DeltaAssembly {
             case .file, .symlink:
                 try Self.makeDirectories(Array(components.dropLast()), in: tree, made: &directories)
                 let target = tree.appending(path: entry.path)
-                if let file = fetched[number] {
+                // Each file's CRC-32 is the central directory's: a fetched entry was checked against it when it was
+                // unpacked, a reused file before the plan was used.
+                let crc = self.directory.entries[number].crc
+                if var file = fetched[number] {
                     let from = self.folder.appending(path: "u\(number)").appending(path: entry.path)
                     if rename(from.path, target.path) != 0 { throw Installer.fileError("move a fetched entry to", target.path, errno) }
+                    if file.kind == .file { file.crc32 = crc }
                     files.append(file)
                 } else if let reused = reuse[entry.path] {
-                    try self.place(
-                        self.installed.appending(path: reused.from), at: target, size: reused.size)
-                    files.append(InstalledFile(path: entry.path, kind: .file, size: reused.size, sha256: reused.sha256))
+                    try self.place(self.installed.appending(path: reused.from), at: target, size: reused.size)
+                    files.append(InstalledFile(path: entry.path, kind: .file, size: reused.size, sha256: reused.sha256, crc32: crc))
                 } else {
                     throw PackDeliveryError(
                         .internalError, message: "The delta update has no source for \(PackDeliveryError.printable(entry.path)).")

@@ -20,13 +20,27 @@ final class CancelFlag: Sendable {
     case afterRename = "after-rename"
 }
 
-/// Unpacks a verified archive into a private staging folder, makes it durable, moves it into place with
-/// one rename and records the install — or leaves everything as it was.
+/// What an install put in place: the rows that record it, which the queue's driver commits with the download's
+/// final row (``Store/commitInstall(_:files:download:)``), and what it left behind, cleared once they are
+/// committed (``Installer/clearAway(_:)``).
+struct InstalledPack: Sendable {
+    var install: InstallRecord
+    var files: [InstalledFileRecord]
+    /// The staging folder (the old version, after a swap), the archive and the delta update's folder.
+    var leftovers: [URL]
+
+    /// The installed folder.
+    var contentURL: URL { URL(filePath: self.install.contentURL) }
+}
+
+/// Unpacks a verified archive into a private staging folder, makes it durable and moves it into place with
+/// one rename — or leaves everything as it was.
 ///
 /// The order (after the ALICE study): unpack; sync the files and folders; journal the move (the staging
-/// folder's inode, durably); rename; sync the parent folder; record the install, its files and the
-/// finished download in one durable commit. Only then is the download reported finished. After a crash,
-/// ``recover(_:stagingInode:)`` uses the journal to tell whether the rename happened.
+/// folder's inode, durably); rename; sync the parent folder. The installer then returns what it installed,
+/// and the queue's driver records the install, its files and the finished download in one durable commit;
+/// only then is the download reported finished. After a crash, ``recover(_:stagingInode:)`` uses the
+/// journal to tell whether the rename happened.
 struct Installer: Sendable {
     var home: Home
     var store: Store
@@ -52,10 +66,10 @@ struct Installer: Sendable {
     /// Extended attributes that name the product an install folder belongs to.
     static let productAttribute = "user.packdelivery.product"
 
-    /// Runs check, unpack, sync, move and record for one download.
+    /// Runs check, unpack, sync and move for one download.
     /// - Parameter recheck: hash the archive first (its verification was recorded by an earlier process,
     ///   and a crash may have damaged it since).
-    /// - Returns: the installed folder (the download's `contentURL`).
+    /// - Returns: what was installed, for the driver to record.
     /// - Parameter streamed: the unpack that ran while the pack downloaded, when one did: its folder is taken
     ///   instead of unpacking again (unless `recheck`, or it failed for a reason that is not the pack's).
     /// - Parameter delta: the new version a delta update built (each entry already checked): moved into place
@@ -63,7 +77,7 @@ struct Installer: Sendable {
     func install(
         _ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
         streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil
-    ) throws(PackDeliveryError) -> URL {
+    ) throws(PackDeliveryError) -> InstalledPack {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
         let target = self.home.contentURL(for: download)
@@ -166,7 +180,9 @@ struct Installer: Sendable {
             progress(.verifying, 0)
             try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
         }
-        try ZipDirectories.check(archive)
+        // A zip's central directory: checked, and the CRC-32s its files are recorded with.
+        let listing = try ZipDirectories.listing(archive)
+        if let listing { try ZipDirectories.check(listing) }
         try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
         let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
         let expected = Double(download.unpackedLength ?? max(packLength, 1))
@@ -174,7 +190,7 @@ struct Installer: Sendable {
         var hooked = false
         let summary = try Unpacker.unpack(
             archive: archive, into: staging,
-            limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
+            limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries), listing: listing,
             progress: { bytes in
                 progress(.unpacking, min(0.99, Double(bytes) / expected))
                 if !hooked, bytes > 0 {
@@ -186,8 +202,10 @@ struct Installer: Sendable {
         return summary
     }
 
-    /// The rename, the sync of the parent and the record, shared by a fresh install and crash recovery.
-    private func moveIntoPlace(_ download: Download, staging: URL, target: URL, files: [InstalledFile]) throws(PackDeliveryError) -> URL {
+    /// The rename and the sync of the parent, shared by a fresh install and crash recovery.
+    private func moveIntoPlace(_ download: Download, staging: URL, target: URL, files: [InstalledFile]) throws(PackDeliveryError)
+        -> InstalledPack
+    {
         let exchanged = FileManager.default.fileExists(atPath: target.path)
         if exchanged {
             // The old version stays usable until this single atomic swap.
@@ -200,20 +218,21 @@ struct Installer: Sendable {
         try Durability.syncFolder(target.deletingLastPathComponent())
         if exchanged { try? Durability.syncFolder(staging.deletingLastPathComponent()) }
         self.hook?(.afterRename)
-        try self.record(download, contentURL: target, files: files)
         if download.destination == .documents { BackupExclusion.mark(folder: target, tag: false) }
-        let archive = self.home.archiveURL(for: download)
-        let deltaFolder = self.home.deltaURL(for: download)
-        self.janitor.async {
-            try? Self.removeTree(staging)  // the old version, after a swap
-            unlink(archive.path)
-            try? Self.removeTree(deltaFolder)
-        }
-        return target
+        return Self.installed(
+            download, contentURL: target, files: files,
+            leftovers: [staging, self.home.archiveURL(for: download), self.home.deltaURL(for: download)])
     }
 
-    /// Records the installed content, its files and the finished download in one durable write.
-    private func record(_ download: Download, contentURL: URL, files: [InstalledFile]) throws(PackDeliveryError) {
+    /// Removes what an install left behind (the old version after a swap, the archive), off the critical path:
+    /// once its record is committed, so that until then a retry still finds the archive.
+    func clearAway(_ installed: InstalledPack) {
+        let leftovers = installed.leftovers
+        self.janitor.async { for url in leftovers { try? Self.removeTree(url) } }
+    }
+
+    /// The rows that record the installed content and its files.
+    private static func installed(_ download: Download, contentURL: URL, files: [InstalledFile], leftovers: [URL]) -> InstalledPack {
         let install = InstallRecord(
             destination: download.destination, contentIdentifier: download.contentIdentifier,
             productIdentifier: download.productIdentifier, contentVersion: download.contentVersion,
@@ -222,14 +241,14 @@ struct Installer: Sendable {
         let records = files.map { file in
             InstalledFileRecord(
                 destination: download.destination, contentIdentifier: download.contentIdentifier,
-                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256)
+                path: file.path, kind: file.kind, size: file.size, sha256: file.sha256, crc32: file.crc32)
         }
-        try self.store.recordInstall(install, files: records)
+        return InstalledPack(install: install, files: records, leftovers: leftovers)
     }
 
     /// After a crash: finish or roll back an install that had reached the move.
-    /// - Returns: the content URL when the install is now complete; nil when it must run again from the archive.
-    func recover(_ download: Download, stagingInode: Int64?) throws(PackDeliveryError) -> URL? {
+    /// - Returns: what is now installed, for the caller to record; nil when it must run again from the archive.
+    func recover(_ download: Download, stagingInode: Int64?) throws(PackDeliveryError) -> InstalledPack? {
         let staging = self.home.stagingURL(for: download)
         let target = self.home.contentURL(for: download)
         if let stagingInode {
@@ -238,13 +257,9 @@ struct Installer: Sendable {
                 // The rename happened; only the record is missing. The hashes made while unpacking died with
                 // the process: read the files once more. The parent is synced again, in case the rename was not.
                 try Durability.syncFolder(target.deletingLastPathComponent())
-                try self.record(download, contentURL: target, files: try Durability.scan(target))
-                let archive = self.home.archiveURL(for: download)
-                self.janitor.async {
-                    try? Self.removeTree(staging)
-                    unlink(archive.path)
-                }
-                return target
+                return Self.installed(
+                    download, contentURL: target, files: try Durability.scan(target),
+                    leftovers: [staging, self.home.archiveURL(for: download)])
             }
             if stat(staging.path, &info) == 0, Int64(info.st_ino) == stagingInode {
                 // Unpacked, synced and checked, not yet moved: move it now.

@@ -80,6 +80,9 @@ enum Unpacker {
     ///   - archive: a zip, or a tar that is plain or compressed with gzip, bzip2, xz or zstd.
     ///   - staging: an existing, empty folder that only this unpack writes to.
     ///   - limits: the most bytes and entries the pack may unpack to.
+    ///   - listing: the zip's central directory when the caller has read it; read here otherwise (unless the pack
+    ///     is still `growing`). A zip's files are recorded with the CRC-32s it gives (libarchive checks each
+    ///     file's bytes against it).
     ///   - progress: called with the bytes written so far, about every MiB and once at the end.
     ///   - isCancelled: polled between blocks of data and between entries.
     ///   - writer: writes the files' bytes (tests pass one that fails like a full disk).
@@ -89,14 +92,17 @@ enum Unpacker {
     ///   filesystem is full (ENOSPC, EDQUOT); `.io` for other local failures; `.cancelled` when
     ///   `isCancelled` returned true. What was written so far stays in `staging`.
     static func unpack(
-        archive: URL, into staging: URL, limits: UnpackLimits,
+        archive: URL, into staging: URL, limits: UnpackLimits, listing: ZipDirectories.Listing? = nil,
         progress: (Int64) -> Void = { _ in }, isCancelled: @escaping () -> Bool = { false }, writer: any FileWriting = SystemFileWriter(),
         growing: GrowingFile? = nil
     ) throws(PackDeliveryError) -> UnpackSummary {
+        var directory = listing
+        if directory == nil, growing == nil { directory = try ZipDirectories.listing(archive) }
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
         let run = try UnpackRun(
-            archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing)
+            archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing,
+            listing: directory)
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
 
@@ -148,7 +154,7 @@ enum Unpacker {
         defer { locale.restore() }
         let run = try UnpackRun(
             archive: archive, staging: staging, limits: limits, writer: SystemFileWriter(), isCancelled: isCancelled,
-            growing: nil, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files))
+            growing: nil, listing: listing, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files))
         return try run.run(progress: { _ in }, isCancelled: isCancelled)
     }
 }
@@ -234,6 +240,10 @@ private final class UnpackRun {
     private var nodes: [[UInt8]: Node] = [:]
     /// Size and SHA-256 of every file and symlink created, by path.
     private var records: [[UInt8]: (kind: InstalledFile.Kind, size: Int64, sha256: String)] = [:]
+    /// The CRC-32 of each zip entry by its name as stored, from the central directory; empty for other packs.
+    private let directoryCRCs: [[UInt8]: UInt32]
+    /// The CRC-32 of the entries read, by path.
+    private var crcs: [[UInt8]: UInt32] = [:]
     /// Paths that some symlink's target passes through as a folder; no symlink may be created there.
     private var traversedBySymlinks: Set<[UInt8]> = []
     /// The last parent folder opened, kept open because entries usually come folder by folder.
@@ -262,8 +272,10 @@ private final class UnpackRun {
 
     init(
         archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
-        growing: GrowingFile?, adopting adoption: Adoption? = nil
+        growing: GrowingFile?, listing: ZipDirectories.Listing? = nil, adopting adoption: Adoption? = nil
     ) throws(PackDeliveryError) {
+        // Names are unique among files (a repeated one is refused as it is read); a folder may repeat.
+        self.directoryCRCs = Dictionary((listing?.entries ?? []).map { ($0.name, $0.crc) }, uniquingKeysWith: { first, _ in first })
         self.writer = writer
         self.adoption = adoption
         self.streaming = growing != nil
@@ -330,7 +342,9 @@ private final class UnpackRun {
         progress(self.bytes)
         var summary = UnpackSummary(bytes: self.bytes, entries: self.entries, zipEntries: self.zipEntries)
         summary.files = self.records.map { path, record in
-            InstalledFile(path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256)
+            InstalledFile(
+                path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256,
+                crc32: self.crcs[path])
         }.sorted { $0.path < $1.path }
         summary.directories =
             [""] + self.nodes.compactMap { path, node in node == .directory ? String(decoding: path, as: UTF8.self) : nil }.sorted()
@@ -361,6 +375,7 @@ private final class UnpackRun {
         }
         let components = try self.normalize(rawName, entry: name)
         let key = Self.join(components)
+        if let crc = self.directoryCRCs[rawName] { self.crcs[key] = crc }
 
         if let target = Self.bytes(archive_entry_hardlink(entry)) ?? Self.bytes(archive_entry_hardlink_utf8(entry)) {
             try self.requireNew(key, entry: name)

@@ -232,6 +232,10 @@ public struct InstalledFile: Sendable, Hashable, Codable {
     public var size: Int64
     /// Hex SHA-256 of the file's bytes, or of the symlink's target text.
     public var sha256: String
+    /// The CRC-32 of the same bytes, as the zip's central directory gives it (checked while unpacking); nil for
+    /// a pack that is not a zip, and for files recorded again from the folder (after a crash, or a damaged
+    /// state database).
+    public var crc32: UInt32?
 
     /// Creates a file record.
     ///
@@ -245,6 +249,19 @@ public struct InstalledFile: Sendable, Hashable, Codable {
         self.kind = kind
         self.size = size
         self.sha256 = sha256
+    }
+
+    /// Creates a file record with the CRC-32 of its bytes.
+    ///
+    /// - Parameters:
+    ///   - path: the path inside the install folder.
+    ///   - kind: a regular file or a symlink.
+    ///   - size: bytes of the file or of the link's target text.
+    ///   - sha256: hex SHA-256 of the same bytes.
+    ///   - crc32: their CRC-32 (zip's), nil when not known.
+    public init(path: String, kind: Kind, size: Int64, sha256: String, crc32: UInt32?) {
+        self.init(path: path, kind: kind, size: size, sha256: sha256)
+        self.crc32 = crc32
     }
 }
 

@@ -98,7 +98,7 @@ extension DownloadQueue {
                     guard let self else { return }
                     self.driver.async { self.change { $0.handle(id, .installProgress(token: token, phase: phase, fraction: fraction)) } }
                 }
-                let result: Result<URL, PackDeliveryError>
+                let result: Result<InstalledPack, PackDeliveryError>
                 do throws(PackDeliveryError) {
                     result = .success(
                         try installer.install(
@@ -107,7 +107,8 @@ extension DownloadQueue {
                 guard let self else { return }
                 self.driver.async {
                     self.driven { $0.updateWork(id) { work in if work.install === flag { work.install = nil } } }
-                    self.change { $0.handle(id, .installFinished(token: token, result: result)) }
+                    let recorded = self.commit(result, id: id, token: token)
+                    self.change { $0.handle(id, .installFinished(token: token, result: recorded)) }
                 }
             }
         case .reloadManifest(let token):
@@ -128,6 +129,32 @@ extension DownloadQueue {
             if staging { self.discard(self.home.stagingURL(for: download)) }
         }
         return []
+    }
+
+    /// Records what an install put in place, with the download's row as its machine will hold it once it takes
+    /// the result, in one durable write; then clears what the install left behind. The machine is told only
+    /// after the commit, so what it reports is recorded: a commit that fails is the install's failure.
+    private func commit(_ result: Result<InstalledPack, PackDeliveryError>, id: String, token: Int) -> Result<URL, PackDeliveryError> {
+        guard case .success(let installed) = result else { return result.map(\.contentURL) }
+        do throws(PackDeliveryError) {
+            let row: DownloadRecord
+            if let entry = self.driven({ $0.machine.entries[id] }) {
+                var finished = entry.machine
+                _ = finished.installFinished(token: token, result: .success(installed.contentURL))
+                row = self.record(finished, position: entry.position)
+            } else {
+                // No longer queued (its transaction was finished while a stopped install completed): its row
+                // is finished as recovery finishes one.
+                guard let record = try self.store.downloadRecord(id) else { throw PackDeliveryError.stopped("The download is gone.") }
+                let facts = Adoption.Facts(record: record, archiveBytes: nil, recoveredInstall: installed.contentURL)
+                row = self.record(Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy), position: record.position)
+            }
+            try self.store.commitInstall(installed.install, files: installed.files, download: row)
+        } catch {
+            return .failure(error)
+        }
+        self.installer.clearAway(installed)
+        return .success(installed.contentURL)
     }
 
     /// A delta update for this download, when one may work: the manifest indexes the pack, a version of it is
@@ -316,7 +343,7 @@ extension DownloadQueue {
             state.saveScheduled = false
             return state.machine.takeChanges(includingProgress: includingProgress)
         }
-        // The installer records a finished download itself, with its install.
+        // A finished download's row was committed with its install.
         let records = changes.filter { $0.machine.state != .finished }.map { self.record($0.machine, position: $0.position) }
         let settled = changes.filter { $0.machine.state.isSettled }.map(\.machine.download.id)
         guard !records.isEmpty || !settled.isEmpty else { return }
@@ -337,7 +364,7 @@ extension DownloadQueue {
         if !machine.verified, download.state != .finished { download.bytesReceived = min(download.bytesReceived, machine.durableBytes) }
         return DownloadRecord(
             download, position: position, validator: machine.validator,
-            partialPath: self.home.archiveURL(for: download).path, stagingInode: machine.stagingInode,
+            partialPath: download.state == .finished ? nil : self.home.archiveURL(for: download).path, stagingInode: machine.stagingInode,
             retriedFromZero: machine.retriedFromZero, verified: machine.verified)
     }
 

@@ -63,16 +63,28 @@ extension DownloadQueue {
     /// The machine for a download taken over from an earlier process: the facts (recovery of a move into place,
     /// the archive's size), then the decision (``Adoption``).
     private func adopt(_ record: DownloadRecord) throws(PackDeliveryError) -> DownloadMachine? {
-        var recovered: URL?
+        if let reason = record.unreadableIndexReference {
+            self.logger.warning(
+                "the pack index recorded for a download cannot be read; the download has none, and an update fetches the whole pack",
+                metadata: ["download": "\(record.id)", "column": "downloads.indexReference", "reason": "\(reason)"])
+        }
+        var recovered: InstalledPack?
         if Adoption.needsInstallRecovery(record) {
             recovered = try self.installer.recover(record.download, stagingInode: record.stagingInode)
         } else if Adoption.discardsStaging(record) {
             self.discard(self.home.stagingURL(for: record.download))
         }
         let facts = Adoption.Facts(
-            record: record, archiveBytes: Self.fileSize(self.home.archiveURL(for: record.download)), recoveredInstall: recovered)
+            record: record, archiveBytes: Self.fileSize(self.home.archiveURL(for: record.download)),
+            recoveredInstall: recovered?.contentURL)
         var machine = Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy)
         machine.credentialsRenewable = self.configuration.credentials != nil
+        if let recovered {
+            // The move into place had happened: the install is recorded with the finished download, in one commit.
+            try self.store.commitInstall(
+                recovered.install, files: recovered.files, download: self.record(machine, position: record.position))
+            self.installer.clearAway(recovered)
+        }
         return machine
     }
 
@@ -331,13 +343,13 @@ extension DownloadQueue {
                     installedAt: Date(timeIntervalSince1970: TimeInterval(info.st_mtim.tv_sec)),
                     downloadID: "recovered", fileCount: files.count,
                     byteCount: files.reduce(0) { $0 + ($1.kind == .file ? $1.size : 0) })
-                try self.store.recordInstall(
+                try self.store.commitInstall(
                     install,
                     files: files.map {
                         InstalledFileRecord(
                             destination: destination, contentIdentifier: name, path: $0.path, kind: $0.kind, size: $0.size,
                             sha256: $0.sha256)
-                    })
+                    }, download: nil)
                 count += 1
             }
         }

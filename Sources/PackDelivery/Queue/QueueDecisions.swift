@@ -115,6 +115,7 @@ enum Redelivery {
         if intact {
             download.state = .finished
             download.progress = 1
+            download.timeRemaining = 0
             download.bytesReceived = download.contentLength
             download.contentURL = contentURL
         } else {

@@ -39,7 +39,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var progress: Double
     var pauseReason: PauseReason?
     var contentURL: String?
-    var error: String?
+    /// The download's last error, as JSON.
+    var error: JSONColumn<PackDeliveryError>?
     var url: String
     var sha256: String
     var unpackedLength: Int64?
@@ -61,8 +62,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var ownerPID: Int32?
     var ownerStart: Int64?
     var ownerQueue: String?
-    /// The pack's index reference (JSON), for a delta update.
-    var indexReference: String?
+    /// The pack's index reference, as JSON, for a delta update.
+    var indexReference: JSONColumn<Manifest.IndexReference>?
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -89,7 +90,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.progress = download.progress
         self.pauseReason = download.pauseReason
         self.contentURL = download.contentURL?.path
-        self.error = download.error.flatMap { try? String(decoding: JSONEncoder().encode($0), as: UTF8.self) }
+        self.error = download.error.map { .value($0) }
         self.url = download.url.absoluteString
         self.sha256 = download.sha256
         self.unpackedLength = download.unpackedLength
@@ -97,7 +98,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.bytesReceived = download.bytesReceived
         self.validator = validator
         self.partialPath = partialPath
-        self.indexReference = download.index.flatMap { try? String(decoding: JSONEncoder().encode($0), as: UTF8.self) }
+        self.indexReference = download.index.map { .value($0) }
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -113,13 +114,93 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         Download(
             id: self.id, transactionID: self.transactionID, productIdentifier: self.productIdentifier,
             contentIdentifier: self.contentIdentifier, contentVersion: self.contentVersion, contentLength: self.contentLength,
-            state: self.state, phase: self.phase, progress: self.progress, phaseProgress: 0, timeRemaining: -1,
+            state: self.state, phase: self.phase, progress: self.progress, phaseProgress: self.state == .finished ? 1 : 0,
+            timeRemaining: self.state == .finished ? 0 : -1,
             pauseReason: self.pauseReason,
             contentURL: self.contentURL.map { URL(filePath: $0) },
-            error: self.error.flatMap { try? JSONDecoder().decode(PackDeliveryError.self, from: Data($0.utf8)) },
+            error: self.error.map { column in
+                switch column {
+                case .value(let error): error
+                case .unreadable(_, let reason):
+                    PackDeliveryError(
+                        .internalError,
+                        message: "The error recorded for download \(self.id) cannot be read (column downloads.error: \(reason)).",
+                        hint: "The download's state is kept; resume it to try again, or cancel it.", subject: "downloads.error")
+                }
+            },
             url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
             destination: self.destination, bytesReceived: self.bytesReceived,
-            index: self.indexReference.flatMap { try? JSONDecoder().decode(Manifest.IndexReference.self, from: Data($0.utf8)) })
+            index: self.indexReference?.value)
+    }
+
+    /// Why the recorded index reference cannot be read, when it cannot: the download then has none (see ``download``).
+    var unreadableIndexReference: String? {
+        guard case .unreadable(_, let reason)? = self.indexReference else { return nil }
+        return reason
+    }
+}
+
+/// A value kept as JSON in one column. GRDB reads and writes it as a ``DatabaseValueConvertible`` whose
+/// text is its JSON (GRDB's JSON encoder and decoder for such values). A text that cannot be decoded is
+/// never read as no value: it stays `unreadable`, with the decoder's reason, for the reader to report, and
+/// is written back as it was.
+enum JSONColumn<Value: Codable & Sendable>: Sendable {
+    case value(Value)
+    /// The column's text, and why it cannot be decoded.
+    case unreadable(text: String, reason: String)
+
+    var value: Value? {
+        guard case .value(let value) = self else { return nil }
+        return value
+    }
+}
+
+extension JSONColumn: Codable {
+    init(from decoder: any Decoder) throws { self = .value(try Value(from: decoder)) }
+
+    func encode(to encoder: any Encoder) throws {
+        switch self {
+        case .value(let value): try value.encode(to: encoder)
+        case .unreadable(let text, _):
+            var container = encoder.singleValueContainer()
+            try container.encode(text)
+        }
+    }
+}
+
+extension JSONColumn: DatabaseValueConvertible {
+    var databaseValue: DatabaseValue {
+        switch self {
+        case .value(let value):
+            // The values kept this way hold only strings and integers, which JSON always encodes.
+            guard let data = try? Self.databaseJSONEncoder().encode(value) else { return .null }
+            return String(decoding: data, as: UTF8.self).databaseValue
+        case .unreadable(let text, _):
+            return text.databaseValue
+        }
+    }
+
+    static func fromDatabaseValue(_ dbValue: DatabaseValue) -> Self? {
+        // NULL is no value: GRDB decodes an optional column through here, and nil makes it nil.
+        if dbValue.isNull { return nil }
+        guard case .string(let text) = dbValue.storage else {
+            return .unreadable(text: "\(dbValue)", reason: "it is not text")
+        }
+        do {
+            return .value(try Self.databaseJSONDecoder().decode(Value.self, from: Data(text.utf8)))
+        } catch let error as DecodingError {
+            let reason =
+                switch error {
+                case .dataCorrupted(let context): context.debugDescription
+                case .keyNotFound(let key, _): "the key \(key.stringValue) is missing"
+                case .typeMismatch(_, let context), .valueNotFound(_, let context):
+                    "\(context.codingPath.map(\.stringValue).joined(separator: ".")): \(context.debugDescription)"
+                @unknown default: "\(error)"
+                }
+            return .unreadable(text: text, reason: reason)
+        } catch {
+            return .unreadable(text: text, reason: "\(error)")
+        }
     }
 }
 
@@ -166,6 +247,8 @@ struct InstalledFileRecord: Codable, FetchableRecord, PersistableRecord, Sendabl
     var size: Int64
     /// Hex SHA-256 of a regular file's bytes, or of a symlink's target text.
     var sha256: String
+    /// The CRC-32 of the same bytes, for a zip pack's files (see ``InstalledFile/crc32``); nil when not known.
+    var crc32: UInt32? = nil
 
     enum Columns {
         static let destination = Column(CodingKeys.destination)

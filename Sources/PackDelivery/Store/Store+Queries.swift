@@ -135,15 +135,16 @@ extension Store {
         }
     }
 
-    /// Saves downloads' own columns in one write. A row the installer has recorded as finished is never
-    /// written over: the install's record is the truth, whatever the queue held in memory at that moment.
+    /// Saves downloads' own columns in one write. A finished row is never written over: it was committed with
+    /// its install (``commitInstall(_:files:download:)``), and a record of the download that a queue still
+    /// holds in memory is older than that.
     func save(_ records: [DownloadRecord]) throws(PackDeliveryError) {
         guard !records.isEmpty else { return }
         try self.write { db in
             for record in records {
-                let current = try String.fetchOne(db, sql: "SELECT state FROM downloads WHERE id = ?", arguments: [record.id])
-                if current == DownloadState.finished.rawValue { continue }
-                try record.update(db, columns: DownloadRecord.ownColumns)
+                let values = try record.databaseDictionary
+                try DownloadRecord.filter(key: record.id).filter(DownloadRecord.Columns.state != DownloadState.finished)
+                    .updateAll(db, DownloadRecord.ownColumns.map { Column($0).set(to: values[$0]) })
             }
         }
     }
@@ -242,21 +243,24 @@ extension Store {
         }
     }
 
-    /// Records an install with its files and the finished download, in one durable write: once this
-    /// returns, the install survives a power cut (its files and folders were synced before).
-    func recordInstall(_ install: InstallRecord, files: [InstalledFileRecord]) throws(PackDeliveryError) {
+    /// Records an install with its files, and the download's final row, in one durable write: once this
+    /// returns, the install survives a power cut (its files and folders were synced before), and neither is
+    /// ever recorded without the other.
+    ///
+    /// - Parameters:
+    ///   - install: the installed content; it replaces an earlier install at the same path, with its files.
+    ///   - files: its files.
+    ///   - download: the row of the download that installed it, as it is once finished (its own columns and
+    ///     the cleared journal of the move); nil for content recorded again from the folders alone.
+    func commitInstall(_ install: InstallRecord, files: [InstalledFileRecord], download: DownloadRecord?) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
-            try db.execute(
-                sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
-                arguments: [install.destination, install.contentIdentifier])
+            try InstalledFileRecord.filter(
+                InstalledFileRecord.Columns.destination == install.destination
+                    && InstalledFileRecord.Columns.contentIdentifier == install.contentIdentifier
+            ).deleteAll(db)
             try install.save(db)
             for file in files { try file.insert(db) }
-            try db.execute(
-                sql: """
-                    UPDATE downloads SET state = ?, phase = NULL, progress = 1, contentURL = ?, stagingInode = NULL,
-                           verified = 0, partialPath = NULL, error = NULL, pauseReason = NULL, bytesReceived = contentLength
-                    WHERE id = ?
-                    """, arguments: [DownloadState.finished, install.contentURL, install.downloadID])
+            try download?.update(db, columns: DownloadRecord.ownColumns + ["stagingInode"])
         }
     }
 

@@ -213,6 +213,10 @@ final class Store: Sendable {
                 sql: "INSERT INTO manifestMarks (keyID, scope, version, sha256) SELECT keyID, '', version, NULL FROM manifestVersions")
             try db.drop(table: "manifestVersions")
         }
+        migrator.registerMigration("v7: the CRC-32 of installed files") { db in
+            // NULL for the files of installs recorded before, and for those of packs that are not zips.
+            try db.alter(table: "installedFiles") { t in t.add(column: "crc32", .integer) }
+        }
         return migrator
     }
 

@@ -143,6 +143,10 @@ private final class DeltaRun {
 
     struct Stop: Error {}
 
+    /// The CRC-32 recorded for each installed file, by path (zip installs record them).
+    private lazy var recordedCRCs: [String: UInt32] = Dictionary(
+        self.request.installedFiles.compactMap { file in file.crc32.map { (file.path, $0) } }, uniquingKeysWith: { a, _ in a })
+
     private var folder: URL { self.request.folder }
     private var stopped: Bool { self.transfer.isStopped }
 
@@ -370,8 +374,10 @@ private final class DeltaRun {
         return (Int64(tail.count), kept && !grown)
     }
 
-    /// The CRC-32 of an installed file, by its path in the installed version.
+    /// The CRC-32 of an installed file, by its path in the installed version: as recorded at install (the file is
+    /// as installed: its size and time were checked, and a repair hashed it), else read from the file.
     private func installedCRC(_ path: String) throws -> UInt32? {
+        if let recorded = self.recordedCRCs[path] { return recorded }
         let file = URL(filePath: self.request.install.contentURL).appending(path: path).path
         let result: (crc: UInt32, count: Int64)?
         do { result = try CRC32.ofFile(file, isCancelled: { [transfer] in transfer.isStopped }) } catch {

@@ -1,0 +1,248 @@
+import Foundation
+import GRDB
+import PackTestSupport
+import Testing
+
+@testable import PackDelivery
+
+/// The state database's rows as the queue writes them: one writer per download row, and an install recorded in
+/// the same commit as its download's final row.
+@Suite(.timeLimit(.minutes(2))) struct StoreTests {
+    static let sha = String(repeating: "ab", count: 32)
+
+    /// A store with one open transaction of one download, and that download's machine at the start of its install.
+    static func installing(_ label: String) throws -> (store: Store, machine: DownloadMachine) {
+        let folder = try Fixtures.temporaryDirectory(label)
+        let store = try Store(url: folder.appending(path: "state.sqlite"))
+        let download = Download(
+            id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
+            contentLength: 1000, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+            contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p.zip")!, sha256: Self.sha,
+            unpackedLength: nil, destination: .caches, bytesReceived: 0)
+        let transaction = Transaction(
+            id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+            downloads: [download])
+        try store.insert([transaction], owner: QueueOwner.new()) { _ in "/work/downloads/d-1.pack" }
+        var machine = DownloadMachine(download: download)
+        _ = machine.start()
+        _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
+        #expect(machine.state == .active && machine.download.phase == .verifying)
+        return (store, machine)
+    }
+
+    static func row(_ machine: DownloadMachine) -> DownloadRecord {
+        DownloadRecord(
+            machine.download, position: 0, validator: machine.validator,
+            partialPath: machine.state == .finished ? nil : "/work/downloads/d-1.pack", stagingInode: machine.stagingInode,
+            retriedFromZero: machine.retriedFromZero, verified: machine.verified)
+    }
+
+    static func installed(at path: String) -> (install: InstallRecord, files: [InstalledFileRecord]) {
+        (
+            InstallRecord(
+                destination: .caches, contentIdentifier: "p", productIdentifier: "p", contentVersion: "1", contentURL: path,
+                installedAt: Date(), downloadID: "d-1", fileCount: 1, byteCount: 5),
+            [InstalledFileRecord(destination: .caches, contentIdentifier: "p", path: "a.txt", kind: .file, size: 5, sha256: Self.sha)]
+        )
+    }
+
+    @Test func aFinishedDownloadIsNeverWrittenOverByAnOlderRecordOfIt() throws {
+        let (store, installing) = try Self.installing("store-stale")
+        defer { store.close() }
+        let stale = Self.row(installing)
+        var finished = installing
+        _ = finished.installFinished(token: 1, result: .success(URL(filePath: "/c/p")))
+        let (install, files) = Self.installed(at: "/c/p")
+        try store.commitInstall(install, files: files, download: Self.row(finished))
+        // A queue that still held the download as installing saves it after the commit.
+        try store.save([stale])
+        let row = try #require(try store.downloadRecord("d-1"))
+        #expect(row.state == .finished && row.progress == 1 && row.contentURL == "/c/p" && row.phase == nil, "\(row)")
+        #expect(try store.transactions().first?.downloads.first?.state == .finished)
+    }
+
+    @Test func anInstallIsRecordedOnlyInTheCommitThatFinishesItsDownload() throws {
+        let (store, installing) = try Self.installing("store-one-commit")
+        defer { store.close() }
+        var finished = installing
+        _ = finished.installFinished(token: 1, result: .success(URL(filePath: "/c/p")))
+        let (install, files) = Self.installed(at: "/c/p")
+        // The download's row cannot be written: the install's rows must not be either.
+        try store.pool.write { db in
+            try db.execute(sql: "CREATE TRIGGER refuse BEFORE UPDATE ON downloads BEGIN SELECT RAISE(ABORT, 'refused'); END")
+        }
+        #expect { try store.commitInstall(install, files: files, download: Self.row(finished)) } throws: {
+            ($0 as? PackDeliveryError)?.code == .database
+        }
+        #expect(try store.installs(contentIdentifier: "p").isEmpty, "no install without its finished download")
+        #expect(try store.files(of: install).isEmpty, "no installed files without their install")
+        #expect(try store.downloadRecord("d-1")?.state != .finished)
+        // Once the row can be written, both are recorded.
+        try store.pool.write { db in try db.execute(sql: "DROP TRIGGER refuse") }
+        try store.commitInstall(install, files: files, download: Self.row(finished))
+        #expect(try store.installs(contentIdentifier: "p").map(\.contentURL) == ["/c/p"])
+        #expect(try store.files(of: install).map(\.path) == ["a.txt"])
+        #expect(try store.downloadRecord("d-1")?.state == .finished)
+    }
+
+    @Test func aRecordedValueThatCannotBeReadIsSaidNotDropped() throws {
+        let folder = try Fixtures.temporaryDirectory("store-unreadable")
+        let home = Home(folder: folder)
+        try FileManager.default.createDirectory(at: home.databaseURL.deletingLastPathComponent(), withIntermediateDirectories: true)
+        func download(_ id: String, _ state: DownloadState) -> Download {
+            var download = Download(
+                id: id, transactionID: "t-1", productIdentifier: "p", contentIdentifier: id, contentVersion: "1",
+                contentLength: 1000, state: state, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+                contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1:9/\(id).zip")!, sha256: Self.sha,
+                unpackedLength: nil, destination: .caches, bytesReceived: 0)
+            if state == .failed { download.error = PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404) }
+            download.index = Manifest.IndexReference(url: "\(id).index", sha256: Self.sha, length: 10)
+            return download
+        }
+        do {
+            let store = try Store(url: home.databaseURL)
+            defer { store.close() }
+            let transaction = Transaction(
+                id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+                downloads: [download("failed", .failed), download("running", .active), download("intact", .failed)])
+            // Owned by a queue of this process that is not open: the next queue takes the running one over.
+            try store.insert([transaction], owner: QueueOwner.new()) { "\($0.id).pack" }
+            // What the columns hold: the values as JSON.
+            let stored = try store.read { db in
+                try Row.fetchOne(db, sql: "SELECT error, indexReference FROM downloads WHERE id = 'intact'")
+            }
+            let error: String? = stored?["error"]
+            let index: String? = stored?["indexReference"]
+            #expect(error?.contains(#""httpStatus":404"#) == true && error?.contains(#""code":"httpStatus""#) == true, "\(error ?? "")")
+            #expect(index == #"{"length":10,"sha256":"\#(Self.sha)","url":"intact.index"}"#)
+            try store.write { db in
+                try db.execute(sql: "UPDATE downloads SET error = '{\"code\": \"httpSt' WHERE id = 'failed'")
+                try db.execute(sql: "UPDATE downloads SET indexReference = '{\"url\": 5}' WHERE id = 'running'")
+            }
+        }
+        let lines = LogLines()
+        let queue = try DownloadQueue(
+            home: home, configuration: DownloadQueue.Configuration(resumeInterruptedDownloads: false), logger: lines.logger())
+        defer { queue.close() }
+        let downloads = Dictionary(uniqueKeysWithValues: try queue.transactions().flatMap(\.downloads).map { ($0.id, $0) })
+        // The error that cannot be read is said as such, naming the column; the download stays failed.
+        let failed = try #require(downloads["failed"])
+        #expect(failed.state == .failed && failed.error?.code == .internalError && failed.error?.subject == "downloads.error")
+        #expect(failed.error?.message.contains("cannot be read (column downloads.error") == true, "\(failed.error?.message ?? "")")
+        // The index that cannot be read is dropped, with a warning, when the download is taken over to run.
+        let running = try #require(downloads["running"])
+        #expect(running.state == .paused && running.index == nil)
+        let warned = lines.all.filter { $0.contains("pack index recorded for a download cannot be read") }
+        #expect(warned.count == 1, "\(lines.all)")
+        // The other values read back as they were written.
+        let intact = try #require(downloads["intact"])
+        #expect(intact.error == PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404))
+        #expect(intact.index == Manifest.IndexReference(url: "intact.index", sha256: Self.sha, length: 10))
+    }
+
+    /// zlib's CRC-32 of every file and symlink (of its target text) under `folder`, by relative path.
+    static func zlibCRCs(_ folder: URL) throws -> [String: UInt32] {
+        let run = try Fixtures.run(
+            "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import json, os, sys, zlib
+                root, crcs = sys.argv[1], {}
+                for folder, _, names in os.walk(root):
+                    for name in names:
+                        path = os.path.join(folder, name)
+                        data = os.readlink(path).encode() if os.path.islink(path) else open(path, "rb").read()
+                        crcs[os.path.relpath(path, root)] = zlib.crc32(data)
+                print(json.dumps(crcs))
+                """, folder.path,
+            ], timeout: 60)
+        guard run.status == 0 else { throw FixtureError("python3: \(run.stderr)") }
+        return try JSONDecoder().decode([String: UInt32].self, from: Data(run.stdout.utf8))
+    }
+
+    /// What the store records of each installed product's files, by product.
+    static func recordedFiles(_ home: Home) throws -> [String: [InstalledFileRecord]] {
+        let store = try Store(url: home.databaseURL)
+        defer { store.close() }
+        var files: [String: [InstalledFileRecord]] = [:]
+        for install in try store.installs() { files[install.productIdentifier] = try store.files(of: install) }
+        return files
+    }
+
+    /// Each recorded file of the zip pack has zlib's CRC-32 of its bytes; the tar packs' files have none.
+    static func expectCRCs(_ home: Home, products: [String], zip: String) throws {
+        let recorded = try Self.recordedFiles(home)
+        #expect(Set(recorded.keys) == Set(products))
+        for (product, files) in recorded {
+            #expect(!files.isEmpty, "\(product) has recorded files")
+            if product == zip {
+                let crcs = try Self.zlibCRCs(home.cachesFolder.appending(path: product))
+                for file in files {
+                    #expect(file.crc32 != nil && file.crc32 == crcs[file.path], "\(product) \(file.path): \(file.crc32 ?? 0)")
+                }
+            } else {
+                #expect(files.allSatisfy { $0.crc32 == nil }, "\(product) is a tar: \(files.map(\.crc32))")
+            }
+        }
+    }
+
+    static let sampleProducts = ["com.example.atlas", "com.example.forest", "com.example.ocean"]
+
+    @Test func aZipPacksFilesAreRecordedWithTheirCRC32AndATarPacksWithout() async throws {
+        // atlas is a zip, forest a tar.gz, ocean a tar.xz.
+        let site = try TestSite.samples("crc-site")
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        // packs fetch: the zip is unpacked while it downloads, then adopted by its central directory.
+        let streamed = try Fixtures.temporaryDirectory("crc-streamed-home")
+        let fetch = try CLI.run(home: streamed, ["fetch", manifestURL] + Self.sampleProducts)
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        try Self.expectCRCs(Home(folder: streamed), products: Self.sampleProducts, zip: "com.example.atlas")
+        // Without streaming, the whole pack is unpacked after the download.
+        let home = Home(folder: try Fixtures.temporaryDirectory("crc-whole-home"))
+        var configuration = DownloadQueue.Configuration()
+        configuration.streamingUnpack = false
+        let queue = try DownloadQueue(home: home, configuration: configuration)
+        let manifest = try await LoadedManifest.load(manifestURL)
+        let id = try await #require(try queue.add(product: "com.example.atlas", from: manifest).downloads.first?.id)
+        let finished = try #require(await waitFor(queue, id) { !$0.state.isRunning })
+        await queue.close()
+        #expect(finished.state == .finished, "\(finished)")
+        try Self.expectCRCs(home, products: ["com.example.atlas"], zip: "com.example.atlas")
+    }
+
+    @Test func aHomeFromBeforeCRCsKeepsItsRecordsReadable() throws {
+        let site = try TestSite.samples("crc-migrate-site")
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let folder = try Fixtures.temporaryDirectory("crc-migrate-home")
+        let fetch = try CLI.run(
+            home: folder, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.atlas"])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        // The home as the release before CRC-32s left it: no crc32 column, and an error kept as its encoder wrote it.
+        let legacy = try Fixtures.run(
+            "/usr/bin/python3",
+            [
+                "-c",
+                """
+                import sqlite3, sys
+                db = sqlite3.connect(sys.argv[1])
+                db.execute("ALTER TABLE installedFiles DROP COLUMN crc32")
+                db.execute("DELETE FROM grdb_migrations WHERE identifier LIKE 'v7:%'")
+                db.execute(\"\"\"UPDATE downloads SET error = '{"message":"The server said 404.","kind":"network","code":"httpStatus","httpStatus":404}'\"\"\")
+                db.commit()
+                """, folder.appending(path: "state.sqlite").path,
+            ], timeout: 30)
+        #expect(legacy.status == 0, "\(legacy.stderr)")
+        let verify = try CLI.run(home: folder, ["verify"])
+        #expect(verify.status == 0 && verify.stdout.contains("intact com.example.atlas"), "\(verify.stdout) \(verify.stderr)")
+        let files = try #require(try Self.recordedFiles(Home(folder: folder))["com.example.atlas"])
+        #expect(!files.isEmpty && files.allSatisfy { $0.crc32 == nil }, "installed before CRC-32s were recorded")
+        let store = try Store(url: Home(folder: folder).databaseURL)
+        defer { store.close() }
+        let row = try #require(try store.read { db in try DownloadRecord.fetchOne(db) })
+        #expect(row.error?.value == PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404))
+    }
+}
