@@ -1,0 +1,42 @@
+import Logging
+import NIOCore
+
+/// The channel handlers `packs serve` adds to every HTTP/1.1 connection, one per concern, between
+/// Hummingbird's HTTP parsing and its request handling (`HTTP1Channel`'s `additionalChannelHandlers`,
+/// called once per connection). In pipeline order, from the socket's side:
+///
+/// 1. ``ConnectionLimitHandler``: admits the connection, closes an idle one for it, or refuses it.
+/// 2. ``ConnectionFlowHandler``: flow control of response bodies, and file regions sent with `sendfile`.
+/// 3. ``SendTimeoutHandler``: closes a connection whose client stops taking response bytes.
+/// 4. ``LingeringCloseHandler``: answers a malformed request with 400 or 431 and drains the connection.
+/// 5. ``RequestTimeoutHandler``: request and idle timeouts; keeps the connection's idle mark.
+/// 6. ``FileFastPathHandler`` (serving files only): answers plain file requests on the event loop.
+///
+/// The order is what makes them work together: every write and file region passes the send timeout
+/// on its way to ``ConnectionFlowHandler``, which sends regions below the HTTP encoder; the answer to
+/// a malformed request passes the send timeout but not the request timeout's count of responses;
+/// nothing read after a parse error reaches the handlers after ``LingeringCloseHandler``; and the
+/// fast path's requests and answers pass the request timeout like the router's.
+enum ConnectionPipeline {
+    /// A new set of handlers for one connection.
+    static func handlers(
+        limits: PackServerConfiguration.Limits,
+        limiter: ConnectionLimiter,
+        fastPath: FileFastPath?,
+        logger: Logger
+    ) -> [any RemovableChannelHandler] {
+        let idleMark = IdleMark()
+        var handlers: [any RemovableChannelHandler] = [
+            ConnectionLimitHandler(limiter: limiter, idleMark: idleMark, logger: logger),
+            ConnectionFlowHandler(flow: ConnectionFlow(window: max(4096, limits.readChunkSize))),
+            SendTimeoutHandler(timeout: limits.sendTimeout, logger: logger),
+            LingeringCloseHandler(lingeringTimeout: limits.lingeringTimeout, logger: logger),
+            RequestTimeoutHandler(
+                requestTimeout: limits.requestTimeout, idleTimeout: limits.idleTimeout, idleMark: idleMark, logger: logger),
+        ]
+        if let fastPath {
+            handlers.append(FileFastPathHandler(fastPath))
+        }
+        return handlers
+    }
+}

@@ -1,0 +1,42 @@
+import NIOCore
+
+/// Runs a handler's check no later than a deadline that moves often, with at most one scheduled task:
+/// moving the deadline later schedules nothing, the task finds it not yet due and the check asks
+/// again for what is left. Rescheduling a timer for every request and every write cost 12 % of the
+/// CPU of a small request under load.
+///
+/// Used on its channel's event loop only.
+final class DeadlineTimer {
+    private var scheduled: Scheduled<Void>?
+    private var scheduledAt: NIODeadline?
+
+    /// Makes sure `check` runs no later than `deadline` (a check already due earlier is kept).
+    func schedule(by deadline: NIODeadline, on eventLoop: any EventLoop, _ check: @escaping () -> Void) {
+        if let scheduledAt = self.scheduledAt, scheduledAt <= deadline { return }
+        self.scheduled?.cancel()
+        self.scheduledAt = deadline
+        self.scheduled = eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
+            self.scheduled = nil
+            self.scheduledAt = nil
+            check()
+        }
+    }
+
+    func cancel() {
+        self.scheduled?.cancel()
+        self.scheduled = nil
+        self.scheduledAt = nil
+    }
+}
+
+@available(*, unavailable)
+extension DeadlineTimer: Sendable {}
+
+extension TimeAmount {
+    /// A `Duration` as NIO's `TimeAmount` (nanoseconds, saturating).
+    init(_ duration: Duration) {
+        let (seconds, attoseconds) = duration.components
+        let (scaled, overflow) = seconds.multipliedReportingOverflow(by: 1_000_000_000)
+        self = .nanoseconds(overflow ? Int64.max : scaled &+ attoseconds / 1_000_000_000)
+    }
+}
