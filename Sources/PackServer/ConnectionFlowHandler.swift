@@ -13,7 +13,7 @@ import NIOHTTPTypesHTTP1
 ///   `Content-Length` already sent) below the typed HTTP parts; NIO sends it with `sendfile`.
 ///
 /// It sits just after the codec, so that every write and region passes the handlers before it (the
-/// ``SendTimeoutHandler`` times them).
+/// ``SendTimeoutHandler`` times them). Outbound only.
 final class ConnectionFlowHandler: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPResponsePart
     typealias OutboundOut = HTTPResponsePart

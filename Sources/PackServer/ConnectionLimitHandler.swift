@@ -11,8 +11,9 @@ import NIOHTTPTypes
 /// out until their request timeouts; nginx, like this, closes an idle connection to make room.
 ///
 /// It acts once, when the connection is set up (first in the pipeline, so a refused connection gets
-/// nothing else); whether the connection is idle is kept in its ``IdleMark`` by the
-/// ``RequestTimeoutHandler``, which knows when it waits for a request.
+/// nothing else), and then leaves the pipeline of a connection it let in, so that no request passes it;
+/// whether the connection is idle is kept in its ``IdleMark`` by the ``RequestTimeoutHandler``, which
+/// knows when it waits for a request.
 final class ConnectionLimitHandler: ChannelInboundHandler, RemovableChannelHandler {
     typealias InboundIn = HTTPRequestPart
     typealias InboundOut = HTTPRequestPart
@@ -43,6 +44,12 @@ final class ConnectionLimitHandler: ChannelInboundHandler, RemovableChannelHandl
             return
         }
         channel.closeFuture.whenComplete { [limiter = self.limiter] _ in limiter.remove(channel) }
+        // Nothing more to do here: leave once the pipeline is set up (the connection may already be
+        // closed then, and its handlers gone: nothing to remove).
+        let leave = NIOLoopBound(context, eventLoop: context.eventLoop)
+        context.eventLoop.execute {
+            leave.value.pipeline.syncOperations.removeHandler(context: leave.value, promise: nil)
+        }
     }
 
     func errorCaught(context: ChannelHandlerContext, error: any Error) {

@@ -5,32 +5,27 @@ import NIOCore
 /// again for what is left. Rescheduling a timer for every request and every write cost 12 % of the
 /// CPU of a small request under load.
 ///
-/// Used on its channel's event loop only.
-final class DeadlineTimer {
+/// A value kept in its handler (not an object of its own, which each request would touch), used on
+/// its channel's event loop only.
+struct DeadlineTimer {
     private var scheduled: Scheduled<Void>?
-    private var scheduledAt: NIODeadline?
+    /// When the scheduled task runs (past once it ran).
+    private var scheduledAt = NIODeadline.distantPast
 
-    /// Makes sure `check` runs no later than `deadline` (a check already due earlier is kept).
-    func schedule(by deadline: NIODeadline, on eventLoop: any EventLoop, _ check: @escaping () -> Void) {
-        if let scheduledAt = self.scheduledAt, scheduledAt <= deadline { return }
+    /// Makes sure `check` runs no later than `deadline` (a check still to come by then is kept).
+    mutating func schedule(by deadline: NIODeadline, on eventLoop: any EventLoop, _ check: @escaping () -> Void) {
+        if self.scheduledAt <= deadline, self.scheduledAt > .now() { return }
         self.scheduled?.cancel()
         self.scheduledAt = deadline
-        self.scheduled = eventLoop.assumeIsolated().scheduleTask(deadline: deadline) {
-            self.scheduled = nil
-            self.scheduledAt = nil
-            check()
-        }
+        self.scheduled = eventLoop.assumeIsolated().scheduleTask(deadline: deadline, check)
     }
 
-    func cancel() {
+    mutating func cancel() {
         self.scheduled?.cancel()
         self.scheduled = nil
-        self.scheduledAt = nil
+        self.scheduledAt = .distantPast
     }
 }
-
-@available(*, unavailable)
-extension DeadlineTimer: Sendable {}
 
 extension TimeAmount {
     /// A `Duration` as NIO's `TimeAmount` (nanoseconds, saturating).

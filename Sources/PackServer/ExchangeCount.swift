@@ -4,9 +4,11 @@ import NIOHTTPTypes
 /// one channel handler: request heads and ends read, response ends written.
 ///
 /// A client may send its next request before the previous response's end has passed (it has all the
-/// bytes once the body is sent), so these are counts, not one state. Each handler that needs them keeps
-/// its own, as Hummingbird's `HTTPConnectionStateHandler` does, and so counts what passes it: the
-/// requests a handler answers itself never reach the handlers after it.
+/// bytes once the body is sent), so these are counts, not one state. A handler counts what passes it:
+/// the requests a handler answers itself never reach the handlers after it. The
+/// ``RequestTimeoutHandler`` keeps the connection's count, which the ``LingeringCloseHandler`` asks
+/// for (nothing between them answers or holds back a request), so that each request part is looked
+/// at once for both.
 struct ExchangeCount {
     private var requestsStarted = 0
     private var requestsEnded = 0

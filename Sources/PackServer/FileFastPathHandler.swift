@@ -25,6 +25,7 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var routed = ExchangeCount()
     /// The rest of a request answered here (its body and end) is dropped, not passed on.
     private var droppingRequest = false
+    private var date = DateHeader()
 
     init(_ fastPath: FileFastPath) {
         self.fastPath = fastPath
@@ -62,41 +63,45 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private func send(_ answer: FileFastPath.Answer, to head: HTTPRequest, context: ChannelHandlerContext) {
         let response = answer.response
         var headers = response.headers
-        headers[.date] = HTTPDate.format(seconds: Int(time(nil)))
+        headers[.date] = self.date.now()
         headers[.server] = "packs"
         let closeAfter = head.headerFields[.connection]?.lowercased() == "close"
         if closeAfter {
             headers[.connection] = "close"
         }
         context.write(self.wrapOutboundOut(.head(HTTPResponse(status: response.status, headerFields: headers))), promise: nil)
-
-        let logger = self.fastPath.logger
-        let method = head.method
-        let target = answer.target
-        let range = head.headerFields[.range] ?? "-"
-        let status = response.status.code
-        let who = answer.credential.map { " " + $0 } ?? ""
-        let log: @Sendable (Int, (any Error)?) -> Void = { bytes, failure in
-            guard logger.logLevel <= .info else { return }
-            let line: Logger.Message = "\(method) \(target) range=\(range) \(status) \(bytes) bytes\(who)"
-            if let failure { logger.info(line, metadata: ["error": "\(failure)"]) } else { logger.info(line) }
-        }
         if !response.range.isEmpty {
-            let sent = context.eventLoop.makePromise(of: Void.self)
-            sent.futureResult.whenComplete { [file = answer.file] result in
-                // `file` stays open until its bytes are sent.
-                withExtendedLifetime(file) {}
-                if case .failure(let error) = result { log(0, error) }
-            }
             let region = FileRegionWrite(fd: answer.file.file.fd, offset: response.range.lowerBound, count: response.range.count)
-            context.triggerUserOutboundEvent(region, promise: sent)
+            context.triggerUserOutboundEvent(region, promise: nil)
         }
+        // Writes complete in order, and a failed one fails those after it: the end's completion is the
+        // region's too. The file stays open until then.
         let end = context.eventLoop.makePromise(of: Void.self)
         context.write(self.wrapOutboundOut(.end(nil)), promise: end)
         context.flush()
+        let file = answer.file
+        let log = self.requestLog(answer, to: head)
         end.futureResult.assumeIsolated().whenComplete { result in
-            if case .success = result { log(response.range.count, nil) }
+            withExtendedLifetime(file) {}
+            log?(result)
             if closeAfter { context.close(promise: nil) }
+        }
+    }
+}
+
+extension FileFastPathHandler {
+    /// Logs a request answered here as ``RequestLogMiddleware`` does; `nil` when the log is off.
+    private func requestLog(_ answer: FileFastPath.Answer, to head: HTTPRequest) -> ((Result<Void, any Error>) -> Void)? {
+        let logger = self.fastPath.logger
+        guard logger.logLevel <= .info else { return nil }
+        let request = "\(head.method) \(answer.target) range=\(head.headerFields[.range] ?? "-") \(answer.response.status.code)"
+        let count = answer.response.range.count
+        let who = answer.credential.map { " " + $0 } ?? ""
+        return { result in
+            switch result {
+            case .success: logger.info("\(request) \(count) bytes\(who)")
+            case .failure(let error): logger.info("\(request) 0 bytes\(who)", metadata: ["error": "\(error)"])
+            }
         }
     }
 }

@@ -35,3 +35,19 @@ enum HTTPDate {
         return Int(timegm(&parts))
     }
 }
+
+/// The `Date` header of responses, formatted once a second (as nginx does) rather than for every response.
+struct DateHeader {
+    private var seconds = 0
+    private var text = ""
+
+    /// The current time as IMF-fixdate.
+    mutating func now() -> String {
+        let seconds = Int(time(nil))
+        if seconds != self.seconds {
+            self.seconds = seconds
+            self.text = HTTPDate.format(seconds: seconds)
+        }
+        return self.text
+    }
+}

@@ -32,11 +32,13 @@ final class LingeringCloseHandler: ChannelDuplexHandler, RemovableChannelHandler
     private let lingeringTimeout: Duration
     private let logger: Logger
     private var state = State.open
-    private var exchanges = ExchangeCount()
-    private let timer = DeadlineTimer()
+    /// Whether a response is in flight, as the ``RequestTimeoutHandler`` counts them.
+    private let isResponding: () -> Bool
+    private var timer = DeadlineTimer()
 
-    init(lingeringTimeout: Duration, logger: Logger) {
+    init(lingeringTimeout: Duration, isResponding: @escaping () -> Bool, logger: Logger) {
         self.lingeringTimeout = lingeringTimeout
+        self.isResponding = isResponding
         self.logger = logger
     }
 
@@ -52,7 +54,6 @@ final class LingeringCloseHandler: ChannelDuplexHandler, RemovableChannelHandler
 
     func channelRead(context: ChannelHandlerContext, data: NIOAny) {
         guard case .open = self.state, context.channel.isActive else { return }
-        self.exchanges.read(self.unwrapInboundIn(data))
         context.fireChannelRead(data)
     }
 
@@ -82,22 +83,15 @@ final class LingeringCloseHandler: ChannelDuplexHandler, RemovableChannelHandler
             context.fireErrorCaught(error)
             return
         }
-        if self.exchanges.isResponding {
+        if self.isResponding() {
             self.closeFully(context: context)
         } else {
             self.answerAndLinger(context: context, status: parserError == .headerOverflow ? .requestHeaderFieldsTooLarge : .badRequest)
         }
     }
 
-    func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
-        if case .open = self.state {
-            self.exchanges.wrote(self.unwrapOutboundIn(data))
-        }
-        context.write(data, promise: promise)
-    }
-
     func triggerUserOutboundEvent(context: ChannelHandlerContext, event: Any, promise: EventLoopPromise<Void>?) {
-        if event is FileRegionWrite, self.state != .open {
+        if self.state != .open, event is FileRegionWrite {
             // No response bytes after the answer that closes the connection.
             promise?.fail(ChannelError.ioOnClosedChannel)
             return

@@ -31,7 +31,7 @@ final class RequestTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler
     private var timeout = Duration.zero
     /// Lingering or closed: no more requests.
     private var isStopped = false
-    private let timer = DeadlineTimer()
+    private var timer = DeadlineTimer()
 
     init(requestTimeout: Duration, idleTimeout: Duration, idleMark: IdleMark, logger: Logger) {
         self.requestTimeout = requestTimeout
@@ -39,6 +39,9 @@ final class RequestTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler
         self.idleMark = idleMark
         self.logger = logger
     }
+
+    /// A request read to its end has not been answered to its end (for the ``LingeringCloseHandler``).
+    var isResponding: Bool { self.exchanges.isResponding }
 
     func handlerAdded(context: ChannelHandlerContext) {
         self.startTimer(context: context, timeout: self.requestTimeout)

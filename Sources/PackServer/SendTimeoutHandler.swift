@@ -9,9 +9,9 @@ import NIOHTTPTypes
 ///
 /// It times every write that passes it — response parts, the answer to a malformed request, and file
 /// regions (``FileRegionWrite`` events): it sits just before ``ConnectionFlowHandler``, which sends them.
-final class SendTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler {
-    typealias InboundIn = HTTPRequestPart
-    typealias InboundOut = HTTPRequestPart
+///
+/// Outbound only: the requests never pass it.
+final class SendTimeoutHandler: ChannelOutboundHandler, RemovableChannelHandler {
     typealias OutboundIn = HTTPResponsePart
     typealias OutboundOut = HTTPResponsePart
 
@@ -21,7 +21,7 @@ final class SendTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler {
     private var pendingWrites = 0
     /// When the client must have taken some of the bytes waiting for it; `nil` while none wait.
     private var deadline: NIODeadline?
-    private let timer = DeadlineTimer()
+    private var timer = DeadlineTimer()
     private var isClosed = false
 
     init(timeout: Duration, logger: Logger) {
@@ -29,14 +29,10 @@ final class SendTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler {
         self.logger = logger
     }
 
+    /// Also when the connection closes: its pipeline's handlers are removed then.
     func handlerRemoved(context: ChannelHandlerContext) {
-        self.timer.cancel()
-    }
-
-    func channelInactive(context: ChannelHandlerContext) {
         self.isClosed = true
         self.timer.cancel()
-        context.fireChannelInactive()
     }
 
     func write(context: ChannelHandlerContext, data: NIOAny, promise: EventLoopPromise<Void>?) {
@@ -71,7 +67,7 @@ final class SendTimeoutHandler: ChannelDuplexHandler, RemovableChannelHandler {
     }
 
     private func check(context: ChannelHandlerContext) {
-        guard !self.isClosed, let deadline = self.deadline, self.pendingWrites > 0 else { return }
+        guard !self.isClosed, context.channel.isActive, let deadline = self.deadline, self.pendingWrites > 0 else { return }
         guard deadline <= .now() else {
             self.timer.schedule(by: deadline, on: context.eventLoop) { self.check(context: context) }
             return
