@@ -29,6 +29,12 @@ final class ConnectionFlowHandler: ChannelOutboundHandler, RemovableChannelHandl
     func handlerAdded(context: ChannelHandlerContext) {
         let channel = context.channel
         ConnectionFlow.register(self.flow, for: channel)
+        // The head and file region of a range of up to 256 KiB stay below the high watermark, so the
+        // channel stays writable while they are sent: two writability events fewer per such request,
+        // each passing every handler and Hummingbird's writer. Body bytes are held to the flow's
+        // window anyway.
+        let waterMark = ChannelOptions.Types.WriteBufferWaterMark(low: 128 * 1024, high: 320 * 1024)
+        try? channel.syncOptions?.setOption(.writeBufferWaterMark, value: waterMark)
         guard let codec = try? context.pipeline.syncOperations.context(handlerType: HTTP1ToHTTPServerCodec.self) else { return }
         self.codec = codec
         // A body's region enters at the tail, like the body's other writes, and passes every handler.
