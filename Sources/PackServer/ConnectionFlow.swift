@@ -1,5 +1,3 @@
-import Hummingbird
-import Logging
 import NIOCore
 import Synchronization
 
@@ -17,7 +15,7 @@ import Synchronization
 /// when the loop gets to it; a producer that reads a file faster than the loop writes can queue
 /// the whole file before the first report. Measured: 1,000 clients of a 4 MiB file took 750 MB
 /// even with one-chunk reads. Here the file body reserves each chunk before reading it and waits
-/// while `window` bytes are in flight; ``ConnectionGuard`` releases them when the socket took them.
+/// while `window` bytes are in flight; ``ConnectionFlowHandler`` releases them when the socket took them.
 final class ConnectionFlow: Sendable {
     private struct State {
         var inFlight = 0
@@ -29,7 +27,7 @@ final class ConnectionFlow: Sendable {
     /// The most body bytes in flight on one connection.
     let window: Int
     private let state = Mutex(State())
-    /// How a file region reaches the connection, set by ``ConnectionGuard`` (nil: copy instead).
+    /// How a file region reaches the connection, set by ``ConnectionFlowHandler`` (nil: copy instead).
     private let regionWriter = Mutex<(write: RegionWrite, abort: @Sendable () -> Void)?>(nil)
 
     /// Writes `count` bytes of `fd` from `offset` and calls `done` once the socket took them.
@@ -126,38 +124,4 @@ final class ConnectionFlow: Sendable {
     static func registered(for channel: any Channel) -> ConnectionFlow? {
         self.registry.withLock { $0[ObjectIdentifier(channel)] }
     }
-}
-
-/// The request context of `packs serve`: Hummingbird's basic one plus the connection's flow control.
-struct PackRequestContext: RequestContext {
-    var coreContext: CoreRequestContextStorage
-    /// The connection's flow control; `nil` where there is no real connection (router tests).
-    let flow: ConnectionFlow?
-    /// What the authorization learnt, for the request log (which runs outside it).
-    let notes = RequestNotes()
-
-    init(source: ApplicationRequestContextSource) {
-        self.coreContext = .init(source: source)
-        self.flow = ConnectionFlow.registered(for: source.channel)
-    }
-}
-
-/// Shared by every copy of one request's context: the authorization writes, the request log reads.
-final class RequestNotes: Sendable {
-    private let value = Mutex<String?>(nil)
-
-    /// Who presented the credential (``AccessGrant/credential``).
-    var credential: String? {
-        get { self.value.withLock { $0 } }
-        set { self.value.withLock { $0 = newValue } }
-    }
-}
-
-/// What ``ConnectionGuard`` needs to answer a plain GET or HEAD of a file itself, on the event loop.
-struct FileFastPath: Sendable {
-    let folder: ServedFolder
-    let authorizer: (any PackAuthorizer)?
-    let index: ManifestIndex
-    /// The request log (one info line per request, as ``RequestLogMiddleware`` writes it).
-    let logger: Logger
 }

@@ -81,7 +81,7 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
     }
 
     /// The answer to a GET or HEAD of `file` with these request headers: preconditions, then Range
-    /// and If-Range. Shared by this middleware and ``ConnectionGuard``'s fast path.
+    /// and If-Range. Shared by this middleware and the connections' fast path (``FileFastPath``).
     static func outcome(method: HTTPRequest.Method, path: String, headers requestHeaders: HTTPFields, file: ResolvedFile) -> Outcome {
         let status = file.status
         var headers = HTTPFields()
@@ -225,81 +225,5 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
     static func weakEqual(_ lhs: String, _ rhs: String) -> Bool {
         func opaque(_ tag: String) -> Substring { tag.hasPrefix("W/") ? tag.dropFirst(2) : Substring(tag) }
         return opaque(lhs) == opaque(rhs)
-    }
-}
-
-/// What `stat` says about a requested file, and the validators derived from it.
-struct FileStatus: Sendable {
-    let isRegularFile: Bool
-    let size: Int
-    let inode: UInt64
-    let modifiedSeconds: Int
-    let modifiedNanoseconds: Int
-
-    /// What `fstat` said about an open file.
-    init(_ info: stat) {
-        self.isRegularFile = (info.st_mode & S_IFMT) == S_IFREG
-        self.size = Int(info.st_size)
-        self.inode = UInt64(info.st_ino)
-        self.modifiedSeconds = Int(info.st_mtim.tv_sec)
-        self.modifiedNanoseconds = Int(info.st_mtim.tv_nsec)
-    }
-
-    /// A strong entity tag: changes whenever the file is replaced (inode), rewritten (mtime in ns) or
-    /// resized. Same idea as nginx's and Apache's tags, with nanoseconds.
-    var strongETag: String {
-        let nanoseconds = self.modifiedSeconds &* 1_000_000_000 &+ self.modifiedNanoseconds
-        return "\"\(String(self.inode, radix: 16))-\(String(nanoseconds, radix: 16))-\(String(self.size, radix: 16))\""
-    }
-
-    /// `Last-Modified` as FileMiddleware sends it (IMF-fixdate, whole seconds).
-    var lastModifiedHeader: String {
-        HTTPDate.format(seconds: self.modifiedSeconds)
-    }
-
-    /// `If-Range` (RFC 9110 §13.1.5): a strong tag must equal ours exactly (a weak tag never matches);
-    /// a date must equal the modification time to the second.
-    func matchesIfRange(_ value: String) -> Bool {
-        let value = value.trimmingCharacters(in: .whitespaces)
-        if value.hasPrefix("W/") { return false }
-        if value.hasPrefix("\"") { return value == self.strongETag }
-        guard let seconds = HTTPDate.parse(value) else { return false }
-        return seconds == self.modifiedSeconds
-    }
-}
-
-/// IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) without locale or formatter state.
-enum HTTPDate {
-    private static let days = ["Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"]
-    private static let months = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
-
-    static func format(seconds: Int) -> String {
-        var time = time_t(seconds)
-        var parts = tm()
-        gmtime_r(&time, &parts)
-        func two(_ value: Int32) -> String { value < 10 ? "0\(value)" : "\(value)" }
-        return "\(days[Int(parts.tm_wday)]), \(two(parts.tm_mday)) \(months[Int(parts.tm_mon)]) \(parts.tm_year + 1900) "
-            + "\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)) GMT"
-    }
-
-    static func parse(_ text: String) -> Int? {
-        // "Sun, 06 Nov 1994 08:49:37 GMT"
-        let fields = text.split(separator: " ")
-        guard fields.count == 6, fields[0].hasSuffix(","), fields[5] == "GMT",
-            let day = Int32(fields[1]), let monthIndex = months.firstIndex(of: String(fields[2])),
-            let year = Int32(fields[3])
-        else { return nil }
-        let clock = fields[4].split(separator: ":")
-        guard clock.count == 3, let hour = Int32(clock[0]), let minute = Int32(clock[1]), let second = Int32(clock[2]) else {
-            return nil
-        }
-        var parts = tm()
-        parts.tm_year = year - 1900
-        parts.tm_mon = Int32(monthIndex)
-        parts.tm_mday = day
-        parts.tm_hour = hour
-        parts.tm_min = minute
-        parts.tm_sec = second
-        return Int(timegm(&parts))
     }
 }

@@ -236,7 +236,7 @@ public enum PackServer {
         }
     }
 
-    /// What the connections need to answer plain file requests themselves (see ``ConnectionGuard``).
+    /// What the connections need to answer plain file requests themselves (see ``FileFastPathHandler``).
     private static func fastPath(_ configuration: PackServerConfiguration, logger: Logger) throws -> FileFastPath {
         let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
         return FileFastPath(
@@ -288,9 +288,8 @@ public enum PackServer {
             router: router,
             server: .http1(
                 configuration: HTTP1Channel.Configuration(
-                    additionalChannelHandlers: [
-                        ConnectionGuard(limits: limits, limiter: limiter, logger: connectionLogger, fastPath: fastPath)
-                    ]
+                    additionalChannelHandlers: ConnectionPipeline.handlers(
+                        limits: limits, limiter: limiter, fastPath: fastPath, logger: connectionLogger)
                 )
             ),
             configuration: ApplicationConfiguration(
