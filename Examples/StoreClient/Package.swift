@@ -1,6 +1,6 @@
 // swift-tools-version:6.2
 // A store client that depends on PackDelivery as an app would: a package of its own, by path.
-// (By URL it is `.package(url: "https://…/PackDelivery.git", from: "0.2.0")`, with the same `package:` below.)
+// (By URL it is `.package(url: "<your mirror>", revision: "<commit>", traits: [])`, with the same `package:` below.)
 import PackageDescription
 
 let package = Package(

@@ -339,7 +339,7 @@ extension Packs {
                             .notInstalled, message: "Nothing is installed for \(PackDeliveryError.printable(missing)).", subject: missing)
                     }
                 }
-                var results = try queue.verify(productIDs: ids)
+                var results = try await queue.verify(productIDs: ids)
                 if self.repair, results.contains(where: { !$0.isIntact }) {
                     self.report(results, final: false)
                     let session = RunSession(queue: queue, global: self.global)
@@ -348,7 +348,7 @@ extension Packs {
                         return RunSession.Follow(transactions: transactions)
                     }
                     if code != 0 { return code }
-                    results = try queue.verify(productIDs: ids)
+                    results = try await queue.verify(productIDs: ids)
                 }
                 self.report(results, final: true)
                 return results.allSatisfy(\.isIntact) ? 0 : ExitStatus.badData

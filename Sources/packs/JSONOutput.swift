@@ -104,7 +104,7 @@ struct TransactionJSON: Encodable {
         self.event = event
         self.id = transaction.id
         self.productIdentifier = transaction.productIdentifier
-        self.state = transaction.isFinished ? "finished" : transaction.kind.rawValue
+        self.state = transaction.state.rawValue
         self.kind = transaction.kind
         self.finishable = transaction.isFinishable
         self.downloads = transaction.downloads.map { DownloadJSON($0) }

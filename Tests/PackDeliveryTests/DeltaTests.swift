@@ -118,7 +118,7 @@ import Testing
         // Every file of the new version, fetched or reused, is recorded with its CRC-32 (the next delta reads none).
         try StoreTests.expectCRCs(Home(folder: home), products: [Self.product], zip: Self.product)
         #expect(leftovers(home) == [], "no delta folder, staging or archive left")
-        let verify = try DownloadQueue(home: Home(folder: home)).verify()
+        let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
     }
 
@@ -238,7 +238,7 @@ import Testing
         #expect(served >= 2 * Int(entry.length), "the entry was fetched once more: \(served)")
         #expect(served < 3 * Int(entry.length) + (400 << 10), "and no more: \(served)")
         #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
-        let verify = try DownloadQueue(home: Home(folder: home)).verify()
+        let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.count == 1 && verify.allSatisfy { $0.isIntact } && verify.first?.content.contentVersion == "1")
     }
 
@@ -435,9 +435,9 @@ import Testing
         let queue = try DownloadQueue(
             home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
         defer { queue.close() }
-        #expect(try queue.verify().contains { !$0.isIntact }, "verify sees the damage")
+        #expect(try await queue.verify().contains { !$0.isIntact }, "verify sees the damage")
         let before = server.bodyBytesSent("delta.zip")
-        let transactions = try queue.repair()
+        let transactions = try await queue.repair()
         let id = try #require(transactions.first?.downloads.first?.id, "a download repairs the pack")
         let done = try #require(await waitFor(queue, id) { $0.state.isSettled }, "the repair settles")
         #expect(done.state == .finished, "\(done.error?.description ?? "")")
@@ -445,7 +445,7 @@ import Testing
         let served = server.bodyBytesSent("delta.zip") - before
         #expect(served < (1 << 20) + (96 << 10) + (256 << 10), "big.bin and f5.bin, with the directory: \(served) bytes")
         #expect(try treeContents(installed) == reference, "the installed tree is whole again")
-        #expect(try queue.verify().allSatisfy(\.isIntact))
+        #expect(try await queue.verify().allSatisfy(\.isIntact))
     }
 
     /// A delta's ranges are ordinary transfers: a 503 with Retry-After on one is waited for as on a whole pack, and

@@ -228,6 +228,30 @@ import Testing
         await refused.stop()
     }
 
+    /// A transaction says where it is (`state`, as the CLI's JSON does), and verify and repair have async twins that
+    /// keep the typed error.
+    @Test func aTransactionHasAStateAndVerifyAndRepairCanBeAwaited() async throws {
+        let shop = try await Shop("state-and-async")
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        #expect(transaction.state == .purchased)
+        let settled = try await shop.queue.settled(transactionID: transaction.id)
+        #expect(settled.state == .purchased && settled.isFinishable)
+        let finished = try await shop.queue.finish([transaction.id])
+        #expect(finished.map(\.state) == [.finished], "\(finished.map(\.state))")
+        let results: [VerifyResult] = try await shop.queue.verify(productIDs: ["com.example.forest"])
+        #expect(results.count == 1 && results.allSatisfy(\.isIntact))
+        let repairs: [Transaction] = try await shop.queue.repair()
+        #expect(repairs.isEmpty, "nothing to repair")
+        await shop.queue.close()
+        do {
+            _ = try await shop.queue.verify()
+            Issue.record("verify after close must throw")
+        } catch {
+            #expect(error.code == .queueClosed, "a typed error: \(error.code)")
+        }
+        await shop.server.stop()
+    }
+
     @Test func aClosedQueueRefusesNewWorkAndItsStreamsEnd() async throws {
         let shop = try await Shop("closed")
         await shop.queue.close()

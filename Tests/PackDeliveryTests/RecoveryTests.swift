@@ -91,7 +91,7 @@ import Testing
         let done = await waitFor(queue, id) { !$0.state.isRunning }
         #expect(done?.state == .finished, "\(String(describing: done?.error))")
         #expect(try Data(contentsOf: installed.forest.appending(path: file)) == original)
-        #expect(try queue.verify(productIDs: ["com.example.forest", "com.example.atlas"]).allSatisfy(\.isIntact))
+        #expect(try await queue.verify(productIDs: ["com.example.forest", "com.example.atlas"]).allSatisfy(\.isIntact))
     }
 
     @Test func repeatedLaunchesTakeOverOneRestoreInsteadOfAddingMore() throws {

@@ -179,6 +179,20 @@ public struct Transaction: Sendable, Hashable, Codable, Identifiable {
     public var isFinishable: Bool { self.downloads.allSatisfy { $0.state.isSettled } }
     /// Whether the transaction has been finished (``finishedAt`` is set).
     public var isFinished: Bool { self.finishedAt != nil }
+    /// `finished` once finished, else what it is (`purchased` or `restored`), as `SKPaymentTransaction`'s
+    /// `transactionState` says it; the `packs` CLI's JSON shows the same value.
+    public var state: TransactionState {
+        if self.isFinished { return .finished }
+        switch self.kind {
+        case .purchased: return .purchased
+        case .restored: return .restored
+        }
+    }
+}
+
+/// Where a transaction is: open (`purchased` or `restored`), or `finished`.
+public enum TransactionState: String, Sendable, Hashable, Codable {
+    case purchased, restored, finished
 }
 
 /// Content installed for a product, findable until removed.

@@ -183,6 +183,17 @@ extension DownloadQueue {
         try await Blocking.run { () throws(PackDeliveryError) in try self.finish(transactionIDs) }
     }
 
+    /// ``verify(productIDs:)`` without blocking the caller's thread (it hashes every installed file).
+    public func verify(productIDs: [String]? = nil) async throws(PackDeliveryError) -> [VerifyResult] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.verify(productIDs: productIDs) }
+    }
+
+    /// ``repair(productIDs:)`` without blocking the caller's thread.
+    @discardableResult
+    public func repair(productIDs: [String]? = nil) async throws(PackDeliveryError) -> [Transaction] {
+        try await Blocking.run { () throws(PackDeliveryError) in try self.repair(productIDs: productIDs) }
+    }
+
     /// ``start(_:)`` without blocking the caller's thread.
     @discardableResult
     public func start(_ ids: [String]) async throws(PackDeliveryError) -> [String] {
