@@ -163,6 +163,29 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         #expect(finished != nil, "the owner resumed it on the other process's request and finished it")
     }
 
+    /// One delivery per product: a second add of a product whose packs are being delivered (a double "buy") joins
+    /// the running transaction; the pack is served once.
+    @Test func aSecondAddOfAProductBeingDeliveredJoinsItAndThePackIsServedOnce() async throws {
+        let site = try TestSite.random("join-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
+        defer { nginx.stop() }
+        let folder = try Fixtures.temporaryDirectory("join-home")
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let manifest = try await LoadedManifest.load(manifestURL)
+        let queue = try DownloadQueue(home: Home(folder: folder), configuration: Self.options())
+        defer { queue.close() }
+        let first = try await queue.add(product: "com.example.big", from: manifest)
+        let second = try await queue.add(product: "com.example.big", from: manifest)
+        #expect(second.id == first.id, "the second add joins the first")
+        #expect(try await queue.transactions().count == 1, "one transaction recorded")
+        let id = try #require(first.downloads.first?.id)
+        #expect(await waitFor(queue, id) { $0.progress > 0.1 } != nil, "the download runs")
+        #expect(await waitFor(queue, id) { $0.state == .finished } != nil)
+        #expect(nginx.bodyBytesSent(path: "/big.tar") < (4 << 20) + (1 << 20), "served once: \(nginx.bodyBytesSent(path: "/big.tar"))")
+        let forced = try await queue.add(product: "com.example.big", from: manifest, force: true)
+        #expect(forced.id != first.id, "force records a new one")
+    }
+
     @Test func diskFullWhileDownloadingPausesKeepsTheBytesAndResumes() async throws {
         let size = 3 << 20
         let site = try TestSite.random("enospc-download-site", size: size)

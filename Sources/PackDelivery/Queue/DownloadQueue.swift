@@ -256,7 +256,10 @@ public final class DownloadQueue: Sendable {
     ///   - start: false to record the downloads without starting them (see ``add(products:from:kind:destination:autoFinish:force:start:receipt:)``).
     ///   - receipt: a signed receipt for the purchase (``Receipt``), stored with the transaction and sent as
     ///     `Authorization: Bearer` with each of its pack requests, through pauses and relaunches (see there).
-    /// - Returns: the recorded transaction with its downloads.
+    /// - Returns: the recorded transaction with its downloads. When a transaction for the same product is already
+    ///   delivering the same packs into the same destination (a second "buy" while the first downloads), that one is
+    ///   returned instead and nothing new is recorded: each pack is delivered once (`force` records a new one
+    ///   anyway). A delivery another process runs is not joined yet.
     /// - Throws: `unknownProduct` for a product the manifest does not list; `contentIdentifierTaken` when a pack's
     ///   content identifier is installed for another product; `queueClosed` after ``close()``; a database error
     ///   when the store cannot be written.
@@ -316,8 +319,17 @@ public final class DownloadQueue: Sendable {
         let byContent = Dictionary(
             grouping: try self.store.installs().filter { wanted.contains($0.contentIdentifier) }, by: \.contentIdentifier)
         let present = Set(byContent.values.joined().map(\.contentURL).filter { FileManager.default.fileExists(atPath: $0) })
+        // A product this queue is already delivering is joined, not delivered twice. (Another process's delivery is
+        // not joined yet: its progress does not reach this queue's observers.)
+        let running = Set(self.driven { Array($0.machine.entries.keys) })
+        let open = try self.liveTransactions().filter { $0.downloads.contains { running.contains($0.id) } }
         var transactions: [Transaction] = []
-        for product in products {
+        var joined: [Int: Transaction] = [:]
+        for (position, product) in products.enumerated() {
+            if let running = AddPlan.joined(product, destination: destination, force: force, open: open) {
+                joined[position] = running
+                continue
+            }
             let transactionID = Self.newID("t")
             var urls: [URL] = []
             for content in product.contents { urls.append(try manifest.packURL(for: content)) }
@@ -339,8 +351,9 @@ public final class DownloadQueue: Sendable {
                     id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
                     finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
         }
-        try self.record(transactions, manifestURL: manifest.source, receipt: receipt)
-        return transactions
+        if !transactions.isEmpty { try self.record(transactions, manifestURL: manifest.source, receipt: receipt) }
+        var recorded = transactions.makeIterator()
+        return products.indices.compactMap { joined[$0] ?? recorded.next() }
     }
 
     /// Replaces the receipt that transactions present (a renewed one, after the old one expired), for their

@@ -47,6 +47,25 @@ enum AddPlan {
     }
 }
 
+extension AddPlan {
+    /// The open transaction a new one for `product` joins instead of delivering its packs a second time: one that
+    /// is delivering the same packs (the same content identifiers and versions, into the same destination) with a
+    /// download not yet settled. A double "buy" or two `fetch`es of one product then fetch each pack once.
+    /// Nil when none is (or with `force`): a new transaction is recorded.
+    static func joined(
+        _ product: Manifest.Product, destination: Destination, force: Bool, open: [Transaction]
+    ) -> Transaction? {
+        guard !force else { return nil }
+        let wanted = Set(product.contents.map { "\($0.contentIdentifier)\u{0}\($0.contentVersion)" })
+        return open.first { transaction in
+            transaction.productIdentifier == product.productIdentifier && !transaction.isFinished
+                && transaction.downloads.contains { !$0.state.isSettled }
+                && transaction.downloads.allSatisfy { $0.destination == destination && $0.state != .cancelled }
+                && Set(transaction.downloads.map { "\($0.contentIdentifier)\u{0}\($0.contentVersion)" }) == wanted
+        }
+    }
+}
+
 /// How a download left by an earlier process is taken over, decided with no I/O from what the driver found.
 enum Adoption {
     /// What the driver found about a download it took over.
