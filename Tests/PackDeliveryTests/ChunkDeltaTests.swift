@@ -1,5 +1,6 @@
 import Foundation
 import PackTestSupport
+import Synchronization
 import Testing
 
 @testable import PackDelivery
@@ -14,7 +15,9 @@ import Testing
     static func content(_ label: String, files: Int = 4) throws -> URL {
         let content = try Fixtures.temporaryDirectory(label)
         let contents = content.appending(path: "Contents")
-        try Fixtures.randomFile(at: contents.appending(path: "big.bin"), size: 8 << 20)
+        // Pseudo-random with a fixed seed: the same chunks, and so the same numbers, on every run.
+        try FileManager.default.createDirectory(at: contents, withIntermediateDirectories: true)
+        try Data(chunkedPackBytes(8 << 20, seed: 42)).write(to: contents.appending(path: "big.bin"))
         for file in 0..<files {
             try Fixtures.randomFile(at: contents.appending(path: "small/f\(file).bin"), size: 200 << 10)
         }
@@ -81,19 +84,14 @@ import Testing
         return (site, server, home, content)
     }
 
-    static func randomBytes(_ count: Int) -> Data {
-        var generator = SystemRandomNumberGenerator()
-        return Data((0..<count).map { _ in UInt8.random(in: 0...255, using: &generator) })
-    }
-
     /// Overwrites `length` bytes at each of `offsets` of a file with random bytes.
     static func scribble(_ file: URL, at offsets: [Int], length: Int) throws {
         var bytes = try Data(contentsOf: file)
-        for offset in offsets { bytes.replaceSubrange(offset..<(offset + length), with: Self.randomBytes(length)) }
+        for offset in offsets { bytes.replaceSubrange(offset..<(offset + length), with: chunkedPackBytes(length, seed: UInt64(offset))) }
         try bytes.write(to: file)
     }
 
-    @Test(arguments: [PackFormat.tar, .tarZstd])
+    @Test(arguments: [PackFormat.tar, .tarZstd, .tarGzip])
     func aLargeFileChangedInPlacesThenGrownNearItsStartFetchesOnlyItsNewChunks(format: PackFormat) async throws {
         let label = "chunk-big-\(format.rawValue)"
         let (site, server, home, content) = try await Self.installed(label, format)
@@ -125,7 +123,7 @@ import Testing
 
         // 4 KiB inserted near the start: the boundaries after it stay where they were.
         var bytes = try Data(contentsOf: big)
-        bytes.insert(contentsOf: Self.randomBytes(4096), at: 20_000)
+        bytes.insert(contentsOf: chunkedPackBytes(4096, seed: 7), at: 20_000)
         try bytes.write(to: big)
         try Self.publish(content, version: "3", site: site, format: format)
         before = server.bodyBytesSent(Self.packName(format))
@@ -235,6 +233,62 @@ import Testing
         #expect(served <= Int(largest), "one chunk: \(served) bytes")
         #expect(try treeContents(installed) == reference, "the installed tree is whole again")
         #expect(try queue.verify().allSatisfy(\.isIntact))
+    }
+
+    /// `packs fetch` killed with SIGKILL mid-update, then `packs resume`: the chunks verified before the kill are kept,
+    /// so no range completed before it is asked for again, and the server sends at most the planned bytes plus the
+    /// range in flight.
+    @Test func killedMidUpdateThenResumedFetchesNoVerifiedChunkTwice() throws {
+        let format = PackFormat.tarZstd
+        let content = try Self.content("chunk-kill-content", files: 40)
+        let site = try Fixtures.temporaryDirectory("chunk-kill-site")
+        try Self.publish(content, version: "1", site: site, format: format)
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        let home = try Fixtures.temporaryDirectory("chunk-kill-home")
+        let manifestURL = server.url("manifest.json").absoluteString
+        let first = try CLI.run(home: home, ["fetch", manifestURL, Self.product])
+        #expect(first.status == 0, "version 1: \(first.stderr)")
+
+        // Five new files of 200 KiB in separate ranges (unchanged files lie between them), served slowly.
+        for file in [2, 10, 18, 26, 34] {
+            try Fixtures.randomFile(at: content.appending(path: "Contents/small/f\(file).bin"), size: 200 << 10)
+        }
+        try Self.publish(content, version: "2", site: site, format: format)
+        var manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
+        manifest.products[0].contents[0].url = server.url(Self.packName(format), fault: .slow(bytesPerSecond: 384 << 10)).absoluteString
+        try JSONEncoder().encode(manifest).write(to: site.appending(path: "manifest.json"))
+        let before = server.bodyBytesSent(Self.packName(format))
+        let planned = Mutex<Int64>(0)
+        let killed = try runAndKill(home: home, ["fetch", manifestURL, Self.product]) { event in
+            guard let delta = event["delta"] as? [String: Any], let toFetch = (delta["bytesToFetch"] as? NSNumber)?.int64Value,
+                let received = (event["bytesReceived"] as? NSNumber)?.int64Value
+            else { return false }
+            planned.withLock { $0 = toFetch }
+            return received > toFetch * 6 / 10
+        }
+        #expect(killed, "killed mid-update")
+        let bytesToFetch = planned.withLock { $0 }
+        usleep(200_000)
+        let beforeKill = server.bodyBytesSent(Self.packName(format)) - before
+        #expect(beforeKill < Int(bytesToFetch), "killed before the end: \(beforeKill) of \(bytesToFetch)")
+        let early = server.requests().filter { $0.file == Self.packName(format) && $0.range != nil }
+        let completed = Set(early.dropLast().compactMap(\.range))
+        #expect(completed.count >= 2, "ranges completed before the kill: \(early)")
+
+        let resume = try CLI.run(home: home, ["resume"])
+        #expect(resume.status == 0, "\(resume.stderr)")
+        let late = server.requests().filter { $0.file == Self.packName(format) && $0.range != nil }.dropFirst(early.count)
+            .compactMap(\.range)
+        #expect(completed.isDisjoint(with: late), "no range completed before the kill is asked for again: before \(early), after \(late)")
+        let total = server.bodyBytesSent(Self.packName(format)) - before
+        print("chunk delta killed and resumed: \(beforeKill) bytes before the kill, \(total) in all, \(bytesToFetch) planned")
+        #expect(
+            total <= Int(bytesToFetch) + (200 << 10) + Int(DeltaPlan.coalesceGap),
+            "at most the range in flight again: \(beforeKill) before the kill, \(total) in all, of \(bytesToFetch)")
+        let installed = home.appending(path: "Caches/\(Self.product)")
+        #expect(try treeContents(installed) == (try Self.reference(site, format, "chunk-kill-bsdtar")), "the new version, byte for byte")
+        #expect(leftovers(home) == [])
     }
 
     /// The plan itself, with no I/O: files reused whole, chunks found locally, identical chunks fetched once, close
