@@ -355,6 +355,12 @@ import Testing
         #expect(
             reason(ChunkPlan.make(index: small, packLength: 330_000, installed: installed, damaged: [], local: [:])) == .tooMuchChanged,
             "200 KB of 330 KB")
+        var bloated = index
+        bloated.entries[3].chunks?[1].length = 500_000
+        #expect(
+            reason(ChunkPlan.make(index: bloated, packLength: 1_000_000, installed: installed, damaged: [], local: local))
+                == .indexUnusable,
+            "a chunk of 50 KB stored in 500 KB")
         var unchunked = index
         unchunked.entries[2].chunks = nil
         #expect(

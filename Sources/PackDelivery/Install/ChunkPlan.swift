@@ -174,6 +174,13 @@ struct ChunkPlan: Sendable, Hashable {
                             .indexUnusable,
                             "the pack's index gives \(PackDeliveryError.printable(entry.path)) no chunks, so it cannot be fetched apart"))
                 }
+                if let chunk = chunks.first(where: { $0.length > Self.maxStoredLength($0.size) }) {
+                    return .failure(
+                        DeltaRefusal(
+                            .indexUnusable,
+                            "the pack's index gives \(PackDeliveryError.printable(entry.path)) a chunk of \(chunk.size) bytes stored in \(chunk.length), more than any compressor makes of it"
+                        ))
+                }
                 var pieces: [Piece] = []
                 for chunk in chunks {
                     let digest = chunk.sha256.lowercased()
@@ -200,6 +207,10 @@ struct ChunkPlan: Sendable, Hashable {
         }
         return .success(plan)
     }
+
+    /// The most bytes a chunk of `size` bytes may be stored in: more than zstd or deflate ever make of it, so that a
+    /// chunk is never read into memory larger than that.
+    static func maxStoredLength(_ size: Int64) -> Int64 { size + size / 64 + (64 << 10) }
 
     /// The ranges that fetch the chunks `numbers` of `fetch`: chunks less than ``DeltaPlan/coalesceGap`` apart share one.
     static func coalesce(_ numbers: [Int], in fetch: [PackIndex.Chunk]) -> [Range] {
