@@ -173,10 +173,12 @@ struct ChunkAssembly {
             for link in plan.links {
                 let entry = self.index.entries[link.number]
                 guard let file = made[entry.path], file.kind == .symlink, file.sha256 == entry.sha256?.lowercased() else {
-                    throw PackDeliveryError(
-                        .contentDamaged,
-                        message: "The symlink \(PackDeliveryError.printable(entry.path)) could not be made as the pack's index gives it.",
-                        hint: "It is tried again.", subject: entry.path)
+                    throw Self.tryAgain(
+                        PackDeliveryError(
+                            .contentDamaged,
+                            message:
+                                "The symlink \(PackDeliveryError.printable(entry.path)) could not be made as the pack's index gives it.",
+                            hint: "It is tried again.", subject: entry.path))
                 }
                 files.append(file)
                 bytes += entry.size
@@ -228,9 +230,11 @@ struct ChunkAssembly {
                     source = "a fetched chunk kept on disk changed"
                     unlink(self.chunkFile(piece.sha256).path)
                 }
-                throw PackDeliveryError(
-                    .contentDamaged, message: "A chunk of \(PackDeliveryError.printable(entry.path)) could not be read back: \(source).",
-                    hint: "It is tried again.", subject: entry.path)
+                throw Self.tryAgain(
+                    PackDeliveryError(
+                        .contentDamaged,
+                        message: "A chunk of \(PackDeliveryError.printable(entry.path)) could not be read back: \(source).",
+                        hint: "It is tried again.", subject: entry.path))
             }
             bytes.withUnsafeBytes { hasher.update($0) }
             let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
@@ -250,6 +254,12 @@ struct ChunkAssembly {
             throw Installer.fileError("set the mode of", target.path, errno)
         }
         return InstalledFile(path: entry.path, kind: .file, size: entry.size, sha256: digest)
+    }
+
+    /// A source of the update changed under it (an installed file, a kept chunk): the attempt fails and is tried
+    /// again, planned afresh.
+    static func tryAgain(_ error: PackDeliveryError) -> TransferFailure {
+        TransferFailure(error: error, retryable: true, countsAlways: true)
     }
 
     /// A piece's bytes, from an installed file or a kept chunk; nil when they cannot all be read.
@@ -319,9 +329,10 @@ struct ChunkAssembly {
         let count = readlink(self.installed.appending(path: path).path, &buffer, buffer.count)
         let target = count > 0 ? String(validating: buffer[..<count], as: UTF8.self) : nil
         guard let target, Self.sha256(Array(target.utf8)) == entry.sha256?.lowercased() else {
-            throw PackDeliveryError(
-                .contentDamaged, message: "The installed symlink \(PackDeliveryError.printable(path)) changed during the delta update.",
-                hint: "It is tried again.", subject: path)
+            throw Self.tryAgain(
+                PackDeliveryError(
+                    .contentDamaged, message: "The installed symlink \(PackDeliveryError.printable(path)) changed during the delta update.",
+                    hint: "It is tried again.", subject: path))
         }
         return target
     }
