@@ -291,6 +291,36 @@ import Testing
         #expect(leftovers(home) == [])
     }
 
+    /// An index that would make the update write outside the pack's folder or through a symlink (a publisher's
+    /// mistake or worse; the manifest names it) fails the update with `unsafeEntry`, and the installed version stays.
+    @Test(arguments: ["absolute symlink", "file through a symlink"])
+    func anIndexThatLeadsOutsideThePackFailsAndTheOldVersionStays(change: String) async throws {
+        let format = PackFormat.tar
+        let label = "chunk-hostile-\(change.replacingOccurrences(of: " ", with: "-"))"
+        let (site, server, home, content) = try await Self.installed(label, format, files: 2)
+        defer { server.stop() }
+        let old = try treeContents(home.appending(path: "Caches/\(Self.product)"))
+        try Self.publish(content, version: "2", site: site, format: format)
+        var index = try Self.index(site, format)
+        if change == "absolute symlink" {
+            let number = try #require(index.entries.firstIndex { $0.path == "Contents/small/link" })
+            let target = "/etc/passwd"
+            index.entries[number].target = target
+            index.entries[number].size = Int64(target.utf8.count)
+            index.entries[number].sha256 = ChunkAssembly.sha256(Array(target.utf8))
+        } else {
+            let number = try #require(index.entries.firstIndex { $0.path == "Contents/small/f1.bin" })
+            index.entries[number].path = "Contents/small/link/f1.bin"
+        }
+        try PackIndexer.write(index, to: PackWriter.indexURL(for: site.appending(path: Self.packName(format))))
+        try ManifestBuilder.write(folder: site)
+        let download = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.state) \(download.error?.description ?? "")")
+        #expect(download.delta != nil, "it was a delta: \(download.deltaFallback?.message ?? "")")
+        #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
+        #expect(leftovers(home) == [], "nothing of the update left")
+    }
+
     /// The plan itself, with no I/O: files reused whole, chunks found locally, identical chunks fetched once, close
     /// ones in one range, and each reason to fall back.
     @Test func thePlanTakesLocalChunksFetchesEachOnceAndSaysWhyItFallsBack() throws {
