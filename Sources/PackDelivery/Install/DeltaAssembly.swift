@@ -137,7 +137,7 @@ struct DeltaAssembly {
     }
 
     /// A reflink where the filesystem has them, else a hard link, else a copy; the source must still look as installed.
-    private func place(_ source: URL, at target: URL, size: Int64) throws(PackDeliveryError) {
+    func place(_ source: URL, at target: URL, size: Int64) throws(PackDeliveryError) {
         var info = stat()
         guard lstat(source.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, Int64(info.st_size) == size else {
             throw PackDeliveryError(
@@ -172,7 +172,7 @@ struct DeltaAssembly {
         futimens(copy, &times)
     }
 
-    private static func components(_ path: String) throws(PackDeliveryError) -> [String] {
+    static func components(_ path: String) throws(PackDeliveryError) -> [String] {
         let components = path.split(separator: "/", omittingEmptySubsequences: false).map(String.init)
         guard !path.isEmpty, !components.contains(where: { $0.isEmpty || $0 == "." || $0 == ".." || $0.utf8.contains(0) }) else {
             throw PackDeliveryError(
@@ -183,7 +183,7 @@ struct DeltaAssembly {
     }
 
     /// `mkdir -p` inside `root`, refusing any component that exists and is not a folder (a symlink above all).
-    private static func makeDirectories(_ components: [String], in root: URL, made: inout Set<String>) throws(PackDeliveryError) {
+    static func makeDirectories(_ components: [String], in root: URL, made: inout Set<String>) throws(PackDeliveryError) {
         var relative = ""
         for component in components {
             relative = relative.isEmpty ? component : relative + "/" + component

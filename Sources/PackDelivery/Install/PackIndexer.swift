@@ -79,7 +79,7 @@ enum PackIndexer {
                 entries.append(
                     .init(
                         path: path, kind: .symlink, size: Int64(target.count), sha256: hasher.hexDigest(), method: 0, offset: 0,
-                        length: 0, mode: mode))
+                        length: 0, mode: mode, target: String(validating: target, as: UTF8.self)))
             default:
                 // Where the data starts: in a plain tar, the parser's position once the headers are read.
                 let start = rawTar ? archive_filter_bytes(reader, 0) : 0

@@ -441,6 +441,7 @@ private struct PackArchiveWriter {
             target.withUnsafeBytes { self.hasher.update($0) }
             (record.kind, record.size, record.sha256, record.chunks) = (.symlink, Int64(target.count), self.hasher.hexDigest(), nil)
             record.mode = 0o120000 | Int(item.mode)
+            record.target = String(validating: target, as: UTF8.self)
         case .generated(let data):
             record.mode = 0o100000 | Int(item.mode)
             self.hasher.reset()

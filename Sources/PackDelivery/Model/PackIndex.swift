@@ -105,18 +105,22 @@ public struct PackIndex: Sendable, Hashable, Codable {
         /// The file's chunks, in order; nil when the pack's format does not let them be fetched apart (a
         /// third-party tar.zst of one frame), and always in format 1. Their sizes add up to `size`.
         public var chunks: [Chunk]? = nil
+        /// A symlink's target text (format 2, when it is UTF-8), so that a chunked delta update can make the link;
+        /// its SHA-256 is the entry's.
+        public var target: String? = nil
 
         /// Creates an entry.
         public init(
             path: String, kind: Kind, size: Int64, sha256: String?, method: Int, offset: Int64, length: Int64, mode: Int? = nil,
-            chunks: [Chunk]? = nil
+            chunks: [Chunk]? = nil, target: String? = nil
         ) {
             (self.path, self.kind, self.size, self.sha256, self.method, self.offset, self.length, self.mode, self.chunks) =
                 (path, kind, size, sha256, method, offset, length, mode, chunks)
+            self.target = target
         }
 
         private enum CodingKeys: String, CodingKey {
-            case path, kind, size, sha256, method, offset, length, mode, chunks
+            case path, kind, size, sha256, method, offset, length, mode, chunks, target
         }
 
         public init(from decoder: any Decoder) throws {
@@ -131,6 +135,7 @@ public struct PackIndex: Sendable, Hashable, Codable {
             self.length = try container.decodeIfPresent(Int64.self, forKey: .length) ?? 0
             self.mode = try container.decodeIfPresent(Int.self, forKey: .mode)
             self.chunks = try container.decodeIfPresent([Chunk].self, forKey: .chunks)
+            self.target = try container.decodeIfPresent(String.self, forKey: .target)
         }
 
         public func encode(to encoder: any Encoder) throws {
@@ -147,6 +152,7 @@ public struct PackIndex: Sendable, Hashable, Codable {
             }
             try container.encodeIfPresent(self.mode, forKey: .mode)
             try container.encodeIfPresent(self.chunks, forKey: .chunks)
+            try container.encodeIfPresent(self.target, forKey: .target)
         }
     }
 
@@ -337,6 +343,15 @@ extension PackIndex {
         if type != wanted { return "a mode of 0o\(String(mode, radix: 8)), which is not a \(entry.kind.rawValue)'s" }
         if entry.path.split(separator: "/", omittingEmptySubsequences: false).contains(where: { $0.isEmpty || $0 == "." }) {
             return "a path with an empty or `.` part"
+        }
+        if let target = entry.target {
+            let hasher = SHA256Hasher()
+            Array(target.utf8).withUnsafeBytes { hasher.update($0) }
+            if entry.kind != .symlink {
+                return "a symlink's target, but it is not a symlink"
+            } else if Int64(target.utf8.count) != entry.size || hasher.hexDigest() != entry.sha256?.lowercased() {
+                return "a symlink target that does not match its size and SHA-256"
+            }
         }
         if index.container == .zip, entry.offset + entry.length > packLength {
             return "a range (bytes \(entry.offset)+\(entry.length)) that ends after the pack's \(packLength) bytes"

@@ -157,11 +157,47 @@ private final class DeltaRun {
     }
 
     /// The file a range is fetched into.
-    private func rangeFile(_ range: DeltaPlan.Range) -> URL { self.folder.appending(path: "r\(range.start)-\(range.end).part") }
+    private func rangeFile(_ range: DeltaPlan.Range) -> URL { self.rangeFile(range.start, range.end) }
+    private func rangeFile(_ start: Int64, _ end: Int64) -> URL { self.folder.appending(path: "r\(start)-\(end).part") }
 
     func run() -> (TransferOutcome, DeltaTree?) {
         do {
-            let plan = try self.plan()
+            switch try self.plan() {
+            case .entries(let plan): return try self.run(plan)
+            case .chunks(let plan): return try self.run(plan)
+            }
+        } catch let refusal as DeltaRefusal {
+            return (.deltaRefused(refusal.fallback), nil)
+        } catch is Stop {
+            return (.stopped(bytesOnDisk: self.fetched), nil)
+        } catch is DeltaAssembly.Stopped {
+            return (.stopped(bytesOnDisk: self.fetched), nil)
+        } catch let failure as TransferFailure {
+            return (.failed(failure, bytesOnDisk: self.fetched), nil)
+        } catch let error as PackDeliveryError {
+            let retryable = [.network, .io, .insufficientStorage, .unauthorized].contains(error.kind)
+            let hostile = error.code == .unsafeEntry || error.code == .checksumMismatch
+            if hostile { try? Installer.removeTree(self.folder) }
+            return (
+                .failed(
+                    TransferFailure(
+                        error: error, retryable: retryable && !hostile, countsAlways: hostile || error.code == .tooSlow),
+                    bytesOnDisk: self.fetched),
+                nil
+            )
+        } catch {
+            return (
+                .failed(
+                    TransferFailure(
+                        error: PackDeliveryError(.internalError, message: "The delta update failed: \(error)."), retryable: false),
+                    bytesOnDisk: self.fetched), nil
+            )
+        }
+    }
+
+    /// A zip pack's update, entry by entry.
+    private func run(_ plan: DeltaPlan) throws -> (TransferOutcome, DeltaTree?) {
+        do {
             try self.prepareFolder()
             let tail = try self.readDirectory()
             try DeltaPlan.check(self.index, against: self.directory)
@@ -220,38 +256,72 @@ private final class DeltaRun {
             if self.stopped { throw Stop() }
             let tree = try assembly.assemble(plan, fetched: verified)
             return (.assembled(fetched: self.fetched), tree)
-        } catch let refusal as DeltaRefusal {
-            return (.deltaRefused(refusal.fallback), nil)
-        } catch is Stop {
-            return (.stopped(bytesOnDisk: self.fetched), nil)
-        } catch is DeltaAssembly.Stopped {
-            return (.stopped(bytesOnDisk: self.fetched), nil)
-        } catch let failure as TransferFailure {
-            return (.failed(failure, bytesOnDisk: self.fetched), nil)
-        } catch let error as PackDeliveryError {
-            let retryable = [.network, .io, .insufficientStorage, .unauthorized].contains(error.kind)
-            let hostile = error.code == .unsafeEntry || error.code == .checksumMismatch
-            if hostile { try? Installer.removeTree(self.folder) }
-            return (
-                .failed(
-                    TransferFailure(
-                        error: error, retryable: retryable && !hostile, countsAlways: hostile || error.code == .tooSlow),
-                    bytesOnDisk: self.fetched),
-                nil
-            )
-        } catch {
-            return (
-                .failed(
-                    TransferFailure(
-                        error: PackDeliveryError(.internalError, message: "The delta update failed: \(error)."), retryable: false),
-                    bytesOnDisk: self.fetched), nil
-            )
         }
+    }
+
+    /// A chunked tar pack's update, chunk by chunk: each range fetched is split into its chunks, each decoded and
+    /// checked against its SHA-256 and kept; a chunk that does not match is fetched once more, then the download fails
+    /// naming a file that holds it.
+    private func run(_ plan: ChunkPlan) throws -> (TransferOutcome, DeltaTree?) {
+        try self.prepareFolder()
+        let assembly = ChunkAssembly(
+            folder: self.folder, index: self.index, installed: URL(filePath: self.request.install.contentURL),
+            writer: self.request.writer, isCancelled: { [transfer] in transfer.isStopped })
+        let exists = { (number: Int) in FileManager.default.fileExists(atPath: assembly.chunkFile(plan.fetch[number].sha256).path) }
+        var missing = plan.fetch.indices.filter { !exists($0) }
+        func partial(_ missing: [Int]) -> Int64 {
+            ChunkPlan.coalesce(missing, in: plan.fetch).reduce(Int64(0)) {
+                $0 + min(Self.size(self.rangeFile($1.start, $1.end)), $1.end - $1.start)
+            }
+        }
+        let kept = plan.fetch.indices.filter(exists).reduce(Int64(0)) { $0 + plan.fetch[$1].length } + partial(missing)
+        self.total = plan.bytesToFetch
+        self.fetched = min(kept, self.total)
+        self.onEvent(
+            .deltaPlanned(
+                id: self.request.id,
+                delta: Download.Delta(
+                    bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.build.count,
+                    filesReused: plan.reuse.count, bytesKept: kept)))
+        self.report(self.fetched, force: true)
+        var refetched = Set<Int>()
+        while !missing.isEmpty {
+            // Bytes of partial range files are counted in `fetched` already; each range adds what it fetches.
+            self.fetched -= partial(missing)
+            var bad: [Int] = []
+            for range in ChunkPlan.coalesce(missing, in: plan.fetch) {
+                try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
+                bad += try assembly.keep(range, chunks: plan.fetch, from: self.rangeFile(range.start, range.end))
+            }
+            if let twice = bad.first(where: { refetched.contains($0) }) {
+                let number = plan.build.first { $0.pieces.contains { $0.source == .fetched(twice) } }?.number
+                let path = number.map { self.index.entries[$0].path } ?? ""
+                throw PackDeliveryError(
+                    .checksumMismatch,
+                    message:
+                        "A chunk of \(PackDeliveryError.printable(path)) in the pack \(self.request.download.contentIdentifier) does not match the SHA-256 its index gives, twice.",
+                    hint: "Nothing was installed and the installed version is untouched; the pack on the server does not match its index.",
+                    subject: path)
+            }
+            refetched.formUnion(bad)
+            missing = bad
+            // Fetched again: the progress total grows by what is fetched twice.
+            self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
+        }
+        if self.stopped { throw Stop() }
+        let tree = try assembly.assemble(plan)
+        return (.assembled(fetched: self.fetched), tree)
     }
 
     // MARK: Plan
 
-    private func plan() throws -> DeltaPlan {
+    /// What an update fetches: a zip's entries, or a chunked tar's chunks.
+    enum Plan {
+        case entries(DeltaPlan)
+        case chunks(ChunkPlan)
+    }
+
+    private func plan() throws -> Plan {
         let download = self.request.download
         guard let indexURL = URL(string: self.request.index.url), !download.url.isFileURL else {
             throw DeltaRefusal(.notServedOverHTTP, "the pack is not served over http(s)")
@@ -288,12 +358,38 @@ private final class DeltaRun {
         guard Int64(data.count) == self.request.index.length, hasher.hexDigest() == self.request.index.sha256.lowercased() else {
             throw DeltaRefusal(.indexUnusable, "the pack's index does not match the SHA-256 and length the manifest gives")
         }
-        let index = try PackIndex.decode(data, maxEntries: self.request.maxEntries)
+        let index = try PackIndex.decode(data, maxEntries: self.request.maxEntries, containers: ChunkPlan.containers.union([.zip]))
         self.index = index
-        return try DeltaPlan.make(
-            index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength,
-            installed: installed, damaged: damaged
-        ).get()
+        guard index.container != .zip else {
+            return .entries(
+                try DeltaPlan.make(
+                    index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength,
+                    installed: installed, damaged: damaged
+                ).get())
+        }
+        // A tar has no directory to check the index against: the index must at least name this very pack.
+        guard let pack = index.pack, pack.length == download.contentLength, pack.sha256.lowercased() == download.sha256.lowercased()
+        else { throw DeltaRefusal(.indexUnusable, "the pack's index describes another pack than the manifest's (its length or SHA-256)") }
+        if let first = damaged.first {
+            throw DeltaRefusal(
+                .installedFilesChanged,
+                "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
+            )
+        }
+        var local: [String: ChunkPlan.LocalChunk] = [:]
+        if let chunking = index.chunking,
+            let chunker = Chunker(minimum: chunking.minimum, average: chunking.average, maximum: chunking.maximum)
+        {
+            local = try ChunkAssembly.inventory(
+                of: ChunkPlan.seeds(index: index, installed: installed, all: self.request.installedFiles),
+                root: URL(filePath: self.request.install.contentURL), chunker: chunker,
+                wanted: ChunkPlan.wantedChunks(index: index, installed: installed), isCancelled: { [transfer] in transfer.isStopped })
+        }
+        return .chunks(
+            try ChunkPlan.make(
+                index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength, installed: installed,
+                damaged: [], local: local
+            ).get())
     }
 
     /// The installed files (not in `excluding`) whose SHA-256 is no longer the one recorded at install.

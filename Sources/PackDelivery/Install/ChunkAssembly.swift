@@ -1,0 +1,339 @@
+import CArchive
+import CCompression
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// The installer's side of a chunked delta update, in its folder (`downloads/<id>.delta`): the chunks found in the
+/// installed files, the fetched ranges decoded into one file per chunk (`c<SHA-256>`, kept only once its SHA-256
+/// matches, made durable before it counts as kept), and the new version's tree written from them. The fetching is
+/// ``DeltaTransfer``'s, through the transfer engine.
+struct ChunkAssembly {
+    /// `downloads/<id>.delta`.
+    var folder: URL
+    var index: PackIndex
+    /// The installed version's folder.
+    var installed: URL
+    var writer: any FileWriting
+    var isCancelled: () -> Bool
+
+    func chunkFile(_ sha256: String) -> URL { self.folder.appending(path: "c\(sha256.lowercased())") }
+
+    /// The chunks of the installed files `seeds` whose SHA-256 is in `wanted`, found by cutting each file (read once)
+    /// as the new pack's files were cut, and hashing each chunk. A file that cannot be read is passed over.
+    ///
+    /// - Throws: ``DeltaAssembly/Stopped`` when `isCancelled` says stop.
+    static func inventory(
+        of seeds: [InstalledFileRecord], root: URL, chunker: Chunker, wanted: Set<String>, isCancelled: () -> Bool
+    ) throws(DeltaAssembly.Stopped) -> [String: ChunkPlan.LocalChunk] {
+        var found: [String: ChunkPlan.LocalChunk] = [:]
+        guard !wanted.isEmpty else { return found }
+        let stream = ChunkStream(chunker: chunker)
+        let hasher = SHA256Hasher()
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+        for file in seeds {
+            if isCancelled() { throw DeltaAssembly.Stopped() }
+            let fd = open(root.appending(path: file.path).path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+            guard fd >= 0 else { continue }
+            defer { close(fd) }
+            var info = stat()
+            guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { continue }
+            var offset: Int64 = 0
+            func add(_ chunk: UnsafeRawBufferPointer) {
+                hasher.reset()
+                hasher.update(chunk)
+                let digest = hasher.hexDigest()
+                if wanted.contains(digest), found[digest] == nil {
+                    found[digest] = ChunkPlan.LocalChunk(path: file.path, offset: offset, size: Int64(chunk.count))
+                }
+                offset += Int64(chunk.count)
+            }
+            while true {
+                let count = read(fd, buffer.baseAddress, buffer.count)
+                if count < 0, errno == EINTR { continue }
+                if count <= 0 { break }
+                stream.add(UnsafeRawBufferPointer(rebasing: buffer[..<count]), add)
+            }
+            stream.finish(add)
+        }
+        return found
+    }
+
+    /// A complete range's file (the pack's bytes `range.start..<range.end`): each of its chunks decoded as its
+    /// storage says, checked against its SHA-256, and kept in a file of its own (synced, renamed into place); then the
+    /// range's file is removed.
+    ///
+    /// - Returns: the chunks (numbers in `chunks`) whose bytes do not match: they are not kept.
+    func keep(_ range: ChunkPlan.Range, chunks: [PackIndex.Chunk], from file: URL) throws -> [Int] {
+        let input = open(file.path, O_RDONLY | O_CLOEXEC)
+        guard input >= 0 else { throw Installer.fileError("open", file.path, errno) }
+        defer { close(input) }
+        var bad: [Int] = []
+        for number in range.chunks {
+            let chunk = chunks[number]
+            var stored = [UInt8](repeating: 0, count: Int(chunk.length))
+            let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - range.start)) }
+            guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
+            guard let bytes = Self.decode(stored, storage: chunk.storage, size: Int(chunk.size)),
+                Self.sha256(bytes) == chunk.sha256.lowercased()
+            else {
+                bad.append(number)
+                continue
+            }
+            try self.write(bytes, to: self.chunkFile(chunk.sha256))
+        }
+        try Durability.syncFolder(self.folder)
+        unlink(file.path)
+        return bad
+    }
+
+    /// Writes a verified chunk to `target` durably: a temporary file, synced, renamed.
+    private func write(_ bytes: [UInt8], to target: URL) throws {
+        let part = target.path + ".part"
+        let fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw Installer.fileError("create", part, errno) }
+        defer { close(fd) }
+        let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, 0) }
+        if written != bytes.count { throw DeltaAssembly.writeFailure(written, file: target, needed: Int64(bytes.count)) }
+        guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync the fetched chunk", path: part, errno: errno) }
+        guard rename(part, target.path) == 0 else { throw PackDeliveryError.io("keep the fetched chunk", path: part, errno: errno) }
+    }
+
+    /// A chunk's bytes from its stored bytes; nil when they do not decode to exactly `size` bytes.
+    static func decode(_ stored: [UInt8], storage: PackIndex.Storage, size: Int) -> [UInt8]? {
+        switch storage {
+        case .raw:
+            return stored.count == size ? stored : nil
+        case .zstdFrame:
+            var out = [UInt8](repeating: 0, count: size)
+            let result = out.withUnsafeMutableBytes { output in
+                stored.withUnsafeBytes { ZSTD_decompress(output.baseAddress, output.count, $0.baseAddress, $0.count) }
+            }
+            return ZSTD_isError(result) == 0 && result == size ? out : nil
+        case .gzipMember:
+            // zlib keeps a pointer to its stream: the stream must not move between calls.
+            let stream = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)
+            stream.initialize(to: z_stream())
+            defer { stream.deallocate() }
+            guard inflateInit2_(stream, 31, zlibVersion(), Int32(MemoryLayout<z_stream>.size)) == Z_OK else { return nil }
+            defer { inflateEnd(stream) }
+            // One byte more than wanted: a member that holds more does not end in it.
+            var out = [UInt8](repeating: 0, count: size + 1)
+            var input = stored
+            let status = out.withUnsafeMutableBytes { output in
+                input.withUnsafeMutableBytes { bytes in
+                    stream.pointee.next_in = bytes.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                    stream.pointee.avail_in = uInt(bytes.count)
+                    stream.pointee.next_out = output.baseAddress?.assumingMemoryBound(to: Bytef.self)
+                    stream.pointee.avail_out = uInt(output.count)
+                    return inflate(stream, Z_FINISH)
+                }
+            }
+            guard status == Z_STREAM_END, stream.pointee.total_out == size, stream.pointee.avail_in == 0 else { return nil }
+            out.removeLast()
+            return out
+        case .deflatedZipEntry:
+            return nil
+        }
+    }
+
+    static func sha256(_ bytes: [UInt8]) -> String {
+        let hasher = SHA256Hasher()
+        bytes.withUnsafeBytes { hasher.update($0) }
+        return hasher.hexDigest()
+    }
+
+    /// The new version's tree: folders and symlinks made by the unpacker (from a tar of them, with all its checks),
+    /// unchanged files linked (or copied) from the installed version, and every other file written from its chunks in
+    /// order, each chunk checked again as it is read and the file against the SHA-256 the index gives it.
+    func assemble(_ plan: ChunkPlan) throws -> DeltaTree {
+        let tree = self.folder.appending(path: "tree")
+        try Installer.removeTree(tree)
+        if mkdir(tree.path, 0o755) != 0 { throw Installer.fileError("create the new version's folder", tree.path, errno) }
+        var directories: Set<String> = [""]
+        var files: [InstalledFile] = []
+        var bytes: Int64 = 0
+        if !plan.directories.isEmpty || !plan.links.isEmpty {
+            let links = self.folder.appending(path: "links.tar")
+            let size = try self.writeLinks(plan, to: links)
+            defer { unlink(links.path) }
+            let summary = try Unpacker.unpack(
+                archive: links, into: tree,
+                limits: UnpackLimits(maxBytes: size + 1, maxEntries: plan.directories.count + plan.links.count + 1),
+                isCancelled: self.isCancelled, writer: self.writer)
+            directories.formUnion(summary.directories)
+            let made = Dictionary(summary.files.map { ($0.path, $0) }, uniquingKeysWith: { a, _ in a })
+            for link in plan.links {
+                let entry = self.index.entries[link.number]
+                guard let file = made[entry.path], file.kind == .symlink, file.sha256 == entry.sha256?.lowercased() else {
+                    throw Self.tryAgain(
+                        PackDeliveryError(
+                            .contentDamaged,
+                            message:
+                                "The symlink \(PackDeliveryError.printable(entry.path)) could not be made as the pack's index gives it.",
+                            hint: "It is tried again.", subject: entry.path))
+                }
+                files.append(file)
+                bytes += entry.size
+            }
+        }
+        let placing = DeltaAssembly(
+            folder: self.folder, index: self.index, directory: ZipDirectories.Directory(entries: [], offset: 0, size: 0),
+            installed: self.installed, writer: self.writer, isCancelled: self.isCancelled)
+        for reused in plan.reuse {
+            if self.isCancelled() { throw DeltaAssembly.Stopped() }
+            let components = try DeltaAssembly.components(reused.path)
+            try DeltaAssembly.makeDirectories(Array(components.dropLast()), in: tree, made: &directories)
+            try placing.place(self.installed.appending(path: reused.from), at: tree.appending(path: reused.path), size: reused.size)
+            files.append(InstalledFile(path: reused.path, kind: .file, size: reused.size, sha256: reused.sha256))
+            bytes += reused.size
+        }
+        var sources: [String: Int32] = [:]
+        defer { for fd in sources.values { close(fd) } }
+        for build in plan.build {
+            if self.isCancelled() { throw DeltaAssembly.Stopped() }
+            files.append(try self.write(build, plan: plan, in: tree, directories: &directories, sources: &sources))
+            bytes += self.index.entries[build.number].size
+        }
+        return DeltaTree(
+            folder: tree,
+            summary: UnpackSummary(bytes: bytes, entries: self.index.entries.count, files: files, directories: directories.sorted()))
+    }
+
+    /// Writes one file of the new version from its chunks.
+    private func write(
+        _ build: ChunkPlan.Build, plan: ChunkPlan, in tree: URL, directories: inout Set<String>, sources: inout [String: Int32]
+    ) throws -> InstalledFile {
+        let entry = self.index.entries[build.number]
+        let components = try DeltaAssembly.components(entry.path)
+        try DeltaAssembly.makeDirectories(Array(components.dropLast()), in: tree, made: &directories)
+        let target = tree.appending(path: entry.path)
+        let fd = open(target.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else { throw Installer.fileError("create", target.path, errno) }
+        defer { close(fd) }
+        let hasher = SHA256Hasher()
+        var offset: Int64 = 0
+        for piece in build.pieces {
+            guard let bytes = self.bytes(of: piece, sources: &sources), Self.sha256(bytes) == piece.sha256 else {
+                let source: String
+                switch piece.source {
+                case .local(let local):
+                    source = "the installed file \(PackDeliveryError.printable(local.path)) changed during the delta update"
+                case .fetched:
+                    source = "a fetched chunk kept on disk changed"
+                    unlink(self.chunkFile(piece.sha256).path)
+                }
+                throw Self.tryAgain(
+                    PackDeliveryError(
+                        .contentDamaged,
+                        message: "A chunk of \(PackDeliveryError.printable(entry.path)) could not be read back: \(source).",
+                        hint: "It is tried again.", subject: entry.path))
+            }
+            bytes.withUnsafeBytes { hasher.update($0) }
+            let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
+            if written != bytes.count { throw DeltaAssembly.writeFailure(written, file: target, needed: entry.size - offset) }
+            offset += Int64(bytes.count)
+        }
+        let digest = hasher.hexDigest()
+        guard offset == entry.size, digest == entry.sha256?.lowercased() else {
+            throw PackDeliveryError(
+                .checksumMismatch,
+                message:
+                    "The file \(PackDeliveryError.printable(entry.path)), built from the chunks the pack's index gives, does not match the SHA-256 the index gives it.",
+                hint: "Nothing was installed and the installed version is untouched; the pack's index is wrong.", subject: entry.path)
+        }
+        // As the unpacker sets modes: permissions up to 0o755, always readable and writable by the owner.
+        if fchmod(fd, mode_t(((entry.mode ?? 0o644) & 0o755) | 0o600)) != 0 {
+            throw Installer.fileError("set the mode of", target.path, errno)
+        }
+        return InstalledFile(path: entry.path, kind: .file, size: entry.size, sha256: digest)
+    }
+
+    /// A source of the update changed under it (an installed file, a kept chunk): the attempt fails and is tried
+    /// again, planned afresh.
+    static func tryAgain(_ error: PackDeliveryError) -> TransferFailure {
+        TransferFailure(error: error, retryable: true, countsAlways: true)
+    }
+
+    /// A piece's bytes, from an installed file or a kept chunk; nil when they cannot all be read.
+    private func bytes(of piece: ChunkPlan.Piece, sources: inout [String: Int32]) -> [UInt8]? {
+        var bytes = [UInt8](repeating: 0, count: Int(piece.size))
+        let count: Int
+        switch piece.source {
+        case .local(let local):
+            var fd = sources[local.path] ?? -1
+            if fd < 0 {
+                fd = open(self.installed.appending(path: local.path).path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+                guard fd >= 0 else { return nil }
+                sources[local.path] = fd
+            }
+            count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, off_t(local.offset)) }
+        case .fetched:
+            let fd = open(self.chunkFile(piece.sha256).path, O_RDONLY | O_CLOEXEC)
+            guard fd >= 0 else { return nil }
+            defer { close(fd) }
+            count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+        }
+        return count == bytes.count ? bytes : nil
+    }
+
+    /// Writes the plan's folders and symlinks as a tar, for the unpacker.
+    /// - Returns: the bytes of the symlinks' targets.
+    private func writeLinks(_ plan: ChunkPlan, to url: URL) throws -> Int64 {
+        guard let archive = archive_write_new() else { throw PackDeliveryError.io("write", path: url.path, errno: ENOMEM) }
+        defer { archive_write_free(archive) }
+        func failure() -> PackDeliveryError {
+            PackDeliveryError(
+                .internalError,
+                message:
+                    "The folders and symlinks of the delta update could not be written: \(archive_error_string(archive).map { String(cString: $0) } ?? "unknown error")."
+            )
+        }
+        guard archive_write_set_format_pax_restricted(archive) == ARCHIVE_OK, archive_write_open_filename(archive, url.path) == ARCHIVE_OK
+        else { throw failure() }
+        var size: Int64 = 0
+        func add(_ entry: PackIndex.Entry, target: String?) throws {
+            guard let record = archive_entry_new() else { throw PackDeliveryError.io("write", path: url.path, errno: ENOMEM) }
+            defer { archive_entry_free(record) }
+            archive_entry_set_pathname_utf8(record, entry.path)
+            archive_entry_set_filetype(record, target == nil ? ArchiveFileType.directory : ArchiveFileType.symlink)
+            archive_entry_set_perm(record, mode_t((entry.mode ?? 0o755) & 0o7777))
+            if let target { archive_entry_set_symlink_utf8(record, target) }
+            guard archive_write_header(archive, record) >= ARCHIVE_WARN else { throw failure() }
+        }
+        let links = Dictionary(plan.links.map { ($0.number, $0) }, uniquingKeysWith: { a, _ in a })
+        // In the index's order, as the pack has them.
+        for (number, entry) in self.index.entries.enumerated() {
+            if let link = links[number] {
+                let target = try link.target ?? self.installedTarget(link.from ?? "", of: entry)
+                size += Int64(target.utf8.count)
+                try add(entry, target: target)
+            } else if entry.kind == .directory {
+                try add(entry, target: nil)
+            }
+        }
+        guard archive_write_close(archive) == ARCHIVE_OK else { throw failure() }
+        return size
+    }
+
+    /// The target of an installed symlink, which must be the one the index gives `entry`.
+    private func installedTarget(_ path: String, of entry: PackIndex.Entry) throws -> String {
+        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+        let count = readlink(self.installed.appending(path: path).path, &buffer, buffer.count)
+        let target = count > 0 ? String(validating: buffer[..<count], as: UTF8.self) : nil
+        guard let target, Self.sha256(Array(target.utf8)) == entry.sha256?.lowercased() else {
+            throw Self.tryAgain(
+                PackDeliveryError(
+                    .contentDamaged, message: "The installed symlink \(PackDeliveryError.printable(path)) changed during the delta update.",
+                    hint: "It is tried again.", subject: path))
+        }
+        return target
+    }
+}

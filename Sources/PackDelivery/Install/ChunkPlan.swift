@@ -1,0 +1,230 @@
+import Foundation
+
+/// What a chunked delta update (a tar, tar.zst or tar.gz pack whose index gives each file's chunks) fetches and
+/// what it takes from the installed version, decided with no I/O from the new pack's index, the files the installed
+/// version recorded, and the chunks found in the installed files (``ChunkAssembly/inventory(of:root:chunker:wanted:isCancelled:)``).
+///
+/// A file of the new version whose SHA-256 and size match an installed regular file is reused whole, as
+/// ``DeltaPlan`` does. Every other file is written from its chunks in order: a chunk whose SHA-256 was found in an
+/// installed file is read from there, any other is fetched from the pack, once however many files hold it.
+/// Fetched chunks that lie close together are fetched as one range. Folders and symlinks are made as the index
+/// gives them (a symlink's target from the index, or from an installed symlink with the same SHA-256).
+struct ChunkPlan: Sendable, Hashable {
+    /// Where a chunk of the installed version lies: bytes `offset..<offset + size` of the installed file `path`.
+    struct LocalChunk: Sendable, Hashable {
+        var path: String
+        var offset: Int64
+        var size: Int64
+    }
+
+    /// Where one piece of a new file comes from.
+    enum Source: Sendable, Hashable {
+        /// Bytes of an installed file.
+        case local(LocalChunk)
+        /// A fetched chunk: its number in ``ChunkPlan/fetch``.
+        case fetched(Int)
+    }
+
+    /// One chunk of a file written from chunks.
+    struct Piece: Sendable, Hashable {
+        var sha256: String
+        var size: Int64
+        var source: Source
+    }
+
+    /// A file of the new version written from its chunks: entry `number` of the index.
+    struct Build: Sendable, Hashable {
+        var number: Int
+        var pieces: [Piece]
+    }
+
+    /// A symlink of the new version: entry `number`, with its target from the index, or read from the installed
+    /// symlink `from` (whose target has the SHA-256 the index gives).
+    struct Link: Sendable, Hashable {
+        var number: Int
+        var target: String?
+        var from: String?
+    }
+
+    /// Bytes `start..<end` of the pack, holding the fetched chunks `chunks` (numbers in ``fetch``).
+    struct Range: Sendable, Hashable {
+        var start: Int64
+        var end: Int64
+        var chunks: [Int]
+    }
+
+    var reuse: [DeltaPlan.Reuse] = []
+    var build: [Build] = []
+    var links: [Link] = []
+    var directories: [String] = []
+    /// The chunks fetched, each SHA-256 once.
+    var fetch: [PackIndex.Chunk] = []
+    var ranges: [Range] = []
+
+    var bytesToFetch: Int64 { self.ranges.reduce(0) { $0 + $1.end - $1.start } }
+    /// Bytes of the new version taken from installed files: files reused whole, and chunks read from installed files.
+    var bytesReused: Int64 {
+        self.reuse.reduce(0) { $0 + $1.size }
+            + self.build.reduce(0) { total, build in
+                total + build.pieces.reduce(0) { if case .local = $1.source { $0 + $1.size } else { $0 } }
+            }
+    }
+    /// Chunks read from installed files.
+    var chunksReused: Int {
+        self.build.reduce(0) { total, build in total + build.pieces.filter { if case .local = $0.source { true } else { false } }.count }
+    }
+
+    /// The pack formats whose chunks this reads.
+    static let containers: Set<PackIndex.Container> = [.tar, .tarZstd, .tarGzip]
+
+    /// The installed regular files worth chunking for reusable chunks: those no file of the new version reuses whole
+    /// (in a repair, damaged files too: each chunk found is hashed as it is read).
+    ///
+    /// - Parameters:
+    ///   - index: the new pack's index.
+    ///   - installed: the installed files that may be reused whole (damaged ones left out).
+    ///   - all: every installed file recorded.
+    static func seeds(index: PackIndex, installed: [InstalledFileRecord], all: [InstalledFileRecord]) -> [InstalledFileRecord] {
+        let wanted = Set(index.entries.compactMap { $0.kind == .file ? $0.sha256?.lowercased() : nil })
+        let whole = Set(installed.filter { $0.kind == .file && wanted.contains($0.sha256.lowercased()) }.map(\.path))
+        return all.filter { $0.kind == .file && !whole.contains($0.path) }
+    }
+
+    /// The SHA-256s of the chunks of the new version's files that are not reused whole: the chunks worth finding.
+    static func wantedChunks(index: PackIndex, installed: [InstalledFileRecord]) -> Set<String> {
+        let whole = Set(installed.filter { $0.kind == .file }.map { $0.sha256.lowercased() })
+        var wanted = Set<String>()
+        for entry in index.entries where entry.kind == .file && !whole.contains(entry.sha256?.lowercased() ?? "") {
+            for chunk in entry.chunks ?? [] { wanted.insert(chunk.sha256.lowercased()) }
+        }
+        return wanted
+    }
+
+    /// The plan, or why the whole pack is fetched instead.
+    ///
+    /// - Parameters:
+    ///   - index: the new pack's index (format 2), checked by ``PackIndex/decode(_:maxEntries:containers:)``.
+    ///   - packLength: the new pack's length, from the manifest.
+    ///   - unpackedLength: the most the pack may unpack to, from the manifest, if it says.
+    ///   - installed: the installed version's files that may be reused whole, as recorded.
+    ///   - damaged: the installed files that do not look as recorded (an update is then refused, as ``DeltaPlan`` does).
+    ///   - local: the chunks found in installed files, by SHA-256 (lowercase hex).
+    static func make(
+        index: PackIndex, packLength: Int64, unpackedLength: Int64? = nil, installed: [InstalledFileRecord], damaged: [String],
+        local: [String: LocalChunk]
+    ) -> Result<ChunkPlan, DeltaRefusal> {
+        if let first = damaged.first {
+            return .failure(
+                DeltaRefusal(
+                    .installedFilesChanged,
+                    "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
+                ))
+        }
+        guard index.format == 2, Self.containers.contains(index.container), let pack = index.pack, pack.length == packLength else {
+            return .failure(DeltaRefusal(.indexUnusable, "the pack's index does not describe a chunked tar pack of \(packLength) bytes"))
+        }
+        var files: Int64 = 0
+        for entry in index.entries where entry.kind == .file {
+            // Each size is at most 2^50 (checked when decoded) and the sum stops past 2^50: it cannot overflow.
+            files += entry.size
+            if files > min(LoadedManifest.maxSize, unpackedLength ?? LoadedManifest.maxSize) {
+                return .failure(
+                    DeltaRefusal(
+                        .indexUnusable,
+                        "the pack's index gives its files more than \(unpackedLength.map { "the \($0) bytes the manifest allows" } ?? "2^50 bytes")"
+                    ))
+            }
+        }
+        var byDigest: [String: InstalledFileRecord] = [:]
+        var linksByDigest: [String: InstalledFileRecord] = [:]
+        for file in installed {
+            let digest = file.sha256.lowercased()
+            switch file.kind {
+            case .file: byDigest[digest] = byDigest[digest] ?? file
+            case .symlink: linksByDigest[digest] = linksByDigest[digest] ?? file
+            }
+        }
+        var plan = ChunkPlan()
+        var fetched: [String: Int] = [:]
+        for (number, entry) in index.entries.enumerated() {
+            let sha256 = entry.sha256?.lowercased() ?? ""
+            switch entry.kind {
+            case .directory:
+                plan.directories.append(entry.path)
+            case .symlink:
+                if let target = entry.target {
+                    plan.links.append(Link(number: number, target: target, from: nil))
+                } else if let old = linksByDigest[sha256], old.size == entry.size {
+                    plan.links.append(Link(number: number, target: nil, from: old.path))
+                } else {
+                    return .failure(
+                        DeltaRefusal(
+                            .indexUnusable,
+                            "the pack's index does not give the target of the symlink \(PackDeliveryError.printable(entry.path)), and no installed symlink has it"
+                        ))
+                }
+            case .file:
+                if let old = byDigest[sha256], old.size == entry.size {
+                    plan.reuse.append(DeltaPlan.Reuse(path: entry.path, from: old.path, size: entry.size, sha256: sha256))
+                    continue
+                }
+                guard let chunks = entry.chunks else {
+                    return .failure(
+                        DeltaRefusal(
+                            .indexUnusable,
+                            "the pack's index gives \(PackDeliveryError.printable(entry.path)) no chunks, so it cannot be fetched apart"))
+                }
+                if let chunk = chunks.first(where: { $0.length > Self.maxStoredLength($0.size) }) {
+                    return .failure(
+                        DeltaRefusal(
+                            .indexUnusable,
+                            "the pack's index gives \(PackDeliveryError.printable(entry.path)) a chunk of \(chunk.size) bytes stored in \(chunk.length), more than any compressor makes of it"
+                        ))
+                }
+                var pieces: [Piece] = []
+                for chunk in chunks {
+                    let digest = chunk.sha256.lowercased()
+                    if let found = local[digest], found.size == chunk.size {
+                        pieces.append(Piece(sha256: digest, size: chunk.size, source: .local(found)))
+                    } else if let number = fetched[digest], plan.fetch[number].size == chunk.size {
+                        pieces.append(Piece(sha256: digest, size: chunk.size, source: .fetched(number)))
+                    } else {
+                        fetched[digest] = plan.fetch.count
+                        pieces.append(Piece(sha256: digest, size: chunk.size, source: .fetched(plan.fetch.count)))
+                        plan.fetch.append(chunk)
+                    }
+                }
+                plan.build.append(Build(number: number, pieces: pieces))
+            }
+        }
+        plan.ranges = Self.coalesce(Array(plan.fetch.indices), in: plan.fetch)
+        if Double(plan.bytesToFetch) > DeltaPlan.maxShare * Double(packLength) {
+            return .failure(
+                DeltaRefusal(
+                    .tooMuchChanged,
+                    "the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(DeltaPlan.maxShare * 100))%)"
+                ))
+        }
+        return .success(plan)
+    }
+
+    /// The most bytes a chunk of `size` bytes may be stored in: more than zstd or deflate ever make of it, so that a
+    /// chunk is never read into memory larger than that.
+    static func maxStoredLength(_ size: Int64) -> Int64 { size + size / 64 + (64 << 10) }
+
+    /// The ranges that fetch the chunks `numbers` of `fetch`: chunks less than ``DeltaPlan/coalesceGap`` apart share one.
+    static func coalesce(_ numbers: [Int], in fetch: [PackIndex.Chunk]) -> [Range] {
+        var ranges: [Range] = []
+        for number in numbers.sorted(by: { fetch[$0].offset < fetch[$1].offset }) {
+            let chunk = fetch[number]
+            if var last = ranges.last, chunk.offset >= last.end, chunk.offset - last.end <= DeltaPlan.coalesceGap {
+                last.end = max(last.end, chunk.offset + chunk.length)
+                last.chunks.append(number)
+                ranges[ranges.count - 1] = last
+            } else {
+                ranges.append(Range(start: chunk.offset, end: chunk.offset + chunk.length, chunks: [number]))
+            }
+        }
+        return ranges
+    }
+}
