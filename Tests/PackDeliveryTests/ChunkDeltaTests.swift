@@ -135,7 +135,7 @@ import Testing
         #expect(served * 100 <= 2 * length, "at most 2% of the pack: \(served) of \(length)")
         #expect(try treeContents(try #require(grown.contentURL)) == (try Self.reference(site, format, label + "-bsdtar3")))
         #expect(leftovers(home) == [], "no delta folder, staging or archive left")
-        let verify = try DownloadQueue(home: Home(folder: home)).verify()
+        let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
     }
 
@@ -196,7 +196,7 @@ import Testing
         #expect(served >= 2 * Int(chunk.length), "the chunk was fetched once more: \(served)")
         #expect(served < 3 * (200 << 10), "and no more: \(served)")
         #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
-        let verify = try DownloadQueue(home: Home(folder: home)).verify()
+        let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.count == 1 && verify.allSatisfy { $0.isIntact } && verify.first?.content.contentVersion == "1")
     }
 
@@ -221,9 +221,9 @@ import Testing
         let queue = try DownloadQueue(
             home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))
         defer { queue.close() }
-        #expect(try queue.verify().contains { !$0.isIntact }, "verify sees the damage")
+        #expect(try await queue.verify().contains { !$0.isIntact }, "verify sees the damage")
         let before = server.bodyBytesSent(Self.packName(format))
-        let id = try #require(try queue.repair().first?.downloads.first?.id, "a download repairs the pack")
+        let id = try #require(try await queue.repair().first?.downloads.first?.id, "a download repairs the pack")
         let done = try #require(await waitFor(queue, id) { $0.state.isSettled }, "the repair settles")
         #expect(done.state == .finished, "\(done.error?.description ?? "")")
         #expect(done.delta != nil && done.deltaFallback == nil, "by chunks: \(done.deltaFallback?.message ?? "")")
@@ -232,7 +232,7 @@ import Testing
         print("chunk repair, one flipped byte in an 8 MiB file: \(served) bytes served (largest chunk \(largest))")
         #expect(served <= Int(largest), "one chunk: \(served) bytes")
         #expect(try treeContents(installed) == reference, "the installed tree is whole again")
-        #expect(try queue.verify().allSatisfy(\.isIntact))
+        #expect(try await queue.verify().allSatisfy(\.isIntact))
     }
 
     /// `packs fetch` killed with SIGKILL mid-update, then `packs resume`: the chunks verified before the kill are kept,
