@@ -207,16 +207,7 @@ import Testing
         let installed = home.appending(path: "Caches/\(Self.product)")
         let reference = try treeContents(installed)
         let big = installed.appending(path: "Contents/big.bin").path
-        var info = stat()
-        #expect(stat(big, &info) == 0)
-        let fd = open(big, O_RDWR)
-        var byte: UInt8 = 0
-        #expect(pread(fd, &byte, 1, 3_000_000) == 1)
-        byte ^= 0x01
-        #expect(pwrite(fd, &byte, 1, 3_000_000) == 1)
-        close(fd)
-        var times = [info.st_atim, info.st_mtim]
-        #expect(utimensat(AT_FDCWD, big, &times, 0) == 0)
+        flipByteKeepingTimes(big, at: 3_000_000)
 
         let queue = try DownloadQueue(
             home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1))

@@ -420,16 +420,7 @@ import Testing
         let reference = try treeContents(installed)
         // One byte of big.bin flipped, its size and modification time kept; one file deleted.
         let big = installed.appending(path: "Contents/big.bin").path
-        var info = stat()
-        #expect(stat(big, &info) == 0)
-        let fd = open(big, O_RDWR)
-        var byte: UInt8 = 0
-        #expect(pread(fd, &byte, 1, 300_000) == 1)
-        byte ^= 0x01
-        #expect(pwrite(fd, &byte, 1, 300_000) == 1)
-        close(fd)
-        var times = [info.st_atim, info.st_mtim]
-        #expect(utimensat(AT_FDCWD, big, &times, 0) == 0)
+        flipByteKeepingTimes(big, at: 300_000)
         try FileManager.default.removeItem(at: installed.appending(path: "Contents/level2/f5.bin"))
 
         let queue = try DownloadQueue(

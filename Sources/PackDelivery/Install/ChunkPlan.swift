@@ -198,13 +198,7 @@ struct ChunkPlan: Sendable, Hashable {
             }
         }
         plan.ranges = Self.coalesce(Array(plan.fetch.indices), in: plan.fetch)
-        if Double(plan.bytesToFetch) > DeltaPlan.maxShare * Double(packLength) {
-            return .failure(
-                DeltaRefusal(
-                    .tooMuchChanged,
-                    "the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(DeltaPlan.maxShare * 100))%)"
-                ))
-        }
+        if let refusal = DeltaPlan.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
     }
 

@@ -112,14 +112,16 @@ struct DeltaPlan: Sendable, Hashable {
                 plan.ranges.append(Range(start: entry.offset, end: entry.offset + entry.length, entries: [number]))
             }
         }
-        if Double(plan.bytesToFetch) > Self.maxShare * Double(packLength) {
-            return .failure(
-                DeltaRefusal(
-                    .tooMuchChanged,
-                    "the update would fetch \(plan.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)"
-                ))
-        }
+        if let refusal = Self.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
+    }
+
+    /// The refusal of an update that would fetch more than ``maxShare`` of the pack (the whole pack is then cheaper).
+    static func tooMuch(_ bytesToFetch: Int64, of packLength: Int64) -> DeltaRefusal? {
+        guard Double(bytesToFetch) > Self.maxShare * Double(packLength) else { return nil }
+        return DeltaRefusal(
+            .tooMuchChanged,
+            "the update would fetch \(bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)")
     }
 }
 

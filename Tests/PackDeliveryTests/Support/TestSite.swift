@@ -1,6 +1,7 @@
 import Foundation
 import PackDelivery
 import PackTestSupport
+import Testing
 
 /// The `packs` binary built beside the tests, run as a user would.
 enum CLI {
@@ -117,4 +118,19 @@ func leftovers(_ home: URL) -> [String] {
                 .map { "\(root)/.packdelivery/\(folder)/\($0)" }
         }
     }
+}
+
+/// Flips one bit of the byte at `offset` of the file at `path` and puts its access and modification times back: damage
+/// that a file's size and time do not show (bit rot, a careless tool), which only hashing finds.
+func flipByteKeepingTimes(_ path: String, at offset: off_t) {
+    var info = stat()
+    #expect(stat(path, &info) == 0, "\(path) exists")
+    let fd = open(path, O_RDWR)
+    var byte: UInt8 = 0
+    #expect(pread(fd, &byte, 1, offset) == 1)
+    byte ^= 0x01
+    #expect(pwrite(fd, &byte, 1, offset) == 1)
+    close(fd)
+    var times = [info.st_atim, info.st_mtim]
+    #expect(utimensat(AT_FDCWD, path, &times, 0) == 0)
 }
