@@ -4,6 +4,8 @@ same job with `curl --parallel --parallel-max 8`, `sha256sum -c` and one `bsdtar
 exit 0, every pack installed, ≤ 1.0 of the script, time linear in the number of packs (10,000 ≤ 12 ×
 1,000), peak RSS ≤ 96 MiB.
 
+With --compare, another build of packs alternates with this one.
+
 Run alone: Benchmarks/run --only 9
 """
 import glob
@@ -75,6 +77,9 @@ def run(b):
                 f"curl -s -f --parallel --parallel-max 8 --remote-name-all -K {cfg} && "
                 f"sha256sum -c --quiet {sums} && {unpack_all}")),
         ]
+        if b.packs_compare:
+            commands = b.with_compare(commands, [("packs (compare)", lambda w, manifest=manifest: (
+                f"ulimit -n 1024 && exec {shlex.join(b.packs_cmd(f'{w}/home', 'fetch', manifest, '--all', binary=b.packs_compare))}"))])
         expected = n  # Contents/data.txt of each pack (content_bytes counts what lies under a Contents/ folder)
 
         def check(who, work, run, expected=expected):
@@ -93,6 +98,8 @@ def run(b):
     b.report.row(9, "10,000 tiny packs, fetch --all, ulimit -n 1024", t_large, "curl --parallel-max 8 + sha256sum + bsdtar",
                  [r.wall for r in large["curl+sha256sum+bsdtar"]], target=1.0)
     b.report.row(9, "linear in the number of packs: 10,000 ÷ 1,000 (packs)", t_large, "packs, 1,000 packs", t_small, target=12)
+    for n, result in ((1_000, small), (10_000, large)):
+        b.compare_row(9, f"{n:,} tiny packs", {name: [r.wall for r in runs] for name, runs in result.items()})
     rss_small = max(r.rss_kib for r in small["packs"])
     rss_large = max(r.rss_kib for r in large["packs"])
     b.report.rows.append(("9", "packs peak RSS (max of runs): 1,000 and 10,000 packs", f"{fmt_mib(rss_small)}, {fmt_mib(rss_large)}",

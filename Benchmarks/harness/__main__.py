@@ -27,7 +27,7 @@ def main():
     ap.add_argument("--packs", required=True)
     ap.add_argument("--tmp", required=True)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--packs-compare", default="", help="another packs binary, alternated with --packs in cases 1 and 10")
+    ap.add_argument("--packs-compare", default="", help="another packs binary, alternated with --packs in cases 1, 9 and 10")
     ap.add_argument("--profile", type=int, default=0)
     ap.add_argument("--only", default="")
     ap.add_argument("--warm", type=int, default=1)
