@@ -248,10 +248,17 @@ extension Packs {
                     key = try PublisherSigningKey(pem: text)
                 }
                 let expiry = self.expires.flatMap(Self.seconds).map { Date().addingTimeInterval($0) }
+                var noted = false
                 let manifest = try ManifestBuilder.write(
                     folder: URL(filePath: self.directory).absoluteURL, signing: key,
                     version: self.manifestVersion, expires: expiry, scope: self.scope,
-                    note: { printError("packs: note: \($0)") })
+                    note: {
+                        noted = true
+                        printError("packs: note: \($0)")
+                    })
+                if noted {
+                    printError("packs: hint: packs pack writes packs whose every chunk can be fetched and checked alone.")
+                }
                 let count = manifest.products.reduce(0) { $0 + $1.contents.count }
                 printLine(
                     "wrote \(URL(filePath: self.directory).appending(path: "manifest.json").path): \(manifest.products.count) products, \(count) packs"

@@ -400,6 +400,10 @@ struct PackIndexFormat2Tests {
             let made = try Fixtures.run(CLI.binary, ["manifest", site.path])
             #expect(made.status == 0, "\(made.stderr)")
             #expect(made.stderr.contains("indexed by entry only") == !chunked, "\(name): \(made.stderr)")
+            // The library's note says what happened; the hint that names a command is the CLI's own line.
+            let notes = made.stderr.split(separator: "\n").filter { $0.hasPrefix("packs: note:") }
+            #expect(!notes.contains { $0.dropFirst("packs: note:".count).contains("packs ") }, "\(notes)")
+            #expect(made.stderr.contains("packs: hint: packs pack") == !chunked, "\(made.stderr)")
             let data = try Data(contentsOf: PackWriter.indexURL(for: pack))
             let index = try PackIndex.decode(data, maxEntries: 100, containers: Set(PackIndex.Container.allCases))
             #expect(index.pack?.sha256 == (try Fixtures.sha256Hex(of: pack)))

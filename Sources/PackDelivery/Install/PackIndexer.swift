@@ -43,7 +43,7 @@ enum PackIndexer {
         var notes: [String] = []
         if container != .zip && !rawTar {
             notes.append(
-                "\(name): a \(container.rawValue) compressed as one stream by another tool cannot be entered in the middle, so it is indexed by entry only (paths, modes, sizes, SHA-256), without chunks: clients fetch it whole. `packs pack` writes one compressed frame per chunk."
+                "\(name): a \(container.rawValue) compressed as one stream by another tool cannot be entered in the middle, so it is indexed by entry only (paths, modes, sizes, SHA-256), without chunks: clients fetch it whole. A pack written with one compressed frame per chunk (as PackWriter writes them) can be."
             )
         }
 
