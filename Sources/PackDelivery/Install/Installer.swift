@@ -49,6 +49,16 @@ struct Installer: Sendable {
     var hook: (@Sendable (InstallStep) -> Void)?
     /// Deletes what an install leaves behind (the archive, an old version) off the critical path.
     var janitor: DispatchQueue
+    /// The home's reserved paths (``Home/reservedPaths``), standardized once: every install is checked against them.
+    let reservedPaths: [String]
+
+    init(
+        home: Home, store: Store, limits: UnpackLimitsPolicy, writer: any FileWriting, hook: (@Sendable (InstallStep) -> Void)?,
+        janitor: DispatchQueue
+    ) {
+        (self.home, self.store, self.limits, self.writer, self.hook, self.janitor) = (home, store, limits, writer, hook, janitor)
+        self.reservedPaths = home.reservedPaths.map(\.standardizedFileURL.path)
+    }
 
     /// How big a pack may unpack to.
     struct UnpackLimitsPolicy: Sendable, Hashable {
@@ -317,10 +327,11 @@ struct Installer: Sendable {
         let target = self.home.contentURL(for: download)
         let product = PackDeliveryError.printable(download.productIdentifier)
         let content = PackDeliveryError.printable(download.contentIdentifier)
-        if let used = self.home.reservedPaths.first(where: { Self.isSameOrInside($0, target) }) {
+        let targetPath = target.standardizedFileURL.path
+        if let used = self.reservedPaths.first(where: { Self.isSameOrInside($0, targetPath) }) {
             throw PackDeliveryError(
                 .contentIdentifierTaken,
-                message: "The content identifier \(content) of \(product) names \(used.path), which the home uses for its own files.",
+                message: "The content identifier \(content) of \(product) names \(used), which the home uses for its own files.",
                 hint: "Nothing was installed; the manifest must give the pack another contentIdentifier.",
                 subject: download.contentIdentifier)
         }
@@ -350,10 +361,9 @@ struct Installer: Sendable {
             hint: "Nothing was installed and it was left as it is; move it away, then try again.", subject: target.path)
     }
 
-    private static func isSameOrInside(_ path: URL, _ folder: URL) -> Bool {
-        let a = path.standardizedFileURL.path
-        let b = folder.standardizedFileURL.path
-        return a == b || a.hasPrefix(b.hasSuffix("/") ? b : b + "/")
+    /// Whether standardized path `a` is `b` or inside it.
+    private static func isSameOrInside(_ a: String, _ b: String) -> Bool {
+        a == b || a.hasPrefix(b.hasSuffix("/") ? b : b + "/")
     }
 
     static func setAttribute(_ name: String, _ value: String, on url: URL) {

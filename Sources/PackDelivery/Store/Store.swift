@@ -303,4 +303,9 @@ extension DownloadRecord {
         "state", "phase", "progress", "pauseReason", "contentURL", "error", "bytesReceived",
         "validator", "partialPath", "retriedFromZero", "verified", "url", "sha256", "contentLength", "unpackedLength",
     ]
+
+    /// Saves ``ownColumns`` of one row (arguments: those columns, then the id and the finished state), unless the
+    /// row is finished: a finished row is written once, with its install (``Store/commitInstall(_:files:download:)``).
+    static let saveSQL =
+        "UPDATE downloads SET " + ownColumns.map { "\"\($0)\" = ?" }.joined(separator: ", ") + " WHERE id = ? AND state <> ?"
 }
