@@ -77,6 +77,8 @@ def make(b, cases):
     shutil.rmtree(b.src_root, ignore_errors=True)
     # Every served file is read once now, so that all runs read it from the page cache.
     for path in glob.glob(os.path.join(b.site, "*", "*")):
+        if not os.path.isfile(path):   # case 12 keeps its versions and casync's store in folders of their own
+            continue
         with open(path, "rb") as f:
             while f.read(8 * MiB):
                 pass
