@@ -143,7 +143,9 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         nginx.waitForRequests(2)
         let packRequests = nginx.requests().filter { $0.uri.hasSuffix("/big.tar") }
         let starts = packRequests.dropFirst().map { $0.range.flatMap { Int($0.dropFirst("bytes=".count).prefix { $0.isNumber }) } ?? 0 }
-        #expect(!starts.isEmpty && starts.allSatisfy { $0 >= (4 << 20) / 5 }, "every later request resumed from the bytes kept: \(packRequests)")
+        #expect(
+            !starts.isEmpty && starts.allSatisfy { $0 >= (4 << 20) / 5 }, "every later request resumed from the bytes kept: \(packRequests)"
+        )
         await second.close()
     }
 
