@@ -12,6 +12,20 @@ enum ExitStatus {
     static let noPermission: Int32 = 77
     static let interrupted: Int32 = 130
 
+    /// Every exit code with a short meaning, for `--help` (the README's table says the same at length; a test keeps
+    /// the three alike). No digits in the meanings: the test reads the codes from the help text.
+    static let summary: [(code: Int32, meaning: String)] = [
+        (0, "done"), (usage, "usage error"), (badData, "bad data (manifest, unknown product, checksum, unsafe or corrupt pack)"),
+        (network, "server or network failure after retries"), (io, "local I/O failure"),
+        (resumable, "stopped before finishing but resumable (paused, or out of disk space)"),
+        (noPermission, "the server refused the credentials"), (interrupted, "interrupted"),
+    ]
+
+    /// The exit codes as one paragraph of `packs --help`.
+    static var helpParagraph: String {
+        "Exit codes: " + Self.summary.map { "\($0.code) \($0.meaning)" }.joined(separator: "; ") + "."
+    }
+
     /// The exit code for an error, by its code.
     static func code(for error: PackDeliveryError) -> Int32 {
         switch error.code {

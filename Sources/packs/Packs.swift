@@ -13,9 +13,7 @@ struct Packs: AsyncParsableCommand {
         commandName: "packs",
         abstract: "Deliver purchased content packs: download, verify, unpack and install them.",
         discussion: """
-            Exit codes: 0 done; 64 usage error; 65 bad data (manifest, unknown product, checksum, unsafe or corrupt pack); \
-            69 server or network failure after retries; 74 local I/O failure; 75 stopped before finishing but resumable \
-            (paused, or out of disk space); 130 interrupted.
+            \(ExitStatus.helpParagraph)
 
             Example:
               packs --home ~/packs fetch https://cdn.example.com/manifest.json com.example.forest

@@ -180,3 +180,33 @@ import Testing
         #expect(screen.contains("installed"))
     }
 }
+
+/// The exit codes are told in three places: the README's table, `packs --help` and `ExitStatus.swift`. They must
+/// name the same codes (the help once missed 77).
+@Suite(.timeLimit(.minutes(1))) struct ExitCodeDocumentationTests {
+    @Test func theReadmeTheHelpAndTheCodeListTheSameExitCodes() throws {
+        let root = URL(filePath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let readme = try String(contentsOf: root.appending(path: "README.md"), encoding: .utf8)
+        let section = try #require(
+            readme.components(separatedBy: "### Exit codes").dropFirst().first?.components(separatedBy: "\n## ").first)
+        let documented = Set(
+            section.split(separator: "\n").compactMap { line -> Int? in
+                let cells = line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+                return line.hasPrefix("|") ? cells.first.flatMap { Int($0) } : nil
+            })
+        let source = try String(contentsOf: root.appending(path: "Sources/packs/ExitStatus.swift"), encoding: .utf8)
+        let declared = Set(
+            source.split(separator: "\n").compactMap { line -> Int? in
+                guard line.contains("static let"), line.contains(": Int32 = ") else { return nil }
+                return Int(line.components(separatedBy: ": Int32 = ").last!.trimmingCharacters(in: .whitespaces))
+            } + [0])
+        let help = try CLI.run(home: Fixtures.temporaryDirectory("help-home"), ["--help"])
+        #expect(help.status == 0, "\(help.stderr)")
+        let paragraph = try #require(
+            help.stdout.components(separatedBy: "Exit codes:").dropFirst().first?.components(separatedBy: "Example:").first)
+        let helped = Set(paragraph.split { !$0.isNumber }.compactMap { Int($0) })
+        #expect(declared.contains(77) && declared.count >= 8, "codes declared in ExitStatus.swift: \(declared.sorted())")
+        #expect(documented == declared, "README \(documented.sorted()) vs ExitStatus.swift \(declared.sorted())")
+        #expect(helped == declared, "packs --help \(helped.sorted()) vs ExitStatus.swift \(declared.sorted())")
+    }
+}
