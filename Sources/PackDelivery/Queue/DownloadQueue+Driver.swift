@@ -290,9 +290,19 @@ extension DownloadQueue {
                     "delta update not used; fetching the whole pack",
                     metadata: ["download": "\(id)", "reason": "\(fallback.reason.rawValue)", "why": "\(fallback.message)"])
             }
+            if case .assembled(let fetched) = outcome {
+                self.logger.info("delta update fetched what it needed", metadata: ["download": "\(id)", "bytesFetched": "\(fetched)"])
+            }
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
         case .deltaPlanned(let transferID, let delta):
             let (id, token) = (transferID.download, transferID.token)
+            self.logger.info(
+                "delta update planned",
+                metadata: [
+                    "download": "\(id)", "bytesToFetch": "\(delta.bytesToFetch)", "bytesReused": "\(delta.bytesReused)",
+                    "entriesToFetch": "\(delta.entriesToFetch)", "filesReused": "\(delta.filesReused)",
+                    "chunksFetched": "\(delta.chunksFetched)", "chunksReused": "\(delta.chunksReused)", "bytesKept": "\(delta.bytesKept)",
+                ])
             self.change { $0.handle(id, .deltaPlanned(token: token, delta: delta)) }
         }
     }

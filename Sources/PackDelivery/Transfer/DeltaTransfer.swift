@@ -219,7 +219,8 @@ private final class DeltaRun {
                     id: self.request.id,
                     delta: Download.Delta(
                         bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
-                        filesReused: plan.reuse.count, bytesKept: kept + (tail.kept ? tail.bytes : 0))))
+                        filesReused: plan.reuse.count, bytesKept: kept + (tail.kept ? tail.bytes : 0),
+                        bytesFetched: self.fetched)))
             self.report(self.fetched, force: true)
             var refetched = Set<Int>()
             var verified: [Int: InstalledFile] = [:]
@@ -282,7 +283,8 @@ private final class DeltaRun {
                 id: self.request.id,
                 delta: Download.Delta(
                     bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.build.count,
-                    filesReused: plan.reuse.count, bytesKept: kept)))
+                    filesReused: plan.reuse.count, bytesKept: kept, chunksFetched: plan.fetch.count,
+                    chunksReused: plan.chunksReused + plan.chunksInFilesReused, bytesFetched: self.fetched)))
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
         while !missing.isEmpty {
