@@ -9,8 +9,16 @@ import Foundation
 /// and every folder the index lists, or refuses the install (`indexMismatch`). What the index cannot be held to
 /// without hashing, a file's bytes, is what `verify` then compares with what the publisher built.
 struct IndexDigests: Sendable {
+    /// What is kept of an entry (not its chunks: an index of a 1 GiB pack lists about 16,000).
+    private struct Entry: Sendable {
+        var path: String
+        var kind: PackIndex.Entry.Kind
+        var size: Int64
+        var sha256: String?
+    }
+
     /// The index's entries, by path.
-    private let entries: [String: PackIndex.Entry]
+    private let entries: [String: Entry]
 
     /// Packs smaller than this hash their files as they unpack: hashing 16 MiB costs about 10 ms of CPU, less than a
     /// second request (for the index) costs the client, the server and a CDN that bills by request; most packs of a
@@ -28,7 +36,9 @@ struct IndexDigests: Sendable {
             return nil
         }
         // Paths are unique in a format 2 index (checked when decoded); in format 1, the first one is kept.
-        self.entries = Dictionary(index.entries.map { ($0.path, $0) }, uniquingKeysWith: { first, _ in first })
+        self.entries = Dictionary(
+            index.entries.map { ($0.path, Entry(path: $0.path, kind: $0.kind, size: $0.size, sha256: $0.sha256)) },
+            uniquingKeysWith: { first, _ in first })
     }
 
     /// The unpacked files with the SHA-256 the index gives each.
