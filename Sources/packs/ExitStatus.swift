@@ -33,7 +33,7 @@ enum ExitStatus {
             Self.usage
         case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .unsupportedURL, .lengthMismatch,
             .checksumMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack,
-            .contentInfoMismatch, .contentDamaged:
+            .contentInfoMismatch, .contentDamaged, .indexMismatch:
             Self.badData
         case .httpStatus where error.httpStatus == 404 || error.httpStatus == 410:
             Self.badData  // nothing at that URL: the manifest (or the URL given) is wrong
@@ -84,7 +84,7 @@ enum ExitStatus {
                 "Free some space, then run packs resume \($0.id); or packs cancel \($0.id) to discard the partial download."
             }
         case .checksumMismatch, .lengthMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .emptyPack, .contentInfoMismatch,
-            .contentIdentifierTaken, .unsupportedURL:
+            .contentIdentifierTaken, .unsupportedURL, .indexMismatch:
             return error.hint ?? "Nothing was installed; ask the content provider for a fixed pack or manifest."
         case .unpackLimitExceeded:
             return

@@ -128,9 +128,7 @@ final class ProgressDisplay {
         switch download.state {
         case .finished:
             let how =
-                download.delta.map {
-                    "delta: fetched \(ByteFormat.string($0.bytesToFetch)) of \(ByteFormat.string(download.contentLength)), reused \($0.filesReused) files"
-                }
+                download.delta.map { Self.deltaSummary($0, of: download) }
                 ?? ByteFormat.string(download.contentLength)
             return
                 "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(how)) → \(download.contentURL?.path ?? "?")"
@@ -149,6 +147,17 @@ final class ProgressDisplay {
             return
                 "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))\(wait)"
         }
+    }
+
+    /// What a finished delta update fetched and reused: "delta: fetched 1.1 MiB of 40.0 MiB, reused 38 files", and for a
+    /// chunked pack ", 12 chunks fetched, 610 reused".
+    static func deltaSummary(_ delta: Download.Delta, of download: Download) -> String {
+        var text =
+            "delta: fetched \(ByteFormat.string(delta.bytesFetched)) of \(ByteFormat.string(download.contentLength)), reused \(delta.filesReused) files"
+        if delta.chunksFetched + delta.chunksReused > 0 {
+            text += ", \(delta.chunksFetched) chunks fetched, \(delta.chunksReused) reused"
+        }
+        return text
     }
 
     /// "waiting 5m00s: The server answered 503 …" while a download waits to try again.

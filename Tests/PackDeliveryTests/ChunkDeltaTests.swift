@@ -70,6 +70,14 @@ import Testing
             .filter { !known.contains($0.sha256) && seen.insert($0.sha256).inserted }.reduce(0) { $0 + Int($1.length) }
     }
 
+    /// What a chunked update from `old` should report: the distinct chunks of the site's index that `old` does not
+    /// have, and the chunks of the new files that it has (every file's chunks are in the installed version's files).
+    static func chunkCounts(_ site: URL, _ format: PackFormat, since old: PackIndex) throws -> (fetched: Int, reused: Int) {
+        let known = Set(old.entries.flatMap { $0.chunks ?? [] }.map(\.sha256))
+        let pieces = try Self.index(site, format).entries.flatMap { $0.chunks ?? [] }
+        return (Set(pieces.map(\.sha256)).subtracting(known).count, pieces.filter { known.contains($0.sha256) }.count)
+    }
+
     /// Version 1 installed whole from a fresh site.
     static func installed(_ label: String, _ format: PackFormat, files: Int = 4) async throws -> (
         site: URL, server: FaultServer, home: URL, content: URL
@@ -110,6 +118,10 @@ import Testing
         var length = try Self.packLength(site, format)
         print("chunk delta \(format.rawValue), 1% changed in 3 places: \(served) of \(length) bytes served (\(delta))")
         #expect(served == Int(delta.bytesToFetch), "the server sent exactly the ranges planned")
+        #expect(Int(delta.bytesFetched) == served, "the bytes fetched are the bytes the server sent: \(delta)")
+        let counts = try Self.chunkCounts(site, format, since: oldIndex)
+        #expect(delta.chunksFetched == counts.fetched && delta.chunksFetched > 0, "each new chunk fetched once: \(delta), \(counts)")
+        #expect(delta.chunksReused == counts.reused && delta.chunksReused > 0, "every other chunk reused: \(delta), \(counts)")
         // Each place costs its own bytes and about one chunk around them (64 KiB on average): the new chunks, and at
         // most a gap between two of them.
         let fresh = Self.newChunkBytes(site, format, since: oldIndex)
@@ -165,6 +177,9 @@ import Testing
         #expect(served >= changedBytes, "every new chunk: \(served) of \(changedBytes)")
         // ContentInfo.plist is new too; the four files' new chunks lie apart, so no gap is fetched.
         #expect(served == changedBytes, "only the new chunks: \(served), new chunks \(changedBytes)")
+        #expect(Int(delta.bytesFetched) == served, "the bytes fetched are the bytes the server sent: \(delta)")
+        #expect(delta.chunksFetched == changed.count, "each new chunk once: \(delta)")
+        #expect(delta.chunksReused == (try Self.chunkCounts(site, format, since: old)).reused, "\(delta)")
         #expect(delta.filesReused == 38, "36 files, big.bin and run.sh reused whole: \(delta)")
         #expect(delta.entriesToFetch == 5, "4 files and ContentInfo.plist: \(delta)")
         #expect(try treeContents(try #require(update.contentURL)) == (try Self.reference(site, format, "chunk-forty-bsdtar")))
@@ -280,6 +295,52 @@ import Testing
         let installed = home.appending(path: "Caches/\(Self.product)")
         #expect(try treeContents(installed) == (try Self.reference(site, format, "chunk-kill-bsdtar")), "the new version, byte for byte")
         #expect(leftovers(home) == [])
+    }
+
+    /// `packs --json --verbose fetch` of a chunked update: the finished download's `delta` says how many chunks were
+    /// fetched and reused and how many bytes were fetched (those the server sent for the ranges), the log says the
+    /// plan, and the plain summary line the same counts.
+    @Test func theCLISaysTheChunksAndBytesFetchedAndReused() throws {
+        let format = PackFormat.tarZstd
+        let content = try Self.content("chunk-cli-content")
+        let site = try Fixtures.temporaryDirectory("chunk-cli-site")
+        try Self.publish(content, version: "1", site: site, format: format)
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        let home = try Fixtures.temporaryDirectory("chunk-cli-home")
+        let manifestURL = server.url("manifest.json").absoluteString
+        let first = try CLI.run(home: home, ["fetch", manifestURL, Self.product])
+        #expect(first.status == 0, "version 1: \(first.stderr)")
+        let old = try Self.index(site, format)
+        try Self.scribble(content.appending(path: "Contents/big.bin"), at: [2_000_000, 6_000_000], length: 10_000)
+        try Self.publish(content, version: "2", site: site, format: format)
+        let counts = try Self.chunkCounts(site, format, since: old)
+        var before = server.bodyBytesSent(Self.packName(format))
+        let update = try CLI.run(home: home, ["--json", "--verbose", "fetch", manifestURL, Self.product])
+        #expect(update.status == 0, "\(update.stderr)")
+        let served = server.bodyBytesSent(Self.packName(format)) - before
+        let finished = update.stdout.split(separator: "\n").compactMap { line in
+            (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any]
+        }.last { $0["event"] as? String == "download" && $0["state"] as? String == "finished" }
+        let delta = try #require(finished?["delta"] as? [String: Any], "a finished delta download: \(update.stdout)")
+        #expect((delta["chunksFetched"] as? NSNumber)?.intValue == counts.fetched, "\(delta), \(counts)")
+        #expect((delta["chunksReused"] as? NSNumber)?.intValue == counts.reused, "\(delta), \(counts)")
+        #expect((delta["bytesFetched"] as? NSNumber)?.intValue == served, "the bytes the server sent: \(delta), served \(served)")
+        #expect(
+            update.stderr.contains("delta update planned") && update.stderr.contains("chunksFetched=\(counts.fetched)")
+                && update.stderr.contains("chunksReused=\(counts.reused)"), "--verbose logs the plan: \(update.stderr)")
+
+        // Version 3, printed plainly: the summary line counts the chunks.
+        try Self.scribble(content.appending(path: "Contents/big.bin"), at: [3_000_000], length: 10_000)
+        let older = try Self.index(site, format)
+        try Self.publish(content, version: "3", site: site, format: format)
+        let third = try Self.chunkCounts(site, format, since: older)
+        before = server.bodyBytesSent(Self.packName(format))
+        let plain = try CLI.run(home: home, ["fetch", manifestURL, Self.product])
+        #expect(plain.status == 0, "\(plain.stderr)")
+        #expect(
+            plain.stdout.contains("\(third.fetched) chunks fetched, \(third.reused) reused"),
+            "the summary counts the chunks: \(plain.stdout) (\(third), served \(server.bodyBytesSent(Self.packName(format)) - before))")
     }
 
     /// An index that would make the update write outside the pack's folder or through a symlink (a publisher's

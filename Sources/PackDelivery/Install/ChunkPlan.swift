@@ -69,6 +69,8 @@ struct ChunkPlan: Sendable, Hashable {
                 total + build.pieces.reduce(0) { if case .local = $1.source { $0 + $1.size } else { $0 } }
             }
     }
+    /// Chunks of the files reused whole, as the index gives them.
+    var chunksInFilesReused = 0
     /// Chunks read from installed files.
     var chunksReused: Int {
         self.build.reduce(0) { total, build in total + build.pieces.filter { if case .local = $0.source { true } else { false } }.count }
@@ -166,6 +168,7 @@ struct ChunkPlan: Sendable, Hashable {
             case .file:
                 if let old = byDigest[sha256], old.size == entry.size {
                     plan.reuse.append(DeltaPlan.Reuse(path: entry.path, from: old.path, size: entry.size, sha256: sha256))
+                    plan.chunksInFilesReused += entry.chunks?.count ?? 0
                     continue
                 }
                 guard let chunks = entry.chunks else {

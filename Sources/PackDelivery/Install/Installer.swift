@@ -84,9 +84,11 @@ struct Installer: Sendable {
     ///   instead of unpacking again (unless `recheck`, or it failed for a reason that is not the pack's).
     /// - Parameter delta: the new version a delta update built (each entry already checked): moved into place
     ///   instead of an unpacked archive.
+    /// - Parameter index: the fetch of the pack's index that ran beside its transfer, when one did: the files are
+    ///   recorded with the SHA-256 it gives (``IndexDigests``), once their paths, kinds and sizes are held to it.
     func install(
         _ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
-        streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil
+        streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil, index: IndexFetch? = nil
     ) throws(PackDeliveryError) -> InstalledPack {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
@@ -135,11 +137,17 @@ struct Installer: Sendable {
                 if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
             }
             if summary == nil {
+                // The index was fetched with the pack: its digests spare hashing the files here too.
+                var indexed = false
+                if !recheck, case .digests? = index?.wait(cancel: cancel) { indexed = true }
                 summary = try self.unpack(
                     download, archive: archive, staging: staging, length: packLength, recheck: recheck,
-                    progress: progress, cancel: cancel)
+                    progress: progress, cancel: cancel, hashFiles: !indexed)
             }
-            guard let summary else { throw PackDeliveryError(.internalError, message: "No unpack summary.") }
+            guard var summary else { throw PackDeliveryError(.internalError, message: "No unpack summary.") }
+            if !summary.filesHashed {
+                summary.files = try Self.digests(of: summary, in: staging, index: index, pack: download.contentIdentifier, cancel: cancel)
+            }
             if summary.entries == 0, download.unpackedLength != 0 {
                 throw PackDeliveryError(
                     .emptyPack,
@@ -159,7 +167,8 @@ struct Installer: Sendable {
             return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
         } catch {
             try? Self.removeTree(staging)
-            if delta == nil, error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack,
+            if delta == nil,
+                error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack || error.code == .indexMismatch,
                 (try? SHA256Hasher.hexDigest(ofFile: archive)) != download.sha256.lowercased()
             {
                 // The archive no longer matches what was verified: something changed it on disk since. Not the pack's fault.
@@ -179,10 +188,26 @@ struct Installer: Sendable {
         }
     }
 
+    /// The unpacked files with their SHA-256, for an unpack that did not hash them: from the pack's index, held to
+    /// what was unpacked; or, when the index could not be used after all, hashed from the staging folder.
+    /// - Throws: `indexMismatch` when the index does not describe the pack; `cancelled`; `io`.
+    private static func digests(of summary: UnpackSummary, in staging: URL, index: IndexFetch?, pack: String, cancel: CancelFlag)
+        throws(PackDeliveryError) -> [InstalledFile]
+    {
+        switch index?.wait(cancel: cancel) {
+        case .digests(let digests)?:
+            return try digests.apply(to: summary, pack: pack)
+        case .unusable?, .stopped?, nil:
+            if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+            return try IndexDigests.hashed(summary.files, in: staging, isCancelled: { cancel.isCancelled })
+        }
+    }
+
     /// Unpacks the archive into a new staging folder (after hashing it again, with `recheck`).
+    /// - Parameter hashFiles: hash the files as they are written; false when the pack's index gives their digests.
     private func unpack(
         _ download: Download, archive: URL, staging: URL, length packLength: Int64, recheck: Bool,
-        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag
+        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag, hashFiles: Bool = true
     ) throws(PackDeliveryError) -> UnpackSummary {
         try Self.removeTree(staging)
         if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
@@ -208,7 +233,7 @@ struct Installer: Sendable {
                     self.hook?(.unpacking)
                 }
             },
-            isCancelled: { cancel.isCancelled }, writer: self.writer)
+            isCancelled: { cancel.isCancelled }, writer: self.writer, hashFiles: hashFiles)
         return summary
     }
 

@@ -157,15 +157,16 @@ final class StreamedUnpack: Sendable {
     ///   - length: the pack's length, from the manifest.
     ///   - limits: as for ``Unpacker/unpack(archive:into:limits:progress:isCancelled:writer:growing:)``.
     ///   - writer: writes the files' bytes.
+    ///   - hashFiles: hash each file as it is written; false when the pack's index gives the digests (``IndexFetch``).
     ///   - onProgress: bytes unpacked so far, about every MiB (on the unpack's thread).
     init(
-        archive: URL, folder: URL, length: Int64, limits: UnpackLimits, writer: any FileWriting,
+        archive: URL, folder: URL, length: Int64, limits: UnpackLimits, writer: any FileWriting, hashFiles: Bool = true,
         onProgress: @escaping @Sendable (Int64) -> Void
     ) {
         self.growth = PartialFileGrowth(length: length)
         self.folder = folder
         let thread = Thread { [self] in
-            let outcome = self.run(archive: archive, limits: limits, writer: writer, onProgress: onProgress)
+            let outcome = self.run(archive: archive, limits: limits, writer: writer, hashFiles: hashFiles, onProgress: onProgress)
             let remove = self.state.withLock { state -> Bool in
                 state.outcome = outcome
                 if case .failed(let error) = outcome, Self.isHostile(error) { state.hostile = error }
@@ -179,9 +180,9 @@ final class StreamedUnpack: Sendable {
         thread.start()
     }
 
-    private func run(archive: URL, limits: UnpackLimits, writer: any FileWriting, onProgress: @escaping @Sendable (Int64) -> Void)
-        -> Outcome
-    {
+    private func run(
+        archive: URL, limits: UnpackLimits, writer: any FileWriting, hashFiles: Bool, onProgress: @escaping @Sendable (Int64) -> Void
+    ) -> Outcome {
         while true {
             let generation = self.growth.generation
             let file = GrowingFile(growth: self.growth, generation: generation)
@@ -196,7 +197,7 @@ final class StreamedUnpack: Sendable {
                         self.state.withLock { $0.unpacked = bytes }
                         onProgress(bytes)
                     },
-                    isCancelled: { self.growth.isStopped(generation) }, writer: writer, growing: file)
+                    isCancelled: { self.growth.isStopped(generation) }, writer: writer, growing: file, hashFiles: hashFiles)
                 return .unpacked(summary, folder: self.folder)
             } catch {
                 // A restart from byte 0 while unpacking: start over with the new bytes.

@@ -29,8 +29,14 @@ struct UnpackSummary: Sendable, Hashable {
     var bytes: Int64
     /// Archive entries read, whatever their type (implicitly created folders are not counted).
     var entries: Int
-    /// Every regular file (hard links included) and symlink, with its size and SHA-256 computed while it was written.
+    /// Every regular file (hard links included) and symlink, with its size and SHA-256 computed while it was written
+    /// (a regular file's SHA-256 is empty when ``filesHashed`` is false).
     var files: [InstalledFile] = []
+    /// Whether regular files were hashed as they were written; when not, their digests come from the pack's index
+    /// (``IndexDigests``). Symlinks' targets are always hashed.
+    var filesHashed = true
+    /// The hard links made, by path, with the path of the file each links to.
+    var hardLinks: [String: String] = [:]
     /// Every folder created, implicit ones included, relative to the staging folder (`""` is the staging folder).
     var directories: [String] = []
     /// The pack is a zip: its entries in the order read (for ``Unpacker/adopt(archive:listing:streamed:into:limits:isCancelled:)``).
@@ -86,6 +92,8 @@ enum Unpacker {
     ///   - progress: called with the bytes written so far, about every MiB and once at the end.
     ///   - isCancelled: polled between blocks of data and between entries.
     ///   - writer: writes the files' bytes (tests pass one that fails like a full disk).
+    ///   - growing: the partial file, when the pack is read while it downloads.
+    ///   - hashFiles: hash each regular file as it is written; false when the pack's index gives the digests.
     /// - Returns: the bytes and entries written.
     /// - Throws: `PackDeliveryError` of kind `.badData` for an unsafe entry, a corrupt or truncated
     ///   archive, a file that is not an archive, or a limit exceeded; `.insufficientStorage` when the
@@ -94,7 +102,7 @@ enum Unpacker {
     static func unpack(
         archive: URL, into staging: URL, limits: UnpackLimits, listing: ZipDirectories.Listing? = nil,
         progress: (Int64) -> Void = { _ in }, isCancelled: @escaping () -> Bool = { false }, writer: any FileWriting = SystemFileWriter(),
-        growing: GrowingFile? = nil
+        growing: GrowingFile? = nil, hashFiles: Bool = true
     ) throws(PackDeliveryError) -> UnpackSummary {
         var directory = listing
         if directory == nil, growing == nil { directory = try ZipDirectories.listing(archive) }
@@ -102,7 +110,7 @@ enum Unpacker {
         defer { locale.restore() }
         let run = try UnpackRun(
             archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing,
-            listing: directory)
+            listing: directory, hashFiles: hashFiles)
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
 
@@ -154,7 +162,8 @@ enum Unpacker {
         defer { locale.restore() }
         let run = try UnpackRun(
             archive: archive, staging: staging, limits: limits, writer: SystemFileWriter(), isCancelled: isCancelled,
-            growing: nil, listing: listing, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files))
+            growing: nil, listing: listing, adopting: UnpackRun.Adoption(folderFD: folder, names: read.map(\.name), files: files),
+            hashFiles: streamed.summary.filesHashed)
         return try run.run(progress: { _ in }, isCancelled: isCancelled)
     }
 }
@@ -234,6 +243,10 @@ private final class UnpackRun {
     private let digests = FileDigests()
     /// Files whose digest ``digests`` makes: its id, by path (a hard link shares its target's).
     private var pendingDigests: [[UInt8]: Int] = [:]
+    /// Whether regular files are hashed as they are written (else the index gives their digests).
+    private let hashFiles: Bool
+    /// The hard links made: the path of the file each links to, by path.
+    private var hardLinks: [[UInt8]: [UInt8]] = [:]
     private let rootFD: Int32
 
     /// Every path created so far (components joined by `/`), including implicit folders.
@@ -272,8 +285,9 @@ private final class UnpackRun {
 
     init(
         archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
-        growing: GrowingFile?, listing: ZipDirectories.Listing? = nil, adopting adoption: Adoption? = nil
+        growing: GrowingFile?, listing: ZipDirectories.Listing? = nil, adopting adoption: Adoption? = nil, hashFiles: Bool = true
     ) throws(PackDeliveryError) {
+        self.hashFiles = hashFiles
         // Names are unique among files (a repeated one is refused as it is read); a folder may repeat.
         self.directoryCRCs = Dictionary((listing?.entries ?? []).map { ($0.name, $0.crc) }, uniquingKeysWith: { first, _ in first })
         self.writer = writer
@@ -334,13 +348,18 @@ private final class UnpackRun {
         if let adoption, adoption.names.count != self.entries {
             throw Self.notAdoptable("the local headers gave \(adoption.names.count) entries, the central directory \(self.entries)")
         }
-        let made = self.digests.finish()
+        let made = self.hashFiles ? self.digests.finish() : [:]
         for (key, id) in self.pendingDigests {
             guard let digest = made[id] else { throw PackDeliveryError(.internalError, message: "A file's digest was not made.") }
             self.records[key]?.sha256 = digest
         }
         progress(self.bytes)
         var summary = UnpackSummary(bytes: self.bytes, entries: self.entries, zipEntries: self.zipEntries)
+        summary.filesHashed = self.hashFiles
+        summary.hardLinks = Dictionary(
+            uniqueKeysWithValues: self.hardLinks.map {
+                (String(decoding: $0.key, as: UTF8.self), String(decoding: $0.value, as: UTF8.self))
+            })
         summary.files = self.records.map { path, record in
             InstalledFile(
                 path: String(decoding: path, as: UTF8.self), kind: record.kind, size: record.size, sha256: record.sha256,
@@ -566,9 +585,9 @@ private final class UnpackRun {
 
         var fileEnd: Int64 = 0  // logical end so far, holes included
         var dataEnd: Int64 = 0  // end of the last bytes actually written
-        let digest = self.digests.begin()
+        let digest = self.hashFiles ? self.digests.begin() : 0
         var hashedEnd: Int64 = 0  // the hash covers [0, hashedEnd); holes hash as zeros
-        var inOrder = true  // blocks arrived in order, so the hash needs no second read
+        var inOrder = self.hashFiles  // blocks arrived in order, so the hash needs no second read
         var writebackStart: Int64 = 0  // bytes before this were handed to the kernel's writeback
         while true {
             if !self.source.checkBounds() { throw self.source.error(entry) }
@@ -631,7 +650,10 @@ private final class UnpackRun {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
         if self.streaming, self.zipEntries != nil, fileEnd < Int64(unpackPathMax) { self.zipSymlinkAllowance += fileEnd }
-        if inOrder {
+        if !self.hashFiles {
+            // The pack's index gives the digest (IndexDigests), once the unpack's sizes are held to it.
+            self.records[key] = (.file, fileEnd, "")
+        } else if inOrder {
             self.digests.addZeros(fileEnd - hashedEnd)
             self.digests.end()
             self.records[key] = (.file, fileEnd, "")
@@ -786,6 +808,7 @@ private final class UnpackRun {
         self.nodes[key] = .file
         self.records[key] = self.records[Self.join(target)]
         self.pendingDigests[key] = self.pendingDigests[Self.join(target)]
+        self.hardLinks[key] = Self.join(target)
     }
 
     // MARK: Errors and helpers

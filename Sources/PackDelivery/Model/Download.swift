@@ -120,6 +120,17 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
         public var filesReused: Int
         /// Bytes of ``bytesToFetch`` already kept from an earlier attempt (a pause, a kill).
         public var bytesKept: Int64
+        /// Chunks fetched from the pack, for a chunked pack (tar, tar.zst, tar.gz) updated chunk by chunk: each
+        /// chunk once, however many files hold it (one fetched again after a mismatch still counts once); 0 for a
+        /// pack updated entry by entry (a zip).
+        public var chunksFetched: Int = 0
+        /// Chunks of the new version's files taken from the installed version instead of fetched: the chunks of
+        /// files reused whole, and chunks read from other installed files; 0 for a pack updated entry by entry.
+        public var chunksReused: Int = 0
+        /// Bytes of the pack fetched with range requests so far for this update: bytes kept from an earlier attempt
+        /// included, a range fetched again after a mismatch counted again. Once the update has fetched everything,
+        /// what the server sent for its ranges (``bytesToFetch`` when nothing was fetched twice).
+        public var bytesFetched: Int64 = 0
     }
 
     /// Why a delta update was not used: the whole pack is fetched instead.
@@ -147,6 +158,28 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
             self.reason = reason
             self.message = message
         }
+    }
+}
+
+extension Download.Delta {
+    private enum CodingKeys: String, CodingKey {
+        case bytesToFetch, bytesReused, entriesToFetch, filesReused, bytesKept, chunksFetched, chunksReused, bytesFetched
+    }
+
+    /// Decodes a delta; the chunk counts and ``bytesFetched``, added later, are 0 when absent.
+    ///
+    /// - Parameter decoder: the decoder to read from.
+    /// - Throws: `DecodingError` when a field is missing or has another type.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        self.bytesToFetch = try container.decode(Int64.self, forKey: .bytesToFetch)
+        self.bytesReused = try container.decode(Int64.self, forKey: .bytesReused)
+        self.entriesToFetch = try container.decode(Int.self, forKey: .entriesToFetch)
+        self.filesReused = try container.decode(Int.self, forKey: .filesReused)
+        self.bytesKept = try container.decode(Int64.self, forKey: .bytesKept)
+        self.chunksFetched = try container.decodeIfPresent(Int.self, forKey: .chunksFetched) ?? 0
+        self.chunksReused = try container.decodeIfPresent(Int.self, forKey: .chunksReused) ?? 0
+        self.bytesFetched = try container.decodeIfPresent(Int64.self, forKey: .bytesFetched) ?? 0
     }
 }
 

@@ -87,6 +87,10 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public static let emptyPack = Code("emptyPack")
         /// The pack's `ContentInfo.plist` is unreadable or names another product or version.
         public static let contentInfoMismatch = Code("contentInfoMismatch")
+        /// The pack's index (named in the manifest, and matching its SHA-256) does not describe the pack: a file of
+        /// the pack is not in it, a file it lists is not in the pack, or a file has another size or kind (see
+        /// ``subject`` for the path). The files' SHA-256 would be taken from it, so nothing is installed.
+        public static let indexMismatch = Code("indexMismatch")
 
         // This machine.
         /// Not enough free space (see ``neededBytes`` and ``availableBytes``).
@@ -116,7 +120,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
             case .finishRefused, .unknownTransaction, .unknownDownload, .notInstalled, .queueClosed, .invalidArgument: .usage
             case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .lengthMismatch, .checksumMismatch,
                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
-                .unsupportedURL, .contentDamaged:
+                .unsupportedURL, .contentDamaged, .indexMismatch:
                 .badData
             case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled: .network
             case .unauthorized: .unauthorized

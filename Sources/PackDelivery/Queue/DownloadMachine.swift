@@ -262,6 +262,8 @@ struct DownloadMachine: Sendable, Hashable {
         }
         self.rate.add(bytes: bytesOnDisk, at: now)
         self.base.bytesReceived = bytesOnDisk
+        // During a delta update, the bytes fetched so far with its range requests.
+        self.base.delta?.bytesFetched = bytesOnDisk
         self.validator = validator ?? self.validator
         self.base.progress = self.fraction(bytesOnDisk)
         self.base.timeRemaining = self.rate.timeRemaining(remaining: self.bytesToFetch - bytesOnDisk)
@@ -315,6 +317,7 @@ struct DownloadMachine: Sendable, Hashable {
         case .assembled(let fetched):
             // Each entry was checked against the index's SHA-256: the new version waits in the delta's folder.
             self.base.bytesReceived = fetched
+            self.base.delta?.bytesFetched = fetched
             return self.checked()
         case .deltaRefused(let fallback):
             // Fetch the whole pack instead, saying why.

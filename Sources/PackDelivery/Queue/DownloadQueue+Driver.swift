@@ -25,6 +25,7 @@ extension DownloadQueue {
                     self.discard(archive)
                     self.discard(self.home.deltaURL(for: download))
                     self.engineBox.withLock { $0 }?.discard(archive)
+                    if let index = self.driven({ $0.work[id]?.index }) { self.engineBox.withLock { $0 }?.discard(index.file) }
                     if staging { self.discard(self.home.stagingURL(for: download)) }
                     continue
                 }
@@ -66,15 +67,18 @@ extension DownloadQueue {
                 }
                 return []
             }
+            // The index, beside the pack: its files' digests, so that the unpack hashes none of them.
+            let index = self.startIndexFetch(for: download, token: token, options: options)
             let request = TransferRequest(
                 id: TransferID(download: id, token: token), url: download.url, file: archive,
                 expectedLength: download.contentLength, validator: machine.validator,
                 fromZero: fromZero, options: options, writer: self.configuration.writer,
-                stream: self.startStream(for: download, token: token))
+                stream: self.startStream(for: download, token: token, hashFiles: index == nil))
             self.engineBox.withLock { $0 }?.start(request)
         case .stopTransfer(let token):
             let transfer = TransferID(download: id, token: token)
             if let delta = self.driven({ $0.work[id]?.delta }), delta.request.id == transfer { delta.stop() }
+            if let index = self.driven({ $0.work[id]?.index }), index.id.token == token { self.engineBox.withLock { $0 }?.stop(index.id) }
             self.engineBox.withLock { $0 }?.stop(transfer)
         case .scheduleRetry(let token, let delay):
             self.logger.info("retrying", metadata: ["download": "\(id)", "after": "\(delay)", "error": "\(download.error?.message ?? "")"])
@@ -83,11 +87,11 @@ extension DownloadQueue {
             }
         case .install(let token):
             let flag = CancelFlag()
-            // The install takes the streamed unpack and the delta's tree, and can be stopped through its flag.
-            let (streamed, built) = self.driven { state in
+            // The install takes the streamed unpack, the delta's tree and the index's digests, and can be stopped through its flag.
+            let (streamed, built, index) = self.driven { state in
                 state.updateWork(id) { work in
                     defer { work = DownloadWork(install: flag) }
-                    return (work.stream, work.delta)
+                    return (work.stream, work.delta, work.index)
                 }
             }
             let delta = built?.tree.withLock { $0 }
@@ -102,7 +106,8 @@ extension DownloadQueue {
                 do throws(PackDeliveryError) {
                     result = .success(
                         try installer.install(
-                            download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta))
+                            download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta,
+                            index: index))
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 // The durable commit (a WAL sync) runs here, on the install's thread, not on the driver: the driver
@@ -119,14 +124,18 @@ extension DownloadQueue {
         case .stopInstall:
             self.driven { $0.work[id]?.install }?.cancel()
         case .deleteFiles(let staging):
-            let (stream, delta) = self.driven { state in
+            let (stream, delta, index) = self.driven { state in
                 state.updateWork(id) { work in
-                    defer { (work.stream, work.delta) = (nil, nil) }
-                    return (work.stream, work.delta)
+                    defer { (work.stream, work.delta, work.index) = (nil, nil, nil) }
+                    return (work.stream, work.delta, work.index)
                 }
             }
             stream?.discard()
             delta?.stop()
+            if let index {
+                self.engineBox.withLock { $0 }?.stop(index.id)
+                self.engineBox.withLock { $0 }?.discard(index.file)
+            }
             self.discard(self.home.deltaURL(for: download))
             self.discard(self.home.archiveURL(for: download))
             if staging { self.discard(self.home.stagingURL(for: download)) }
@@ -181,8 +190,30 @@ extension DownloadQueue {
                 writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine))
     }
 
+    /// A fetch of the pack's index beside this transfer, for its files' digests, when ``IndexFetch/applies(to:)``
+    /// (the previous one, if any, is stopped); nil when the files are hashed as they unpack.
+    private func startIndexFetch(for download: Download, token: Int, options: TransferOptions) -> IndexFetch? {
+        let id = download.id
+        let engine = self.engineBox.withLock { $0 }
+        let previous = self.driven { state in
+            state.updateWork(id) { work in
+                defer { work.index = nil }
+                return work.index
+            }
+        }
+        if let previous { engine?.stop(previous.id) }
+        guard IndexFetch.applies(to: download), let reference = download.index, let engine else { return nil }
+        let fetch = IndexFetch(
+            download: download, reference: reference, token: token, file: self.home.indexURL(for: download, token: token),
+            maxEntries: self.installer.limits.maxEntries, logger: self.logger)
+        self.driven { $0.updateWork(id) { $0.index = fetch } }
+        fetch.start(on: engine, options: options, writer: self.configuration.writer)
+        return fetch
+    }
+
     /// A new unpack that follows this transfer (the previous one, if any, is discarded); nil when streaming is off.
-    private func startStream(for download: Download, token: Int) -> StreamedUnpack? {
+    /// - Parameter hashFiles: hash the files as they unpack; false when an ``IndexFetch`` gives their digests.
+    private func startStream(for download: Download, token: Int, hashFiles: Bool) -> StreamedUnpack? {
         let id = download.id
         self.driven { state in
             state.updateWork(id) { work in
@@ -198,7 +229,7 @@ extension DownloadQueue {
         let hooked = Atomic<Bool>(false)
         let stream = StreamedUnpack(
             archive: self.home.archiveURL(for: download), folder: URL(filePath: self.home.stagingURL(for: download).path + ".s\(token)"),
-            length: download.contentLength, limits: limits, writer: self.configuration.writer
+            length: download.contentLength, limits: limits, writer: self.configuration.writer, hashFiles: hashFiles
         ) { [weak self] bytes in
             if bytes > 0, !hooked.exchange(true, ordering: .relaxed) { hook?(.unpacking) }
             guard let self else { return }
@@ -295,9 +326,19 @@ extension DownloadQueue {
                     "delta update not used; fetching the whole pack",
                     metadata: ["download": "\(id)", "reason": "\(fallback.reason.rawValue)", "why": "\(fallback.message)"])
             }
+            if case .assembled(let fetched) = outcome {
+                self.logger.info("delta update fetched what it needed", metadata: ["download": "\(id)", "bytesFetched": "\(fetched)"])
+            }
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
         case .deltaPlanned(let transferID, let delta):
             let (id, token) = (transferID.download, transferID.token)
+            self.logger.info(
+                "delta update planned",
+                metadata: [
+                    "download": "\(id)", "bytesToFetch": "\(delta.bytesToFetch)", "bytesReused": "\(delta.bytesReused)",
+                    "entriesToFetch": "\(delta.entriesToFetch)", "filesReused": "\(delta.filesReused)",
+                    "chunksFetched": "\(delta.chunksFetched)", "chunksReused": "\(delta.chunksReused)", "bytesKept": "\(delta.bytesKept)",
+                ])
             self.change { $0.handle(id, .deltaPlanned(token: token, delta: delta)) }
         }
     }

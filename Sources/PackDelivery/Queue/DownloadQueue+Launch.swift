@@ -104,9 +104,9 @@ extension DownloadQueue {
                         continue
                     }
                     // downloads/<id>.pack; staging/<id>, or staging/<id>.s<token> for an unpack that followed a transfer.
-                    // downloads/<id>.delta for the entries a delta update fetched.
+                    // downloads/<id>.delta for the entries a delta update fetched, downloads/<id>.t<token>.index for an index.
                     let id =
-                        folder == "downloads"
+                        folder == "downloads" && !name.hasSuffix(".index")
                         ? [".pack", ".delta"].first(where: name.hasSuffix).map { String(name.dropLast($0.count)) } ?? name
                         : String(name.prefix { $0 != "." })
                     let record: DownloadRecord?

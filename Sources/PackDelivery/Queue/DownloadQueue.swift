@@ -138,7 +138,7 @@ public final class DownloadQueue: Sendable {
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
         mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {
             var work = self.work[id] ?? DownloadWork()
-            defer { self.work[id] = work.install == nil && work.stream == nil && work.delta == nil ? nil : work }
+            defer { self.work[id] = work.install == nil && work.stream == nil && work.delta == nil && work.index == nil ? nil : work }
             return body(&work)
         }
     }
@@ -169,6 +169,8 @@ public final class DownloadQueue: Sendable {
         var stream: StreamedUnpack?
         /// The delta update, running or built, until the install takes its tree.
         var delta: DeltaTransfer?
+        /// The fetch of the pack's index beside the whole pack, for its files' digests, until the install takes it.
+        var index: IndexFetch?
     }
 
     struct WeakObserver: Sendable {

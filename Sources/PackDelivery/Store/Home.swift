@@ -78,6 +78,11 @@ public struct Home: Sendable, Hashable {
     func archiveURL(for download: Download) -> URL {
         self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).pack")
     }
+    /// Where the pack's index is fetched beside the pack, for its files' digests: a file per attempt (`token`), so
+    /// that a stopped attempt's never meets the next one's; removed once read.
+    func indexURL(for download: Download, token: Int) -> URL {
+        self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).t\(token).index")
+    }
     /// Where a delta update keeps the entries it fetched and builds the new version.
     func deltaURL(for download: Download) -> URL {
         self.workFolder(for: download.destination).appending(path: "downloads/\(download.id).delta")

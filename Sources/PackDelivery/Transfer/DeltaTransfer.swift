@@ -83,6 +83,25 @@ final class DeltaTransfer: Sendable {
     fileprivate func fetch(
         _ bytes: Range<Int64>, into file: URL, validator: String?, progress: @escaping @Sendable (Int64, String?) -> Void
     ) throws {
+        let download = self.request.download
+        try self.fetch(
+            download.url, length: bytes.upperBound - bytes.lowerBound,
+            range: ByteRange(bytes: bytes, fileLength: download.contentLength), into: file, validator: validator, progress: progress)
+    }
+
+    /// Fetches the pack's index (`length` bytes, the manifest says) into `file`, from its first byte, through the
+    /// engine, and waits: the same transfer path as the pack and its ranges.
+    /// - Throws: `TransferFailure` as the engine reports it, or `DeltaRun.Stop`.
+    fileprivate func fetchIndex(_ url: URL, length: Int64, into file: URL) throws {
+        unlink(file.path)
+        try self.fetch(url, length: length, range: nil, into: file, validator: nil) { _, _ in }
+    }
+
+    /// One transfer through the engine (a range of the pack, or the whole index), as the delta's next part; waits.
+    private func fetch(
+        _ url: URL, length: Int64, range: ByteRange?, into file: URL, validator: String?,
+        progress: @escaping @Sendable (Int64, String?) -> Void
+    ) throws {
         let finished = Mutex<TransferOutcome?>(nil)
         let ended = DispatchSemaphore(value: 0)
         let id = self.ranges.withLock { ranges -> TransferID? in
@@ -92,12 +111,10 @@ final class DeltaTransfer: Sendable {
             return ranges.current
         }
         guard let id else { throw DeltaRun.Stop() }
-        let download = self.request.download
         self.request.engine.start(
             TransferRequest(
-                id: id, url: download.url, file: file, expectedLength: bytes.upperBound - bytes.lowerBound, validator: validator,
-                fromZero: false, options: self.request.options, writer: self.request.writer,
-                range: ByteRange(bytes: bytes, fileLength: download.contentLength),
+                id: id, url: url, file: file, expectedLength: length, validator: validator,
+                fromZero: false, options: self.request.options, writer: self.request.writer, range: range,
                 report: { event in
                     switch event {
                     case .progress(_, let bytes, let validator): progress(bytes, validator)
@@ -219,7 +236,8 @@ private final class DeltaRun {
                     id: self.request.id,
                     delta: Download.Delta(
                         bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
-                        filesReused: plan.reuse.count, bytesKept: kept + (tail.kept ? tail.bytes : 0))))
+                        filesReused: plan.reuse.count, bytesKept: kept + (tail.kept ? tail.bytes : 0),
+                        bytesFetched: self.fetched)))
             self.report(self.fetched, force: true)
             var refetched = Set<Int>()
             var verified: [Int: InstalledFile] = [:]
@@ -282,7 +300,8 @@ private final class DeltaRun {
                 id: self.request.id,
                 delta: Download.Delta(
                     bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.build.count,
-                    filesReused: plan.reuse.count, bytesKept: kept)))
+                    filesReused: plan.reuse.count, bytesKept: kept, chunksFetched: plan.fetch.count,
+                    chunksReused: plan.chunksReused + plan.chunksInFilesReused, bytesFetched: self.fetched)))
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
         while !missing.isEmpty {
@@ -344,14 +363,22 @@ private final class DeltaRun {
                 .indexUnusable,
                 "the pack's index is \(self.request.index.length) bytes, more than the \(PackIndex.maxBytes) an index may have")
         }
+        // Beside the pack's other downloads (a file per attempt, as for a whole pack's index), removed once read.
+        let file = self.request.folder.deletingLastPathComponent().appending(path: "\(download.id).t\(self.request.id.token).index")
+        defer { unlink(file.path) }
         let data: Data
         do {
-            data = try Curl.fetch(indexURL, options: self.request.options, maxBytes: Int(self.request.index.length) + 1)
-        } catch {
+            try self.transfer.fetchIndex(indexURL, length: self.request.index.length, into: file)
+            guard let read = try? Data(contentsOf: file) else {
+                throw PackDeliveryError.io("read the fetched index", path: file.path, errno: EIO)
+            }
+            data = read
+        } catch let failure as TransferFailure {
+            let error = failure.error
             if error.kind == .network || error.code == .unauthorized || error.kind == .badData {
                 throw DeltaRefusal(.indexUnusable, "the pack's index could not be fetched (\(error.message))")
             }
-            throw error
+            throw failure
         }
         let hasher = SHA256Hasher()
         data.withUnsafeBytes { hasher.update($0) }
