@@ -87,6 +87,11 @@ final class ProgressDisplay {
         if case .terminal = self.mode { self.draw(finished: []) }
     }
 
+    /// The run ended: JSON's last line says what it did (``RunSummary``); people read it in the lines above.
+    func runEnded(_ summary: RunSummary) {
+        if case .json = self.mode { printJSON(summary) }
+    }
+
     private func draw(finished: [String]) {
         var out = ""
         if self.drawnLines > 0 { out += "\u{1B}[\(self.drawnLines)A" }

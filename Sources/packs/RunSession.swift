@@ -64,6 +64,7 @@ struct RunSession {
         var unsettled = Set<String>()
         /// Downloads that ended failed, paused or cancelled, by id (running and finished ones are not kept).
         var notFinished: [String: Download] = [:]
+        var summary = RunSummary()
         transactionOf.reserveCapacity(follow.downloads.reduce(0) { $0 + $1.count })
         func record(_ download: Download) {
             if download.state.isRunning { running.insert(download.id) } else { running.remove(download.id) }
@@ -77,12 +78,14 @@ struct RunSession {
         for download in follow.downloads.joined() {
             transactionOf[download.id] = download.transactionID
             record(download)
+            summary.begin(download)
         }
         if !running.isEmpty, let events {
             for await event in events {
                 display.show(event)
                 if case .downloadUpdated(let download) = event, transactionOf[download.id] != nil {
                     record(download)
+                    summary.update(download)
                     if running.isEmpty { break }
                 }
                 if Output.broken.load(ordering: .relaxed), !interrupted.exchange(true, ordering: .relaxed) {
@@ -112,6 +115,7 @@ struct RunSession {
             display.finished(try await self.queue.finish(Array(ordered[start..<end])), last: end == ordered.count, total: ordered.count)
         }
 
+        display.runEnded(summary.end())
         let leftOver = notFinished.values.sorted { $0.id < $1.id }
         if interrupted.load(ordering: .relaxed) {
             let paused = leftOver.filter { $0.state == .paused }.map(\.id)

@@ -210,3 +210,33 @@ import Testing
         #expect(helped == declared, "packs --help \(helped.sorted()) vs ExitStatus.swift \(declared.sorted())")
     }
 }
+
+/// `fetch --json` ends with a summary a pipeline can read instead of parsing text: its byte counts agree with the
+/// server's, and a second fetch of installed content fetches nothing.
+@Suite(.timeLimit(.minutes(2))) struct RunSummaryTests {
+    @Test func fetchJSONEndsWithASummaryThatAgreesWithTheServer() throws {
+        let site = try TestSite.random("summary-site", size: 3 << 20)
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("summary-home")
+        let manifest = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        func summary(_ result: CLI.Result) throws -> [String: Any] {
+            #expect(result.status == 0, "\(result.stderr)")
+            let last = try #require(result.stdout.split(separator: "\n").last)
+            return try #require(try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any])
+        }
+        let first = try summary(try CLI.run(home: home, ["--json", "fetch", manifest, "com.example.big"]))
+        #expect(first["event"] as? String == "summary")
+        #expect(first["downloads"] as? Int == 1 && first["finished"] as? Int == 1 && first["alreadyInstalled"] as? Int == 0)
+        nginx.waitForRequests(2)
+        let served = nginx.bodyBytesSent(path: "/big.tar")
+        #expect(served > 3 << 20 && first["bytesFetched"] as? Int == served, "summary \(first), nginx sent \(served)")
+        #expect(first["sources"] as? [String] == ["http://\(nginx.baseURL.host()!):\(nginx.baseURL.port!)"], "\(first)")
+        let seconds = try #require(first["seconds"] as? [String: Double])
+        #expect(seconds["elapsed"]! > 0 && seconds["downloading"]! > 0 && seconds["downloading"]! <= seconds["elapsed"]!, "\(seconds)")
+
+        let again = try summary(try CLI.run(home: home, ["--json", "fetch", manifest, "com.example.big"]))
+        #expect(again["alreadyInstalled"] as? Int == 1 && again["bytesFetched"] as? Int == 0, "\(again)")
+        #expect(again["bytesAlreadyInstalled"] as? Int == served, "\(again)")
+    }
+}
