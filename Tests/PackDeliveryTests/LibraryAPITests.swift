@@ -132,6 +132,66 @@ import Testing
         await shop.stop()
     }
 
+    /// One await per purchase (issue 30, item 5): `delivered` waits through a pause and its resume, returns on the
+    /// pause only when asked, and ends with the download's own error when it fails for good or is cancelled.
+    @Test func oneAwaitDeliversAPurchaseThroughAPauseAndEndsWithTheErrorOfAFailureOrACancel() async throws {
+        let site = try TestSite.random("delivered", size: 600_000)
+        let server = try FaultServer(root: site.folder)
+        defer { server.stop() }
+        var manifest = try site.manifest()
+        manifest.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 300_000)).absoluteString
+        let slow = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false)
+        // Each purchase below fetches the whole pack again (an update from the installed copy would fetch nothing).
+        configuration.deltaUpdates = false
+        let queue = try await DownloadQueue.open(
+            home: Home(folder: try Fixtures.temporaryDirectory("delivered-home")), configuration: configuration)
+
+        // Paused by the user mid-download: the one await goes on through the pause and the resume.
+        let transaction = try await queue.add(product: "com.example.big", from: slow)
+        let id = try #require(transaction.downloads.first?.id)
+        let whole = Task { try await queue.delivered(transactionID: transaction.id) }
+        _ = try #require(await waitFor(queue, id) { $0.bytesReceived > 0 }, "bytes arrive")
+        try queue.pause([id])
+        let atPause = try await queue.delivered(transactionID: transaction.id, returningOnPause: true)
+        #expect(atPause.downloads.map(\.state) == [.paused] && !atPause.isFinishable, "asked to, it returns on the pause")
+        try queue.resume([id])
+        let delivered = try await whole.value
+        #expect(delivered.isFinishable && delivered.downloads.map(\.state) == [.finished], "the first await waited through the pause")
+        let folder = try #require(delivered.downloads.first?.contentURL)
+        #expect(try Fixtures.sha256Hex(of: folder.appending(path: "Contents/data.bin")) == site.dataSHA256)
+        try await queue.finish(delivered.id)
+
+        // Cancelled mid-download: the await ends with `cancelled` naming the transaction, which is finishable.
+        let again = try await queue.add(product: "com.example.big", from: slow, force: true)
+        let againID = try #require(again.downloads.first?.id)
+        let cancelledWait = Task { try await queue.delivered(transactionID: again.id) }
+        _ = try #require(await waitFor(queue, againID) { $0.bytesReceived > 0 }, "bytes arrive")
+        try queue.cancel([againID])
+        do {
+            let value = try await cancelledWait.value
+            Issue.record("a cancelled download is not a delivery: \(value.downloads.map(\.state))")
+        } catch let error as PackDeliveryError {
+            #expect(error.code == .cancelled && error.subject == again.id, "\(error)")
+        }
+        try await queue.finish(again.id)
+
+        // A pack whose SHA-256 is not the manifest's fails for good: the await throws that error, by its code.
+        manifest.products[0].contents[0].sha256 = String(repeating: "0", count: 64)
+        manifest.products[0].contents[0].url = server.url("big.tar").absoluteString
+        let wrong = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        let bad = try await queue.add(product: "com.example.big", from: wrong, force: true)
+        do {
+            let value = try await queue.delivered(transactionID: bad.id)
+            Issue.record("a failed download is not a delivery: \(value.downloads.map(\.state))")
+        } catch  where error.code == .checksumMismatch {
+            #expect(error.subject != nil)
+        } catch {
+            Issue.record("the download's own error, not \(error)")
+        }
+        await queue.close()
+    }
+
     /// A second queue on the same home (as a second process would be) awaits a download the first one runs: it
     /// sees none of its events, only what the database says.
     @Test(.timeLimit(.minutes(1))) func settledFollowsADownloadAnotherQueueRuns() async throws {

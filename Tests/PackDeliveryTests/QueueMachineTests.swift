@@ -280,4 +280,46 @@ import Testing
                 recoveredInstall: URL(filePath: "/home/Caches/p")), retryPolicy: .init())
         #expect(recovered.state == .finished && recovered.download.contentURL?.path == "/home/Caches/p" && recovered.download.progress == 1)
     }
+
+    /// When a wait on a transaction ends, for each mix of download states: `settled` at the first moment nothing
+    /// runs; `delivered` only when everything finished, with the error of a failed or cancelled download, and on a
+    /// pause only when asked.
+    @Test func aWaitForADeliveryEndsOnlyWhenEverythingFinishedOrOneFailedOrWasCancelled() {
+        func transaction(_ states: [DownloadState]) -> Transaction {
+            Transaction(
+                id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+                downloads: states.enumerated().map { n, state in
+                    var download = QueueMachineTests.machine(n).download
+                    download.state = state
+                    download.transactionID = "t-1"
+                    if state == .failed { download.error = PackDeliveryError(.checksumMismatch, message: "bad", subject: "u") }
+                    if state == .paused { download.pauseReason = .insufficientStorage }
+                    return download
+                })
+        }
+        func verdict(_ states: [DownloadState], _ goal: TransactionWait.Goal) -> String {
+            switch TransactionWait.verdict(transaction(states), goal: goal) {
+            case .wait: "wait"
+            case .done: "done"
+            case .failed(let error): error.code.rawValue
+            }
+        }
+        let table: [([DownloadState], settled: String, delivered: String, returningOnPause: String)] = [
+            ([.active, .finished], "wait", "wait", "wait"),
+            ([.waiting], "wait", "wait", "wait"),
+            ([.finished, .finished], "done", "done", "done"),
+            ([.paused, .finished], "done", "wait", "done"),
+            ([.paused, .active], "wait", "wait", "wait"),
+            ([.failed, .active], "wait", "checksumMismatch", "checksumMismatch"),
+            ([.failed, .paused], "done", "checksumMismatch", "checksumMismatch"),
+            ([.cancelled, .active], "wait", "wait", "wait"),
+            ([.cancelled, .finished], "done", "cancelled", "cancelled"),
+            ([.cancelled, .paused], "done", "wait", "done"),
+        ]
+        for row in table {
+            #expect(verdict(row.0, .settled) == row.settled, "settled, \(row.0)")
+            #expect(verdict(row.0, .delivered(returningOnPause: false)) == row.delivered, "delivered, \(row.0)")
+            #expect(verdict(row.0, .delivered(returningOnPause: true)) == row.returningOnPause, "delivered returning on pause, \(row.0)")
+        }
+    }
 }
