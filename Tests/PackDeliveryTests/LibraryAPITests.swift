@@ -192,6 +192,69 @@ import Testing
         await queue.close()
     }
 
+    /// Issue 30, item 6, as an app sees it: an active download that moves again shows no stale error (here a reset,
+    /// then a node that ignores ranges, so the retry starts over from zero), and the first `paused` update of a
+    /// paused download carries the bytes it keeps on disk.
+    @Test func aMovingDownloadShowsNoStaleErrorAndItsFirstPausedUpdateHasTheBytesKept() async throws {
+        let site = try TestSite.random("stale-error", size: 1_500_000)
+        let server = try FaultServer(root: site.folder)
+        defer { server.stop() }
+        var manifest = try site.manifest()
+        manifest.products[0].contents[0].url =
+            server.url("big.tar", fault: .resetOnceThenIgnoreRange(afterBytes: 1_000_000)).absoluteString
+        let resets = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        // Rate-limited, so that the retry reports progress while it is still below where the reset left it.
+        var configuration = DownloadQueue.Configuration(
+            transfer: TransferOptions(maxBytesPerSecond: 2_000_000), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2)
+        configuration.deltaUpdates = false
+        let home = try Fixtures.temporaryDirectory("stale-error-home")
+        let queue = try await DownloadQueue.open(home: Home(folder: home), configuration: configuration)
+        let transaction = try await queue.add(product: "com.example.big", from: resets)
+        let id = try #require(transaction.downloads.first?.id)
+        var failedAt: Int64?
+        var stale: [Download] = []
+        var movedAfterTheError = 0
+        for await event in queue.events(downloadID: id) {
+            guard case .downloadUpdated(let download) = event else { continue }
+            if failedAt == nil, download.error != nil { failedAt = download.bytesReceived }
+            if let failedAt, download.state == .active, download.phase == .downloading, download.bytesReceived != failedAt {
+                movedAfterTheError += 1
+                if download.error != nil { stale.append(download) }
+            }
+            if !download.state.isRunning { break }
+        }
+        #expect(failedAt != nil, "the reset was reported as the download's error")
+        #expect(movedAfterTheError > 0, "progress was reported after the error")
+        #expect(stale.isEmpty, "moving again, yet still showing \(stale.first?.error?.code.rawValue ?? ""): \(stale.map(\.bytesReceived))")
+        #expect(try await queue.settled(downloadID: id).state == .finished)
+        #expect(server.requests().filter { $0.file == "big.tar" }.map(\.status) == [200, 200], "the retry started over")
+
+        // Paused mid-download: the first paused update says what the partial file holds.
+        manifest.products[0].contents[0].url = server.url("big.tar").absoluteString
+        var slow = configuration
+        slow.transfer = TransferOptions(maxBytesPerSecond: 500_000)
+        let pausingHome = try Fixtures.temporaryDirectory("first-pause-home")
+        let pausing = try await DownloadQueue.open(home: Home(folder: pausingHome), configuration: slow)
+        let plain = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        let second = try await pausing.add(product: "com.example.big", from: plain)
+        let secondID = try #require(second.downloads.first?.id)
+        let updates = pausing.events(downloadID: secondID)
+        _ = try #require(await waitFor(pausing, secondID) { $0.bytesReceived > 200_000 }, "bytes arrive")
+        try pausing.pause([secondID])
+        var firstPaused: Download?
+        for await event in updates {
+            if case .downloadUpdated(let download) = event, download.state == .paused {
+                firstPaused = download
+                break
+            }
+        }
+        let partial = try #require(partialArchive(pausingHome))
+        let onDisk = try #require(try FileManager.default.attributesOfItem(atPath: partial.path)[.size] as? Int64)
+        #expect(firstPaused?.bytesReceived == onDisk, "the first paused update: \(firstPaused?.bytesReceived ?? -1), on disk: \(onDisk)")
+        await pausing.close()
+        await queue.close()
+    }
+
     /// A second queue on the same home (as a second process would be) awaits a download the first one runs: it
     /// sees none of its events, only what the database says.
     @Test(.timeLimit(.minutes(1))) func settledFollowsADownloadAnotherQueueRuns() async throws {

@@ -41,6 +41,25 @@ import Testing
         return queue.handle(id, .installFinished(token: 1, result: .success(URL(filePath: "/c/\(id)"))))
     }
 
+    /// The first `paused` report of a download paused mid-transfer carries the bytes its transfer kept, and comes once.
+    @Test func theFirstPausedReportCarriesTheBytesTheStoppedTransferKept() {
+        var queue = QueueMachine(concurrency: 1)
+        #expect(Self.admitAll(&queue, queue.own(Self.machine(0), position: 0)) == ["d-0"])
+        _ = queue.handle("d-0", .transferProgress(token: 1, bytes: 400, validator: nil))
+        var reported: [Download] = []
+        func collect(_ actions: [QueueMachine.Action]) {
+            for case .notify(let id) in actions { reported += [queue.download(id)].compactMap { $0 } }
+        }
+        let pause = queue.handle("d-0", .pause(.user, nil))
+        #expect(pause.contains(.run(id: "d-0", .stopTransfer(token: 1))) && pause.contains(.save), "stopped and saved at once")
+        collect(pause)
+        let stopped = queue.handle("d-0", .transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 650)))
+        #expect(stopped.contains(.save), "the bytes kept at the pause are saved at once")
+        collect(stopped)
+        let paused = reported.filter { $0.state == .paused }
+        #expect(paused.map(\.bytesReceived) == [650], "one paused report, with the bytes kept: \(paused.map(\.bytesReceived))")
+    }
+
     @Test func slotsAreBoundedAndTheRestWaitInOrder() {
         var queue = QueueMachine(concurrency: 2)
         var actions: [QueueMachine.Action] = []
