@@ -230,9 +230,9 @@ import Testing
         #expect(server.requests().filter { $0.file == "big.tar" }.map(\.status) == [200, 200], "the retry started over")
 
         // Paused mid-download: the first paused update says what the partial file holds.
-        manifest.products[0].contents[0].url = server.url("big.tar").absoluteString
+        manifest.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 300_000)).absoluteString
         var slow = configuration
-        slow.transfer = TransferOptions(maxBytesPerSecond: 500_000)
+        slow.transfer = TransferOptions()
         let pausingHome = try Fixtures.temporaryDirectory("first-pause-home")
         let pausing = try await DownloadQueue.open(home: Home(folder: pausingHome), configuration: slow)
         let plain = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
@@ -243,10 +243,10 @@ import Testing
         try pausing.pause([secondID])
         var firstPaused: Download?
         for await event in updates {
-            if case .downloadUpdated(let download) = event, download.state == .paused {
-                firstPaused = download
-                break
-            }
+            guard case .downloadUpdated(let download) = event, !download.state.isRunning else { continue }
+            #expect(download.state == .paused, "the pause came before the end of the download")
+            firstPaused = download
+            break
         }
         let partial = try #require(partialArchive(pausingHome))
         let onDisk = try #require(try FileManager.default.attributesOfItem(atPath: partial.path)[.size] as? Int64)
