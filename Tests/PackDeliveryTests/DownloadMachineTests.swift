@@ -62,6 +62,38 @@ import Testing
                 && machine.download.error?.hint?.contains("no longer lists p") == true)
     }
 
+    /// With a credential provider, fresh credentials are asked for once between a refusal and the pause: not again for
+    /// the request after the manifest is read again (they were asked for 3 times). A resume allows one more.
+    @Test func freshCredentialsAreAskedForOnceBeforeThePauseForCredentials() {
+        let refused = TransferFailure(error: PackDeliveryError(.unauthorized, message: "401", httpStatus: 401), retryable: false)
+        var machine = DownloadMachine(download: Self.download())
+        machine.credentialsRenewable = true
+        _ = machine.start()
+        #expect(!machine.credentialsRefused)
+        _ = machine.transferFinished(token: 1, outcome: .failed(refused, bytesOnDisk: 0), jitter: 0)
+        #expect(machine.retryDue(token: 2) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.credentialsRefused, "the retry asks for fresh credentials")
+        #expect(machine.transferFinished(token: 2, outcome: .failed(refused, bytesOnDisk: 0)) == [.reloadManifest(token: 3)])
+        let url = URL(string: "http://127.0.0.1/p.zip?token=2")!
+        #expect(machine.manifestReloaded(token: 3, result: .success(url)) == [.startTransfer(token: 3, fromZero: false)])
+        #expect(!machine.credentialsRefused, "fresh credentials were asked for already")
+        #expect(machine.transferFinished(token: 3, outcome: .failed(refused, bytesOnDisk: 0)) == [], "refused again: pause")
+        #expect(machine.state == .paused && machine.download.pauseReason == .unauthorized)
+
+        // Resumed (the host renewed them): a refusal asks once more.
+        _ = machine.resume()
+        _ = machine.start()
+        let token = machine.token
+        #expect(!machine.credentialsRefused)
+        _ = machine.transferFinished(token: token, outcome: .failed(refused, bytesOnDisk: 0), jitter: 0)
+        _ = machine.retryDue(token: token + 1)
+        #expect(machine.credentialsRefused)
+        // A network failure of that request: its retry does not ask again.
+        _ = machine.transferFinished(token: token + 1, outcome: .failed(Self.networkFailure, bytesOnDisk: 0), jitter: 0)
+        _ = machine.retryDue(token: token + 2)
+        #expect(machine.state == .active && !machine.credentialsRefused)
+    }
+
     @Test func aReloadThatArrivesAfterAPauseChangesNothing() {
         let gone = TransferFailure(error: PackDeliveryError(.httpStatus, message: "404", httpStatus: 404), retryable: false)
         var machine = DownloadMachine(download: Self.download())

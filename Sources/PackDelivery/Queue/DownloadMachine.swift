@@ -145,8 +145,16 @@ struct DownloadMachine: Sendable, Hashable {
 
     /// What was tried, since bytes last moved, to get past a refusal (401, 403) or a lost URL (404, 410).
     struct Remedies: Sendable, Hashable {
-        /// The next request asks the credential provider for fresh credentials: the server refused the last ones.
-        var freshCredentials = false
+        /// Fresh credentials from the provider (asked with `refused` set): once between a refusal and the pause.
+        enum Renewal: Sendable, Hashable {
+            /// Not asked since bytes last moved (or since the last pause).
+            case notAsked
+            /// The next request asks for fresh credentials: the server refused the last ones.
+            case asking
+            /// Asked, and the request that used them ended: a later refusal reads the manifest again, then pauses.
+            case asked
+        }
+        var renewal = Renewal.notAsked
         /// The manifest was read again: another refusal or 404 does not read it again.
         var manifestReread = false
     }
@@ -242,7 +250,8 @@ struct DownloadMachine: Sendable, Hashable {
     var verified: Bool { self.archive != .partial }
     /// The verification was recorded by an earlier process: the installer hashes the archive again.
     var recheckArchive: Bool { self.archive == .verifiedEarlier }
-    var credentialsRefused: Bool { self.remedies.freshCredentials }
+    /// The next request asks the provider for fresh credentials (``CredentialRequest/refused``).
+    var credentialsRefused: Bool { self.remedies.renewal == .asking }
     /// A delta update was refused for this download: the whole pack is fetched (the reason is in `download.deltaFallback`).
     var deltaRefused: Bool { self.base.deltaFallback != nil }
 
@@ -330,6 +339,8 @@ struct DownloadMachine: Sendable, Hashable {
         }
         guard case .transferring(token, let previous) = self.stage else { return [] }
         self.lastMovement = now
+        // The fresh credentials this transfer asked for (if it did) have been used: later requests do not ask again.
+        if self.remedies.renewal == .asking { self.remedies.renewal = .asked }
         switch outcome {
         case .stopped(let bytes):
             self.base.bytesReceived = bytes
@@ -390,15 +401,15 @@ struct DownloadMachine: Sendable, Hashable {
         self.lastMovement = now
         switch result {
         case .success(let url):
-            // Continue from the kept bytes at the (maybe new) URL, asking for credentials as usual.
+            // Continue from the kept bytes at the (maybe new) URL, with the credentials as they are: fresh ones were asked
+            // for already if the server refused (another refusal pauses).
             self.base.url = url
-            self.remedies.freshCredentials = false
             return self.beginTransfer(error: original, fromZero: false)
         case .failure(let why):
             let bytes = self.base.bytesReceived
             let kept = bytes > 0 ? " The \(bytes) bytes downloaded are kept." : ""
             if original.code == .unauthorized {
-                self.remedies.freshCredentials = false
+                self.remedies.renewal = .notAsked
                 return self.enterPaused(
                     .unauthorized,
                     error: original.withHint(
@@ -505,8 +516,8 @@ struct DownloadMachine: Sendable, Hashable {
         case .failed: self.retriedFromZero = false
         case .waiting, .transferring, .waitingToRetry, .reloadingManifest, .installing, .finished, .cancelled: return []
         }
-        // Renewed credentials or a fixed server: a refusal may read the manifest again.
-        self.remedies.manifestReread = false
+        // Renewed credentials or a fixed server: a refusal may ask for fresh credentials and read the manifest again.
+        self.remedies = Remedies()
         self.stage = .waiting
         return []
     }
@@ -566,14 +577,14 @@ struct DownloadMachine: Sendable, Hashable {
     private mutating func transferFailed(_ failure: TransferFailure, bytes: Int64, jitter: Double, now: Date) -> [Action] {
         if failure.error.code == .insufficientStorage { return self.enterPaused(.insufficientStorage, error: failure.error) }
         if failure.error.code == .unauthorized {
-            if self.credentialsRenewable, !self.remedies.freshCredentials {
+            if self.credentialsRenewable, self.remedies.renewal == .notAsked {
                 // Ask for fresh credentials (a token that expired), and try again at once.
-                self.remedies.freshCredentials = true
+                self.remedies.renewal = .asking
                 return self.retryOrFail(failure.error, retryable: true, retryAfter: 0, jitter: 0, now: now)
             }
             if !self.remedies.manifestReread { return self.reloadManifest(after: failure.error) }
             // Nothing helps until the host renews the credentials: keep the bytes and wait for a resume.
-            self.remedies.freshCredentials = false
+            self.remedies.renewal = .notAsked
             return self.enterPaused(.unauthorized, error: failure.error)
         }
         if StreamedUnpack.isHostile(failure.error) {
