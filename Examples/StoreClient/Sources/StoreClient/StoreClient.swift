@@ -49,11 +49,13 @@ struct StoreClient {
             if !leaveOpen { try await queue.finish(delivered.id) }
         }
 
-        // 3. An error an app handles is matched by its code.
+        // 3. An error an app handles is matched by its code; the do ends with a plain catch, as the docs' do.
         do {
             try await queue.add(product: "com.example.not-for-sale", from: manifest)
         } catch  where error.code == .unknownProduct {
             print("matched \(error.code)")
+        } catch {
+            throw error
         }
 
         var allInstalled = true
@@ -64,6 +66,8 @@ struct StoreClient {
                 if transaction.downloads.contains(where: { !$0.state.isSettled }) { try await queue.finish(transaction.id) }
             } catch  where error.code == .finishRefused {
                 print("refused \(error.code) \(error.pendingDownloadIDs.joined(separator: " "))")
+            } catch {
+                throw error
             }
             // 5. One await for the whole purchase, through pauses; cancelling this task would stop the wait, not the download.
             do {
