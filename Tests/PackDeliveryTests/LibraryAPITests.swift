@@ -205,7 +205,7 @@ import Testing
         let resets = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
         // Rate-limited, so that the retry reports progress while it is still below where the reset left it.
         var configuration = DownloadQueue.Configuration(
-            transfer: TransferOptions(maxBytesPerSecond: 2_000_000), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2)
+            transfer: TransferOptions(maxBytesPerSecond: 1_000_000), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2)
         configuration.deltaUpdates = false
         let home = try Fixtures.temporaryDirectory("stale-error-home")
         let queue = try await DownloadQueue.open(home: Home(folder: home), configuration: configuration)
@@ -263,6 +263,19 @@ import Testing
         let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
         let settled = try await other.settled(transactionID: transaction.id)
         #expect(settled.isFinishable && settled.downloads.allSatisfy { $0.state == .finished })
+        await other.close()
+        await shop.stop()
+    }
+
+    /// `delivered` follows a purchase another queue on the same home (as another process would) delivers: it sees none
+    /// of its events, only what the database says, through the same wait as `settled`.
+    @Test(.timeLimit(.minutes(1))) func deliveredFollowsAPurchaseAnotherQueueDelivers() async throws {
+        let shop = try await Shop("delivered-other")
+        let other = try await DownloadQueue.open(home: Home(folder: shop.home))
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        let delivered = try await other.delivered(transactionID: transaction.id)
+        #expect(delivered.isFinishable && delivered.downloads.allSatisfy { $0.state == .finished })
+        try await other.finish(delivered.id)
         await other.close()
         await shop.stop()
     }
