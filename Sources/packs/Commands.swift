@@ -162,8 +162,12 @@ extension Packs {
                             printError("packs: \(PackDeliveryError.printable(id)) \(why); nothing to resume.")
                         }
                     }
+                    // The transactions of the downloads named are finished as the command that recorded them chose
+                    // (`fetch` finishes unless --no-finish: the transaction's autoFinish).
+                    let named = Set(downloads.filter { resumed.contains($0.id) }.map(\.transactionID))
                     return RunSession.Follow(
-                        downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty)
+                        downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty,
+                        finishingIfAsked: named)
                 }
             }
             if code != 0 { throw ExitCode(code) }

@@ -22,6 +22,9 @@ struct RunSession {
         /// Also finish every other open transaction that asked for it (`resume`: a fetch killed after its
         /// last download finished still gets finished).
         var finishingAllFinishable = false
+        /// Finish these transactions at the end if they asked for it and are finishable then (`resume ID`: the
+        /// transactions of the downloads named, as the command that recorded them chose).
+        var finishingIfAsked: Set<String> = []
 
         /// Follows every download of `transactions`, and finishes the transactions once they settle if `finishing`.
         init(transactions: [Transaction], finishing: Bool = true) {
@@ -30,9 +33,10 @@ struct RunSession {
         }
 
         /// Follows `downloads`.
-        init(downloads: [Download], finishingAllFinishable: Bool) {
+        init(downloads: [Download], finishingAllFinishable: Bool, finishingIfAsked: Set<String> = []) {
             self.downloads = [downloads]
             self.finishingAllFinishable = finishingAllFinishable
+            self.finishingIfAsked = finishingIfAsked
         }
     }
 
@@ -102,9 +106,9 @@ struct RunSession {
         // Finish what asked to be finished once its content is installed, in one durable write.
         let blocked = Set(unsettled.compactMap { transactionOf[$0] })
         var finishable = follow.finishing.subtracting(blocked)
-        if follow.finishingAllFinishable {
+        if follow.finishingAllFinishable || !follow.finishingIfAsked.isEmpty {
             for transaction in try await self.queue.transactions() where transaction.autoFinish && transaction.isFinishable {
-                finishable.insert(transaction.id)
+                if follow.finishingAllFinishable || follow.finishingIfAsked.contains(transaction.id) { finishable.insert(transaction.id) }
             }
         }
         // In batches of 1,000 (each one durable write): finishing reads each transaction back, and 10,000 at once

@@ -27,6 +27,33 @@ import Testing
         #expect(ranges.count == 2 && ranges[1]?.hasPrefix("bytes=") == true, "resumed with a range: \(ranges)")
     }
 
+    /// `packs resume ID` of a download that a killed `fetch` started finishes its transaction as that fetch would
+    /// have (it left it open, finishable); after `fetch --no-finish` it stays open.
+    @Test(arguments: [false, true])
+    func resumingANamedDownloadFinishesItsTransactionAsTheFetchChose(noFinish: Bool) throws {
+        let site = try TestSite.random("resume-finish-\(noFinish)-site", size: 2 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("resume-finish-\(noFinish)-home")
+        let fetch = ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"]
+        let killed = try runAndKill(home: home, fetch + (noFinish ? ["--no-finish"] : [])) { event in
+            (event["progress"] as? Double ?? 0) > 0.1
+        }
+        #expect(killed, "the fetch was killed mid-download")
+        let status = try CLI.run(home: home, ["--json", "status"])
+        let id = try #require(
+            ((try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])?["transactions"] as? [[String: Any]])?
+                .first.flatMap { ($0["downloads"] as? [[String: Any]])?.first?["id"] as? String }, "\(status.stdout)")
+        let resume = try CLI.run(home: home, ["resume", id])
+        #expect(resume.status == 0, "stderr: \(resume.stderr)")
+        let after = try CLI.run(home: home, ["--json", "status"]).stdout
+        if noFinish {
+            #expect(after.contains(#""state":"finished""#) && after.contains(id), "left open, its download finished: \(after)")
+        } else {
+            #expect(after.contains(#"{"transactions":[]}"#), "finished, as the fetch would have: \(after)")
+        }
+    }
+
     /// `packs fetch … | head -1` — the reader goes away; the fetch pauses, saves and says so, like SIGTERM.
     @Test func aClosedOutputPipeStopsLikeSIGTERM() throws {
         let site = try TestSite.random("sigpipe-site", size: 4 << 20)

@@ -62,6 +62,38 @@ import Testing
                 && machine.download.error?.hint?.contains("no longer lists p") == true)
     }
 
+    /// With a credential provider, fresh credentials are asked for once between a refusal and the pause: not again for
+    /// the request after the manifest is read again (they were asked for 3 times). A resume allows one more.
+    @Test func freshCredentialsAreAskedForOnceBeforeThePauseForCredentials() {
+        let refused = TransferFailure(error: PackDeliveryError(.unauthorized, message: "401", httpStatus: 401), retryable: false)
+        var machine = DownloadMachine(download: Self.download())
+        machine.credentialsRenewable = true
+        _ = machine.start()
+        #expect(!machine.credentialsRefused)
+        _ = machine.transferFinished(token: 1, outcome: .failed(refused, bytesOnDisk: 0), jitter: 0)
+        #expect(machine.retryDue(token: 2) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.credentialsRefused, "the retry asks for fresh credentials")
+        #expect(machine.transferFinished(token: 2, outcome: .failed(refused, bytesOnDisk: 0)) == [.reloadManifest(token: 3)])
+        let url = URL(string: "http://127.0.0.1/p.zip?token=2")!
+        #expect(machine.manifestReloaded(token: 3, result: .success(url)) == [.startTransfer(token: 3, fromZero: false)])
+        #expect(!machine.credentialsRefused, "fresh credentials were asked for already")
+        #expect(machine.transferFinished(token: 3, outcome: .failed(refused, bytesOnDisk: 0)) == [], "refused again: pause")
+        #expect(machine.state == .paused && machine.download.pauseReason == .unauthorized)
+
+        // Resumed (the host renewed them): a refusal asks once more.
+        _ = machine.resume()
+        _ = machine.start()
+        let token = machine.token
+        #expect(!machine.credentialsRefused)
+        _ = machine.transferFinished(token: token, outcome: .failed(refused, bytesOnDisk: 0), jitter: 0)
+        _ = machine.retryDue(token: token + 1)
+        #expect(machine.credentialsRefused)
+        // A network failure of that request: its retry does not ask again.
+        _ = machine.transferFinished(token: token + 1, outcome: .failed(Self.networkFailure, bytesOnDisk: 0), jitter: 0)
+        _ = machine.retryDue(token: token + 2)
+        #expect(machine.state == .active && !machine.credentialsRefused)
+    }
+
     @Test func aReloadThatArrivesAfterAPauseChangesNothing() {
         let gone = TransferFailure(error: PackDeliveryError(.httpStatus, message: "404", httpStatus: 404), retryable: false)
         var machine = DownloadMachine(download: Self.download())
@@ -239,6 +271,63 @@ import Testing
         #expect(machine.transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 420)) == [])
         // The paused download reports every byte it keeps, not the last progress step.
         #expect(machine.state == .paused && machine.download.bytesReceived == 420 && machine.download.progress == 0.42)
+    }
+
+    /// A pause is reported once the transfer it stopped says how many bytes it kept, so the first `paused` update
+    /// never under-reports them (it showed the last progress step, then the bytes kept).
+    @Test func aPauseIsReportedOnlyWithTheBytesItsStoppedTransferKept() {
+        var machine = DownloadMachine(download: Self.download())
+        _ = machine.start()
+        _ = machine.progress(token: 1, bytesOnDisk: 400, validator: nil)
+        #expect(machine.pause(.user) == [.stopTransfer(token: 1)])
+        #expect(machine.state == .paused && !machine.reportable, "not reported before the transfer said what it kept")
+        #expect(machine.transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 650)) == [])
+        #expect(machine.reportable && machine.state == .paused && machine.download.bytesReceived == 650)
+
+        // The transfer had ended on its own before the stop reached it: its ending says what it kept; still paused.
+        var ended = DownloadMachine(download: Self.download())
+        _ = ended.start()
+        _ = ended.progress(token: 1, bytesOnDisk: 400, validator: nil)
+        _ = ended.pause(.user)
+        #expect(ended.transferFinished(token: 1, outcome: .failed(Self.networkFailure, bytesOnDisk: 500)) == [])
+        #expect(ended.reportable && ended.state == .paused && ended.download.pauseReason == .user)
+        #expect(ended.download.bytesReceived == 500 && ended.download.error == nil)
+
+        // Resumed before the stop was heard: nothing is held back.
+        var resumed = DownloadMachine(download: Self.download())
+        _ = resumed.start()
+        _ = resumed.pause(.user)
+        _ = resumed.resume()
+        #expect(resumed.reportable && resumed.state == .waiting)
+        // Paused where nothing was transferring: reported at once.
+        var idle = DownloadMachine(download: Self.download())
+        _ = idle.pause(.user)
+        #expect(idle.reportable && idle.state == .paused)
+    }
+
+    /// The previous attempt's error (an `unauthorized` before renewed credentials, a reset) is cleared as soon as the
+    /// download moves again, also when the bytes start over from zero below what the failed attempt had.
+    @Test func theErrorOfAFailedAttemptClearsWhenTheDownloadMovesAgain() {
+        let refused = TransferFailure(error: PackDeliveryError(.unauthorized, message: "401", httpStatus: 401), retryable: false)
+        var machine = DownloadMachine(download: Self.download())
+        machine.credentialsRenewable = true
+        _ = machine.start()
+        _ = machine.progress(token: 1, bytesOnDisk: 400, validator: nil)
+        _ = machine.transferFinished(token: 1, outcome: .failed(refused, bytesOnDisk: 400), jitter: 0)
+        #expect(machine.retryDue(token: 2) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.credentialsRefused, "the retry asks for fresh credentials")
+        #expect(machine.download.error?.code == .unauthorized, "shown until the download moves")
+        _ = machine.progress(token: 2, bytesOnDisk: 400, validator: nil)
+        #expect(machine.download.error?.code == .unauthorized, "no byte moved yet")
+        _ = machine.progress(token: 2, bytesOnDisk: 700, validator: nil)
+        #expect(machine.download.error == nil && machine.state == .active, "moving again: the refusal is past")
+
+        // A reset, then a server that ignores the range: the retry starts over from zero, below the 700 kept before.
+        _ = machine.transferFinished(token: 2, outcome: .failed(Self.networkFailure, bytesOnDisk: 700), jitter: 0)
+        _ = machine.retryDue(token: 3)
+        #expect(machine.download.error?.code == .networkFailure)
+        _ = machine.progress(token: 3, bytesOnDisk: 64, validator: nil)
+        #expect(machine.download.error == nil && machine.download.bytesReceived == 64, "it moves again, from zero")
     }
 
     @Test func cancellingADownloadPausedForSpaceDropsTheSpaceError() {

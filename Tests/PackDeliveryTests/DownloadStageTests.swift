@@ -246,6 +246,11 @@ import Testing
         ]
     }
 
+    /// The ways a transfer ends.
+    static let transferEndings: Set<String> = [
+        "completed", "completed, wrong hash", "assembled", "stopped", "deltaRefused", "network failure", "401", "404", "disk full",
+    ]
+
     /// Events that come from work the machine started, named by their token: stale when the token is another.
     static let tokened: Set<String> = [
         "progress", "streamProgress", "deltaPlanned", "durable", "completed", "completed, wrong hash", "assembled", "stopped",
@@ -288,6 +293,8 @@ import Testing
             for stale in [sample.machine.token - 1, sample.machine.token + 7] {
                 for event in Self.events(token: stale) where Self.tokened.contains(event.name) {
                     if stale < sample.machine.token, returning.contains(event.name) { continue }
+                    // Any ending of the transfer a pause stopped counts too: it says what that transfer kept.
+                    if stale == sample.machine.stoppedTransfer, Self.transferEndings.contains(event.name) { continue }
                     if sample.machine.installOutstanding, event.name.hasPrefix("install") { continue }
                     var machine = sample.machine
                     let actions = event.apply(&machine)

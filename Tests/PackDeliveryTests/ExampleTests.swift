@@ -41,6 +41,9 @@ import Testing
         for product in Self.products {
             #expect(first.lines.contains { $0.hasPrefix("progress \(product) 100%") }, "the view model saw \(product) complete")
             #expect(first.lines.contains("settled \(product) finished"), "one await settled \(product)")
+            #expect(
+                first.lines.contains { $0.hasPrefix("delivered t-") && $0.hasSuffix(" \(product)") },
+                "one await (queue.delivered) for the purchase of \(product)")
         }
         let open = try CLI.run(home: home, ["--json", "status"])
         #expect(!open.stdout.contains(#"{"transactions":[]}"#), "the purchases were left open: \(open.stdout)")

@@ -132,6 +132,129 @@ import Testing
         await shop.stop()
     }
 
+    /// One await per purchase (issue 30, item 5): `delivered` waits through a pause and its resume, returns on the
+    /// pause only when asked, and ends with the download's own error when it fails for good or is cancelled.
+    @Test func oneAwaitDeliversAPurchaseThroughAPauseAndEndsWithTheErrorOfAFailureOrACancel() async throws {
+        let site = try TestSite.random("delivered", size: 600_000)
+        let server = try FaultServer(root: site.folder)
+        defer { server.stop() }
+        var manifest = try site.manifest()
+        manifest.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 300_000)).absoluteString
+        let slow = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false)
+        // Each purchase below fetches the whole pack again (an update from the installed copy would fetch nothing).
+        configuration.deltaUpdates = false
+        let queue = try await DownloadQueue.open(
+            home: Home(folder: try Fixtures.temporaryDirectory("delivered-home")), configuration: configuration)
+
+        // Paused by the user mid-download: the one await goes on through the pause and the resume.
+        let transaction = try await queue.add(product: "com.example.big", from: slow)
+        let id = try #require(transaction.downloads.first?.id)
+        let whole = Task { try await queue.delivered(transactionID: transaction.id) }
+        _ = try #require(await waitFor(queue, id) { $0.bytesReceived > 0 }, "bytes arrive")
+        try queue.pause([id])
+        let atPause = try await queue.delivered(transactionID: transaction.id, returningOnPause: true)
+        #expect(atPause.downloads.map(\.state) == [.paused] && !atPause.isFinishable, "asked to, it returns on the pause")
+        try queue.resume([id])
+        let delivered = try await whole.value
+        #expect(delivered.isFinishable && delivered.downloads.map(\.state) == [.finished], "the first await waited through the pause")
+        let folder = try #require(delivered.downloads.first?.contentURL)
+        #expect(try Fixtures.sha256Hex(of: folder.appending(path: "Contents/data.bin")) == site.dataSHA256)
+        try await queue.finish(delivered.id)
+
+        // Cancelled mid-download: the await ends with `cancelled` naming the transaction, which is finishable.
+        let again = try await queue.add(product: "com.example.big", from: slow, force: true)
+        let againID = try #require(again.downloads.first?.id)
+        let cancelledWait = Task { try await queue.delivered(transactionID: again.id) }
+        _ = try #require(await waitFor(queue, againID) { $0.bytesReceived > 0 }, "bytes arrive")
+        try queue.cancel([againID])
+        do {
+            let value = try await cancelledWait.value
+            Issue.record("a cancelled download is not a delivery: \(value.downloads.map(\.state))")
+        } catch let error as PackDeliveryError {
+            #expect(error.code == .cancelled && error.subject == again.id, "\(error)")
+        }
+        try await queue.finish(again.id)
+
+        // A pack whose SHA-256 is not the manifest's fails for good: the await throws that error, by its code.
+        manifest.products[0].contents[0].sha256 = String(repeating: "0", count: 64)
+        manifest.products[0].contents[0].url = server.url("big.tar").absoluteString
+        let wrong = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        let bad = try await queue.add(product: "com.example.big", from: wrong, force: true)
+        do {
+            let value = try await queue.delivered(transactionID: bad.id)
+            Issue.record("a failed download is not a delivery: \(value.downloads.map(\.state))")
+        } catch  where error.code == .checksumMismatch {
+            #expect(error.subject != nil)
+        } catch {
+            Issue.record("the download's own error, not \(error)")
+        }
+        await queue.close()
+    }
+
+    /// Issue 30, item 6, as an app sees it: an active download that moves again shows no stale error (here a reset,
+    /// then a node that ignores ranges, so the retry starts over from zero), and the first `paused` update of a
+    /// paused download carries the bytes it keeps on disk.
+    @Test func aMovingDownloadShowsNoStaleErrorAndItsFirstPausedUpdateHasTheBytesKept() async throws {
+        let site = try TestSite.random("stale-error", size: 1_500_000)
+        let server = try FaultServer(root: site.folder)
+        defer { server.stop() }
+        var manifest = try site.manifest()
+        manifest.products[0].contents[0].url =
+            server.url("big.tar", fault: .resetOnceThenIgnoreRange(afterBytes: 1_000_000)).absoluteString
+        let resets = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        // Rate-limited, so that the retry reports progress while it is still below where the reset left it.
+        var configuration = DownloadQueue.Configuration(
+            transfer: TransferOptions(maxBytesPerSecond: 1_000_000), resumeWhenSpaceReturns: false, maxRetryDelay: 0.2)
+        configuration.deltaUpdates = false
+        let home = try Fixtures.temporaryDirectory("stale-error-home")
+        let queue = try await DownloadQueue.open(home: Home(folder: home), configuration: configuration)
+        let transaction = try await queue.add(product: "com.example.big", from: resets)
+        let id = try #require(transaction.downloads.first?.id)
+        var failedAt: Int64?
+        var stale: [Download] = []
+        var movedAfterTheError = 0
+        for await event in queue.events(downloadID: id) {
+            guard case .downloadUpdated(let download) = event else { continue }
+            if failedAt == nil, download.error != nil { failedAt = download.bytesReceived }
+            if let failedAt, download.state == .active, download.phase == .downloading, download.bytesReceived != failedAt {
+                movedAfterTheError += 1
+                if download.error != nil { stale.append(download) }
+            }
+            if !download.state.isRunning { break }
+        }
+        #expect(failedAt != nil, "the reset was reported as the download's error")
+        #expect(movedAfterTheError > 0, "progress was reported after the error")
+        #expect(stale.isEmpty, "moving again, yet still showing \(stale.first?.error?.code.rawValue ?? ""): \(stale.map(\.bytesReceived))")
+        #expect(try await queue.settled(downloadID: id).state == .finished)
+        #expect(server.requests().filter { $0.file == "big.tar" }.map(\.status) == [200, 200], "the retry started over")
+
+        // Paused mid-download: the first paused update says what the partial file holds.
+        manifest.products[0].contents[0].url = server.url("big.tar", fault: .slow(bytesPerSecond: 300_000)).absoluteString
+        var slow = configuration
+        slow.transfer = TransferOptions()
+        let pausingHome = try Fixtures.temporaryDirectory("first-pause-home")
+        let pausing = try await DownloadQueue.open(home: Home(folder: pausingHome), configuration: slow)
+        let plain = try LoadedManifest(manifest: manifest, baseURL: server.baseURL.appending(path: "manifest.json"))
+        let second = try await pausing.add(product: "com.example.big", from: plain)
+        let secondID = try #require(second.downloads.first?.id)
+        let updates = pausing.events(downloadID: secondID)
+        _ = try #require(await waitFor(pausing, secondID) { $0.bytesReceived > 200_000 }, "bytes arrive")
+        try pausing.pause([secondID])
+        var firstPaused: Download?
+        for await event in updates {
+            guard case .downloadUpdated(let download) = event, !download.state.isRunning else { continue }
+            #expect(download.state == .paused, "the pause came before the end of the download")
+            firstPaused = download
+            break
+        }
+        let partial = try #require(partialArchive(pausingHome))
+        let onDisk = try #require(try FileManager.default.attributesOfItem(atPath: partial.path)[.size] as? Int64)
+        #expect(firstPaused?.bytesReceived == onDisk, "the first paused update: \(firstPaused?.bytesReceived ?? -1), on disk: \(onDisk)")
+        await pausing.close()
+        await queue.close()
+    }
+
     /// A second queue on the same home (as a second process would be) awaits a download the first one runs: it
     /// sees none of its events, only what the database says.
     @Test(.timeLimit(.minutes(1))) func settledFollowsADownloadAnotherQueueRuns() async throws {
@@ -140,6 +263,19 @@ import Testing
         let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
         let settled = try await other.settled(transactionID: transaction.id)
         #expect(settled.isFinishable && settled.downloads.allSatisfy { $0.state == .finished })
+        await other.close()
+        await shop.stop()
+    }
+
+    /// `delivered` follows a purchase another queue on the same home (as another process would) delivers: it sees none
+    /// of its events, only what the database says, through the same wait as `settled`.
+    @Test(.timeLimit(.minutes(1))) func deliveredFollowsAPurchaseAnotherQueueDelivers() async throws {
+        let shop = try await Shop("delivered-other")
+        let other = try await DownloadQueue.open(home: Home(folder: shop.home))
+        let transaction = try await shop.queue.add(product: "com.example.forest", from: shop.manifest)
+        let delivered = try await other.delivered(transactionID: transaction.id)
+        #expect(delivered.isFinishable && delivered.downloads.allSatisfy { $0.state == .finished })
+        try await other.finish(delivered.id)
         await other.close()
         await shop.stop()
     }

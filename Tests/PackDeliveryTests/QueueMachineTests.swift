@@ -41,6 +41,25 @@ import Testing
         return queue.handle(id, .installFinished(token: 1, result: .success(URL(filePath: "/c/\(id)"))))
     }
 
+    /// The first `paused` report of a download paused mid-transfer carries the bytes its transfer kept, and comes once.
+    @Test func theFirstPausedReportCarriesTheBytesTheStoppedTransferKept() {
+        var queue = QueueMachine(concurrency: 1)
+        #expect(Self.admitAll(&queue, queue.own(Self.machine(0), position: 0)) == ["d-0"])
+        _ = queue.handle("d-0", .transferProgress(token: 1, bytes: 400, validator: nil))
+        var reported: [Download] = []
+        func collect(_ actions: [QueueMachine.Action]) {
+            for case .notify(let id) in actions { reported += [queue.download(id)].compactMap { $0 } }
+        }
+        let pause = queue.handle("d-0", .pause(.user, nil))
+        #expect(pause.contains(.run(id: "d-0", .stopTransfer(token: 1))) && pause.contains(.save), "stopped and saved at once")
+        collect(pause)
+        let stopped = queue.handle("d-0", .transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 650)))
+        #expect(stopped.contains(.save), "the bytes kept at the pause are saved at once")
+        collect(stopped)
+        let paused = reported.filter { $0.state == .paused }
+        #expect(paused.map(\.bytesReceived) == [650], "one paused report, with the bytes kept: \(paused.map(\.bytesReceived))")
+    }
+
     @Test func slotsAreBoundedAndTheRestWaitInOrder() {
         var queue = QueueMachine(concurrency: 2)
         var actions: [QueueMachine.Action] = []
@@ -279,5 +298,47 @@ import Testing
                 record: Self.record(state: .active, phase: .installing, stagingInode: 42), archiveBytes: 1000,
                 recoveredInstall: URL(filePath: "/home/Caches/p")), retryPolicy: .init())
         #expect(recovered.state == .finished && recovered.download.contentURL?.path == "/home/Caches/p" && recovered.download.progress == 1)
+    }
+
+    /// When a wait on a transaction ends, for each mix of download states: `settled` at the first moment nothing
+    /// runs; `delivered` only when everything finished, with the error of a failed or cancelled download, and on a
+    /// pause only when asked.
+    @Test func aWaitForADeliveryEndsOnlyWhenEverythingFinishedOrOneFailedOrWasCancelled() {
+        func transaction(_ states: [DownloadState]) -> Transaction {
+            Transaction(
+                id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+                downloads: states.enumerated().map { n, state in
+                    var download = QueueMachineTests.machine(n).download
+                    download.state = state
+                    download.transactionID = "t-1"
+                    if state == .failed { download.error = PackDeliveryError(.checksumMismatch, message: "bad", subject: "u") }
+                    if state == .paused { download.pauseReason = .insufficientStorage }
+                    return download
+                })
+        }
+        func verdict(_ states: [DownloadState], _ goal: TransactionWait.Goal) -> String {
+            switch TransactionWait.verdict(transaction(states), goal: goal) {
+            case .wait: "wait"
+            case .done: "done"
+            case .failed(let error): error.code.rawValue
+            }
+        }
+        let table: [([DownloadState], settled: String, delivered: String, returningOnPause: String)] = [
+            ([.active, .finished], "wait", "wait", "wait"),
+            ([.waiting], "wait", "wait", "wait"),
+            ([.finished, .finished], "done", "done", "done"),
+            ([.paused, .finished], "done", "wait", "done"),
+            ([.paused, .active], "wait", "wait", "wait"),
+            ([.failed, .active], "wait", "checksumMismatch", "checksumMismatch"),
+            ([.failed, .paused], "done", "checksumMismatch", "checksumMismatch"),
+            ([.cancelled, .active], "wait", "wait", "wait"),
+            ([.cancelled, .finished], "done", "cancelled", "cancelled"),
+            ([.cancelled, .paused], "done", "wait", "done"),
+        ]
+        for row in table {
+            #expect(verdict(row.0, .settled) == row.settled, "settled, \(row.0)")
+            #expect(verdict(row.0, .delivered(returningOnPause: false)) == row.delivered, "delivered, \(row.0)")
+            #expect(verdict(row.0, .delivered(returningOnPause: true)) == row.returningOnPause, "delivered returning on pause, \(row.0)")
+        }
     }
 }

@@ -65,6 +65,33 @@ import Testing
         #expect(asked.withLock { $0 }.contains(true), "the provider was asked for a fresh receipt after the refusal")
     }
 
+    /// Credentials that stay refused: the provider is asked for fresh ones once (as the docs say), the manifest is read
+    /// again once, and the download pauses for credentials (the provider was asked 3 times).
+    @Test func credentialsThatStayRefusedAreRenewedOnceBeforeThePause() async throws {
+        let site = try TestSite.random("refused-once-site", size: 64 << 10)
+        let packs = try FaultServer(root: site.folder) { _ in 401 }
+        defer { packs.stop() }
+        let manifests = try FaultServer(root: site.folder)
+        defer { manifests.stop() }
+        try site.editManifest { $0.products[0].contents[0].url = packs.url("big.tar").absoluteString }
+        let asked = Mutex<[Bool]>([])
+        var configuration = DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxRetryDelay: 1)
+        configuration.credentials = { request in
+            asked.withLock { $0.append(request.refused) }
+            return ["Authorization: Bearer nope"]
+        }
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("refused-once-home")), configuration: configuration)
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(manifests.url("manifest.json").absoluteString)
+        let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let paused = try await queue.settled(downloadID: id)
+        #expect(paused.state == .paused && paused.pauseReason == .unauthorized && paused.error?.httpStatus == 401)
+        #expect(asked.withLock { $0.filter { $0 }.count } == 1, "asked with refused set: \(asked.withLock { $0 })")
+        #expect(manifests.requests().filter { $0.file == "manifest.json" }.count == 2, "read to add, and once again")
+        #expect(packs.requests().count == 3, "the first request, the one with fresh credentials, one after the reading")
+    }
+
     @Test func aPresignedURLThatStopsWorkingContinuesFromTheKeptBytesAfterTheManifestIsReadAgain() async throws {
         let site = try TestSite.random("presigned-site", size: Self.size)
         let server = try FaultServer(root: site.folder)

@@ -20,6 +20,9 @@ public enum Fault: Sendable, Hashable {
     case resetAfter(bytes: Int)
     /// The first request of the route resets after N body bytes; later requests are served correctly.
     case resetOnce(afterBytes: Int)
+    /// The first request of the route resets after N body bytes; later requests ignore Range (200 with the whole
+    /// body, no Accept-Ranges), as another node of a CDN that does not serve ranges: the client starts over.
+    case resetOnceThenIgnoreRange(afterBytes: Int)
     /// First request: Content-Length says the full size, N bytes are sent, then a clean close (FIN).
     case truncateOnce(afterBytes: Int)
     /// First request: N bytes are sent, then nothing, with the connection held open until the client
@@ -171,6 +174,7 @@ extension Fault {
         case .changeETag: return ["change-etag"]
         case .resetAfter(let bytes): return ["reset-after", "\(bytes)"]
         case .resetOnce(let bytes): return ["reset-once", "\(bytes)"]
+        case .resetOnceThenIgnoreRange(let bytes): return ["reset-once-then-ignore-range", "\(bytes)"]
         case .truncateOnce(let bytes): return ["truncate-once", "\(bytes)"]
         case .stallOnce(let bytes): return ["stall-once", "\(bytes)"]
         case .status(let code, let times, let retryAfter): return ["status", "\(code)", "\(times)", retryAfter.map { "\($0)" } ?? "-"]
@@ -196,6 +200,7 @@ extension Fault {
         case "change-etag": return (.changeETag, 1)
         case "reset-after": return number(0).map { (.resetAfter(bytes: $0), 2) }
         case "reset-once": return number(0).map { (.resetOnce(afterBytes: $0), 2) }
+        case "reset-once-then-ignore-range": return number(0).map { (.resetOnceThenIgnoreRange(afterBytes: $0), 2) }
         case "truncate-once": return number(0).map { (.truncateOnce(afterBytes: $0), 2) }
         case "stall-once": return number(0).map { (.stallOnce(afterBytes: $0), 2) }
         case "slow": return number(0).flatMap { $0 > 0 ? (.slow(bytesPerSecond: $0), 2) : nil }
@@ -504,7 +509,9 @@ final class FaultServerCore: Sendable {
             ("Last-Modified", lastModified),
             ("Content-Type", file.hasSuffix(".json") ? "application/json" : "application/octet-stream"),
         ]
-        if fault != .ignoreRange {
+        var ignoresRange = fault == .ignoreRange
+        if case .resetOnceThenIgnoreRange = fault, hit > 1 { ignoresRange = true }
+        if !ignoresRange {
             headers.append(("Accept-Ranges", "bytes"))
         }
 
@@ -512,7 +519,7 @@ final class FaultServerCore: Sendable {
         var status = 200
         var offset = 0
         var length = size
-        if request.method == "GET", fault != .ignoreRange, let range = request.headers["range"] {
+        if request.method == "GET", !ignoresRange, let range = request.headers["range"] {
             var conditionHolds = true
             if let ifRange = request.headers["if-range"] {
                 conditionHolds = fault != .changeETag && (ifRange == etag || ifRange == lastModified)
@@ -549,7 +556,7 @@ final class FaultServerCore: Sendable {
         case .resetAfter(let bytes):
             self.sendFile(fd, resolved, offset: offset, length: min(bytes, length), record: index)
             return .reset
-        case .resetOnce(let bytes) where firstRequest:
+        case .resetOnce(let bytes) where firstRequest, .resetOnceThenIgnoreRange(let bytes) where firstRequest:
             self.sendFile(fd, resolved, offset: offset, length: min(bytes, length), record: index)
             return .reset
         case .truncateOnce(let bytes) where firstRequest:

@@ -18,6 +18,10 @@ import Foundation
 /// never show credentials: URLs appear without their query string and user info.
 public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConvertible {
     /// A stable identifier for each case an app may handle.
+    ///
+    /// A struct with a static constant per code, not an enum, so that a later version can add codes without breaking
+    /// the code that matches them: compare with `==` (`error.code == .finishRefused`, or `catch where …`), and give a
+    /// `switch` over codes a `default`.
     public struct Code: RawRepresentable, Sendable, Hashable, Codable, CustomStringConvertible {
         /// The code's name, as stored and printed (`"finishRefused"`).
         public let rawValue: String

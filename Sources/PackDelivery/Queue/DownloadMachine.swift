@@ -56,7 +56,9 @@ struct DownloadMachine: Sendable, Hashable {
         /// The installer runs (`active`; verifying, unpacking or installing). With `afterPrevious`, it starts once an
         /// earlier install, stopped by the watchdog and still owning the staging folder, has returned.
         case installing(token: Int, phase: DownloadPhase, afterPrevious: Bool, error: PackDeliveryError?)
-        case paused(PauseReason, error: PackDeliveryError?)
+        /// Stopped, its bytes kept. `stopping` is the transfer the pause stopped while that transfer has not yet said how
+        /// many bytes it kept: the pause is reported once it has, so that the first `paused` update carries them.
+        case paused(PauseReason, error: PackDeliveryError?, stopping: Int?)
         case failed(PackDeliveryError)
         case finished(contentURL: URL?)
         case cancelled
@@ -123,7 +125,7 @@ struct DownloadMachine: Sendable, Hashable {
 
         var error: PackDeliveryError? {
             switch self {
-            case .transferring(_, let error), .installing(_, _, _, let error), .paused(_, let error): error
+            case .transferring(_, let error), .installing(_, _, _, let error), .paused(_, let error, _): error
             case .waitingToRetry(_, _, let error, _), .reloadingManifest(_, let error), .failed(let error): error
             case .waiting, .finished, .cancelled: nil
             }
@@ -143,8 +145,16 @@ struct DownloadMachine: Sendable, Hashable {
 
     /// What was tried, since bytes last moved, to get past a refusal (401, 403) or a lost URL (404, 410).
     struct Remedies: Sendable, Hashable {
-        /// The next request asks the credential provider for fresh credentials: the server refused the last ones.
-        var freshCredentials = false
+        /// Fresh credentials from the provider (asked with `refused` set): once between a refusal and the pause.
+        enum Renewal: Sendable, Hashable {
+            /// Not asked since bytes last moved (or since the last pause).
+            case notAsked
+            /// The next request asks for fresh credentials: the server refused the last ones.
+            case asking
+            /// Asked, and the request that used them ended: a later refusal reads the manifest again, then pauses.
+            case asked
+        }
+        var renewal = Renewal.notAsked
         /// The manifest was read again: another refusal or 404 does not read it again.
         var manifestReread = false
     }
@@ -170,7 +180,7 @@ struct DownloadMachine: Sendable, Hashable {
     /// When bytes or phase progress last moved (for the watchdog).
     private(set) var lastMovement = Date.distantPast
     /// The token of a transfer stopped by a pause: its final byte count still counts, whatever the stage is by then.
-    private var stoppedTransfer: Int?
+    private(set) var stoppedTransfer: Int?
     /// An install (which owns the staging folder) was started and has not returned. This is work in flight, not a
     /// stage: a download may be paused, cancelled or waiting to retry while a stopped install winds down.
     private(set) var installOutstanding = false
@@ -192,7 +202,7 @@ struct DownloadMachine: Sendable, Hashable {
         switch download.state {
         // A download that was running when its machine was made (taken over) waits for a slot again.
         case .waiting, .active: self.stage = .waiting
-        case .paused: self.stage = .paused(download.pauseReason ?? .interrupted, error: download.error)
+        case .paused: self.stage = .paused(download.pauseReason ?? .interrupted, error: download.error, stopping: nil)
         case .failed:
             self.stage = .failed(download.error ?? PackDeliveryError(.stalled, message: "The download failed in an earlier process."))
         case .finished: self.stage = .finished(contentURL: download.contentURL)
@@ -214,7 +224,7 @@ struct DownloadMachine: Sendable, Hashable {
             download.contentURL = url
             download.timeRemaining = 0
             download.bytesPerSecond = nil
-        case .paused(let reason, _):
+        case .paused(let reason, _, _):
             download.pauseReason = reason
             download.timeRemaining = -1
             download.bytesPerSecond = nil
@@ -230,11 +240,18 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     var state: DownloadState { self.stage.state }
+    /// Whether the download, as it is now, may be reported: not while a pause waits to hear how many bytes the
+    /// transfer it stopped kept (its first `paused` update must not under-report them).
+    var reportable: Bool {
+        if case .paused(_, _, .some) = self.stage { return false }
+        return true
+    }
     /// The archive is complete and matched its SHA-256.
     var verified: Bool { self.archive != .partial }
     /// The verification was recorded by an earlier process: the installer hashes the archive again.
     var recheckArchive: Bool { self.archive == .verifiedEarlier }
-    var credentialsRefused: Bool { self.remedies.freshCredentials }
+    /// The next request asks the provider for fresh credentials (``CredentialRequest/refused``).
+    var credentialsRefused: Bool { self.remedies.renewal == .asking }
     /// A delta update was refused for this download: the whole pack is fetched (the reason is in `download.deltaFallback`).
     var deltaRefused: Bool { self.base.deltaFallback != nil }
 
@@ -254,12 +271,14 @@ struct DownloadMachine: Sendable, Hashable {
     /// Bytes known good on disk, from the running transfer.
     mutating func progress(token: Int, bytesOnDisk: Int64, validator: String?, now: Date = Date()) -> Bool {
         guard case .transferring(token, let error) = self.stage else { return false }
-        if bytesOnDisk != self.base.bytesReceived { self.lastMovement = now }
-        if bytesOnDisk > self.base.bytesReceived {
-            // Bytes moved: what failed before is past, and refusals may be answered afresh.
-            self.remedies = Remedies()
+        if bytesOnDisk != self.base.bytesReceived {
+            // The download moves again: the previous attempt's error is past, even when the bytes started over from
+            // zero (a server that ignored the range) and are still below what the failed attempt had.
+            self.lastMovement = now
             if error != nil { self.stage = .transferring(token: token, error: nil) }
         }
+        // New bytes kept: refusals may be answered afresh.
+        if bytesOnDisk > self.base.bytesReceived { self.remedies = Remedies() }
         self.rate.add(bytes: bytesOnDisk, at: now)
         self.base.bytesReceived = bytesOnDisk
         // During a delta update, the bytes fetched so far with its range requests.
@@ -305,10 +324,25 @@ struct DownloadMachine: Sendable, Hashable {
             // The transfer a pause stopped: its last bytes are kept, so say so.
             self.stoppedTransfer = nil
             self.keep(bytes)
+            self.pauseReported(stopping: token)
+            return []
+        }
+        if case .paused(let reason, let error, token) = self.stage {
+            // The transfer the pause stopped had ended on its own just before (the stop found nothing running): what it
+            // kept is what its ending says, and the pause is reported now. The download stays paused.
+            self.stoppedTransfer = nil
+            switch outcome {
+            case .failed(_, let bytes): self.keep(bytes, durable: false)
+            case .completed(_, let length, _): self.keep(length)
+            case .stopped, .assembled, .deltaRefused: break
+            }
+            self.stage = .paused(reason, error: error, stopping: nil)
             return []
         }
         guard case .transferring(token, let previous) = self.stage else { return [] }
         self.lastMovement = now
+        // The fresh credentials this transfer asked for (if it did) have been used: later requests do not ask again.
+        if self.remedies.renewal == .asking { self.remedies.renewal = .asked }
         switch outcome {
         case .stopped(let bytes):
             self.base.bytesReceived = bytes
@@ -370,15 +404,15 @@ struct DownloadMachine: Sendable, Hashable {
         self.lastMovement = now
         switch result {
         case .success(let url):
-            // Continue from the kept bytes at the (maybe new) URL, asking for credentials as usual.
+            // Continue from the kept bytes at the (maybe new) URL, with the credentials as they are: fresh ones were asked
+            // for already if the server refused (another refusal pauses).
             self.base.url = url
-            self.remedies.freshCredentials = false
             return self.beginTransfer(error: original, fromZero: false)
         case .failure(let why):
             let bytes = self.base.bytesReceived
             let kept = bytes > 0 ? " The \(bytes) bytes downloaded are kept." : ""
             if original.code == .unauthorized {
-                self.remedies.freshCredentials = false
+                self.remedies.renewal = .notAsked
                 return self.enterPaused(
                     .unauthorized,
                     error: original.withHint(
@@ -468,10 +502,11 @@ struct DownloadMachine: Sendable, Hashable {
         case .waiting, .reloadingManifest: stop = []
         case .transferring(let token, _):
             self.stoppedTransfer = token
-            stop = [.stopTransfer(token: token)]
+            return [.stopTransfer(token: token)] + self.enterPaused(reason, error: error, stopping: token)
         case .installing(_, .installing, _, _): return []
         case .installing, .waitingToRetry: stop = self.stopOutstandingInstall
-        case .paused(.insufficientStorage, _) where reason == .insufficientStorage || reason == .user: stop = []
+        case .paused(.insufficientStorage, _, let stopping) where reason == .insufficientStorage || reason == .user:
+            return self.enterPaused(reason, error: error, stopping: stopping)
         case .paused, .failed, .finished, .cancelled: return []
         }
         return stop + self.enterPaused(reason, error: error)
@@ -484,15 +519,15 @@ struct DownloadMachine: Sendable, Hashable {
         case .failed: self.retriedFromZero = false
         case .waiting, .transferring, .waitingToRetry, .reloadingManifest, .installing, .finished, .cancelled: return []
         }
-        // Renewed credentials or a fixed server: a refusal may read the manifest again.
-        self.remedies.manifestReread = false
+        // Renewed credentials or a fixed server: a refusal may ask for fresh credentials and read the manifest again.
+        self.remedies = Remedies()
         self.stage = .waiting
         return []
     }
 
     /// Enough space is free again: a download paused for space waits for a slot; any other stays as it is.
     mutating func spaceReturned() -> [Action] {
-        guard case .paused(.insufficientStorage, _) = self.stage else { return [] }
+        guard case .paused(.insufficientStorage, _, _) = self.stage else { return [] }
         return self.resume()
     }
 
@@ -521,8 +556,8 @@ struct DownloadMachine: Sendable, Hashable {
     mutating func abort(_ error: PackDeliveryError) -> [Action] {
         let stop: [Action]
         switch self.stage {
-        case .paused(let reason, nil):
-            self.stage = .paused(reason, error: error)
+        case .paused(let reason, nil, let stopping):
+            self.stage = .paused(reason, error: error, stopping: stopping)
             return []
         case .paused, .failed, .finished, .cancelled: return []
         case .waiting, .reloadingManifest, .installing(_, .installing, _, _): stop = []
@@ -534,20 +569,25 @@ struct DownloadMachine: Sendable, Hashable {
 
     // MARK: Transitions
 
+    /// The transfer a pause stopped has said what it kept: the pause may be reported.
+    private mutating func pauseReported(stopping token: Int) {
+        if case .paused(let reason, let error, token) = self.stage { self.stage = .paused(reason, error: error, stopping: nil) }
+    }
+
     /// Stops the install still running for this download, if any (it owns the staging folder until it returns).
     private var stopOutstandingInstall: [Action] { self.installOutstanding ? [.stopInstall] : [] }
 
     private mutating func transferFailed(_ failure: TransferFailure, bytes: Int64, jitter: Double, now: Date) -> [Action] {
         if failure.error.code == .insufficientStorage { return self.enterPaused(.insufficientStorage, error: failure.error) }
         if failure.error.code == .unauthorized {
-            if self.credentialsRenewable, !self.remedies.freshCredentials {
+            if self.credentialsRenewable, self.remedies.renewal == .notAsked {
                 // Ask for fresh credentials (a token that expired), and try again at once.
-                self.remedies.freshCredentials = true
+                self.remedies.renewal = .asking
                 return self.retryOrFail(failure.error, retryable: true, retryAfter: 0, jitter: 0, now: now)
             }
             if !self.remedies.manifestReread { return self.reloadManifest(after: failure.error) }
             // Nothing helps until the host renews the credentials: keep the bytes and wait for a resume.
-            self.remedies.freshCredentials = false
+            self.remedies.renewal = .notAsked
             return self.enterPaused(.unauthorized, error: failure.error)
         }
         if StreamedUnpack.isHostile(failure.error) {
@@ -621,9 +661,9 @@ struct DownloadMachine: Sendable, Hashable {
         return [.reloadManifest(token: self.token)]
     }
 
-    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?) -> [Action] {
+    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?, stopping: Int? = nil) -> [Action] {
         self.token += 1
-        self.stage = .paused(reason, error: error)
+        self.stage = .paused(reason, error: error, stopping: stopping)
         return []
     }
 

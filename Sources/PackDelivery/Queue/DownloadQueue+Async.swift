@@ -44,6 +44,38 @@ extension DownloadQueue {
     /// - Returns: the transaction as it is then (``Transaction/isFinishable`` says whether all went well).
     /// - Throws: `unknownTransaction`; `cancelled` when the task is cancelled; `queueClosed` when the queue closes first.
     public func settled(transactionID: String) async throws(PackDeliveryError) -> Transaction {
+        try await self.wait(transactionID: transactionID, for: .settled)
+    }
+
+    /// Waits until a purchase is delivered: every download of the transaction finished, its content in place.
+    ///
+    /// One await for a purchase: a download that pauses (the user, a full disk, refused credentials) is waited
+    /// for through its pause and resume, unless `returningOnPause`; a download that fails for good or is
+    /// cancelled ends the wait with an error. It follows the same events as ``settled(transactionID:)``
+    /// (downloads another process runs too, from the database, about once a second). Cancelling the awaiting
+    /// task stops the wait (throwing `cancelled`); the downloads go on.
+    ///
+    /// ```swift
+    /// let transaction = try await queue.add(product: productID, from: manifest)
+    /// let delivered = try await queue.delivered(transactionID: transaction.id)
+    /// try await queue.finish(delivered.id)
+    /// ```
+    /// - Parameters:
+    ///   - transactionID: the transaction.
+    ///   - returningOnPause: return as soon as no download runs and one is paused, instead of waiting for its resume.
+    /// - Returns: the transaction, finishable, every download finished (with `returningOnPause`, maybe with
+    ///   paused downloads: see ``Transaction/isFinishable``).
+    /// - Throws: the download's error when one fails (its code, such as `checksumMismatch` or `networkUnreachable`);
+    ///   `cancelled` naming the transaction as ``PackDeliveryError/subject`` once every download settled with one
+    ///   cancelled (the transaction is finishable then, and should be finished); `unknownTransaction`;
+    ///   `cancelled` (with no subject) when the awaiting task is cancelled; `queueClosed` when the queue closes first.
+    public func delivered(transactionID: String, returningOnPause: Bool = false) async throws(PackDeliveryError) -> Transaction {
+        try await self.wait(transactionID: transactionID, for: .delivered(returningOnPause: returningOnPause))
+    }
+
+    /// Follows a transaction through its events (and a poll of the database, for work another process runs)
+    /// until ``TransactionWait`` says the wait is over.
+    private func wait(transactionID: String, for goal: TransactionWait.Goal) async throws(PackDeliveryError) -> Transaction {
         try self.requireOpen()
         let read = { @Sendable () throws(PackDeliveryError) -> Transaction? in try self.liveTransactions(ids: [transactionID]).first }
         let steps = try await Blocking.run { () throws(PackDeliveryError) in self.waitSteps(self.events(transactionID: transactionID)) }
@@ -52,8 +84,14 @@ extension DownloadQueue {
                 .unknownTransaction, message: "There is no transaction '\(PackDeliveryError.printable(transactionID))'.",
                 subject: transactionID)
         }
-        func done(_ transaction: Transaction) -> Bool { transaction.isFinished || transaction.downloads.allSatisfy { !$0.state.isRunning } }
-        if done(transaction) { return transaction }
+        func ended(_ transaction: Transaction) throws(PackDeliveryError) -> Bool {
+            switch TransactionWait.verdict(transaction, goal: goal) {
+            case .wait: return false
+            case .done: return true
+            case .failed(let error): throw error
+            }
+        }
+        if try ended(transaction) { return transaction }
         for await step in steps {
             switch step {
             case .event(.transactionUpdated(let updated)): transaction = updated
@@ -62,7 +100,7 @@ extension DownloadQueue {
             case .event: break
             case .poll: if let fresh = try? await Blocking.run(read) { transaction = fresh }
             }
-            if done(transaction) { return transaction }
+            if try ended(transaction) { return transaction }
         }
         throw Self.waitEnded(Task.isCancelled)
     }

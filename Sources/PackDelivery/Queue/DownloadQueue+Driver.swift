@@ -285,7 +285,8 @@ extension DownloadQueue {
         }
         var options = self.configuration.transfer
         let manifestURL = URL(string: location) ?? URL(filePath: location)
-        options.headers += self.credentialHeaders(for: download, url: manifestURL, refused: true, receipt: access?.receipt)
+        // Not `refused`: after a refusal the provider was asked for fresh credentials already (once, before the pause).
+        options.headers += self.credentialHeaders(for: download, url: manifestURL, refused: false, receipt: access?.receipt)
         let manifestOptions = options
         self.logger.info("reading the manifest again", metadata: ["download": "\(download.id)", "manifest": "\(manifestURL.redacted)"])
         DispatchQueue.global().async { [weak self] in

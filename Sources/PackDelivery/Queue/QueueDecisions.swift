@@ -169,3 +169,46 @@ enum Redelivery {
         return try manifest.packURL(for: content)
     }
 }
+
+/// When a wait on one transaction ends, decided with no I/O from the transaction as the wait last saw it. Both
+/// waits, ``DownloadQueue/settled(transactionID:)`` and ``DownloadQueue/delivered(transactionID:returningOnPause:)``,
+/// follow the same events and ask this after each.
+enum TransactionWait {
+    /// What the wait waits for.
+    enum Goal: Sendable, Hashable {
+        /// Every download stopped running: finished, cancelled, failed or paused (`settled`).
+        case settled
+        /// Every download finished (`delivered`); a failure or a cancel ends the wait with an error; a pause ends it
+        /// only with `returningOnPause`, once nothing runs.
+        case delivered(returningOnPause: Bool)
+    }
+
+    enum Verdict: Sendable, Hashable {
+        case wait
+        case done
+        case failed(PackDeliveryError)
+    }
+
+    static func verdict(_ transaction: Transaction, goal: Goal) -> Verdict {
+        let nothingRuns = transaction.isFinished || transaction.downloads.allSatisfy { !$0.state.isRunning }
+        guard case .delivered(let returningOnPause) = goal else { return nothingRuns ? .done : .wait }
+        if let failed = transaction.downloads.first(where: { $0.state == .failed }) {
+            // Failed for good: nothing changes until the app resumes or cancels it.
+            return .failed(
+                failed.error
+                    ?? PackDeliveryError(
+                        .internalError, message: "The download \(failed.id) of transaction \(transaction.id) failed without an error.",
+                        subject: transaction.id))
+        }
+        if transaction.isFinished || transaction.isFinishable {
+            guard let cancelled = transaction.downloads.first(where: { $0.state == .cancelled }) else { return .done }
+            return .failed(
+                PackDeliveryError(
+                    .cancelled,
+                    message:
+                        "The download \(cancelled.id) (\(PackDeliveryError.printable(cancelled.contentIdentifier))) of transaction \(transaction.id) was cancelled: its content is not installed.",
+                    hint: "Finish the transaction: nothing more will be delivered for it.", subject: transaction.id))
+        }
+        return returningOnPause && nothingRuns ? .done : .wait
+    }
+}

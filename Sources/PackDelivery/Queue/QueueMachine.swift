@@ -236,28 +236,34 @@ struct QueueMachine: Sendable {
     private mutating func update(_ id: String, _ change: (inout DownloadMachine) -> [DownloadMachine.Action]) -> [Action] {
         guard var entry = self.entries[id] else { return [] }
         let before = entry.machine.download
+        let held = !entry.machine.reportable
         let downloadActions = change(&entry.machine)
         self.entries[id] = entry
         var actions = downloadActions.map { Action.run(id: id, $0) }
-        self.track(id, before: before, into: &actions, acted: !downloadActions.isEmpty)
+        self.track(id, before: before, held: held, into: &actions, acted: !downloadActions.isEmpty)
         self.schedule(into: &actions)
         return actions
     }
 
     /// Derived sets, change flags and reports after a download changed.
-    private mutating func track(_ id: String, before: Download?, into actions: inout [Action], acted: Bool = true) {
+    ///
+    /// A change is reported once the download is ``DownloadMachine/reportable``: a pause waits for the bytes its
+    /// stopped transfer kept, and is reported (and saved at once) when they arrive, changed or not.
+    /// - Parameter held: the download was not reportable before the change.
+    private mutating func track(_ id: String, before: Download?, held: Bool = false, into actions: inout [Action], acted: Bool = true) {
         guard var entry = self.entries[id] else { return }
         let after = entry.machine.download
+        let released = held && entry.machine.reportable
         let stateChanged =
             before == nil || before?.state != after.state || before?.phase != after.phase
             || before?.pauseReason != after.pauseReason || before?.error != after.error || before?.retryDate != after.retryDate
-        if stateChanged || acted {
+        if stateChanged || acted || released {
             self.changed[id] = .state
             actions.append(.save)
         } else if before != after {
             self.changed[id] = max(self.changed[id] ?? .none, .progress)
         }
-        if before != after { actions.append(.notify(id: id)) }
+        if (before != after || released) && entry.machine.reportable { actions.append(.notify(id: id)) }
         // A slot is held while active, and while waiting to be admitted.
         if after.state != .active, after.state != .waiting { self.running.remove(id) }
         if after.state == .waiting, !entry.inHeap {

@@ -90,7 +90,8 @@ public struct CredentialRequest: Sendable, Hashable {
 /// Gives the request headers that authorize a request, as `Name: value` lines (`Authorization: Bearer …`).
 ///
 /// Asked before every pack transfer (so a token that changes is always current) and again, with
-/// ``CredentialRequest/refused``, after the server refused the last ones. It runs on the queue's own
+/// ``CredentialRequest/refused``, after the server refused the last ones: once between a refusal and the pause
+/// that follows when the fresh ones are refused too (a resume, or bytes that move, allow one more). It runs on the queue's own
 /// thread: return headers you have, and renew slow credentials elsewhere. (A manifest is read with the
 /// ``TransferOptions/headers`` given to ``LoadedManifest/load(_:options:)``.)
 ///

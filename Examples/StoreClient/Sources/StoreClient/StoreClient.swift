@@ -4,7 +4,7 @@
 //
 // At launch it opens the queue and registers its main-actor view model (purchases an earlier run left
 // open are delivered to it again); then, for each product, it adds a purchase, shows that finishing
-// is refused while the download runs (matched by the error's code), awaits the transaction, and
+// is refused while the download runs (matched by the error's code), awaits the delivery with one call, and
 // finishes it once its content is in place — unless --leave-open, which leaves them for the next run.
 // The article "Embedding PackDelivery in a Store Client" walks through the same steps.
 
@@ -45,15 +45,17 @@ struct StoreClient {
         // 2. Purchases an earlier run left open are delivered again: finish them once their content is in place.
         for transaction in try await queue.transactions() {
             print("redelivered \(transaction.id) \(transaction.productIdentifier)")
-            let settled = try await queue.settled(transactionID: transaction.id)
-            if settled.isFinishable, !leaveOpen { try await queue.finish(settled.id) }
+            let delivered = try await queue.delivered(transactionID: transaction.id)
+            if !leaveOpen { try await queue.finish(delivered.id) }
         }
 
-        // 3. An error an app handles is matched by its code.
+        // 3. An error an app handles is matched by its code; the do ends with a plain catch, as the docs' do.
         do {
             try await queue.add(product: "com.example.not-for-sale", from: manifest)
         } catch  where error.code == .unknownProduct {
             print("matched \(error.code)")
+        } catch {
+            throw error
         }
 
         var allInstalled = true
@@ -64,19 +66,29 @@ struct StoreClient {
                 if transaction.downloads.contains(where: { !$0.state.isSettled }) { try await queue.finish(transaction.id) }
             } catch  where error.code == .finishRefused {
                 print("refused \(error.code) \(error.pendingDownloadIDs.joined(separator: " "))")
+            } catch {
+                throw error
             }
-            // 5. One await for the whole transaction; cancelling this task would stop the wait, not the download.
-            let settled = try await queue.settled(transactionID: transaction.id)
-            for download in settled.downloads { print("settled \(download.contentIdentifier) \(download.state.rawValue)") }
-            guard settled.isFinishable else {
-                allInstalled = false
-                continue
-            }
-            if !leaveOpen {
+            // 5. One await for the whole purchase, through pauses; cancelling this task would stop the wait, not the download.
+            do {
+                let delivered = try await queue.delivered(transactionID: transaction.id)
+                for download in delivered.downloads { print("settled \(download.contentIdentifier) \(download.state.rawValue)") }
+                print("delivered \(delivered.id) \(product)")
+                if !leaveOpen {
+                    try await queue.finish(delivered.id)
+                    print("finished \(delivered.id) \(product)")
+                }
+                if let folder = queue.contentURL(forProductID: product) { print("content \(product) \(folder.path)") }
+            } catch  where error.code == .cancelled && error.subject == transaction.id {
+                // Cancelled (by the user, from another process): nothing more will be delivered for it.
+                print("cancelled \(transaction.id) \(product)")
                 try await queue.finish(transaction.id)
-                print("finished \(transaction.id) \(product)")
+                allInstalled = false
+            } catch {
+                // Failed for good: a store would offer queue.resume([id]), which continues from the bytes kept.
+                print("failed \(product) \(error.code): \(error.message)")
+                allInstalled = false
             }
-            if let folder = queue.contentURL(forProductID: product) { print("content \(product) \(folder.path)") }
         }
         await queue.close()
         return allInstalled ? 0 : 1
