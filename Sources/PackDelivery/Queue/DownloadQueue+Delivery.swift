@@ -4,7 +4,8 @@ import Foundation
 /// of the queue's own (never the main thread).
 ///
 /// Register it as soon as the host launches: unfinished transactions from earlier runs are delivered
-/// to it right away, like StoreKit's transaction observer. For an observer that lives on the main
+/// to it right away, like StoreKit's transaction observer. Downloads that another process runs on the same
+/// home reach it too, as that process records them (progress about once a second). For an observer that lives on the main
 /// actor (a view model), use ``DownloadQueueMainActorObserver`` instead.
 public protocol DownloadQueueObserver: AnyObject, Sendable {
     /// Transactions were added, delivered again at launch, finished, or one of their downloads settled.
@@ -169,6 +170,9 @@ extension DownloadQueue {
     }
 
     /// Every change from now on, in order, starting with the unfinished transactions as they are now.
+    ///
+    /// Downloads another process runs on the same home are included, as that process records them (their
+    /// progress about once a second, read about once a second while anyone listens).
     ///
     /// Subscribe before adding a transaction to see all of its changes. The stream ends when the queue
     /// closes; a stream asked for after ``close()`` ends at once.

@@ -369,7 +369,37 @@ extension DownloadQueue {
                 uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
         self.change { $0.tick(now: Date(), available: available) }
-        if ticks % 2 == 0 { self.save(includingProgress: true) }
+        if ticks % 2 == 0 { self.save(includingProgress: true) } else { self.watchOthers() }
+    }
+
+    /// Reports the downloads other processes run to this queue's observers and event streams, as their owners save
+    /// them (progress about once a second): each change is a `downloadUpdated` event, and a download that settles
+    /// reports its transaction too. Read once a second, and only while someone listens; the first read reports them
+    /// all.
+    func watchOthers() {
+        guard self.registry.withLock({ !$0.continuations.isEmpty || !$0.observers.isEmpty }) else {
+            self.driven { $0.others = nil }
+            return
+        }
+        guard let read = try? self.store.openDownloads(notOwnedBy: self.owner) else { return }
+        let (changed, settled) = self.driven { state -> ([Download], Set<String>) in
+            let known = state.others ?? [:]
+            var now: [String: Download] = [:]
+            var changed: [Download] = []
+            var settled = Set<String>()
+            for download in read where state.machine.entries[download.id] == nil {
+                now[download.id] = download
+                guard known[download.id] != download else { continue }
+                changed.append(download)
+                if download.state.isSettled, known[download.id].map({ !$0.state.isSettled }) ?? false {
+                    settled.insert(download.transactionID)
+                }
+            }
+            state.others = now
+            return (changed, settled)
+        }
+        for download in changed { self.emit(.downloadUpdated(download)) }
+        for transactionID in settled.sorted() { self.emitTransaction(transactionID) }
     }
 
     // MARK: Saving

@@ -134,6 +134,9 @@ public final class DownloadQueue: Sendable {
         var work: [String: DownloadWork] = [:]
         var saveScheduled = false
         var ticks = 0
+        /// Downloads of open transactions that other processes run (or none does), as last reported to this queue's
+        /// listeners (``DownloadQueue/watchOthers()``); nil until they are first read.
+        var others: [String: Download]?
 
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
         mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {

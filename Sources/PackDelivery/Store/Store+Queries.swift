@@ -76,6 +76,17 @@ extension Store {
         }
     }
 
+    /// The downloads of unfinished transactions that `owner` does not run: another process's, or nobody's.
+    func openDownloads(notOwnedBy owner: QueueOwner) throws(PackDeliveryError) -> [Download] {
+        try self.read { db in
+            let sql = """
+                SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                WHERE transactions.finishedAt IS NULL AND downloads.ownerQueue IS NOT ?
+                """
+            return try DownloadRecord.fetchAll(db.cachedStatement(sql: sql), arguments: [owner.queue]).map(\.download)
+        }
+    }
+
     /// Where a transaction's manifest came from and its receipt, when either was recorded.
     func transactionAccess(_ transactionID: String) throws(PackDeliveryError) -> TransactionAccessRecord? {
         try self.read { db in try TransactionAccessRecord.fetchOne(db, key: transactionID) }
