@@ -267,3 +267,50 @@ import Testing
         #expect(again["bytesAlreadyInstalled"] as? Int == served, "\(again)")
     }
 }
+
+/// One delivery per product across processes: a second `packs fetch` of a product another `fetch` is delivering in the
+/// same home joins it (both exit 0, the pack is served once), and takes it over if the first dies.
+@Suite(.timeLimit(.minutes(3))) struct CrossProcessJoinTests {
+    @Test func twoFetchesOfOneProductInOneHomeServeThePackOnce() throws {
+        let site = try TestSite.random("join-cli-site", size: 6 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 2 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("join-cli-home")
+        let manifest = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let first = try CLI.start(home: home, ["fetch", manifest, "com.example.big"])
+        defer { if first.isRunning { first.terminate() } }
+        Thread.sleep(forTimeInterval: 0.5)
+        let second = try CLI.run(home: home, ["fetch", manifest, "com.example.big"], timeout: 60)
+        first.waitUntilExit()
+        #expect(
+            first.terminationStatus == 0 && second.status == 0,
+            "first \(first.terminationStatus), second \(second.status): \(second.stderr)")
+        nginx.waitForRequests(2)
+        #expect(nginx.bodyBytesSent(path: "/big.tar") < 2 * (6 << 20), "the pack was served once, not twice: \(nginx.requests())")
+        let status = try CLI.run(home: home, ["--json", "status"])
+        #expect(status.stdout.contains(#"{"transactions":[]}"#), "both transactions finished: \(status.stdout)")
+        #expect(try CLI.run(home: home, ["verify"]).status == 0)
+    }
+
+    @Test func aFetchThatJoinedTakesTheDeliveryOverWhenTheFirstProcessDies() throws {
+        let site = try TestSite.random("join-kill-site", size: 6 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("join-kill-home")
+        let manifest = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let first = try CLI.start(home: home, ["fetch", manifest, "com.example.big"])
+        defer { if first.isRunning { first.terminate() } }
+        Thread.sleep(forTimeInterval: 0.8)
+        let second = try CLI.start(home: home, ["fetch", manifest, "com.example.big"])
+        defer { if second.isRunning { second.terminate() } }
+        Thread.sleep(forTimeInterval: 1.2)
+        kill(first.processIdentifier, SIGKILL)
+        first.waitUntilExit()
+        let deadline = Date().addingTimeInterval(60)
+        while second.isRunning, Date() < deadline { Thread.sleep(forTimeInterval: 0.1) }
+        #expect(!second.isRunning && second.terminationStatus == 0, "the second fetch finished the delivery the first left")
+        #expect(try CLI.run(home: home, ["verify"]).status == 0)
+        let ranges = nginx.requests().filter { $0.uri.hasSuffix("/big.tar") }.map(\.range)
+        #expect(ranges.count == 2 && ranges[1] != nil, "taken over from the bytes kept, with a range: \(ranges)")
+    }
+}

@@ -369,7 +369,32 @@ extension DownloadQueue {
                 uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
         self.change { $0.tick(now: Date(), available: available) }
-        if ticks % 2 == 0 { self.save(includingProgress: true) } else { self.watchOthers() }
+        if ticks % 2 == 0 {
+            self.save(includingProgress: true)
+        } else {
+            self.takeOverJoinedDeliveries()
+            self.watchOthers()
+        }
+    }
+
+    /// Takes over the downloads of deliveries this queue joined (``AddPlan/joined(_:destination:force:open:)``) whose
+    /// process is gone, so that a joined purchase does not wait forever on a dead process.
+    func takeOverJoinedDeliveries() {
+        let joined = self.driven { $0.joinedElsewhere }
+        guard !joined.isEmpty, let records = try? self.store.openDownloads(notOwnedBy: self.owner) else { return }
+        // Left running (or marked interrupted by another queue that took it over and closed): taken, and resumed, as
+        // the purchase this queue joined waits for it.
+        let orphans = records.filter { record in
+            joined.contains(record.transactionID) && !(record.owner?.isAlive ?? false)
+                && (record.state.isRunning || record.phase != nil || record.pauseReason == .interrupted)
+        }
+        if !orphans.isEmpty, let taken = try? self.take(orphans.map(\.id)) {
+            for id in taken where self.driven({ $0.machine.download(id)?.pauseReason == .interrupted }) {
+                self.change { $0.handle(id, .resume) }
+            }
+        }
+        let open = Set(records.filter { !$0.state.isSettled }.map(\.transactionID))
+        self.driven { $0.joinedElsewhere.formIntersection(open) }
     }
 
     /// Reports the downloads other processes run to this queue's observers and event streams, as their owners save
@@ -381,7 +406,12 @@ extension DownloadQueue {
             self.driven { $0.others = nil }
             return
         }
-        guard let read = try? self.store.openDownloads(notOwnedBy: self.owner) else { return }
+        guard var read = try? self.store.openDownloads(notOwnedBy: self.owner).map(\.download) else { return }
+        // A download last seen running whose transaction was finished since (its process finishes it right after the
+        // download): read on its own, so that its end is reported too.
+        let seen = Set(read.map(\.id))
+        let gone = self.driven { state in (state.others ?? [:]).values.filter { !$0.state.isSettled && !seen.contains($0.id) }.map(\.id) }
+        read += gone.compactMap { try? self.store.downloadRecord($0)?.download }
         let (changed, settled) = self.driven { state -> ([Download], Set<String>) in
             let known = state.others ?? [:]
             var now: [String: Download] = [:]

@@ -137,6 +137,8 @@ public final class DownloadQueue: Sendable {
         /// Downloads of open transactions that other processes run (or none does), as last reported to this queue's
         /// listeners (``DownloadQueue/watchOthers()``); nil until they are first read.
         var others: [String: Download]?
+        /// Transactions another process delivers that this queue joined: their downloads are taken over if it dies.
+        var joinedElsewhere: Set<String> = []
 
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
         mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {
@@ -264,7 +266,8 @@ public final class DownloadQueue: Sendable {
     /// - Returns: the recorded transaction with its downloads. When a transaction for the same product is already
     ///   delivering the same packs into the same destination (a second "buy" while the first downloads), that one is
     ///   returned instead and nothing new is recorded: each pack is delivered once (`force` records a new one
-    ///   anyway). A delivery another process runs is not joined yet.
+    ///   anyway). That holds for a delivery another process runs on the same home too: its progress reaches this
+    ///   queue's observers and events, and its downloads are taken over if that process dies.
     /// - Throws: `unknownProduct` for a product the manifest does not list; `contentIdentifierTaken` when a pack's
     ///   content identifier is installed for another product; `queueClosed` after ``close()``; a database error
     ///   when the store cannot be written.
@@ -324,15 +327,21 @@ public final class DownloadQueue: Sendable {
         let byContent = Dictionary(
             grouping: try self.store.installs().filter { wanted.contains($0.contentIdentifier) }, by: \.contentIdentifier)
         let present = Set(byContent.values.joined().map(\.contentURL).filter { FileManager.default.fileExists(atPath: $0) })
-        // A product this queue is already delivering is joined, not delivered twice. (Another process's delivery is
-        // not joined yet: its progress does not reach this queue's observers.)
+        // A product this queue or another live process is already delivering is joined, not delivered twice: the
+        // other process's progress reaches this queue's listeners (watchOthers), and its downloads are taken over if
+        // it dies (takeOverJoinedDeliveries).
         let running = Set(self.driven { Array($0.machine.entries.keys) })
-        let open = try self.liveTransactions().filter { $0.downloads.contains { running.contains($0.id) } }
+        let elsewhere = Set(
+            try self.store.openDownloads(notOwnedBy: self.owner).filter { !$0.state.isSettled && ($0.owner?.isAlive ?? false) }.map(\.id))
+        let open = try self.liveTransactions().filter { $0.downloads.contains { running.contains($0.id) || elsewhere.contains($0.id) } }
         var transactions: [Transaction] = []
         var joined: [Int: Transaction] = [:]
         for (position, product) in products.enumerated() {
             if let running = AddPlan.joined(product, destination: destination, force: force, open: open) {
                 joined[position] = running
+                if running.downloads.contains(where: { elsewhere.contains($0.id) }) {
+                    self.driven { _ = $0.joinedElsewhere.insert(running.id) }
+                }
                 continue
             }
             let transactionID = Self.newID("t")

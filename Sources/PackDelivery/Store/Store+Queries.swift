@@ -77,13 +77,13 @@ extension Store {
     }
 
     /// The downloads of unfinished transactions that `owner` does not run: another process's, or nobody's.
-    func openDownloads(notOwnedBy owner: QueueOwner) throws(PackDeliveryError) -> [Download] {
+    func openDownloads(notOwnedBy owner: QueueOwner) throws(PackDeliveryError) -> [DownloadRecord] {
         try self.read { db in
             let sql = """
                 SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
                 WHERE transactions.finishedAt IS NULL AND downloads.ownerQueue IS NOT ?
                 """
-            return try DownloadRecord.fetchAll(db.cachedStatement(sql: sql), arguments: [owner.queue]).map(\.download)
+            return try DownloadRecord.fetchAll(db.cachedStatement(sql: sql), arguments: [owner.queue])
         }
     }
 
