@@ -15,7 +15,12 @@ let package = Package(
         .executableTarget(
             name: "StoreClient",
             dependencies: [.product(name: "PackDelivery", package: "PackDelivery")]
-        )
+        ),
+        // A toolkit's own main loop (GTK-style) that drains the main queue for main-actor observers.
+        .executableTarget(
+            name: "ToolkitLoop",
+            dependencies: [.product(name: "PackDelivery", package: "PackDelivery")]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -21,6 +21,26 @@ import Testing
         return (result.status, result.stdout.split(separator: "\n").map(String.init), result.stderr)
     }
 
+    /// A GUI toolkit's own main loop (GTK-style, no async main) that drains the main queue each turn: main-actor
+    /// observers are called there, on the main thread, and the purchase completes (issue 30, item 9).
+    @Test func aToolkitsOwnMainLoopThatDrainsTheMainQueueGetsTheMainActorCallbacks() async throws {
+        let loop = URL(filePath: Self.binary).deletingLastPathComponent().appending(path: "ToolkitLoop").path
+        try #require(FileManager.default.isExecutableFile(atPath: loop), "no ToolkitLoop at \(loop): build Examples/StoreClient")
+        let site = try TestSite.samples("toolkit-site")
+        let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0), logger: Logger(label: "toolkit"))
+        let home = try Fixtures.temporaryDirectory("toolkit-home")
+        let result = try await Fixtures.runAsync(
+            loop, ["--home", home.path, server.baseURL.appending(path: "manifest.json").absoluteString, "com.example.forest"], timeout: 90)
+        await server.stop()
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(result.status == 0, "stderr: \(result.stderr)\nstdout: \(lines)")
+        let callbacks = lines.first { $0.hasPrefix("main-actor callbacks ") }
+        #expect(callbacks?.hasSuffix("all on the main thread: yes") == true, "\(lines)")
+        let count = callbacks.flatMap { Int($0.split(separator: " ")[2].filter(\.isNumber)) } ?? 0
+        #expect(count > 0, "\(lines)")
+        #expect(lines.contains("installed com.example.forest"), "\(lines)")
+    }
+
     @Test func theExampleDeliversOnTheMainActorAwaitsMatchesErrorsByCodeAndIsRedeliveredAfterARelaunch() async throws {
         try #require(
             FileManager.default.isExecutableFile(atPath: Self.binary),
