@@ -227,6 +227,47 @@ extension Packs {
         }
     }
 
+    struct Priority: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Change how soon waiting downloads start (a running fetch takes it within a second).",
+            discussion: """
+                Priorities, first to last: userInitiated (or high), essential (or normal: a purchase's default), restore \
+                (a restore's default), prefetch, background (or low). Waiting downloads start by priority, then in the \
+                order they were added; a running download keeps running.
+
+                Example:
+                  packs priority d-7k2m9x4q high
+                """)
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Download ids, then the priority.") var words: [String]
+
+        /// The priority a word names: a level's own name, or high, normal, low.
+        static func priority(_ word: String) -> DownloadPriority? {
+            switch word {
+            case "high": .userInitiated
+            case "normal": .essential
+            case "low": .background
+            default: DownloadPriority(rawValue: word)
+            }
+        }
+
+        func validate() throws {
+            guard self.words.count >= 2, let last = self.words.last, Self.priority(last) != nil else {
+                throw ValidationError(
+                    "Name the downloads (see packs status), then a priority: high, normal, low, or "
+                        + DownloadPriority.allCases.map(\.rawValue).joined(separator: ", ") + ".")
+            }
+        }
+
+        func run() async throws {
+            try await mapErrors { () async throws(PackDeliveryError) in
+                let queue = try openQueue(self.global, lookingConfiguration())
+                defer { queue.close() }
+                try queue.setPriority(Array(self.words.dropLast()), Self.priority(self.words.last!)!)
+            }
+        }
+    }
+
     struct Cancel: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Cancel downloads and delete their partial data and staging.",

@@ -314,3 +314,45 @@ import Testing
         #expect(ranges.count == 2 && ranges[1] != nil, "taken over from the bytes kept, with a range: \(ranges)")
     }
 }
+
+/// Priorities from the command line: a download raised with `packs priority` while a catalog runs one at a time
+/// starts next, ahead of those added before it.
+@Suite(.timeLimit(.minutes(3))) struct PriorityTests {
+    @Test func aDownloadRaisedWhileACatalogRunsStartsNext() throws {
+        let site = try Fixtures.temporaryDirectory("priority-site")
+        for n in 0..<4 {
+            let content = try Fixtures.temporaryDirectory("priority-content-\(n)")
+            try FileManager.default.createDirectory(at: content.appending(path: "Contents"), withIntermediateDirectories: true)
+            try Fixtures.randomFile(at: content.appending(path: "Contents/data.bin"), size: 2 << 20)  // 2 s each at the rate limit
+            try PackWriter.write(
+                folder: content, to: site.appending(path: "p\(n).tar"), format: .tar,
+                contentInfo: (productIdentifier: "com.example.p\(n)", contentVersion: "1"))
+        }
+        try ManifestBuilder.write(folder: site)
+        let nginx = try NginxServer(root: site, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("priority-home")
+        let fetch = try CLI.start(
+            home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "--all", "--concurrency", "1"])
+        defer { if fetch.isRunning { fetch.terminate() } }
+        // The last product's download, once the catalog is recorded.
+        var last: String?
+        let deadline = Date().addingTimeInterval(20)
+        while last == nil, Date() < deadline {
+            let status = try CLI.run(home: home, ["--json", "status"])
+            let object = try? JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]
+            let transactions = object?["transactions"] as? [[String: Any]] ?? []
+            last = transactions.first { $0["productIdentifier"] as? String == "com.example.p3" }
+                .flatMap { ($0["downloads"] as? [[String: Any]])?.first?["id"] as? String }
+            if last == nil { Thread.sleep(forTimeInterval: 0.1) }
+        }
+        let id = try #require(last, "the catalog was not recorded in 20 s")
+        let raise = try CLI.run(home: home, ["priority", id, "high"])
+        #expect(raise.status == 0, "\(raise.stderr)")
+        fetch.waitUntilExit()
+        #expect(fetch.terminationStatus == 0)
+        let order = nginx.requests().map(\.uri).filter { $0.hasSuffix(".tar") }
+        #expect(order.count == 4 && order[1] == "/p3.tar", "p3, raised while p0 ran, was fetched second: \(order)")
+        #expect(try CLI.run(home: home, ["priority", id, "sideways"]).status == 64, "an unknown priority is a usage error")
+    }
+}

@@ -60,6 +60,35 @@ import Testing
         #expect(paused.map(\.bytesReceived) == [650], "one paused report, with the bytes kept: \(paused.map(\.bytesReceived))")
     }
 
+    /// Waiting downloads take free slots by priority, then in the order they were added; a new priority moves a waiting
+    /// download, and never stops a running one.
+    @Test func freeSlotsGoByPriorityThenInOrderAndANewPriorityMovesAWaitingDownload() {
+        var queue = QueueMachine(concurrency: 1)
+        let priorities: [DownloadPriority] = [.essential, .background, .prefetch, .restore, .essential, .restore, .userInitiated]
+        var actions: [QueueMachine.Action] = []
+        for (n, priority) in priorities.enumerated() {
+            var machine = Self.machine(n)
+            _ = machine.setPriority(priority)
+            actions += queue.own(machine, position: 0)
+        }
+        #expect(Self.admitAll(&queue, actions) == ["d-0"], "the first added takes the free slot")
+        // d-1 (background) is raised above everything but userInitiated; the running d-0 is not stopped.
+        let raised = queue.handle("d-1", .setPriority(.essential))
+        #expect(!raised.contains { if case .run(_, .stopTransfer) = $0 { return true } else { return false } })
+        #expect(raised.contains(.save), "a new priority is saved at once")
+        #expect(queue.download("d-1")?.priority == .essential)
+        var order: [String] = []
+        var next = Self.complete(&queue, "d-0")
+        while true {
+            let started = Self.admitAll(&queue, next)
+            guard let id = started.first else { break }
+            order.append(id)
+            next = Self.complete(&queue, id)
+        }
+        #expect(
+            order == ["d-6", "d-1", "d-4", "d-3", "d-5", "d-2"], "userInitiated, essential in order, restore in order, prefetch: \(order)")
+    }
+
     @Test func slotsAreBoundedAndTheRestWaitInOrder() {
         var queue = QueueMachine(concurrency: 2)
         var actions: [QueueMachine.Action] = []

@@ -33,6 +33,31 @@ public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
     case downloading, verifying, unpacking, installing
 }
 
+/// How soon a waiting download starts: the queue admits downloads by priority, then in the order they were added.
+///
+/// From first to last: ``userInitiated``, ``essential``, ``restore``, ``prefetch``, ``background``. A purchase's
+/// downloads start `essential` and a restore's `restore`; ``DownloadQueue/setPriority(_:_:)`` changes it while a
+/// download waits. Priority decides only which waiting download takes a free slot next: a running download is never
+/// stopped for another.
+public enum DownloadPriority: String, Sendable, Hashable, Codable, CaseIterable, Comparable {
+    /// Content the user asked for and waits for now: ahead of everything.
+    case userInitiated
+    /// A purchase's content: the default.
+    case essential
+    /// Content delivered again by a restore.
+    case restore
+    /// Content fetched ahead of need.
+    case prefetch
+    /// Whenever nothing else waits.
+    case background
+
+    /// Admission order: 0 starts first.
+    var rank: Int { Self.allCases.firstIndex(of: self)! }
+
+    /// Whether `a` starts before `b`.
+    public static func < (a: Self, b: Self) -> Bool { a.rank < b.rank }
+}
+
 /// Why a download is `paused`.
 public enum PauseReason: String, Sendable, Hashable, Codable {
     /// Someone asked for it (`pause`, Ctrl-C).
@@ -101,6 +126,8 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var delta: Delta? = nil
     /// Why a delta update was not used for this new version, when one was tried (the whole pack is fetched instead).
     public var deltaFallback: DeltaFallback? = nil
+    /// How soon it starts while it waits (``DownloadPriority``).
+    public var priority: DownloadPriority = .essential
     /// The pack's index (absolute URL), when the manifest names one.
     var index: Manifest.IndexReference? = nil
 
@@ -158,6 +185,41 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
             self.reason = reason
             self.message = message
         }
+    }
+}
+
+extension Download {
+    /// Decodes a download; ``priority``, added later, is `essential` when absent.
+    ///
+    /// - Parameter decoder: the decoder to read from.
+    /// - Throws: `DecodingError` when a field is missing or has another type.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        self.id = try c.decode(String.self, forKey: .id)
+        self.transactionID = try c.decode(String.self, forKey: .transactionID)
+        self.productIdentifier = try c.decode(String.self, forKey: .productIdentifier)
+        self.contentIdentifier = try c.decode(String.self, forKey: .contentIdentifier)
+        self.contentVersion = try c.decode(String.self, forKey: .contentVersion)
+        self.contentLength = try c.decode(Int64.self, forKey: .contentLength)
+        self.state = try c.decode(DownloadState.self, forKey: .state)
+        self.phase = try c.decodeIfPresent(DownloadPhase.self, forKey: .phase)
+        self.progress = try c.decode(Double.self, forKey: .progress)
+        self.phaseProgress = try c.decode(Double.self, forKey: .phaseProgress)
+        self.timeRemaining = try c.decode(Double.self, forKey: .timeRemaining)
+        self.bytesPerSecond = try c.decodeIfPresent(Double.self, forKey: .bytesPerSecond)
+        self.pauseReason = try c.decodeIfPresent(PauseReason.self, forKey: .pauseReason)
+        self.contentURL = try c.decodeIfPresent(URL.self, forKey: .contentURL)
+        self.error = try c.decodeIfPresent(PackDeliveryError.self, forKey: .error)
+        self.retryDate = try c.decodeIfPresent(Date.self, forKey: .retryDate)
+        self.url = try c.decode(URL.self, forKey: .url)
+        self.sha256 = try c.decode(String.self, forKey: .sha256)
+        self.unpackedLength = try c.decodeIfPresent(Int64.self, forKey: .unpackedLength)
+        self.destination = try c.decode(Destination.self, forKey: .destination)
+        self.bytesReceived = try c.decode(Int64.self, forKey: .bytesReceived)
+        self.delta = try c.decodeIfPresent(Delta.self, forKey: .delta)
+        self.deltaFallback = try c.decodeIfPresent(DeltaFallback.self, forKey: .deltaFallback)
+        self.priority = try c.decodeIfPresent(DownloadPriority.self, forKey: .priority) ?? .essential
+        self.index = try c.decodeIfPresent(Manifest.IndexReference.self, forKey: .index)
     }
 }
 

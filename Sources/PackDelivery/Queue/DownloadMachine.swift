@@ -551,6 +551,12 @@ struct DownloadMachine: Sendable, Hashable {
         return actions
     }
 
+    /// A new priority: it decides where the download waits for a slot (``QueueMachine``), nothing else.
+    mutating func setPriority(_ priority: DownloadPriority) -> [Action] {
+        self.base.priority = priority
+        return []
+    }
+
     /// Ends the download as failed with an error from outside the machine (the store could not record it);
     /// a paused download stays paused, with the error.
     mutating func abort(_ error: PackDeliveryError) -> [Action] {

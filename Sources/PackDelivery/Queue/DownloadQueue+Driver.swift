@@ -357,6 +357,10 @@ extension DownloadQueue {
                 case "pause": self.change { $0.handle(id, .pause(.user, nil)) }
                 case "cancel": self.change { $0.handle(id, .cancel) }
                 case "resume": self.change { $0.handle(id, .resume) }
+                case let other where other.hasPrefix("priority:"):
+                    if let priority = DownloadPriority(rawValue: String(other.dropFirst("priority:".count))) {
+                        self.change { $0.handle(id, .setPriority(priority)) }
+                    }
                 default: break
                 }
             }

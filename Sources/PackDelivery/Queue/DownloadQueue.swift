@@ -349,7 +349,8 @@ public final class DownloadQueue: Sendable {
             for content in product.contents { urls.append(try manifest.packURL(for: content)) }
             var downloads = try AddPlan.downloads(
                 for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
-                installs: byContent, presentFolders: present, newID: { Self.newID("d") }
+                priority: kind == .restored ? .restore : .essential, installs: byContent, presentFolders: present,
+                newID: { Self.newID("d") }
             ).get()
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
                 downloads[offset].index = manifest.resolvedIndex(for: content)
@@ -456,6 +457,36 @@ public final class DownloadQueue: Sendable {
     @discardableResult
     public func start(_ ids: [String]) throws(PackDeliveryError) -> [String] {
         try self.resume(ids)
+    }
+
+    /// Changes how soon waiting downloads start (``DownloadPriority``): the queue admits by priority, then in the
+    /// order downloads were added. A running download keeps running.
+    ///
+    /// - Parameters:
+    ///   - ids: download ids.
+    ///   - priority: the new priority.
+    /// - Returns: the ids whose priority this queue changed. A download another process runs is recorded with the new
+    ///   priority, and that process takes it within a second.
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    @discardableResult
+    public func setPriority(_ ids: [String], _ priority: DownloadPriority) throws(PackDeliveryError) -> [String] {
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) in
+            var changed: [String] = []
+            for id in ids {
+                if self.driven({ $0.machine.machine(id) != nil }) {
+                    self.change { $0.handle(id, .setPriority(priority)) }
+                    changed.append(id)
+                } else if try self.store.setPriority(priority, for: id) {
+                    // Another process may run it: it takes the new priority within a second, as a pause.
+                    try self.store.setRequest("priority:\(priority.rawValue)", for: id)
+                } else {
+                    throw PackDeliveryError(
+                        .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                }
+            }
+            return changed
+        }
     }
 
     /// Pauses every running download of this queue (Ctrl-C, shutdown).

@@ -12,7 +12,7 @@ enum AddPlan {
     ///   - presentFolders: the install folders (paths) that exist.
     static func downloads(
         for product: Manifest.Product, transactionID: String, urls: [URL], destination: Destination, force: Bool,
-        installs: [String: [InstallRecord]], presentFolders: Set<String>,
+        priority: DownloadPriority = .essential, installs: [String: [InstallRecord]], presentFolders: Set<String>,
         newID: () -> String
     ) -> Result<[Download], PackDeliveryError> {
         var downloads: [Download] = []
@@ -31,7 +31,7 @@ enum AddPlan {
                 contentIdentifier: content.contentIdentifier, contentVersion: content.contentVersion,
                 contentLength: content.contentLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1,
                 pauseReason: nil, contentURL: nil, error: nil, url: url, sha256: content.sha256.lowercased(),
-                unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0)
+                unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0, priority: priority)
             if !force, let existing = installs[content.contentIdentifier]?.first(where: { $0.destination == destination }),
                 existing.contentVersion == content.contentVersion, presentFolders.contains(existing.contentURL)
             {
@@ -131,6 +131,7 @@ enum Redelivery {
         download.pauseReason = nil
         download.phase = nil
         download.retryDate = nil
+        download.priority = .restore
         if intact {
             download.state = .finished
             download.progress = 1

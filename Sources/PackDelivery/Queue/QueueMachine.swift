@@ -38,6 +38,8 @@ struct QueueMachine: Sendable {
         case installFinished(token: Int, result: Result<URL, PackDeliveryError>)
         case pause(PauseReason, PackDeliveryError?)
         case resume
+        /// Start sooner or later than others while it waits (``DownloadPriority``).
+        case setPriority(DownloadPriority)
         case cancel
         /// End it as failed: the store could not record its state, or another failure from outside.
         case abort(PackDeliveryError)
@@ -47,9 +49,11 @@ struct QueueMachine: Sendable {
         var machine: DownloadMachine
         /// Position of the download in its transaction (saved with it).
         var position: Int
-        /// Scheduling order: first added, first started; kept across pauses.
+        /// Scheduling order among downloads of one priority: first added, first started; kept across pauses.
         var sequence: Int
         var inHeap = false
+        /// The priority its place in the heap was given: a place with another one is stale.
+        var heapRank = 0
     }
 
     enum Change: Int, Sendable, Comparable {
@@ -57,10 +61,12 @@ struct QueueMachine: Sendable {
         static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
     }
 
+    /// A waiting download's place: by priority, then first added, first started.
     private struct Waiting: Comparable, Sendable {
+        var rank: Int
         var sequence: Int
         var id: String
-        static func < (a: Self, b: Self) -> Bool { a.sequence < b.sequence }
+        static func < (a: Self, b: Self) -> Bool { (a.rank, a.sequence) < (b.rank, b.sequence) }
     }
 
     private(set) var entries: [String: Entry] = [:]
@@ -139,6 +145,8 @@ struct QueueMachine: Sendable {
                 return machine.pause(reason, error: error)
             case .resume:
                 return machine.resume()
+            case .setPriority(let priority):
+                return machine.setPriority(priority)
             case .cancel:
                 return machine.cancel()
             case .abort(let error):
@@ -257,6 +265,7 @@ struct QueueMachine: Sendable {
         let stateChanged =
             before == nil || before?.state != after.state || before?.phase != after.phase
             || before?.pauseReason != after.pauseReason || before?.error != after.error || before?.retryDate != after.retryDate
+            || before?.priority != after.priority
         if stateChanged || acted || released {
             self.changed[id] = .state
             actions.append(.save)
@@ -266,9 +275,11 @@ struct QueueMachine: Sendable {
         if (before != after || released) && entry.machine.reportable { actions.append(.notify(id: id)) }
         // A slot is held while active, and while waiting to be admitted.
         if after.state != .active, after.state != .waiting { self.running.remove(id) }
-        if after.state == .waiting, !entry.inHeap {
+        if after.state == .waiting, !entry.inHeap || entry.heapRank != after.priority.rank {
+            // Placed by its priority; a new priority gives it a new place, and the old one is passed over.
             entry.inHeap = true
-            self.waiting.insert(Waiting(sequence: entry.sequence, id: id))
+            entry.heapRank = after.priority.rank
+            self.waiting.insert(Waiting(rank: entry.heapRank, sequence: entry.sequence, id: id))
         }
         if after.state == .paused, after.pauseReason == .insufficientStorage {
             self.pausedForSpace.insert(id)
@@ -290,7 +301,9 @@ struct QueueMachine: Sendable {
 
     private mutating func popWaiting() -> String? {
         while let next = self.waiting.popMin() {
-            guard var entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence else { continue }
+            guard var entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence, entry.heapRank == next.rank else {
+                continue
+            }
             entry.inHeap = false
             self.entries[next.id] = entry
             if entry.machine.state == .waiting { return next.id }

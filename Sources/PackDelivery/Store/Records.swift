@@ -64,6 +64,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var ownerQueue: String?
     /// The pack's index reference, as JSON, for a delta update.
     var indexReference: JSONColumn<Manifest.IndexReference>?
+    /// How soon it starts while it waits; NULL (rows from before priorities) is `essential`.
+    var priority: DownloadPriority?
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -99,6 +101,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.validator = validator
         self.partialPath = partialPath
         self.indexReference = download.index.map { .value($0) }
+        self.priority = download.priority
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -129,7 +132,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
                 }
             },
             url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
-            destination: self.destination, bytesReceived: self.bytesReceived,
+            destination: self.destination, bytesReceived: self.bytesReceived, priority: self.priority ?? .essential,
             index: self.indexReference?.value)
     }
 

@@ -190,6 +190,14 @@ extension Store {
         return pending
     }
 
+    /// Records a download's priority; false when there is no such download.
+    func setPriority(_ priority: DownloadPriority, for id: String) throws(PackDeliveryError) -> Bool {
+        try self.write { db in
+            try db.execute(sql: "UPDATE downloads SET priority = ? WHERE id = ?", arguments: [priority.rawValue, id])
+            return db.changesCount > 0
+        }
+    }
+
     func setRequest(_ request: String?, for id: String) throws(PackDeliveryError) {
         try self.write { db in
             try db.execute(sql: "UPDATE downloads SET request = ? WHERE id = ?", arguments: [request, id])

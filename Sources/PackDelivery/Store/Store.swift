@@ -217,6 +217,10 @@ final class Store: Sendable {
             // NULL for the files of installs recorded before, and for those of packs that are not zips.
             try db.alter(table: "installedFiles") { t in t.add(column: "crc32", .integer) }
         }
+        migrator.registerMigration("v8: download priorities") { db in
+            // NULL for the downloads recorded before: essential, as every download was.
+            try db.alter(table: "downloads") { t in t.add(column: "priority", .text) }
+        }
         return migrator
     }
 
@@ -302,6 +306,7 @@ extension DownloadRecord {
     static let ownColumns: [String] = [
         "state", "phase", "progress", "pauseReason", "contentURL", "error", "bytesReceived",
         "validator", "partialPath", "retriedFromZero", "verified", "url", "sha256", "contentLength", "unpackedLength",
+        "priority",
     ]
 
     /// Saves ``ownColumns`` of one row (arguments: those columns, then the id and the finished state), unless the
