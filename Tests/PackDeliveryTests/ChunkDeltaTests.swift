@@ -139,17 +139,27 @@ import Testing
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
     }
 
-    /// An index as packs wrote them before indexes were compressed: plain JSON, named in the manifest by its own
-    /// SHA-256 and length. The client reads it as before, and the update still fetches only the chunks around the
-    /// changes.
+    /// An index as packs wrote them before indexes were compressed and recorded their normalization: plain JSON, files
+    /// cut at level 2 (16, 64 and 256 KiB), no `normalization`. The client reads it and cuts its installed files at
+    /// level 2 too (cut at today's level, they would share almost no chunk with it), so the update still fetches only
+    /// the chunks around the changes.
     @Test func anIndexWrittenBeforeIndexesWereCompressedStillUpdatesByChunk() async throws {
         let format = PackFormat.tarZstd
         let (site, server, home, content) = try await Self.installed("chunk-plain-index", format)
         defer { server.stop() }
         try Self.scribble(content.appending(path: "Contents/big.bin"), at: [1_000_000, 4_000_000, 7_000_000], length: 28_000)
-        try Self.publish(content, version: "2", site: site, format: format)
-        let url = PackWriter.indexURL(for: site.appending(path: Self.packName(format)))
-        try PackIndex.json(Data(contentsOf: url)).write(to: url)
+        let levelTwo = try #require(Chunker(minimum: 16 << 10, average: 64 << 10, maximum: 256 << 10, normalization: 2))
+        let pack = site.appending(path: Self.packName(format))
+        try PackWriter.write(
+            folder: content, to: pack, format: format, contentInfo: (productIdentifier: Self.product, contentVersion: "2"),
+            chunker: levelTwo)
+        try ManifestBuilder.write(folder: site)
+        let url = PackWriter.indexURL(for: pack)
+        var object = try #require(try JSONSerialization.jsonObject(with: PackIndex.json(Data(contentsOf: url))) as? [String: Any])
+        var chunking = try #require(object["chunking"] as? [String: Any])
+        #expect(chunking.removeValue(forKey: "normalization") as? Int == 2)
+        object["chunking"] = chunking
+        try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]).write(to: url)
         let sha256 = try Fixtures.sha256Hex(of: url)
         let length = try #require(try FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64)
         try DeltaIndexTests.editManifest(site) { $0["index"] = ["url": url.lastPathComponent, "sha256": sha256, "length": length] }
@@ -162,7 +172,7 @@ import Testing
         #expect(update.delta != nil, "a delta update")
         let served = server.bodyBytesSent(Self.packName(format)) - before
         let packLength = try Self.packLength(site, format)
-        print("chunk delta with a plain JSON index, 1% changed in 3 places: \(served) of \(packLength) bytes served")
+        print("chunk delta with a plain level-2 index, 1% changed in 3 places: \(served) of \(packLength) bytes served")
         #expect(served * 100 <= 5 * packLength, "at most 5% of the pack: \(served) of \(packLength)")
         #expect(try treeContents(try #require(update.contentURL)) == (try Self.reference(site, format, "chunk-plain-index-bsdtar")))
     }

@@ -80,6 +80,31 @@ struct ChunkerTests {
         #expect(before.count > 100)
     }
 
+    @Test("Each normalization level cuts the same bytes differently, so an index records its level; levels 0…3")
+    func normalizationLevels() throws {
+        let bytes = chunkedPackBytes(8 << 20, seed: 11)
+        let sizes = (minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10)
+        let one = try #require(Chunker(minimum: sizes.minimum, average: sizes.average, maximum: sizes.maximum, normalization: 1))
+        let two = try #require(Chunker(minimum: sizes.minimum, average: sizes.average, maximum: sizes.maximum, normalization: 2))
+        let (cutOne, cutTwo) = (bytes.withUnsafeBytes { one.lengths($0) }, bytes.withUnsafeBytes { two.lengths($0) })
+        #expect(cutOne != cutTwo, "the levels cut differently")
+        for lengths in [cutOne, cutTwo] {
+            #expect(lengths.reduce(0, +) == bytes.count)
+            #expect(lengths.dropLast().allSatisfy { (sizes.minimum...sizes.maximum).contains($0) })
+        }
+        #expect(Chunker.standard == one, "the default is level 1, 16/32/256 KiB")
+        #expect(Chunker(minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10) == one, "the default level")
+        #expect(Chunker(minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10, normalization: 4) == nil, "levels 0…3")
+        #expect(Chunker(minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10, normalization: -1) == nil)
+        // An index says its level; one that does not was cut at level 2, as every index before it said.
+        var chunking = PackIndex.Chunking(one)
+        #expect(chunking.normalization == 1 && chunking.chunker == one)
+        chunking.normalization = nil
+        #expect(chunking.chunker == two)
+        chunking.normalization = 7
+        #expect(chunking.chunker == nil)
+    }
+
     @Test("Empty and tiny inputs; a run of zeros is cut at the maximum")
     func edges() {
         let chunker = Chunker.standard
@@ -356,6 +381,12 @@ struct PackIndexFormat2Tests {
             ("length of", try Self.index { $0["pack"] = ["length": Int64.max - 7, "sha256": Self.digest] }),
             ("does not give the pack", try Self.index { $0.removeValue(forKey: "pack") }),
             ("chunk sizes", try Self.index { $0["chunking"] = ["algorithm": "fastcdc", "minimum": 1, "average": 3, "maximum": 2] }),
+            (
+                "normalization 9",
+                try Self.index {
+                    $0["chunking"] = ["algorithm": "fastcdc", "minimum": 16_384, "average": 65_536, "maximum": 262_144, "normalization": 9]
+                }
+            ),
             ("format 3", try Self.index { $0["format"] = 3 }),
             ("zip entry's range", try Self.index { Self.file(&$0) { $0["length"] = 100 } }),
         ]
@@ -458,6 +489,7 @@ struct CompressedIndexTests {
         let plain = try Self.zstd("zstd -dc '\(url.path)' > \"$out\"")
         #expect(try PackIndex.decode(plain, maxEntries: 100, containers: Self.all) == index, "the same index as its JSON")
         #expect(file.count * 2 < plain.count, "\(file.count) bytes compressed, \(plain.count) as JSON")
+        #expect(index.chunking?.normalization == Chunker.standard.normalization, "the index says how its files were cut")
 
         let built = try Fixtures.run(CLI.binary, ["manifest", pack.deletingLastPathComponent().path])
         #expect(built.status == 0, "\(built.stderr)")

@@ -65,17 +65,30 @@ public struct PackIndex: Sendable, Hashable, Codable {
         }
     }
 
-    /// The sizes the files were chunked with (``Chunker``).
+    /// The sizes the files were chunked with (``Chunker``), which a client cuts its installed files with to find
+    /// the chunks it has.
     public struct Chunking: Sendable, Hashable, Codable {
         /// `fastcdc`: FastCDC with normalized chunking and ``Chunker``'s gear table.
         public var algorithm: String
         public var minimum: Int
         public var average: Int
         public var maximum: Int
+        /// The normalization level (``Chunker/normalization``); absent in indexes written before it was recorded,
+        /// which were all cut at level 2 (``Chunker/unrecordedNormalization``).
+        public var normalization: Int? = nil
 
         /// The record of a chunker's sizes.
         public init(_ chunker: Chunker) {
             (self.algorithm, self.minimum, self.average, self.maximum) = ("fastcdc", chunker.minimum, chunker.average, chunker.maximum)
+            self.normalization = chunker.normalization
+        }
+
+        /// The chunker these sizes describe; nil when no chunker uses them.
+        public var chunker: Chunker? {
+            guard self.algorithm == "fastcdc" else { return nil }
+            return Chunker(
+                minimum: self.minimum, average: self.average, maximum: self.maximum,
+                normalization: self.normalization ?? Chunker.unrecordedNormalization)
         }
     }
 
@@ -369,11 +382,9 @@ extension PackIndex {
         guard let pack = index.pack else { return "does not give the pack's length and SHA-256" }
         if !(0...LoadedManifest.maxSize).contains(pack.length) { return "gives the pack a length of \(pack.length), outside 0…2^50 bytes" }
         if !Self.isDigest(pack.sha256) { return "gives the pack a sha256 that is not 64 hex digits" }
-        if let chunking = index.chunking,
-            chunking.algorithm != "fastcdc"
-                || Chunker(minimum: chunking.minimum, average: chunking.average, maximum: chunking.maximum) == nil
-        {
-            return "gives chunk sizes no chunker uses (\(chunking.minimum), \(chunking.average), \(chunking.maximum))"
+        if let chunking = index.chunking, chunking.chunker == nil {
+            return
+                "gives chunk sizes no chunker uses (\(chunking.minimum), \(chunking.average), \(chunking.maximum), normalization \(chunking.normalization.map(String.init) ?? "absent"))"
         }
         return nil
     }
