@@ -1,2 +1,3 @@
 #include <zstd.h>
+#include <zstd_errors.h>
 #include <zlib.h>

@@ -158,12 +158,13 @@ extension Packs {
         @Option(help: "Content version for ContentInfo.plist.") var version: String?
         @Option(
             help: ArgumentHelp(
-                "The average chunk size in KiB, a power of two from 1 to 16384 (chunks run from a quarter of it to four times it).",
+                "The average chunk size in KiB, a power of two from 1 to 16384 (chunks run from half of it to eight times it).",
                 valueName: "KiB"))
-        var chunkAverage: Int = 64
+        var chunkAverage: Int = Chunker.standard.average >> 10
 
+        /// The default (32) gives ``Chunker/standard``.
         var chunker: Chunker? {
-            Chunker(minimum: self.chunkAverage << 8, average: self.chunkAverage << 10, maximum: min(64 << 20, self.chunkAverage << 12))
+            Chunker(minimum: self.chunkAverage << 9, average: self.chunkAverage << 10, maximum: min(64 << 20, self.chunkAverage << 13))
         }
 
         func validate() throws {

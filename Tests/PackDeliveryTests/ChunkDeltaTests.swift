@@ -59,7 +59,7 @@ import Testing
 
     static func index(_ site: URL, _ format: PackFormat) throws -> PackIndex {
         try JSONDecoder().decode(
-            PackIndex.self, from: Data(contentsOf: PackWriter.indexURL(for: site.appending(path: Self.packName(format)))))
+            PackIndex.self, from: PackIndex.json(Data(contentsOf: PackWriter.indexURL(for: site.appending(path: Self.packName(format))))))
     }
 
     /// The bytes of the chunks of the site's index that `old` does not have, each once.
@@ -149,6 +149,44 @@ import Testing
         #expect(leftovers(home) == [], "no delta folder, staging or archive left")
         let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
+    }
+
+    /// An index as packs wrote them before indexes were compressed and recorded their normalization: plain JSON, files
+    /// cut at level 2 (16, 64 and 256 KiB), no `normalization`. The client reads it and cuts its installed files at
+    /// level 2 too (cut at today's level, they would share almost no chunk with it), so the update still fetches only
+    /// the chunks around the changes.
+    @Test func anIndexWrittenBeforeIndexesWereCompressedStillUpdatesByChunk() async throws {
+        let format = PackFormat.tarZstd
+        let (site, server, home, content) = try await Self.installed("chunk-plain-index", format)
+        defer { server.stop() }
+        try Self.scribble(content.appending(path: "Contents/big.bin"), at: [1_000_000, 4_000_000, 7_000_000], length: 28_000)
+        let levelTwo = try #require(Chunker(minimum: 16 << 10, average: 64 << 10, maximum: 256 << 10, normalization: 2))
+        let pack = site.appending(path: Self.packName(format))
+        try PackWriter.write(
+            folder: content, to: pack, format: format, contentInfo: (productIdentifier: Self.product, contentVersion: "2"),
+            chunker: levelTwo)
+        try ManifestBuilder.write(folder: site)
+        let url = PackWriter.indexURL(for: pack)
+        var object = try #require(try JSONSerialization.jsonObject(with: PackIndex.json(Data(contentsOf: url))) as? [String: Any])
+        var chunking = try #require(object["chunking"] as? [String: Any])
+        #expect(chunking.removeValue(forKey: "normalization") as? Int == 2)
+        object["chunking"] = chunking
+        try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes]).write(to: url)
+        let sha256 = try Fixtures.sha256Hex(of: url)
+        let length = try #require(try FileManager.default.attributesOfItem(atPath: url.path)[.size] as? Int64)
+        try DeltaIndexTests.editManifest(site) { $0["index"] = ["url": url.lastPathComponent, "sha256": sha256, "length": length] }
+        #expect(try Data(contentsOf: url).first == UInt8(ascii: "{"), "plain JSON")
+
+        let before = server.bodyBytesSent(Self.packName(format))
+        let update = try await Self.fetch(server.url("manifest.json"), home: home)
+        #expect(update.state == .finished, "\(update.error?.description ?? "")")
+        #expect(update.deltaFallback == nil, "\(update.deltaFallback?.message ?? "")")
+        #expect(update.delta != nil, "a delta update")
+        let served = server.bodyBytesSent(Self.packName(format)) - before
+        let packLength = try Self.packLength(site, format)
+        print("chunk delta with a plain level-2 index, 1% changed in 3 places: \(served) of \(packLength) bytes served")
+        #expect(served * 100 <= 5 * packLength, "at most 5% of the pack: \(served) of \(packLength)")
+        #expect(try treeContents(try #require(update.contentURL)) == (try Self.reference(site, format, "chunk-plain-index-bsdtar")))
     }
 
     @Test func fourChangedFilesOutOfFortyFetchOnlyTheirChangedChunks() async throws {
@@ -458,8 +496,10 @@ import Testing
         let url = PackWriter.indexURL(for: site.appending(path: Self.packName(.tar)))
         let index = try PackIndex.decode(Data(contentsOf: url), maxEntries: 100, containers: [.tar])
         #expect(index.entries.first { $0.path == "Contents/small/link" }?.target == "../run.sh")
-        let text = try String(contentsOf: url, encoding: .utf8).replacingOccurrences(of: "\"..\\/run.sh\"", with: "\"..\\/run.sx\"")
-            .replacingOccurrences(of: "\"../run.sh\"", with: "\"../run.sx\"")
+        let text = String(decoding: try PackIndex.json(Data(contentsOf: url)), as: UTF8.self).replacingOccurrences(
+            of: "\"..\\/run.sh\"", with: "\"..\\/run.sx\""
+        )
+        .replacingOccurrences(of: "\"../run.sh\"", with: "\"../run.sx\"")
         #expect(text.contains("run.sx"))
         #expect(throws: DeltaRefusal.self) { try PackIndex.decode(Data(text.utf8), maxEntries: 100, containers: [.tar]) }
     }

@@ -80,6 +80,31 @@ struct ChunkerTests {
         #expect(before.count > 100)
     }
 
+    @Test("Each normalization level cuts the same bytes differently, so an index records its level; levels 0…3")
+    func normalizationLevels() throws {
+        let bytes = chunkedPackBytes(8 << 20, seed: 11)
+        let sizes = (minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10)
+        let one = try #require(Chunker(minimum: sizes.minimum, average: sizes.average, maximum: sizes.maximum, normalization: 1))
+        let two = try #require(Chunker(minimum: sizes.minimum, average: sizes.average, maximum: sizes.maximum, normalization: 2))
+        let (cutOne, cutTwo) = (bytes.withUnsafeBytes { one.lengths($0) }, bytes.withUnsafeBytes { two.lengths($0) })
+        #expect(cutOne != cutTwo, "the levels cut differently")
+        for lengths in [cutOne, cutTwo] {
+            #expect(lengths.reduce(0, +) == bytes.count)
+            #expect(lengths.dropLast().allSatisfy { (sizes.minimum...sizes.maximum).contains($0) })
+        }
+        #expect(Chunker.standard == one, "the default is level 1, 16/32/256 KiB")
+        #expect(Chunker(minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10) == one, "the default level")
+        #expect(Chunker(minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10, normalization: 4) == nil, "levels 0…3")
+        #expect(Chunker(minimum: 16 << 10, average: 32 << 10, maximum: 256 << 10, normalization: -1) == nil)
+        // An index says its level; one that does not was cut at level 2, as every index before it said.
+        var chunking = PackIndex.Chunking(one)
+        #expect(chunking.normalization == 1 && chunking.chunker == one)
+        chunking.normalization = nil
+        #expect(chunking.chunker == two)
+        chunking.normalization = 7
+        #expect(chunking.chunker == nil)
+    }
+
     @Test("Empty and tiny inputs; a run of zeros is cut at the maximum")
     func edges() {
         let chunker = Chunker.standard
@@ -356,6 +381,12 @@ struct PackIndexFormat2Tests {
             ("length of", try Self.index { $0["pack"] = ["length": Int64.max - 7, "sha256": Self.digest] }),
             ("does not give the pack", try Self.index { $0.removeValue(forKey: "pack") }),
             ("chunk sizes", try Self.index { $0["chunking"] = ["algorithm": "fastcdc", "minimum": 1, "average": 3, "maximum": 2] }),
+            (
+                "normalization 9",
+                try Self.index {
+                    $0["chunking"] = ["algorithm": "fastcdc", "minimum": 16_384, "average": 65_536, "maximum": 262_144, "normalization": 9]
+                }
+            ),
             ("format 3", try Self.index { $0["format"] = 3 }),
             ("zip entry's range", try Self.index { Self.file(&$0) { $0["length"] = 100 } }),
         ]
@@ -420,5 +451,105 @@ struct PackIndexFormat2Tests {
                 }
             }
         }
+    }
+}
+
+/// Indexes are written as zstd-compressed JSON; every reader takes them compressed or plain (as they were written
+/// before), and decompresses at most the 64 MiB an index may have.
+@Suite("Compressed pack indexes", .serialized, .timeLimit(.minutes(3)))
+struct CompressedIndexTests {
+    static let all = Set(PackIndex.Container.allCases)
+
+    /// The refusal's message, or nil when the index is accepted.
+    static func refusal(_ data: Data) -> String? {
+        do {
+            _ = try PackIndex.decode(data, maxEntries: 100_000, containers: Self.all)
+            return nil
+        } catch {
+            #expect(error.fallback.reason == .indexUnusable)
+            return error.fallback.message
+        }
+    }
+
+    /// The output of `zstd` given `script` (a shell pipeline that writes to `$out`).
+    static func zstd(_ script: String) throws -> Data {
+        let out = try Fixtures.temporaryDirectory("zstd").appending(path: "out.zst")
+        let run = try Fixtures.run("/bin/sh", ["-c", "out='\(out.path)'; \(script)"])
+        #expect(run.status == 0, "\(script): \(run.stderr)")
+        return try Data(contentsOf: out)
+    }
+
+    @Test("packs pack writes its index compressed: zstd -dc reads it, it is the same index, and the manifest names its bytes")
+    func packWritesItCompressed() throws {
+        let content = try ChunkedPackTests.content("compressed-index-content")
+        let (pack, index) = try ChunkedPackTests.pack(content, .tarZstd, label: "compressed-index-site")
+        let url = PackWriter.indexURL(for: pack)
+        let file = try Data(contentsOf: url)
+        #expect(file.starts(with: [0x28, 0xB5, 0x2F, 0xFD]), "a zstd frame")
+        let plain = try Self.zstd("zstd -dc '\(url.path)' > \"$out\"")
+        #expect(try PackIndex.decode(plain, maxEntries: 100, containers: Self.all) == index, "the same index as its JSON")
+        #expect(file.count * 2 < plain.count, "\(file.count) bytes compressed, \(plain.count) as JSON")
+        #expect(index.chunking?.normalization == Chunker.standard.normalization, "the index says how its files were cut")
+
+        let built = try Fixtures.run(CLI.binary, ["manifest", pack.deletingLastPathComponent().path])
+        #expect(built.status == 0, "\(built.stderr)")
+        let manifest = try JSONDecoder().decode(
+            Manifest.self, from: Data(contentsOf: pack.deletingLastPathComponent().appending(path: "manifest.json")))
+        let reference = try #require(manifest.products.first?.contents.first?.index)
+        #expect(reference.sha256 == (try Fixtures.sha256Hex(of: url)) && reference.length == Int64(file.count), "the bytes served")
+        #expect(try Data(contentsOf: url) == file, "a compressed index is kept as it is")
+    }
+
+    @Test("packs manifest compresses a plain JSON index that still describes its pack, its JSON unchanged")
+    func manifestCompressesAPlainIndex() throws {
+        let content = try ChunkedPackTests.content("plain-index-content")
+        let (pack, index) = try ChunkedPackTests.pack(content, .tarZstd, label: "plain-index-site")
+        let url = PackWriter.indexURL(for: pack)
+        let plain = try PackIndex.json(Data(contentsOf: url))
+        try plain.write(to: url)
+        #expect(try PackIndex.decode(Data(contentsOf: url), maxEntries: 100, containers: Self.all) == index, "plain JSON is read")
+        let built = try Fixtures.run(CLI.binary, ["manifest", pack.deletingLastPathComponent().path])
+        #expect(built.status == 0, "\(built.stderr)")
+        let file = try Data(contentsOf: url)
+        #expect(file.starts(with: [0x28, 0xB5, 0x2F, 0xFD]), "compressed in place")
+        #expect(try PackIndex.json(file) == plain, "the same JSON")
+        let manifest = try JSONDecoder().decode(
+            Manifest.self, from: Data(contentsOf: pack.deletingLastPathComponent().appending(path: "manifest.json")))
+        let reference = try #require(manifest.products.first?.contents.first?.index)
+        #expect(reference.sha256 == (try Fixtures.sha256Hex(of: url)) && reference.length == Int64(file.count))
+    }
+
+    @Test("A zstd frame that claims or produces more than 64 MiB is refused; so are broken frames; several frames are read")
+    func zstdBombsAndBrokenFrames() throws {
+        let json = try PackIndexFormat2Tests.index()
+        let compressed = try #require(PackIndex.compressed(json))
+        #expect(Self.refusal(compressed) == nil)
+        #expect(try PackIndex.json(compressed) == json)
+
+        // 80 MiB of spaces (valid JSON whitespace) compressed from a file: the frame says its size.
+        let claims = try Self.zstd("head -c 80M /dev/zero | tr '\\0' ' ' > \"$out.in\" && zstd -q -1 -c \"$out.in\" > \"$out\"")
+        let claimed = Self.refusal(claims)
+        #expect(claimed?.contains("claims to decompress to 83886080 bytes") == true, "\(claimed ?? "accepted")")
+        // The same streamed from a pipe: the frame does not say, and is stopped once it passes 64 MiB.
+        let streamed = try Self.zstd("head -c 80M /dev/zero | tr '\\0' ' ' | zstd -q -1 -c > \"$out\"")
+        let produced = Self.refusal(streamed)
+        #expect(produced?.contains("decompresses to more than the 67108864 bytes") == true, "\(produced ?? "accepted")")
+        // Exactly 64 MiB decompressed is as much as a plain index may be: read (and refused as JSON, not as size).
+        let cap = try Self.zstd("head -c 64M /dev/zero | tr '\\0' ' ' | zstd -q -1 -c > \"$out\"")
+        #expect(Self.refusal(cap)?.contains("cannot be read") == true)
+
+        let broken: [(String, Data)] = [
+            ("truncated", compressed.dropLast(5)),
+            ("followed by bytes", compressed + Data("{}".utf8)),
+            ("only the magic", Data([0x28, 0xB5, 0x2F, 0xFD])),
+        ]
+        for (what, data) in broken {
+            #expect(Self.refusal(Data(data)) != nil, "\(what)")
+        }
+        // Two frames, one after the other, are one index.
+        let half = json.count / 2
+        let two = try #require(PackIndex.compressed(json.prefix(half))) + (try #require(PackIndex.compressed(json.dropFirst(half))))
+        #expect(Self.refusal(two) == nil)
+        #expect(try PackIndex.json(two) == json)
     }
 }

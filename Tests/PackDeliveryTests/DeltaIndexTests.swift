@@ -29,14 +29,14 @@ import Testing
         var index: URL { self.site.appending(path: DeltaIndexTests.indexName) }
         var installed: URL { self.home.appending(path: "Caches/\(DeltaIndexTests.product)") }
 
-        func newIndex() throws -> PackIndex { try JSONDecoder().decode(PackIndex.self, from: Data(contentsOf: self.index)) }
+        func newIndex() throws -> PackIndex { try JSONDecoder().decode(PackIndex.self, from: PackIndex.json(Data(contentsOf: self.index))) }
     }
 
     static func update(_ label: String) throws -> Update {
         let content = try DeltaTests.content(label + "-content")
         let site = try Fixtures.temporaryDirectory(label + "-site")
         try DeltaTests.publish(content, version: "1", site: site)
-        let old = try JSONDecoder().decode(PackIndex.self, from: Data(contentsOf: site.appending(path: Self.indexName)))
+        let old = try JSONDecoder().decode(PackIndex.self, from: PackIndex.json(Data(contentsOf: site.appending(path: Self.indexName))))
         let server = try FaultServer(root: site)
         let update = Update(
             site: site, server: server, home: try Fixtures.temporaryDirectory(label + "-home"),
@@ -251,6 +251,26 @@ import Testing
         #expect(try treeContents(update.installed) == (try DeltaTests.reference(update.site, "index-huge-bsdtar")))
         let sent = update.server.requests().filter { $0.file == Self.indexName }.count
         #expect(sent == 0, "the index was never asked for: \(sent) requests")
+    }
+
+    /// A zstd bomb as the index: 256 MiB of zeros streamed through `zstd` (about 8 KB, a frame that does not say how
+    /// much it holds), with the right SHA-256 and length in the manifest. The client decodes at most the 64 MiB an
+    /// index may have, refuses it, and fetches the whole pack.
+    @Test func aZstdBombAsTheIndexIsRefusedAndTheWholePackIsFetched() throws {
+        let update = try Self.update("index-zstd-bomb")
+        defer { update.server.stop() }
+        let made = try Fixtures.run("/bin/sh", ["-c", "head -c 256M /dev/zero | zstd -q -c > '\(update.index.path)'"])
+        #expect(made.status == 0, "\(made.stderr)")
+        let size = try #require(try FileManager.default.attributesOfItem(atPath: update.index.path)[.size] as? Int64)
+        #expect(size < 1 << 20, "a small file: \(size) bytes")
+        try Self.sealIndex(update)
+
+        let (fetch, peak) = try Self.runMeasured(home: update.home, ["--json", "fetch", update.manifestURL, Self.product])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        #expect(peak <= 160, "peak RSS \(peak) MiB for an index that decompresses to 256 MiB")
+        #expect(Self.fallbacks(fetch).contains("indexUnusable"), "\(fetch.stdout.suffix(600))")
+        #expect(fetch.stdout.contains("decompresses to more than the 67108864 bytes"), "says why: \(fetch.stdout.suffix(600))")
+        #expect(try treeContents(update.installed) == (try DeltaTests.reference(update.site, "index-zstd-bomb-bsdtar")))
     }
 
     /// The central directory check accepts what real tools write: a pack made by Info-ZIP's `zip -r -y` (no data

@@ -7,6 +7,13 @@ import Testing
 /// SHA-256 of its bytes) in a sidecar the manifest names with its SHA-256 and length. Checked against the pack's
 /// own bytes and `unzip -p`, for packs made by `packs pack` and by `zip -r`.
 @Suite(.serialized, .timeLimit(.minutes(2))) struct PackIndexTests {
+    /// An index file's JSON: `zstd -dc` of it (indexes are written compressed).
+    static func json(_ file: URL) throws -> Data {
+        let run = try Fixtures.run("zstd", ["-dc", file.path])
+        #expect(run.status == 0, "zstd -dc \(file.path): \(run.stderr)")
+        return Data(run.stdout.utf8)
+    }
+
     @Test func anIndexRoundTripsForPacksFromPacksPackAndFromZip() throws {
         let content = try Fixtures.temporaryDirectory("index-content")
         let contents = content.appending(path: "Contents")
@@ -47,7 +54,7 @@ import Testing
             #expect(try Fixtures.sha256Hex(of: sidecar) == reference.sha256)
             let sidecarLength = try FileManager.default.attributesOfItem(atPath: sidecar.path)[.size] as? Int64
             #expect(sidecarLength == reference.length)
-            let index = try JSONDecoder().decode(PackIndex.self, from: Data(contentsOf: sidecar))
+            let index = try JSONDecoder().decode(PackIndex.self, from: Self.json(sidecar))
             let archive = site.appending(path: pack.url)
             let bytes = try Data(contentsOf: archive)
 

@@ -194,16 +194,34 @@ enum PackIndexer {
         return Int64(info.st_size)
     }
 
-    /// Writes an index to `target` atomically (a temporary file beside it, flushed, renamed).
+    /// Writes an index to `target` atomically (a temporary file beside it, flushed, renamed): its JSON, compressed
+    /// with zstd (``PackIndex/compressed(_:)``), which every reader detects (``PackIndex/json(_:)``).
     ///
-    /// - Returns: the manifest's reference to it, with its file name as URL.
+    /// - Returns: the manifest's reference to it, with its file name as URL, and the SHA-256 and length of the
+    ///   compressed file: the bytes a client fetches and checks.
     @discardableResult
     static func write(_ index: PackIndex, to target: URL) throws(PackDeliveryError) -> Manifest.IndexReference {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        do {
+            return try Self.write(json: try encoder.encode(index), to: target)
+        } catch let error as PackDeliveryError {
+            throw error
+        } catch {
+            throw PackDeliveryError(
+                .fileSystem, message: "Cannot write \(target.path): \(error.localizedDescription).", subject: target.path)
+        }
+    }
+
+    /// Writes an index's JSON to `target`, compressed, atomically.
+    ///
+    /// - Returns: the manifest's reference to it.
+    static func write(json: Data, to target: URL) throws(PackDeliveryError) -> Manifest.IndexReference {
         let name = target.lastPathComponent
         do {
-            let data = try encoder.encode(index)
+            guard let data = PackIndex.compressed(json) else {
+                throw PackDeliveryError(.fileSystem, message: "zstd could not compress the index \(target.path).", subject: target.path)
+            }
             try data.write(to: target, options: .atomic)
             return Manifest.IndexReference(
                 url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,

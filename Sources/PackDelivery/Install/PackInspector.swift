@@ -85,7 +85,9 @@ public enum ManifestBuilder {
     ///
     /// Every pack gets an index (``PackIndex``) beside it, `<pack>.index.json`: the one `packs pack` wrote when
     /// it still describes the pack (same length and SHA-256), else one made by reading the pack, as far as its
-    /// format allows (a tar compressed as one stream by another tool: by entry, without chunks).
+    /// format allows (a tar compressed as one stream by another tool: by entry, without chunks). Indexes are
+    /// zstd-compressed JSON; one that is plain JSON (written before indexes were compressed) and still describes
+    /// its pack is compressed in place, its JSON unchanged.
     ///
     /// Packs are the files ending in `.zip`, `.tar`, `.tar.gz`, `.tgz`, `.tar.bz2`, `.tar.xz` or `.tar.zst`,
     /// read in name order. A product's first pack gets the product identifier as its content identifier;
@@ -138,6 +140,9 @@ public enum ManifestBuilder {
             let index = try? PackIndex.decode(data, maxEntries: Int.max / 2, containers: Set(PackIndex.Container.allCases)),
             index.format == 2, index.pack == PackIndex.Pack(length: length, sha256: sha256)
         {
+            // An index made before indexes were compressed: the same JSON, compressed (a chunked tar.zst could not
+            // be indexed by chunk again from the pack).
+            guard data.starts(with: PackIndex.zstdMagic) else { return try PackIndexer.write(json: data, to: target) }
             let name = target.lastPathComponent
             return Manifest.IndexReference(
                 url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,

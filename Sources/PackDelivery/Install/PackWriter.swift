@@ -64,7 +64,8 @@ public enum PackWriter {
     /// The pack is written to a temporary file beside `output`, flushed to disk and renamed into
     /// place, so a failure leaves no half-written pack (and an earlier `output` untouched).
     ///
-    /// Its ``PackIndex`` (format 2) goes beside it, as `<output>.index.json` (``indexURL(for:)``). A tar is
+    /// Its ``PackIndex`` (format 2) goes beside it, as `<output>.index.json` (``indexURL(for:)``): its JSON
+    /// compressed with zstd (read it with `zstd -dc`). A tar is
     /// written so that each file's content-defined chunks can be fetched apart: in a plain tar each chunk is a
     /// range of a file's data; in a tar.zst each chunk is a zstd frame of its own, the tar headers and padding
     /// between chunks are frames of their own, and the zstd seekable format's seek table ends the pack; in a
@@ -136,7 +137,8 @@ public enum PackWriter {
         }
     }
 
-    /// Where the index of the pack at `pack` goes: `<pack>.index.json` beside it.
+    /// Where the index of the pack at `pack` goes: `<pack>.index.json` beside it (zstd-compressed JSON; a reader
+    /// also takes plain JSON, as indexes were before).
     public static func indexURL(for pack: URL) -> URL {
         pack.deletingLastPathComponent().appending(path: pack.lastPathComponent + ".index.json")
     }

@@ -1,3 +1,4 @@
+import CCompression
 import Foundation
 
 /// Where each file of a pack lies inside it, and of what chunks it is made: the groundwork for delta updates
@@ -64,17 +65,30 @@ public struct PackIndex: Sendable, Hashable, Codable {
         }
     }
 
-    /// The sizes the files were chunked with (``Chunker``).
+    /// The sizes the files were chunked with (``Chunker``), which a client cuts its installed files with to find
+    /// the chunks it has.
     public struct Chunking: Sendable, Hashable, Codable {
         /// `fastcdc`: FastCDC with normalized chunking and ``Chunker``'s gear table.
         public var algorithm: String
         public var minimum: Int
         public var average: Int
         public var maximum: Int
+        /// The normalization level (``Chunker/normalization``); absent in indexes written before it was recorded,
+        /// which were all cut at level 2 (``Chunker/unrecordedNormalization``).
+        public var normalization: Int? = nil
 
         /// The record of a chunker's sizes.
         public init(_ chunker: Chunker) {
             (self.algorithm, self.minimum, self.average, self.maximum) = ("fastcdc", chunker.minimum, chunker.average, chunker.maximum)
+            self.normalization = chunker.normalization
+        }
+
+        /// The chunker these sizes describe; nil when no chunker uses them.
+        public var chunker: Chunker? {
+            guard self.algorithm == "fastcdc" else { return nil }
+            return Chunker(
+                minimum: self.minimum, average: self.average, maximum: self.maximum,
+                normalization: self.normalization ?? Chunker.unrecordedNormalization)
         }
     }
 
@@ -220,9 +234,11 @@ extension PackIndex {
     /// The largest chunk but a whole deflated zip entry: 64 MiB, as ``Chunker`` allows.
     static let maxChunkSize: Int64 = 64 << 20
 
-    /// Decodes and checks an index's bytes, as a delta update reads them.
+    /// Decodes and checks an index's bytes, as a delta update reads them: every reader of an index calls this.
     ///
-    /// Its JSON objects are counted before anything is built, so an index of more than `maxEntries` entries (or
+    /// The bytes are the index file as served: JSON, or JSON compressed with zstd (as `packs pack` writes it since
+    /// the index was compressed), told apart by zstd's magic number. Compressed, they are decoded into at most
+    /// ``maxBytes`` (``json(_:)``). Its JSON objects are counted before anything is built, so an index of more than `maxEntries` entries (or
     /// more than ``maxChunks`` chunks) is refused in constant memory. Every number is then range-checked where it
     /// is decoded: sizes, offsets and lengths between 0 and 2^50 (a zip entry's length at least a local header's 30
     /// bytes), a method and a mode of 16 bits (as a zip stores them), a SHA-256 of 64 hex digits for every entry
@@ -230,14 +246,15 @@ extension PackIndex {
     /// In format 2 every range lies inside the pack, no two chunks' ranges overlap, a file's chunks add up to its
     /// size, and each chunk is stored as the pack's format allows.
     /// - Parameters:
-    ///   - data: the index's bytes.
+    ///   - file: the index file's bytes, JSON or zstd-compressed JSON.
     ///   - maxEntries: the most entries accepted.
     ///   - containers: the pack formats the reader can use; by default zip only (what zip delta updates read).
     /// - Throws: `DeltaRefusal` (`indexUnusable`) saying what is wrong, naming the entry.
-    static func decode(_ data: Data, maxEntries: Int, containers: Set<Container> = [.zip]) throws(DeltaRefusal) -> PackIndex {
-        guard data.count <= Self.maxBytes else {
-            throw DeltaRefusal(.indexUnusable, "the pack's index is \(data.count) bytes, more than the \(Self.maxBytes) an index may have")
+    static func decode(_ file: Data, maxEntries: Int, containers: Set<Container> = [.zip]) throws(DeltaRefusal) -> PackIndex {
+        guard file.count <= Self.maxBytes else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index is \(file.count) bytes, more than the \(Self.maxBytes) an index may have")
         }
+        let data = try Self.json(file)
         // One object per entry, in the root's array; then the root, `pack`, `chunking` and the chunks.
         let counts = Self.objectCount(data, entriesAfter: maxEntries, totalAfter: maxEntries + Self.maxChunks + 3)
         guard counts.shallow <= maxEntries else {
@@ -282,16 +299,92 @@ extension PackIndex {
         return index
     }
 
+    /// The first bytes of a zstd frame (RFC 8878), little-endian 0xFD2FB528.
+    static let zstdMagic: [UInt8] = [0x28, 0xB5, 0x2F, 0xFD]
+
+    /// The zstd level indexes are compressed with: its optimal parser takes 16 % more off an index's JSON than
+    /// level 9 (the SHA-256s' hex digits are most of it), and a publisher compresses an index once.
+    static let compressionLevel: Int32 = 19
+
+    /// An index file's JSON: the bytes as they are, or, when they start with zstd's magic number, decompressed.
+    ///
+    /// Decompression is capped at ``maxBytes``: frames that claim more (in their headers) are refused before
+    /// anything is decoded, and frames that do not say how much they hold are decoded into at most that much
+    /// (memory that is only touched as it is written), refused once they would produce more. One frame or several
+    /// are read, and nothing may follow them.
+    /// - Parameter file: the index file's bytes (at most ``maxBytes``, as ``decode(_:maxEntries:containers:)`` checks).
+    /// - Throws: `DeltaRefusal` (`indexUnusable`) when the frames cannot be decoded or hold more than ``maxBytes``.
+    static func json(_ file: Data) throws(DeltaRefusal) -> Data {
+        guard file.starts(with: Self.zstdMagic) else { return file }
+        let claims = file.withUnsafeBytes { Self.frameClaims($0) }
+        guard let claims else { throw DeltaRefusal(.indexUnusable, "the pack's index is not whole zstd frames") }
+        if let claimed = claims, claimed > UInt64(Self.maxBytes) {
+            throw DeltaRefusal(
+                .indexUnusable,
+                "the pack's index claims to decompress to \(claimed) bytes, more than the \(Self.maxBytes) an index may have")
+        }
+        let capacity = claims.map { Int($0) } ?? Int(Self.maxBytes)
+        // Not zeroed: pages that are never written are never touched.
+        let output = UnsafeMutableRawBufferPointer.allocate(byteCount: max(capacity, 1), alignment: 16)
+        defer { output.deallocate() }
+        let result = file.withUnsafeBytes { ZSTD_decompress(output.baseAddress, capacity, $0.baseAddress, $0.count) }
+        guard ZSTD_isError(result) == 0 else {
+            guard ZSTD_getErrorCode(result) == ZSTD_error_dstSize_tooSmall else {
+                throw DeltaRefusal(
+                    .indexUnusable, "the pack's index cannot be decompressed (zstd: \(String(cString: ZSTD_getErrorName(result))))")
+            }
+            throw DeltaRefusal(
+                .indexUnusable,
+                claims == nil
+                    ? "the pack's index decompresses to more than the \(Self.maxBytes) bytes an index may have"
+                    : "the pack's index decompresses to more than the \(capacity) bytes its zstd frames claim")
+        }
+        return Data(UnsafeRawBufferPointer(rebasing: output[..<result]))
+    }
+
+    /// The bytes zstd frames claim to hold, from their headers, added up: nil when they are not whole frames;
+    /// `.some(nil)` when a frame does not say.
+    private static func frameClaims(_ input: UnsafeRawBufferPointer) -> UInt64?? {
+        var (start, total, known) = (0, UInt64(0), true)
+        while start < input.count {
+            let frame = UnsafeRawBufferPointer(rebasing: input[start...])
+            let length = ZSTD_findFrameCompressedSize(frame.baseAddress, frame.count)
+            let size = ZSTD_getFrameContentSize(frame.baseAddress, frame.count)
+            guard ZSTD_isError(length) == 0, length > 0, size != ZSTD_CONTENTSIZE_ERROR else { return nil }
+            if size == ZSTD_CONTENTSIZE_UNKNOWN {
+                known = false
+            } else {
+                // Saturates: a claim past 2^63 is refused all the same.
+                total = min(total &+ min(size, UInt64(Int64.max)), UInt64(Int64.max))
+            }
+            start += length
+        }
+        return .some(known ? total : nil)
+    }
+
+    /// An index's JSON, compressed as `packs pack` writes index files: one zstd frame that gives its size.
+    ///
+    /// - Parameter json: the JSON.
+    /// - Returns: the frame, or nil when zstd fails (it does not, but for memory).
+    static func compressed(_ json: Data) -> Data? {
+        let bound = ZSTD_compressBound(json.count)
+        var out = Data(count: bound)
+        let count = out.withUnsafeMutableBytes { output in
+            json.withUnsafeBytes { ZSTD_compress(output.baseAddress, bound, $0.baseAddress, $0.count, Self.compressionLevel) }
+        }
+        guard ZSTD_isError(count) == 0 else { return nil }
+        out.count = count
+        return out
+    }
+
     /// What is wrong in a format 2 index as a whole, or nil.
     private static func packProblem(_ index: PackIndex) -> String? {
         guard let pack = index.pack else { return "does not give the pack's length and SHA-256" }
         if !(0...LoadedManifest.maxSize).contains(pack.length) { return "gives the pack a length of \(pack.length), outside 0…2^50 bytes" }
         if !Self.isDigest(pack.sha256) { return "gives the pack a sha256 that is not 64 hex digits" }
-        if let chunking = index.chunking,
-            chunking.algorithm != "fastcdc"
-                || Chunker(minimum: chunking.minimum, average: chunking.average, maximum: chunking.maximum) == nil
-        {
-            return "gives chunk sizes no chunker uses (\(chunking.minimum), \(chunking.average), \(chunking.maximum))"
+        if let chunking = index.chunking, chunking.chunker == nil {
+            return
+                "gives chunk sizes no chunker uses (\(chunking.minimum), \(chunking.average), \(chunking.maximum), normalization \(chunking.normalization.map(String.init) ?? "absent"))"
         }
         return nil
     }

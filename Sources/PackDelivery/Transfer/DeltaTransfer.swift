@@ -404,9 +404,9 @@ private final class DeltaRun {
             )
         }
         var local: [String: ChunkPlan.LocalChunk] = [:]
-        if let chunking = index.chunking,
-            let chunker = Chunker(minimum: chunking.minimum, average: chunking.average, maximum: chunking.maximum)
-        {
+        // The installed files are cut as the new version's files were (the index's sizes and level, not this
+        // version's defaults), so that the chunks they share have the same boundaries.
+        if let chunker = index.chunking?.chunker {
             local = try ChunkAssembly.inventory(
                 of: ChunkPlan.seeds(index: index, installed: installed, all: self.request.installedFiles),
                 root: URL(filePath: self.request.install.contentURL), chunker: chunker,
