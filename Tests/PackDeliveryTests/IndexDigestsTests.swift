@@ -38,7 +38,8 @@ import Testing
     }
 
     static func index(_ site: URL, _ format: PackFormat) throws -> PackIndex {
-        try JSONDecoder().decode(PackIndex.self, from: Data(contentsOf: site.appending(path: Self.indexName(format))))
+        // Indexes are written zstd-compressed: read their JSON as the client does.
+        try JSONDecoder().decode(PackIndex.self, from: PackIndexTests.json(site.appending(path: Self.indexName(format))))
     }
 
     /// Replaces the site's index with `change` of it, and the manifest with one naming the new index.

@@ -385,7 +385,7 @@ extension DownloadQueue {
     /// process is gone, so that a joined purchase does not wait forever on a dead process.
     func takeOverJoinedDeliveries() {
         let joined = self.driven { $0.joinedElsewhere }
-        guard !joined.isEmpty, let records = try? self.store.openDownloads(notOwnedBy: self.owner) else { return }
+        guard !joined.isEmpty, let records = try? self.store.downloadRecords(transactionIDs: joined.sorted()) else { return }
         // Left running (or marked interrupted by another queue that took it over and closed): taken, and resumed, as
         // the purchase this queue joined waits for it.
         let orphans = records.filter { record in
@@ -397,8 +397,9 @@ extension DownloadQueue {
                 self.change { $0.handle(id, .resume) }
             }
         }
-        let open = Set(records.filter { !$0.state.isSettled }.map(\.transactionID))
-        self.driven { $0.joinedElsewhere.formIntersection(open) }
+        // Joined until this queue runs them, or they settled.
+        let elsewhere = Set(records.filter { !$0.state.isSettled && $0.owner?.queue != self.owner.queue }.map(\.transactionID))
+        self.driven { $0.joinedElsewhere.formIntersection(elsewhere) }
     }
 
     /// Reports the downloads other processes run to this queue's observers and event streams, as their owners save
@@ -410,7 +411,7 @@ extension DownloadQueue {
             self.driven { $0.others = nil }
             return
         }
-        guard var read = try? self.store.openDownloads(notOwnedBy: self.owner).map(\.download) else { return }
+        guard var read = try? self.store.openDownloads(ownedByOtherThan: self.owner).map(\.download) else { return }
         // A download last seen running whose transaction was finished since (its process finishes it right after the
         // download): read on its own, so that its end is reported too.
         let seen = Set(read.map(\.id))

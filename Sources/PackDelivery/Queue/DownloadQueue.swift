@@ -332,7 +332,8 @@ public final class DownloadQueue: Sendable {
         // it dies (takeOverJoinedDeliveries).
         let running = Set(self.driven { Array($0.machine.entries.keys) })
         let elsewhere = Set(
-            try self.store.openDownloads(notOwnedBy: self.owner).filter { !$0.state.isSettled && ($0.owner?.isAlive ?? false) }.map(\.id))
+            try self.store.openDownloads(ownedByOtherThan: self.owner).filter { !$0.state.isSettled && ($0.owner?.isAlive ?? false) }.map(
+                \.id))
         let open = try self.liveTransactions().filter { $0.downloads.contains { running.contains($0.id) || elsewhere.contains($0.id) } }
         var transactions: [Transaction] = []
         var joined: [Int: Transaction] = [:]

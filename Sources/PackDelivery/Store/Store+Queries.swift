@@ -76,12 +76,18 @@ extension Store {
         }
     }
 
-    /// The downloads of unfinished transactions that `owner` does not run: another process's, or nobody's.
-    func openDownloads(notOwnedBy owner: QueueOwner) throws(PackDeliveryError) -> [DownloadRecord] {
+    /// The downloads of these transactions, with their owners.
+    func downloadRecords(transactionIDs: [String]) throws(PackDeliveryError) -> [DownloadRecord] {
+        try self.read { db in try DownloadRecord.filter(transactionIDs.contains(DownloadRecord.Columns.transactionID)).fetchAll(db) }
+    }
+
+    /// The downloads of unfinished transactions that another queue than `owner` runs (its process may be gone).
+    /// Not those nobody runs: a download released once settled, of this queue or another, stays out.
+    func openDownloads(ownedByOtherThan owner: QueueOwner) throws(PackDeliveryError) -> [DownloadRecord] {
         try self.read { db in
             let sql = """
                 SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                WHERE transactions.finishedAt IS NULL AND downloads.ownerQueue IS NOT ?
+                WHERE transactions.finishedAt IS NULL AND downloads.ownerQueue IS NOT NULL AND downloads.ownerQueue != ?
                 """
             return try DownloadRecord.fetchAll(db.cachedStatement(sql: sql), arguments: [owner.queue])
         }
