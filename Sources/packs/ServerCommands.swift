@@ -274,7 +274,7 @@ extension Packs {
             discussion: "Example:\n  packs demo --home /tmp/packs-demo")
 
         @OptionGroup var global: GlobalOptions
-        @Option(help: "The folder of sample packs (default: SampleContent beside the package or the current folder).")
+        @Option(help: "The folder of sample packs (default: SampleContent here, else the installed package's, else the source's).")
         var samples: String?
 
         func run() async throws {
@@ -332,8 +332,10 @@ extension Packs {
             var candidates: [URL] = []
             if let samples { candidates.append(URL(filePath: samples).absoluteURL) }
             candidates.append(URL(filePath: FileManager.default.currentDirectoryPath).appending(path: "SampleContent"))
-            // The package root, from the executable in .build/<config>/packs.
             var folder = URL(filePath: CommandLine.arguments[0]).absoluteURL.resolvingSymlinksInPath().deletingLastPathComponent()
+            // Installed from the Debian package (scripts/package): /usr/bin/packs, /usr/share/packs/SampleContent.
+            candidates.append(folder.deletingLastPathComponent().appending(path: "share/packs/SampleContent"))
+            // The package root, from the executable in .build/<config>/packs.
             for _ in 0..<5 {
                 candidates.append(folder.appending(path: "SampleContent"))
                 folder = folder.deletingLastPathComponent()

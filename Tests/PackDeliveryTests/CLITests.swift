@@ -206,6 +206,29 @@ import Testing
         #expect(screen.range(of: #"\d+\.\d (KiB|MiB)/s ETA \d+s"#, options: .regularExpression) != nil, "speed and time left")
         #expect(screen.contains("installed"))
     }
+
+    /// Installed from the Debian package (scripts/package), packs is /usr/bin/packs and its samples are in
+    /// /usr/share/packs/SampleContent: `packs demo` run from any folder finds them there. scripts/test-package
+    /// checks the same with the real package.
+    @Test func demoOfAnInstalledBinaryFindsTheSamplesInShare() throws {
+        let prefix = try Fixtures.temporaryDirectory("installed-prefix")
+        defer { try? FileManager.default.removeItem(at: prefix) }
+        let samples = prefix.appending(path: "share/packs/SampleContent")
+        try FileManager.default.createDirectory(at: prefix.appending(path: "bin"), withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(at: samples.deletingLastPathComponent(), withIntermediateDirectories: true)
+        // A hard link: a symbolic one would lead packs back to .build, beside the package's own SampleContent.
+        try FileManager.default.linkItem(atPath: CLI.binary, toPath: prefix.appending(path: "bin/packs").path)
+        try FileManager.default.copyItem(at: CLI.packageRoot.appending(path: "SampleContent"), to: samples)
+        let elsewhere = try Fixtures.temporaryDirectory("installed-cwd")
+        let home = try Fixtures.temporaryDirectory("installed-home")
+        let demo = try Fixtures.run(
+            prefix.appending(path: "bin/packs").path, ["demo", "--home", home.path], currentDirectory: elsewhere, timeout: 120)
+        #expect(demo.status == 0, "stdout: \(demo.stdout) stderr: \(demo.stderr)")
+        #expect(demo.stdout.contains("sample packs from \(samples.path)"), "\(demo.stdout)")
+        let content = try CLI.run(home: home, ["--json", "content"])
+        let installed = content.stdout.split(separator: "\n").filter { $0.contains(#""missing":false"#) }
+        #expect(installed.count == 3, "the three sample products are installed: \(content.stdout)")
+    }
 }
 
 /// The exit codes are told in three places: the README's table, `packs --help` and `ExitStatus.swift`. They must
