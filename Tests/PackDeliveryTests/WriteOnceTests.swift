@@ -143,7 +143,7 @@ import Testing
     /// for again, at most the range in flight is sent twice, and the installed tree is `bsdtar -xf` of the pack.
     @Test func killedMidInstallThenResumedFetchesNoVerifiedChunkTwice() throws {
         let format = PackFormat.tarZstd
-        let content = try Self.content("writeonce-kill-content", big: 8)
+        let content = try Self.content("writeonce-kill-content", big: 10)
         let site = try Fixtures.temporaryDirectory("writeonce-kill-site")
         try Self.publish(content, site: site, format: format)
         let packLength = try Self.length(site.appending(path: Self.packName(format)))
@@ -189,7 +189,7 @@ import Testing
     /// error naming the file that holds it; nothing is installed and nothing is left behind.
     @Test func aTamperedChunkFailsNamingItsFileAndNothingIsInstalled() async throws {
         let format = PackFormat.tar
-        let content = try Self.content("writeonce-tampered-content", big: 2)
+        let content = try Self.content("writeonce-tampered-content", big: 10)
         let site = try Fixtures.temporaryDirectory("writeonce-tampered-site")
         try Self.publish(content, site: site, format: format)
         let index = try JSONDecoder().decode(
@@ -223,7 +223,7 @@ import Testing
     /// A cancel mid-install removes the new version's files and the record of verified chunks.
     @Test func aCancelMidInstallRemovesTheStaging() async throws {
         let format = PackFormat.tarZstd
-        let content = try Self.content("writeonce-cancel-content", big: 4)
+        let content = try Self.content("writeonce-cancel-content", big: 10)
         let site = try Fixtures.temporaryDirectory("writeonce-cancel-site")
         try Self.publish(content, site: site, format: format)
         let server = try FaultServer(root: site)
