@@ -21,6 +21,36 @@ import Foundation
 ///
 /// A resume (after a pause, a kill or a power cut) fetches only the chunks the record does not name.
 extension ChunkAssembly {
+    /// The SHA-256 of the files whose chunks arrived in order, computed as they were written, so that they are not
+    /// read back: a file whose chunks came out of order (a chunk it shares with an earlier file) or partly in an
+    /// earlier attempt is read back and hashed at the end instead.
+    struct FileHashes {
+        /// The files hashed so far, by entry number, with the bytes hashed.
+        fileprivate var running: [Int: (hasher: SHA256Hasher, next: Int64)] = [:]
+        /// The files read back at the end.
+        fileprivate var broken: Set<Int> = []
+
+        init() {}
+
+        fileprivate mutating func add(_ bytes: [UInt8], to entry: Int, at offset: Int64) {
+            guard !self.broken.contains(entry) else { return }
+            let state = self.running[entry] ?? (offset == 0 ? (SHA256Hasher(), 0) : nil)
+            guard let state, state.next == offset else {
+                self.running[entry] = nil
+                self.broken.insert(entry)
+                return
+            }
+            bytes.withUnsafeBytes { state.hasher.update($0) }
+            self.running[entry] = (state.hasher, offset + Int64(bytes.count))
+        }
+
+        /// The digest of entry `number`, when all its `size` bytes were hashed in order.
+        fileprivate func digest(_ number: Int, size: Int64) -> String? {
+            guard !self.broken.contains(number), let state = self.running[number], state.next == size else { return nil }
+            return state.hasher.hexDigest()
+        }
+    }
+
     var tree: URL { self.folder.appending(path: "tree") }
     var record: URL { self.folder.appending(path: "verified") }
 
@@ -77,7 +107,7 @@ extension ChunkAssembly {
     /// - Returns: the chunks (numbers in `chunks`) whose bytes do not match: nothing of them is written.
     func place(
         _ range: ChunkPlan.Range, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]], from file: URL,
-        directories: inout Set<String>
+        directories: inout Set<String>, hashes: inout FileHashes
     ) throws -> [Int] {
         let input = open(file.path, O_RDONLY | O_CLOEXEC)
         guard input >= 0 else { throw Installer.fileError("open", file.path, errno) }
@@ -106,6 +136,7 @@ extension ChunkAssembly {
                     throw DeltaAssembly.writeFailure(
                         written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
                 }
+                hashes.add(bytes, to: entry, at: offset)
             }
             good.append(number)
         }
@@ -162,11 +193,30 @@ extension ChunkAssembly {
         guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync", path: self.record.path, errno: errno) }
     }
 
-    /// The new version's tree, once every chunk is written: each file (empty ones created now) read back and held to
-    /// the size and SHA-256 the index gives it, its mode set; each symlink held to the index.
+    /// The SHA-256 of a file of the tree, read back; `size` becomes the bytes read.
+    private func hashFile(_ fd: Int32, path: String, size: inout Int64) throws -> String {
+        let hasher = SHA256Hasher()
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+        size = 0
+        while true {
+            if self.isCancelled() { throw DeltaAssembly.Stopped() }
+            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(size))
+            if count < 0, errno == EINTR { continue }
+            if count < 0 { throw Installer.fileError("read", self.tree.appending(path: path).path, errno) }
+            if count == 0 { break }
+            hasher.update(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            size += Int64(count)
+        }
+        return hasher.hexDigest()
+    }
+
+    /// The new version's tree, once every chunk is written: each file (empty ones created now) held to the size and
+    /// SHA-256 the index gives it (hashed as its chunks were written, in order, or else read back), its mode set; each
+    /// symlink held to the index.
     ///
     /// - Throws: `checksumMismatch` naming the first file that does not match.
-    func finish(_ plan: ChunkPlan) throws -> DeltaTree {
+    func finish(_ plan: ChunkPlan, hashes: FileHashes) throws -> DeltaTree {
         var directories: Set<String> = [""]
         var files: [InstalledFile] = []
         var bytes: Int64 = 0
@@ -175,19 +225,10 @@ extension ChunkAssembly {
             let entry = self.index.entries[build.number]
             let fd = try self.openFile(build.number, directories: &directories)
             defer { close(fd) }
-            let hasher = SHA256Hasher()
-            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-            defer { buffer.deallocate() }
-            var size: Int64 = 0
-            while true {
-                let count = pread(fd, buffer.baseAddress, buffer.count, off_t(size))
-                if count < 0, errno == EINTR { continue }
-                if count < 0 { throw Installer.fileError("read", self.tree.appending(path: entry.path).path, errno) }
-                if count == 0 { break }
-                hasher.update(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-                size += Int64(count)
-            }
-            let digest = hasher.hexDigest()
+            var info = stat()
+            guard fstat(fd, &info) == 0 else { throw Installer.fileError("inspect", self.tree.appending(path: entry.path).path, errno) }
+            var size = Int64(info.st_size)
+            let digest = try hashes.digest(build.number, size: entry.size) ?? self.hashFile(fd, path: entry.path, size: &size)
             guard size == entry.size, digest == entry.sha256?.lowercased() else {
                 throw PackDeliveryError(
                     .checksumMismatch,

@@ -361,13 +361,14 @@ private final class DeltaRun {
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
         var directories: Set<String> = [""]
+        var hashes = ChunkAssembly.FileHashes()
         while !missing.isEmpty {
             var bad: [Int] = []
             for range in ChunkPlan.windows(missing, in: plan.fetch, window: window) {
                 try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
                 bad += try assembly.place(
                     range, chunks: plan.fetch, destinations: destinations, from: self.rangeFile(range.start, range.end),
-                    directories: &directories)
+                    directories: &directories, hashes: &hashes)
             }
             if let twice = bad.first(where: { refetched.contains($0) }) {
                 let number = destinations[twice].first?.entry
@@ -383,7 +384,7 @@ private final class DeltaRun {
             self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
         }
         if self.stopped { throw Stop() }
-        let tree = try assembly.finish(plan)
+        let tree = try assembly.finish(plan, hashes: hashes)
         return (.assembled(fetched: self.fetched), tree)
     }
 
