@@ -185,6 +185,54 @@ import Testing
         #expect(leftovers(home) == [])
     }
 
+    /// A power cut mid-install (ext4 shut down without flushing its log), then a reboot and `packs resume`: the store
+    /// opens, the install completes byte for byte, and it continues from the chunks recorded before the cut rather than
+    /// from the pack's start.
+    @Test(.enabled(if: PowerCutDisk.unavailableReason == nil, "needs root to mount a disk image"))
+    func aPowerCutMidInstallThenResumeContinuesFromTheRecordedChunks() throws {
+        let format = PackFormat.tar
+        let content = try Self.content("writeonce-cut-content")
+        let site = try Fixtures.temporaryDirectory("writeonce-cut-site")
+        try Self.publish(content, site: site, format: format)
+        let packLength = try Self.length(site.appending(path: Self.packName(format)))
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        var manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
+        manifest.products[0].contents[0].url = server.url(Self.packName(format), fault: .slow(bytesPerSecond: 8 << 20)).absoluteString
+        try JSONEncoder().encode(manifest).write(to: site.appending(path: "manifest.json"))
+        let disk = try PowerCutDisk("writeonce-cut")
+        let home = disk.mountPoint.appending(path: "home")
+        let fetch = try WatchedProcess(
+            CLI.binary, ["--home", home.path, "fetch", server.url("manifest.json").absoluteString, Self.product])
+        let downloads = home.appending(path: "Caches/.packdelivery/downloads")
+        func recorded() -> Int {
+            let folders = (try? FileManager.default.contentsOfDirectory(atPath: downloads.path))?.filter { $0.hasSuffix(".delta") } ?? []
+            return folders.compactMap { try? Self.length(downloads.appending(path: "\($0)/verified")) }.max() ?? 0
+        }
+        // A third of the pack's chunks or so recorded (about 64 KiB each, 4 bytes each in the record).
+        let reached = waitUntil(timeout: 30) { recorded() > 4 * packLength / (64 << 10) / 3 }
+        #expect(reached, "the install recorded chunks before the cut: \(fetch.stderr)")
+        try disk.cut()
+        fetch.kill()
+        try disk.remount()
+        let before = server.requests().filter { $0.file == Self.packName(format) }.count
+
+        let status = try CLI.run(home: home, ["--json", "status"])
+        #expect(status.status == 0, "the store opens after the cut: \(status.stderr)")
+        let resume = try CLI.run(home: home, ["resume"])
+        #expect(resume.status == 0, "resume after the cut: \(resume.stderr)")
+        let installed = home.appending(path: "Caches/\(Self.product)")
+        #expect(try treeContents(installed) == (try Self.reference(site, format, "writeonce-cut-bsdtar")), "byte for byte")
+        let after = server.requests().filter { $0.file == Self.packName(format) }.dropFirst(before).compactMap {
+            $0.range.flatMap(Self.bounds)
+        }
+        #expect((after.map(\.lowerBound).min() ?? 0) > 0, "the resume continued from the recorded chunks: \(after)")
+        let served = server.bodyBytesSent(Self.packName(format))
+        let window = Int(ChunkPlan.window(packLength: Int64(packLength)))
+        #expect(served <= packLength + 2 * window, "at most the ranges in flight again: \(served) of \(packLength)")
+        #expect(leftovers(home) == [])
+    }
+
     /// A chunk whose served bytes differ from the index is fetched once more, then the download fails as a checksum
     /// error naming the file that holds it; nothing is installed and nothing is left behind.
     @Test func aTamperedChunkFailsNamingItsFileAndNothingIsInstalled() async throws {
