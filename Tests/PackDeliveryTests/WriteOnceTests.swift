@@ -233,6 +233,44 @@ import Testing
         #expect(leftovers(home) == [])
     }
 
+    /// The disk fills mid-install (a tmpfs): the download pauses for space (exit 75), `status` still works; once
+    /// space returns, `resume` completes it byte for byte without starting the pack over.
+    @Test(.enabled(if: Tmpfs.available, "mounting a tmpfs needs root"))
+    func theDiskFillsMidInstallThenResumeCompletesIt() throws {
+        let format = PackFormat.tarZstd
+        let content = try Self.content("writeonce-full-content")
+        let site = try Fixtures.temporaryDirectory("writeonce-full-site")
+        try Self.publish(content, site: site, format: format)
+        let packLength = try Self.length(site.appending(path: Self.packName(format)))
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        var manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
+        manifest.products[0].contents[0].url = server.url(Self.packName(format), fault: .slow(bytesPerSecond: 8 << 20)).absoluteString
+        try JSONEncoder().encode(manifest).write(to: site.appending(path: "manifest.json"))
+        // Room for the unpacked content and the margin, not for the pack as well.
+        let disk = try Tmpfs(megabytes: 48)
+        let fetch = try runWatching(
+            home: disk.folder, ["fetch", server.url("manifest.json").absoluteString, Self.product],
+            when: { ($0["progress"] as? Double ?? 0) > 0.25 }
+        ) { _ in disk.fill() }
+        #expect(fetch.matched && fetch.status == 75, "paused for space: \(fetch.status)")
+        let status = try CLI.run(home: disk.folder, ["status"])
+        #expect(status.status == 0 && status.stdout.contains("insufficientStorage"), "\(status.stdout) \(status.stderr)")
+        let before = server.requests().filter { $0.file == Self.packName(format) }.count
+
+        disk.unfill()
+        let resume = try CLI.run(home: disk.folder, ["resume"])
+        #expect(resume.status == 0, "stderr: \(resume.stderr)")
+        let installed = disk.folder.appending(path: "Caches/\(Self.product)")
+        #expect(try treeContents(installed) == (try Self.reference(site, format, "writeonce-full-bsdtar")), "byte for byte")
+        let after = server.requests().filter { $0.file == Self.packName(format) }.dropFirst(before).compactMap {
+            $0.range.flatMap(Self.bounds)
+        }
+        #expect((after.map(\.lowerBound).min() ?? 0) > 0, "the resume continued from the recorded chunks: \(after)")
+        #expect(server.bodyBytesSent(Self.packName(format)) < 2 * packLength, "the pack was not fetched over")
+        #expect(leftovers(disk.folder) == [])
+    }
+
     /// A chunk whose served bytes differ from the index is fetched once more, then the download fails as a checksum
     /// error naming the file that holds it; nothing is installed and nothing is left behind.
     @Test func aTamperedChunkFailsNamingItsFileAndNothingIsInstalled() async throws {
