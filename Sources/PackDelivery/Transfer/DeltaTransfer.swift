@@ -360,16 +360,18 @@ private final class DeltaRun {
         self.fetched = min(kept, self.total)
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
-        var directories: Set<String> = [""]
-        var hashes = ChunkAssembly.FileHashes()
+        let placer = WindowPlacer(assembly: assembly, chunks: plan.fetch, destinations: destinations)
+        // Never return while a range is being placed: a cancel removes the tree right after.
+        defer { placer.waitQuietly() }
         while !missing.isEmpty {
-            var bad: [Int] = []
             for range in ChunkPlan.windows(missing, in: plan.fetch, window: window) {
+                // The next range downloads while the previous one is placed.
                 try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
-                bad += try assembly.place(
-                    range, chunks: plan.fetch, destinations: destinations, from: self.rangeFile(range.start, range.end),
-                    directories: &directories, hashes: &hashes)
+                try placer.wait()
+                placer.start(range, from: self.rangeFile(range.start, range.end))
             }
+            try placer.wait()
+            let bad = placer.takeBad()
             if let twice = bad.first(where: { refetched.contains($0) }) {
                 let number = destinations[twice].first?.entry
                 let path = number.map { self.index.entries[$0].path } ?? ""
@@ -384,7 +386,7 @@ private final class DeltaRun {
             self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
         }
         if self.stopped { throw Stop() }
-        let tree = try assembly.finish(plan, hashes: hashes)
+        let tree = try assembly.finish(plan, hashes: placer.hashes)
         return (.assembled(fetched: self.fetched), tree)
     }
 
@@ -661,6 +663,60 @@ private final class DeltaRun {
     }
 
     private func report(_ bytes: Int64, force: Bool) { self.reporter.report(bytes, force: force) }
+}
+
+/// Places the ranges of a first install that writes each byte once (``ChunkAssembly/place(_:chunks:destinations:from:directories:hashes:)``)
+/// on a worker of its own, one range at a time, while the next range downloads.
+private final class WindowPlacer: @unchecked Sendable {
+    // Safe: `start` hands the state to one worker and `wait` (or `waitQuietly`) takes it back; the run's thread
+    // calls `start` only after `wait`, and reads the state only after `wait`, so no two threads use it at once.
+    private let assembly: ChunkAssembly
+    private let chunks: [PackIndex.Chunk]
+    private let destinations: [[(entry: Int, offset: Int64)]]
+    private var directories: Set<String> = [""]
+    private(set) var hashes = ChunkAssembly.FileHashes()
+    private var bad: [Int] = []
+    private var error: (any Error)?
+    private let group = DispatchGroup()
+
+    init(assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]]) {
+        self.assembly = assembly
+        self.chunks = chunks
+        self.destinations = destinations
+    }
+
+    /// Places the range's chunks from its file, on a worker.
+    func start(_ range: ChunkPlan.Range, from file: URL) {
+        self.group.enter()
+        DispatchQueue.global().async { [self] in
+            defer { self.group.leave() }
+            do {
+                self.bad += try self.assembly.place(
+                    range, chunks: self.chunks, destinations: self.destinations, from: file, directories: &self.directories,
+                    hashes: &self.hashes)
+            } catch {
+                self.error = error
+            }
+        }
+    }
+
+    /// Waits for the range being placed; throws what placing it threw.
+    func wait() throws {
+        self.group.wait()
+        if let error = self.error {
+            self.error = nil
+            throw error
+        }
+    }
+
+    /// Waits for the range being placed, whatever its outcome.
+    func waitQuietly() { self.group.wait() }
+
+    /// The chunks that did not match, since the last call.
+    func takeBad() -> [Int] {
+        defer { self.bad = [] }
+        return self.bad
+    }
 }
 
 /// Reports a delta's progress, about ten times a second, from the worker and the transfer thread.
