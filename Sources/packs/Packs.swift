@@ -169,7 +169,9 @@ struct TransferFlags: ParsableArguments {
 
     @Flag(
         name: .customLong("no-delta"),
-        help: "Fetch the whole pack of a new version even when only some of its files changed (no delta update).")
+        help:
+            "Fetch the whole pack of a new version even when only some of its files changed (no delta update), and keep a first install's whole pack until installed rather than writing each byte once."
+    )
     var noDelta = false
 
     /// The receipt now: the file's first line when `--receipt` names a file, else the token given.

@@ -107,7 +107,9 @@ struct PowerCutTests {
         var environment = ProcessInfo.processInfo.environment
         if moment != .midDownload { environment["PACKS_TEST_PAUSE_AT"] = moment.rawValue }
         let fetch = try WatchedProcess(
-            CLI.binary, ["--home", home.path, "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, source.product],
+            // --no-delta: the whole-pack path (its partial archive and streamed unpack), which these moments cut.
+            CLI.binary,
+            ["--home", home.path, "fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, source.product, "--no-delta"],
             environment: environment)
         if moment == .midDownload {
             // Past half the pack, and over 3 s in, so that the periodic sync of the partial file (every 2 s) has run.

@@ -422,7 +422,10 @@ func waitFor(_ queue: DownloadQueue, _ id: String, timeout: TimeInterval = 60, _
         let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
         defer { nginx.stop() }
         let home = Home(folder: try Fixtures.temporaryDirectory("cancel-home"))
-        let queue = try DownloadQueue(home: home, configuration: Self.options())
+        // The whole-pack path, whose partial archive this watches (a first install that writes each byte once is WriteOnceTests').
+        var options = Self.options()
+        options.deltaUpdates = false
+        let queue = try DownloadQueue(home: home, configuration: options)
         defer { queue.close() }
         let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
         let transaction = try await queue.add(product: "com.example.big", from: manifest)

@@ -286,7 +286,7 @@ struct ChunkAssembly {
 
     /// Writes the plan's folders and symlinks as a tar, for the unpacker.
     /// - Returns: the bytes of the symlinks' targets.
-    private func writeLinks(_ plan: ChunkPlan, to url: URL) throws -> Int64 {
+    func writeLinks(_ plan: ChunkPlan, to url: URL) throws -> Int64 {
         guard let archive = archive_write_new() else { throw PackDeliveryError.io("write", path: url.path, errno: ENOMEM) }
         defer { archive_write_free(archive) }
         func failure() -> PackDeliveryError {

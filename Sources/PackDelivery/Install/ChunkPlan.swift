@@ -111,9 +111,10 @@ struct ChunkPlan: Sendable, Hashable {
     ///   - installed: the installed version's files that may be reused whole, as recorded.
     ///   - damaged: the installed files that do not look as recorded (an update is then refused, as ``DeltaPlan`` does).
     ///   - local: the chunks found in installed files, by SHA-256 (lowercase hex).
+    ///   - wholePack: a first install, which fetches every chunk: no share of the pack is too much.
     static func make(
         index: PackIndex, packLength: Int64, unpackedLength: Int64? = nil, installed: [InstalledFileRecord], damaged: [String],
-        local: [String: LocalChunk]
+        local: [String: LocalChunk], wholePack: Bool = false
     ) -> Result<ChunkPlan, DeltaRefusal> {
         if let first = damaged.first {
             return .failure(
@@ -201,7 +202,7 @@ struct ChunkPlan: Sendable, Hashable {
             }
         }
         plan.ranges = Self.coalesce(Array(plan.fetch.indices), in: plan.fetch)
-        if let refusal = DeltaPlan.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
+        if !wholePack, let refusal = DeltaPlan.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
     }
 
@@ -224,4 +225,29 @@ struct ChunkPlan: Sendable, Hashable {
         }
         return ranges
     }
+
+    /// The most bytes of the pack fetched into one range file before its chunks are written into the tree: what a
+    /// first install keeps on disk beyond the new version's files.
+    static func window(packLength: Int64) -> Int64 { min(16 << 20, max(1 << 20, packLength / 64)) }
+
+    /// The ranges that fetch the chunks `numbers`, none longer than `window` (unless one chunk is).
+    static func windows(_ numbers: [Int], in fetch: [PackIndex.Chunk], window: Int64) -> [Range] {
+        var windows: [Range] = []
+        for range in Self.coalesce(numbers, in: fetch) {
+            for number in range.chunks {
+                let chunk = fetch[number]
+                if var last = windows.last, chunk.offset >= last.end, chunk.offset - last.end <= DeltaPlan.coalesceGap,
+                    chunk.offset + chunk.length - last.start <= window
+                {
+                    last.end = max(last.end, chunk.offset + chunk.length)
+                    last.chunks.append(number)
+                    windows[windows.count - 1] = last
+                } else {
+                    windows.append(Range(start: chunk.offset, end: chunk.offset + chunk.length, chunks: [number]))
+                }
+            }
+        }
+        return windows
+    }
+
 }

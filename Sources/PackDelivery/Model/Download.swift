@@ -408,3 +408,20 @@ public enum PackDeliveryVersion {
     /// `MAJOR.MINOR.PATCH`.
     public static let current = "0.2.0"
 }
+
+extension Download {
+    /// Whether a first install of this download writes each byte once (fetching the pack's chunks into the new
+    /// version's files, no archive kept): the manifest indexes the pack, it is served over http(s) as a `.tar` or
+    /// `.tar.zst` of 16 MiB or more (``IndexDigests/minimumPackLength``: below it, a whole pack costs less than the
+    /// index's request and the range requests, and keeps at most 16 MiB more on disk), and no fallback to the whole
+    /// pack was decided. The index has the last word (a pack it does not describe as a chunked tar or tar.zst is
+    /// fetched whole).
+    var writesOnce: Bool {
+        guard self.deltaFallback == nil, self.contentLength >= IndexDigests.minimumPackLength, let index = self.index,
+            index.length <= PackIndex.maxBytes,
+            ["http", "https"].contains(self.url.scheme?.lowercased() ?? "")
+        else { return false }
+        let path = self.url.path.lowercased()
+        return path.hasSuffix(".tar") || path.hasSuffix(".tar.zst")
+    }
+}

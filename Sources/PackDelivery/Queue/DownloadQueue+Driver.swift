@@ -33,7 +33,8 @@ extension DownloadQueue {
             case .measureSpace(let id, let destination):
                 let folder = self.home.workFolder(for: destination)
                 let available = SpaceCheck.available(at: folder)
-                work += self.driven { $0.machine.admit(id, available: available, path: folder.path) }
+                let writesOnce = self.driven({ $0.machine.download(id) }).map { self.writesOnce($0) } ?? false
+                work += self.driven { $0.machine.admit(id, available: available, path: folder.path, writesOnce: writesOnce) }
             case .notify(let id):
                 if let download = self.driven({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
             case .settled(let transactionID):
@@ -171,6 +172,16 @@ extension DownloadQueue {
         return .success(installed.contentURL)
     }
 
+    /// Whether this download's transfer will be a first install that writes each byte once (``Download/writesOnce``,
+    /// delta updates on, no version installed in its destination, no whole-pack bytes kept).
+    private func writesOnce(_ download: Download) -> Bool {
+        guard self.configuration.deltaUpdates, download.writesOnce else { return false }
+        var info = stat()
+        if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return false }
+        guard let installs = try? self.store.installs(contentIdentifier: download.contentIdentifier) else { return false }
+        return !installs.contains { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }
+    }
+
     /// A delta update for this download, when one may work: the manifest indexes the pack, a version of it is
     /// installed in the same destination (another version, or this one damaged: a repair), and no whole-pack bytes
     /// are kept. Nil means: fetch the whole pack.
@@ -178,11 +189,21 @@ extension DownloadQueue {
         guard self.configuration.deltaUpdates, let index = download.index, let engine = self.engineBox.withLock({ $0 }) else { return nil }
         var info = stat()
         if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return nil }
+        guard let installs = try? self.store.installs(contentIdentifier: download.contentIdentifier) else { return nil }
         guard
-            let install = try? self.store.installs(contentIdentifier: download.contentIdentifier)
-                .first(where: { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }),
-            let files = try? self.store.files(of: install)
-        else { return nil }
+            let install = installs.first(where: {
+                $0.destination == download.destination && $0.productIdentifier == download.productIdentifier
+            })
+        else {
+            // A first install of an indexed tar or tar.zst pack: each chunk written once, into the new version's files.
+            guard download.writesOnce else { return nil }
+            return DeltaTransfer(
+                DeltaTransfer.Request(
+                    id: TransferID(download: download.id, token: token), download: download, index: index, install: nil,
+                    installedFiles: [], folder: self.home.deltaURL(for: download), options: options,
+                    writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine))
+        }
+        guard let files = try? self.store.files(of: install) else { return nil }
         return DeltaTransfer(
             DeltaTransfer.Request(
                 id: TransferID(download: download.id, token: token), download: download, index: index, install: install,

@@ -54,7 +54,10 @@ public final class DownloadQueue: Sendable {
         public var streamingUnpack = true
         /// Update an installed pack to a new version by fetching only its changed entries, when the manifest
         /// indexes the pack (see ``PackIndex``): ``Download/delta`` says what is fetched and reused, and
-        /// ``Download/deltaFallback`` why the whole pack was fetched instead, when it was.
+        /// ``Download/deltaFallback`` why the whole pack was fetched instead, when it was. The same mechanism makes the
+        /// first install of an indexed tar or tar.zst pack of 16 MiB or more write each byte once: its chunks are
+        /// fetched with range requests, checked and written straight into the new version's files, and no archive is
+        /// kept. false fetches and keeps whole packs.
         public var deltaUpdates = true
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?

@@ -12,7 +12,7 @@ struct QueueMachine: Sendable {
     enum Action: Sendable, Hashable {
         /// Run a download's own action.
         case run(id: String, DownloadMachine.Action)
-        /// Measure the free space for a download about to start, then call ``admit(_:available:path:)``.
+        /// Measure the free space for a download about to start, then call ``admit(_:available:path:writesOnce:now:)``.
         case measureSpace(id: String, destination: Destination)
         /// Report the download as it is now.
         case notify(id: String)
@@ -76,6 +76,8 @@ struct QueueMachine: Sendable {
     /// Downloads holding a slot: active, or being admitted.
     private(set) var running: Set<String> = []
     private var pausedForSpace: Set<String> = []
+    /// Downloads admitted as first installs that write each byte once (see ``admit(_:available:path:writesOnce:now:)``).
+    private var writesOnce: Set<String> = []
     private var nextSequence = 0
     let concurrency: Int
     /// Headroom kept free beyond what a pack needs.
@@ -157,7 +159,10 @@ struct QueueMachine: Sendable {
 
     /// The free space measured for a download about to start: it starts when the rest of its pack and
     /// its unpacked content fit with the margin, and otherwise pauses for space saying how much is needed.
-    mutating func admit(_ id: String, available: Int64?, path: String, now: Date = Date()) -> [Action] {
+    /// - Parameter writesOnce: the download is a first install that writes each byte once (no archive kept): it
+    ///   needs its unpacked size and the margin, not the pack's bytes too.
+    mutating func admit(_ id: String, available: Int64?, path: String, writesOnce: Bool = false, now: Date = Date()) -> [Action] {
+        if writesOnce { self.writesOnce.insert(id) } else { self.writesOnce.remove(id) }
         guard let entry = self.entries[id], entry.machine.state == .waiting, self.running.contains(id) else {
             self.running.remove(id)
             var actions: [Action] = []
@@ -220,6 +225,7 @@ struct QueueMachine: Sendable {
         self.changed[id] = nil
         self.running.remove(id)
         self.pausedForSpace.remove(id)
+        self.writesOnce.remove(id)
         if self.entries.isEmpty {
             // A dictionary keeps its capacity when emptied: after a catalog of 10,000, that is ≈ 10 MB held for nothing.
             self.entries = [:]
@@ -232,8 +238,9 @@ struct QueueMachine: Sendable {
 
     /// Bytes still to download, plus the unpacked size, plus the margin; never overflows.
     func needed(_ download: Download) -> Int64 {
-        let remaining = max(0, download.contentLength &- download.bytesReceived)
         let unpacked = max(0, download.unpackedLength ?? download.contentLength)
+        // A first install that writes each byte once keeps no archive: its files and the margin.
+        let remaining = self.writesOnce.contains(download.id) ? 0 : max(0, download.contentLength &- download.bytesReceived)
         let (sum, overflow1) = remaining.addingReportingOverflow(unpacked)
         let (total, overflow2) = sum.addingReportingOverflow(self.spaceMargin)
         return overflow1 || overflow2 ? .max : total

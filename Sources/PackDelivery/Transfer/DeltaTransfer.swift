@@ -28,7 +28,9 @@ final class DeltaTransfer: Sendable {
         var id: TransferID
         var download: Download
         var index: Manifest.IndexReference
-        var install: InstallRecord
+        /// The installed version; nil for a first install of a chunked tar or tar.zst pack, whose chunks are all
+        /// fetched and written straight into the new version's files (``ChunkAssembly/place(_:chunks:destinations:from:directories:)``).
+        var install: InstallRecord?
         var installedFiles: [InstalledFileRecord]
         /// `downloads/<id>.delta`.
         var folder: URL
@@ -165,11 +167,13 @@ private final class DeltaRun {
         self.request.installedFiles.compactMap { file in file.crc32.map { (file.path, $0) } }, uniquingKeysWith: { a, _ in a })
 
     private var folder: URL { self.request.folder }
+    /// The installed version's folder (the delta's own folder for a first install, which reads nothing installed).
+    private var installedRoot: URL { self.request.install.map { URL(filePath: $0.contentURL) } ?? self.request.folder }
     private var stopped: Bool { self.transfer.isStopped }
 
     private func assembly() -> DeltaAssembly {
         DeltaAssembly(
-            folder: self.folder, index: self.index, directory: self.directory, installed: URL(filePath: self.request.install.contentURL),
+            folder: self.folder, index: self.index, directory: self.directory, installed: self.installedRoot,
             writer: self.request.writer, isCancelled: { [transfer] in transfer.isStopped })
     }
 
@@ -182,6 +186,7 @@ private final class DeltaRun {
             switch try self.plan() {
             case .entries(let plan): return try self.run(plan)
             case .chunks(let plan): return try self.run(plan)
+            case .firstInstall(let plan): return try self.runFirstInstall(plan)
             }
         } catch let refusal as DeltaRefusal {
             return (.deltaRefused(refusal.fallback), nil)
@@ -283,7 +288,7 @@ private final class DeltaRun {
     private func run(_ plan: ChunkPlan) throws -> (TransferOutcome, DeltaTree?) {
         try self.prepareFolder()
         let assembly = ChunkAssembly(
-            folder: self.folder, index: self.index, installed: URL(filePath: self.request.install.contentURL),
+            folder: self.folder, index: self.index, installed: self.installedRoot,
             writer: self.request.writer, isCancelled: { [transfer] in transfer.isStopped })
         let exists = { (number: Int) in FileManager.default.fileExists(atPath: assembly.chunkFile(plan.fetch[number].sha256).path) }
         var missing = plan.fetch.indices.filter { !exists($0) }
@@ -332,12 +337,67 @@ private final class DeltaRun {
         return (.assembled(fetched: self.fetched), tree)
     }
 
+    /// The pack formats whose first install writes each byte once.
+    static let firstInstallContainers: Set<PackIndex.Container> = [.tar, .tarZstd]
+
+    /// A first install of a chunked tar or tar.zst pack, writing each byte once: the chunks are fetched in ranges of
+    /// at most ``ChunkPlan/window(packLength:)`` bytes, each chunk decoded, checked against its SHA-256 and written into the
+    /// new version's files, and recorded once synced; a resume fetches only the chunks not recorded. A chunk that
+    /// does not match is fetched once more, then the download fails naming a file that holds it. Progress counts
+    /// against the pack's length, as a whole-pack fetch does (no `.deltaPlanned`: it is not an update).
+    private func runFirstInstall(_ plan: ChunkPlan) throws -> (TransferOutcome, DeltaTree?) {
+        try self.prepareFolder()
+        let assembly = ChunkAssembly(
+            folder: self.folder, index: self.index, installed: self.installedRoot, writer: self.request.writer,
+            isCancelled: { [transfer] in transfer.isStopped })
+        let verified = try assembly.prepareTree(plan)
+        let destinations = ChunkAssembly.destinations(plan)
+        let window = ChunkPlan.window(packLength: self.request.download.contentLength)
+        var missing = plan.fetch.indices.filter { !verified.contains($0) }
+        let kept = verified.reduce(Int64(0)) { $0 + plan.fetch[$1].length }
+        // The bytes between chunks (tar headers) are fetched with them: the total is what the ranges fetch.
+        self.total = max(self.request.download.contentLength, plan.bytesToFetch)
+        self.fetched = min(kept, self.total)
+        self.report(self.fetched, force: true)
+        var refetched = Set<Int>()
+        let placer = WindowPlacer(assembly: assembly, chunks: plan.fetch, destinations: destinations)
+        // Never return while a range is being placed: a cancel removes the tree right after.
+        defer { placer.waitQuietly() }
+        while !missing.isEmpty {
+            for range in ChunkPlan.windows(missing, in: plan.fetch, window: window) {
+                // The next range downloads while the previous one is placed.
+                try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
+                try placer.wait()
+                placer.start(range, from: self.rangeFile(range.start, range.end))
+            }
+            try placer.wait()
+            let bad = placer.takeBad()
+            if let twice = bad.first(where: { refetched.contains($0) }) {
+                let number = destinations[twice].first?.entry
+                let path = number.map { self.index.entries[$0].path } ?? ""
+                throw PackDeliveryError(
+                    .checksumMismatch,
+                    message:
+                        "A chunk of \(PackDeliveryError.printable(path)) in the pack \(self.request.download.contentIdentifier) does not match the SHA-256 its index gives, twice.",
+                    hint: "Nothing was installed; the pack on the server does not match its index.", subject: path)
+            }
+            refetched.formUnion(bad)
+            missing = bad
+            self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
+        }
+        if self.stopped { throw Stop() }
+        let tree = try assembly.finish(plan, hashes: placer.hashes)
+        return (.assembled(fetched: self.fetched), tree)
+    }
+
     // MARK: Plan
 
     /// What an update fetches: a zip's entries, or a chunked tar's chunks.
     enum Plan {
         case entries(DeltaPlan)
         case chunks(ChunkPlan)
+        /// A first install: every chunk fetched, none reused.
+        case firstInstall(ChunkPlan)
     }
 
     private func plan() throws -> Plan {
@@ -345,12 +405,12 @@ private final class DeltaRun {
         guard let indexURL = URL(string: self.request.index.url), !download.url.isFileURL else {
             throw DeltaRefusal(.notServedOverHTTP, "the pack is not served over http(s)")
         }
-        guard self.request.install.fileCount >= 0 else {
+        if let install = self.request.install, install.fileCount < 0 {
             throw DeltaRefusal(.installedFilesChanged, "the installed version has no record of its files")
         }
         var installed = self.request.installedFiles
-        var damaged = DownloadQueue.damagedFiles(self.request.install, files: installed, modifiedSinceInstall: true)
-        if self.request.install.contentVersion == download.contentVersion {
+        var damaged = self.request.install.map { DownloadQueue.damagedFiles($0, files: installed, modifiedSinceInstall: true) } ?? []
+        if self.request.install?.contentVersion == download.contentVersion {
             // A repair: damaged files are what it fetches, not a reason to fetch everything. The damage may not show
             // in a file's size or time, so every other file is hashed, as verify does.
             let broken = Set(damaged + (try self.changedContent(excluding: Set(damaged))))
@@ -397,6 +457,16 @@ private final class DeltaRun {
         // A tar has no directory to check the index against: the index must at least name this very pack.
         guard let pack = index.pack, pack.length == download.contentLength, pack.sha256.lowercased() == download.sha256.lowercased()
         else { throw DeltaRefusal(.indexUnusable, "the pack's index describes another pack than the manifest's (its length or SHA-256)") }
+        if self.request.install == nil {
+            guard Self.firstInstallContainers.contains(index.container) else {
+                throw DeltaRefusal(.indexUnusable, "the pack is a \(index.container.rawValue), whose first install fetches the whole pack")
+            }
+            return .firstInstall(
+                try ChunkPlan.make(
+                    index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength, installed: [],
+                    damaged: [], local: [:], wholePack: true
+                ).get())
+        }
         if let first = damaged.first {
             throw DeltaRefusal(
                 .installedFilesChanged,
@@ -409,7 +479,7 @@ private final class DeltaRun {
         if let chunker = index.chunking?.chunker {
             local = try ChunkAssembly.inventory(
                 of: ChunkPlan.seeds(index: index, installed: installed, all: self.request.installedFiles),
-                root: URL(filePath: self.request.install.contentURL), chunker: chunker,
+                root: self.installedRoot, chunker: chunker,
                 wanted: ChunkPlan.wantedChunks(index: index, installed: installed), isCancelled: { [transfer] in transfer.isStopped })
         }
         return .chunks(
@@ -421,7 +491,7 @@ private final class DeltaRun {
 
     /// The installed files (not in `excluding`) whose SHA-256 is no longer the one recorded at install.
     private func changedContent(excluding: Set<String>) throws -> [String] {
-        let root = URL(filePath: self.request.install.contentURL)
+        let root = self.installedRoot
         var changed: [String] = []
         for file in self.request.installedFiles where file.kind == .file && !excluding.contains(file.path) {
             if self.stopped { throw Stop() }
@@ -501,7 +571,7 @@ private final class DeltaRun {
     /// as installed: its size and time were checked, and a repair hashed it), else read from the file.
     private func installedCRC(_ path: String) throws -> UInt32? {
         if let recorded = self.recordedCRCs[path] { return recorded }
-        let file = URL(filePath: self.request.install.contentURL).appending(path: path).path
+        let file = self.installedRoot.appending(path: path).path
         let result: (crc: UInt32, count: Int64)?
         do { result = try CRC32.ofFile(file, isCancelled: { [transfer] in transfer.isStopped }) } catch {
             throw DeltaRefusal(.installedFilesChanged, "the installed file \(PackDeliveryError.printable(path)) cannot be read")
@@ -593,6 +663,60 @@ private final class DeltaRun {
     }
 
     private func report(_ bytes: Int64, force: Bool) { self.reporter.report(bytes, force: force) }
+}
+
+/// Places the ranges of a first install that writes each byte once (``ChunkAssembly/place(_:chunks:destinations:from:directories:hashes:)``)
+/// on a worker of its own, one range at a time, while the next range downloads.
+private final class WindowPlacer: @unchecked Sendable {
+    // Safe: `start` hands the state to one worker and `wait` (or `waitQuietly`) takes it back; the run's thread
+    // calls `start` only after `wait`, and reads the state only after `wait`, so no two threads use it at once.
+    private let assembly: ChunkAssembly
+    private let chunks: [PackIndex.Chunk]
+    private let destinations: [[(entry: Int, offset: Int64)]]
+    private var directories: Set<String> = [""]
+    private(set) var hashes = ChunkAssembly.FileHashes()
+    private var bad: [Int] = []
+    private var error: (any Error)?
+    private let group = DispatchGroup()
+
+    init(assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]]) {
+        self.assembly = assembly
+        self.chunks = chunks
+        self.destinations = destinations
+    }
+
+    /// Places the range's chunks from its file, on a worker.
+    func start(_ range: ChunkPlan.Range, from file: URL) {
+        self.group.enter()
+        DispatchQueue.global().async { [self] in
+            defer { self.group.leave() }
+            do {
+                self.bad += try self.assembly.place(
+                    range, chunks: self.chunks, destinations: self.destinations, from: file, directories: &self.directories,
+                    hashes: &self.hashes)
+            } catch {
+                self.error = error
+            }
+        }
+    }
+
+    /// Waits for the range being placed; throws what placing it threw.
+    func wait() throws {
+        self.group.wait()
+        if let error = self.error {
+            self.error = nil
+            throw error
+        }
+    }
+
+    /// Waits for the range being placed, whatever its outcome.
+    func waitQuietly() { self.group.wait() }
+
+    /// The chunks that did not match, since the last call.
+    func takeBad() -> [Int] {
+        defer { self.bad = [] }
+        return self.bad
+    }
 }
 
 /// Reports a delta's progress, about ten times a second, from the worker and the transfer thread.

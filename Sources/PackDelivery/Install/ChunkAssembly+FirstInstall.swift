@@ -1,0 +1,273 @@
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Musl)
+    import Musl
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// A first install of an indexed tar or tar.zst pack, written once (issue 29, "Write each byte once"): the
+/// install is a chunked update from nothing (``ChunkPlan`` with nothing reused), whose verified chunks are written
+/// straight into the files of the new version's tree (`downloads/<id>.delta/tree`) at their offsets, instead of
+/// into a file per chunk. No archive is kept.
+///
+/// What is durable, in `downloads/<id>.delta/`:
+/// - `tree/`: the folders and symlinks, made first by the unpacker (with all its checks), then the files as their
+///   chunks arrive;
+/// - `verified`: the numbers (in ``ChunkPlan/fetch``) of the chunks written and synced, 4 bytes each, appended and
+///   synced only after the files holding them were synced. Its existence says the folders and symlinks are made.
+///
+/// A resume (after a pause, a kill or a power cut) fetches only the chunks the record does not name.
+extension ChunkAssembly {
+    /// The SHA-256 of the files whose chunks arrived in order, computed as they were written, so that they are not
+    /// read back: a file whose chunks came out of order (a chunk it shares with an earlier file) or partly in an
+    /// earlier attempt is read back and hashed at the end instead.
+    struct FileHashes {
+        /// The files hashed so far, by entry number, with the bytes hashed.
+        fileprivate var running: [Int: (hasher: SHA256Hasher, next: Int64)] = [:]
+        /// The files read back at the end.
+        fileprivate var broken: Set<Int> = []
+
+        init() {}
+
+        fileprivate mutating func add(_ bytes: [UInt8], to entry: Int, at offset: Int64) {
+            guard !self.broken.contains(entry) else { return }
+            let state = self.running[entry] ?? (offset == 0 ? (SHA256Hasher(), 0) : nil)
+            guard let state, state.next == offset else {
+                self.running[entry] = nil
+                self.broken.insert(entry)
+                return
+            }
+            bytes.withUnsafeBytes { state.hasher.update($0) }
+            self.running[entry] = (state.hasher, offset + Int64(bytes.count))
+        }
+
+        /// The digest of entry `number`, when all its `size` bytes were hashed in order.
+        fileprivate func digest(_ number: Int, size: Int64) -> String? {
+            guard !self.broken.contains(number), let state = self.running[number], state.next == size else { return nil }
+            return state.hasher.hexDigest()
+        }
+    }
+
+    var tree: URL { self.folder.appending(path: "tree") }
+    var record: URL { self.folder.appending(path: "verified") }
+
+    /// Where each fetched chunk goes: the entry number and offset of every place in a file that holds it.
+    static func destinations(_ plan: ChunkPlan) -> [[(entry: Int, offset: Int64)]] {
+        var destinations = [[(entry: Int, offset: Int64)]](repeating: [], count: plan.fetch.count)
+        for build in plan.build {
+            var offset: Int64 = 0
+            for piece in build.pieces {
+                if case .fetched(let number) = piece.source { destinations[number].append((build.number, offset)) }
+                offset += piece.size
+            }
+        }
+        return destinations
+    }
+
+    /// The chunks verified by an earlier attempt, from the record; when there is none, a fresh tree with the plan's
+    /// folders and symlinks (made by the unpacker) and an empty record.
+    func prepareTree(_ plan: ChunkPlan) throws -> Set<Int> {
+        var info = stat()
+        if stat(self.record.path, &info) == 0, lstat(self.tree.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR,
+            let data = try? Data(contentsOf: self.record)
+        {
+            var verified = Set<Int>()
+            let bytes = [UInt8](data)
+            for start in stride(from: 0, to: bytes.count - bytes.count % 4, by: 4) {
+                let number = Int(bytes[start]) | Int(bytes[start + 1]) << 8 | Int(bytes[start + 2]) << 16 | Int(bytes[start + 3]) << 24
+                if number < plan.fetch.count { verified.insert(number) }
+            }
+            return verified
+        }
+        unlink(self.record.path)
+        try Installer.removeTree(self.tree)
+        if mkdir(self.tree.path, 0o755) != 0 { throw Installer.fileError("create the new version's folder", self.tree.path, errno) }
+        if !plan.directories.isEmpty || !plan.links.isEmpty {
+            let links = self.folder.appending(path: "links.tar")
+            let size = try self.writeLinks(plan, to: links)
+            defer { unlink(links.path) }
+            _ = try Unpacker.unpack(
+                archive: links, into: self.tree,
+                limits: UnpackLimits(maxBytes: size + 1, maxEntries: plan.directories.count + plan.links.count + 1),
+                isCancelled: self.isCancelled, writer: self.writer)
+        }
+        try Durability.syncFolder(self.tree)
+        try DeltaAssembly.writeDurably(Data(), to: self.record)
+        try Durability.syncFolder(self.folder)
+        return []
+    }
+
+    /// A complete range's file (the pack's bytes `range.start..<range.end`): each of its chunks decoded as its
+    /// storage says, checked against its SHA-256, and written at its offsets into the tree's files; the files are
+    /// synced, then the chunks written are added to the record (synced), then the range's file is removed.
+    ///
+    /// - Returns: the chunks (numbers in `chunks`) whose bytes do not match: nothing of them is written.
+    func place(
+        _ range: ChunkPlan.Range, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]], from file: URL,
+        directories: inout Set<String>, hashes: inout FileHashes
+    ) throws -> [Int] {
+        let input = open(file.path, O_RDONLY | O_CLOEXEC)
+        guard input >= 0 else { throw Installer.fileError("open", file.path, errno) }
+        defer { close(input) }
+        var opened: [Int: Int32] = [:]
+        defer { for fd in opened.values { close(fd) } }
+        var bad: [Int] = []
+        var good: [Int] = []
+        for number in range.chunks {
+            if self.isCancelled() { throw DeltaAssembly.Stopped() }
+            let chunk = chunks[number]
+            var stored = [UInt8](repeating: 0, count: Int(chunk.length))
+            let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - range.start)) }
+            guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
+            guard let bytes = Self.decode(stored, storage: chunk.storage, size: Int(chunk.size)),
+                Self.sha256(bytes) == chunk.sha256.lowercased()
+            else {
+                bad.append(number)
+                continue
+            }
+            for (entry, offset) in destinations[number] {
+                let fd = try opened[entry] ?? self.openFile(entry, directories: &directories)
+                opened[entry] = fd
+                let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
+                if written != bytes.count {
+                    throw DeltaAssembly.writeFailure(
+                        written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
+                }
+                hashes.add(bytes, to: entry, at: offset)
+            }
+            good.append(number)
+        }
+        // Synced before counted: a chunk in the record is on disk in every file that holds it.
+        for (entry, fd) in opened where Durability.syncData(fd) != 0 {
+            throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
+        }
+        if !good.isEmpty { try self.append(good) }
+        unlink(file.path)
+        return bad
+    }
+
+    /// Opens (creating it, and the folders above it, when missing) the file of entry `number` in the tree, never
+    /// through a symlink.
+    private func openFile(_ number: Int, directories: inout Set<String>) throws -> Int32 {
+        let path = self.index.entries[number].path
+        let components = try DeltaAssembly.components(path)
+        try DeltaAssembly.makeDirectories(Array(components.dropLast()), in: self.tree, made: &directories)
+        let target = self.tree.appending(path: path)
+        let fd = open(target.path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        guard fd >= 0 else {
+            if errno == ELOOP {
+                throw PackDeliveryError(
+                    .unsafeEntry, message: "The pack's index places a file at '\(PackDeliveryError.printable(path))', which is a symlink.",
+                    hint: "Nothing was installed; the pack's index is wrong.", subject: path)
+            }
+            throw Installer.fileError("create", target.path, errno)
+        }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            close(fd)
+            throw PackDeliveryError(
+                .unsafeEntry, message: "The pack's index places a file at '\(PackDeliveryError.printable(path))', which is not a file.",
+                hint: "Nothing was installed; the pack's index is wrong.", subject: path)
+        }
+        // Its name is durable before any of its chunks counts as written.
+        try Durability.syncFolder(target.deletingLastPathComponent())
+        return fd
+    }
+
+    /// Adds chunk numbers to the record, durably.
+    private func append(_ numbers: [Int]) throws {
+        let fd = open(self.record.path, O_WRONLY | O_APPEND | O_CLOEXEC)
+        guard fd >= 0 else { throw Installer.fileError("open", self.record.path, errno) }
+        defer { close(fd) }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(numbers.count * 4)
+        for number in numbers {
+            let value = UInt32(truncatingIfNeeded: number)
+            bytes += [UInt8(value & 0xff), UInt8(value >> 8 & 0xff), UInt8(value >> 16 & 0xff), UInt8(value >> 24)]
+        }
+        let written = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+        if written != bytes.count { throw DeltaAssembly.writeFailure(written, file: self.record, needed: Int64(bytes.count)) }
+        guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync", path: self.record.path, errno: errno) }
+    }
+
+    /// The SHA-256 of a file of the tree, read back; `size` becomes the bytes read.
+    private func hashFile(_ fd: Int32, path: String, size: inout Int64) throws -> String {
+        let hasher = SHA256Hasher()
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
+        defer { buffer.deallocate() }
+        size = 0
+        while true {
+            if self.isCancelled() { throw DeltaAssembly.Stopped() }
+            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(size))
+            if count < 0, errno == EINTR { continue }
+            if count < 0 { throw Installer.fileError("read", self.tree.appending(path: path).path, errno) }
+            if count == 0 { break }
+            hasher.update(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
+            size += Int64(count)
+        }
+        return hasher.hexDigest()
+    }
+
+    /// The new version's tree, once every chunk is written: each file (empty ones created now) held to the size and
+    /// SHA-256 the index gives it (hashed as its chunks were written, in order, or else read back), its mode set; each
+    /// symlink held to the index.
+    ///
+    /// - Throws: `checksumMismatch` naming the first file that does not match.
+    func finish(_ plan: ChunkPlan, hashes: FileHashes) throws -> DeltaTree {
+        var directories: Set<String> = [""]
+        var files: [InstalledFile] = []
+        var bytes: Int64 = 0
+        for build in plan.build {
+            if self.isCancelled() { throw DeltaAssembly.Stopped() }
+            let entry = self.index.entries[build.number]
+            let fd = try self.openFile(build.number, directories: &directories)
+            defer { close(fd) }
+            var info = stat()
+            guard fstat(fd, &info) == 0 else { throw Installer.fileError("inspect", self.tree.appending(path: entry.path).path, errno) }
+            var size = Int64(info.st_size)
+            let digest = try hashes.digest(build.number, size: entry.size) ?? self.hashFile(fd, path: entry.path, size: &size)
+            guard size == entry.size, digest == entry.sha256?.lowercased() else {
+                throw PackDeliveryError(
+                    .checksumMismatch,
+                    message:
+                        "The file \(PackDeliveryError.printable(entry.path)), built from the chunks the pack's index gives, does not match the SHA-256 the index gives it.",
+                    hint: "Nothing was installed; the pack's index is wrong.", subject: entry.path)
+            }
+            // As the unpacker sets modes: permissions up to 0o755, always readable and writable by the owner.
+            if fchmod(fd, mode_t(((entry.mode ?? 0o644) & 0o755) | 0o600)) != 0 {
+                throw Installer.fileError("set the mode of", self.tree.appending(path: entry.path).path, errno)
+            }
+            files.append(InstalledFile(path: entry.path, kind: .file, size: entry.size, sha256: digest))
+            bytes += entry.size
+        }
+        for link in plan.links {
+            let entry = self.index.entries[link.number]
+            var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
+            let count = readlink(self.tree.appending(path: entry.path).path, &buffer, buffer.count)
+            guard count > 0, Self.sha256(Array(buffer[..<count])) == entry.sha256?.lowercased() else {
+                throw PackDeliveryError(
+                    .checksumMismatch,
+                    message: "The symlink \(PackDeliveryError.printable(entry.path)) could not be made as the pack's index gives it.",
+                    hint: "Nothing was installed; the pack's index is wrong.", subject: entry.path)
+            }
+            files.append(InstalledFile(path: entry.path, kind: .symlink, size: entry.size, sha256: entry.sha256?.lowercased() ?? ""))
+            bytes += entry.size
+        }
+        // Every folder above an entry, and the folders the index lists.
+        for entry in self.index.entries {
+            var components = entry.path.split(separator: "/").map(String.init)
+            if entry.kind != .directory { components.removeLast() }
+            var relative = ""
+            for component in components {
+                relative = relative.isEmpty ? component : relative + "/" + component
+                directories.insert(relative)
+            }
+        }
+        return DeltaTree(
+            folder: self.tree,
+            summary: UnpackSummary(bytes: bytes, entries: self.index.entries.count, files: files, directories: directories.sorted()))
+    }
+}
