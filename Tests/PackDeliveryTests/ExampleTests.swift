@@ -82,4 +82,32 @@ import Testing
         }
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "everything finished")
     }
+    /// The example launched while a `packs fetch` in another process delivers a purchase in the same home: its
+    /// main-actor view model sees that download's progress as it goes (the queue watches other processes), its one
+    /// await for the redelivered purchase returns once the other process is done, and the pack is served once.
+    @Test func theExampleFollowsADeliveryAnotherProcessRuns() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "no StoreClient at \(Self.binary)")
+        let site = try TestSite.random("example-other-site", size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("example-other-home")
+        let fetch = try CLI.start(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"])
+        defer { if fetch.isRunning { fetch.terminate() } }
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline, try !CLI.run(home: home, ["--json", "status"]).stdout.contains("com.example.big") {
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        let result = try await Fixtures.runAsync(
+            Self.binary, ["--home", home.path, nginx.baseURL.appending(path: "manifest.json").absoluteString, "com.example.big"],
+            timeout: 90)
+        let lines = result.stdout.split(separator: "\n").map(String.init)
+        #expect(result.status == 0, "stderr: \(result.stderr)\nstdout: \(lines)")
+        #expect(
+            lines.contains { $0.hasPrefix("redelivered t-") }, "the other process's purchase, delivered to the example at launch: \(lines)")
+        let steps = lines.filter { $0.hasPrefix("progress com.example.big ") && !$0.hasPrefix("progress com.example.big 100%") }
+        #expect(!steps.isEmpty, "the view model saw the other process's download move before it ended: \(lines)")
+        fetch.waitUntilExit()
+        nginx.waitForRequests(2)
+        #expect(nginx.requests().filter { $0.uri.hasSuffix("/big.tar") }.count == 1, "the pack was served once: \(nginx.requests())")
+    }
 }

@@ -42,7 +42,9 @@ struct StoreClient {
         queue.add(model)
         let manifest = try await LoadedManifest.load(manifestLocation)
 
-        // 2. Purchases an earlier run left open are delivered again: finish them once their content is in place.
+        // 2. Purchases an earlier run left open are delivered again: finish them once their content is in place. One
+        //    that another process is delivering right now (a `packs fetch`, another instance) is followed as it runs:
+        //    its progress reaches the view model like this process's own.
         for transaction in try await queue.transactions() {
             print("redelivered \(transaction.id) \(transaction.productIdentifier)")
             let delivered = try await queue.delivered(transactionID: transaction.id)
