@@ -81,9 +81,11 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.flush()
         let file = answer.file
         let log = self.requestLog(answer, to: head)
+        let count = self.countRequest(answer, to: head)
         end.futureResult.assumeIsolated().whenComplete { result in
             withExtendedLifetime(file) {}
             log?(result)
+            count?(result)
             if closeAfter { context.close(promise: nil) }
         }
     }
@@ -102,6 +104,23 @@ extension FileFastPathHandler {
             case .success: logger.info("\(request) \(count) bytes\(who)")
             case .failure(let error): logger.info("\(request) 0 bytes\(who)", metadata: ["error": "\(error)"])
             }
+        }
+    }
+}
+
+extension FileFastPathHandler {
+    /// Counts a request answered here once its last byte is written (bytes: the file's, or 0 when sending
+    /// failed, as the log says); `nil` when metrics are off.
+    private func countRequest(_ answer: FileFastPath.Answer, to head: HTTPRequest) -> ((Result<Void, any Error>) -> Void)? {
+        guard let metrics = self.fastPath.metrics else { return nil }
+        let started = NIODeadline.now()
+        let route = ServerMetrics.Route.of(path: answer.target, mode: .files)
+        let status = Int(answer.response.status.code)
+        let hadRange = head.headerFields[.range] != nil
+        let count = answer.response.range.count
+        return { result in
+            let sent = if case .success = result { count } else { 0 }
+            metrics.request(route, status: status, hadRange: hadRange, bytes: sent, started: started)
         }
     }
 }
