@@ -81,11 +81,19 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.flush()
         let file = answer.file
         let log = self.requestLog(answer, to: head)
-        let count = self.countRequest(answer, to: head)
+        // Counted in the completion below, not in a closure of its own: no allocation more per request.
+        let metrics = self.fastPath.metrics
+        let started = metrics == nil ? nil : NIODeadline.now()
+        let hadRange = metrics != nil && head.headerFields[.range] != nil
         end.futureResult.assumeIsolated().whenComplete { result in
             withExtendedLifetime(file) {}
             log?(result)
-            count?(result)
+            if let metrics {
+                let sent = if case .success = result { answer.response.range.count } else { 0 }
+                metrics.request(
+                    ServerMetrics.Route.of(path: answer.target, mode: .files), status: Int(answer.response.status.code),
+                    hadRange: hadRange, bytes: sent, started: started)
+            }
             if closeAfter { context.close(promise: nil) }
         }
     }
@@ -104,23 +112,6 @@ extension FileFastPathHandler {
             case .success: logger.info("\(request) \(count) bytes\(who)")
             case .failure(let error): logger.info("\(request) 0 bytes\(who)", metadata: ["error": "\(error)"])
             }
-        }
-    }
-}
-
-extension FileFastPathHandler {
-    /// Counts a request answered here once its last byte is written (bytes: the file's, or 0 when sending
-    /// failed, as the log says); `nil` when metrics are off.
-    private func countRequest(_ answer: FileFastPath.Answer, to head: HTTPRequest) -> ((Result<Void, any Error>) -> Void)? {
-        guard let metrics = self.fastPath.metrics else { return nil }
-        let started = NIODeadline.now()
-        let route = ServerMetrics.Route.of(path: answer.target, mode: .files)
-        let status = Int(answer.response.status.code)
-        let hadRange = head.headerFields[.range] != nil
-        let count = answer.response.range.count
-        return { result in
-            let sent = if case .success = result { count } else { 0 }
-            metrics.request(route, status: status, hadRange: hadRange, bytes: sent, started: started)
         }
     }
 }
