@@ -4,7 +4,7 @@ import PackageDescription
 /// The dependencies of the `packs` tool, `PackServer` and the tests, and only theirs. They are behind the
 /// `Tools` trait, on by default; an app that depends on the library alone turns it off
 /// (`.package(name: "PackDelivery", path: "…", traits: [])`) and resolves only GRDB, swift-log and
-/// swift-collections: 3 packages instead of 26 (see the README).
+/// swift-collections: 3 packages instead of 27 (see the README).
 let tools: TargetDependencyCondition? = .when(traits: ["Tools"])
 
 let package = Package(
@@ -31,6 +31,11 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-http-types", from: "1.3.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-collections", from: "1.6.0"),
+        // `packs serve --metrics-address`: counters through swift-metrics, exported as Prometheus text.
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        // Already in the graph through swift-prometheus; named for the lock-free lazy metric slots.
+        .package(url: "https://github.com/apple/swift-atomics", from: "1.3.0"),
     ],
     targets: [
         // libcurl: one typed wrapper per argument kind of the variadic setopt/getinfo calls; no logic.
@@ -80,6 +85,9 @@ let package = Package(
                 .product(name: "HTTPTypes", package: "swift-http-types", condition: tools),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle", condition: tools),
                 .product(name: "Logging", package: "swift-log", condition: tools),
+                .product(name: "CoreMetrics", package: "swift-metrics", condition: tools),
+                .product(name: "Prometheus", package: "swift-prometheus", condition: tools),
+                .product(name: "Atomics", package: "swift-atomics", condition: tools),
             ]
         ),
         .executableTarget(

@@ -4,7 +4,9 @@ requests/s), and 64 KiB ranges at random aligned offsets of the same file (targe
 starts a fresh `packs serve` whose RSS is sampled every 0.2 s, so its RSS at start, peak (target: ≤ 256
 MiB) and 10 s after the load (target: ≤ 64 MiB more than at start) are of that run alone. nginx runs
 throughout, in a configuration of its own (4096 worker connections, sendfile, ETag). Neither logs
-requests. Runs alternate, the order rotated every round.
+requests. `packs serve --metrics-address` (counting every request, scraped by nobody) runs as a third
+server in the same rounds: its requests/s ÷ plain `packs serve`'s is what metrics cost (target: ≥ 0.97).
+Runs alternate, the order rotated every round.
 
 Run alone: Benchmarks/run --only 8 [--load-seconds S]
 """
@@ -49,7 +51,7 @@ def run(b):
     every_run = []
     try:
         loads = [("whole 4 MiB", []), ("64 KiB ranges", ["-s", lua])]
-        commands = [(server, load) for load in loads for server in ("packs", "nginx")]
+        commands = [(server, load) for load in loads for server in ("packs", "packs+metrics", "nginx")]
         results = {(server, load[0]): [] for server, load in commands}
         log(f"case 8: packs serve and nginx under wrk -c1000 for {seconds} s, {b.reps} rounds…")
         for r in range(b.reps):
@@ -59,7 +61,7 @@ def run(b):
                 results[(server, load)].append(run)
                 log(f"  case 8 round {r} {server:<5} {load:<13} {run['rps']:9.0f} req/s  {run['mib_s']:7.0f} MiB/s  p99 {run['p99']}"
                     f"  errors {run['errors']}" + (f"  rss {run['start'] / 1024:.0f} → peak {run['peak'] / 1024:.0f} → "
-                                                    f"{run['after'] / 1024:.0f} MiB 10 s after" if server == "packs" else ""))
+                                                    f"{run['after'] / 1024:.0f} MiB 10 s after" if server != "nginx" else ""))
                 every_run.append((r, server, load, run))
     finally:
         nginx.stop()
@@ -74,7 +76,13 @@ def run(b):
                               f"{median(ours):.0f} ({min(ours):.0f}–{max(ours):.0f})", "nginx (sendfile)",
                               f"{median(peer):.0f} ({min(peer):.0f}–{max(peer):.0f})", f"{ratio:.2f}", f"≥ {target}",
                               "pass" if ratio >= target else "**FAIL**"))
-    packs_runs = [x for (server, _), runs in results.items() if server == "packs" for x in runs]
+        counted = [x["rps"] for x in results[("packs+metrics", load)]]
+        cost = median(counted) / median(ours) if median(ours) else float("nan")
+        b.report.rows.append(("8", f"{load}: packs serve with --metrics-address, requests/s (same rounds)",
+                              f"{median(counted):.0f} ({min(counted):.0f}–{max(counted):.0f})", "packs serve without",
+                              f"{median(ours):.0f} ({min(ours):.0f}–{max(ours):.0f})", f"{cost:.3f}", "≥ 0.97",
+                              "pass" if cost >= 0.97 else "**FAIL**"))
+    packs_runs = [x for (server, _), runs in results.items() if server != "nginx" for x in runs]
     whole = results[("packs", "whole 4 MiB")]
     peak = max(x["peak"] for x in whole)
     b.report.rows.append(("8", "packs serve peak RSS, 1,000 whole-file clients (max of runs)", fmt_mib(peak), "", "", "",
@@ -82,14 +90,14 @@ def run(b):
     worst = max(x["after"] - x["start"] for x in packs_runs)
     b.report.rows.append(("8", "packs serve RSS 10 s after the load − RSS at start (worst run)", fmt_mib(worst), "", "", "",
                           "≤ 64 MiB", "pass" if worst <= 64 * 1024 else "**FAIL**"))
-    errors = sum(x["errors"] for (server, _), runs in results.items() for x in runs if server == "packs")
+    errors = sum(x["errors"] for (server, _), runs in results.items() for x in runs if server != "nginx")
     if errors:
         b.report.notes.append(f"case 8: wrk counted {errors} socket errors or non-2xx answers against packs serve.")
 
 
 def load_run(b, wrk, server, site, nginx_port, extra, seconds):
     """One wrk run; for packs, a fresh `packs serve` whose RSS is sampled every 0.2 s."""
-    serve = PacksServe(b.packs, site) if server == "packs" else None
+    serve = PacksServe(b.packs, site, metrics=server == "packs+metrics") if server != "nginx" else None
     port = serve.port if serve else nginx_port
     start = serve.rss() if serve else 0
     samples = []
@@ -135,6 +143,6 @@ def runs_table(every_run):
              "|---:|---|---|---:|---:|---:|---:|---|"]
     for r, server, load, run in every_run:
         memory = (f"{run['start'] / 1024:.0f} / {run['peak'] / 1024:.0f} / {run['after'] / 1024:.0f}"
-                  if server == "packs" else "")
+                  if server != "nginx" else "")
         lines.append(f"| {r} | {server} | {load} | {run['rps']:.0f} | {run['mib_s']:.0f} | {run['p99']} | {run['errors']} | {memory} |")
     return "\n".join(lines)

@@ -127,9 +127,10 @@ http {{
 class PacksServe:
     """A fresh `packs serve SITE` on a free loopback port, started and listening."""
 
-    def __init__(self, packs, site):
+    def __init__(self, packs, site, metrics=False):
         self.port = free_port()
-        self.proc = subprocess.Popen([packs, "serve", site, "--port", str(self.port), "--quiet"],
+        extra = ["--metrics-address", "127.0.0.1:0"] if metrics else []
+        self.proc = subprocess.Popen([packs, "serve", site, "--port", str(self.port), "--quiet", *extra],
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         line = self.proc.stdout.readline()   # "Serving … (Ctrl-C stops)" once it listens
         if "Serving" not in line:

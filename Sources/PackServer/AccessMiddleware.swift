@@ -48,6 +48,8 @@ struct RequestGuardMiddleware<Context: RequestContext>: RouterMiddleware {
 struct AuthorizationMiddleware<Context: RequestContext>: RouterMiddleware {
     let authorizer: any PackAuthorizer
     let index: ManifestIndex
+    /// Counts refusals by reason, when metrics are on.
+    var metrics: ServerMetrics? = nil
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard let resource = self.index.resource(forRequestTarget: request.uri.path) else {
@@ -55,6 +57,7 @@ struct AuthorizationMiddleware<Context: RequestContext>: RouterMiddleware {
         }
         let grant = self.authorizer.authorize(authorization: request.headers[.authorization], resource: resource)
         (context as? PackRequestContext)?.notes.credential = grant.credential
+        if grant.decision != .allow { self.metrics?.refusal(grant) }
         switch grant.decision {
         case .allow:
             if case .catalog = resource.kind, let products = grant.products,
@@ -96,6 +99,8 @@ struct AuthGateMiddleware<Context: RequestContext>: RouterMiddleware {
 
     let authorizer: any PackAuthorizer
     let index: ManifestIndex
+    /// Counts refusals by reason, when metrics are on.
+    var metrics: ServerMetrics? = nil
 
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         guard let original = request.headers[Self.originalURI], let resource = self.index.resource(forRequestTarget: original) else {
@@ -105,6 +110,7 @@ struct AuthGateMiddleware<Context: RequestContext>: RouterMiddleware {
         }
         let grant = self.authorizer.authorize(authorization: request.headers[.authorization], resource: resource)
         (context as? PackRequestContext)?.notes.credential = grant.credential
+        if grant.decision != .allow { self.metrics?.refusal(grant) }
         switch grant.decision {
         case .allow:
             return Response(status: .noContent)

@@ -48,6 +48,10 @@ public struct AccessGrant: Sendable, Hashable {
     public var products: [String]?
     /// Who presented the credential, for the request log (a receipt's id and subject); never the credential itself.
     public var credential: String?
+    /// Why it was refused, as a short fixed word for the `reason` label of `packs_auth_refusals_total`
+    /// (``ReceiptAuthorizer``: `no_credential`, a ``Receipt/Problem`` raw value, `other_product` or `unlisted`);
+    /// `nil` when allowed, or when the authorizer does not say (then the decision's name is counted).
+    public var refusal: String?
 
     /// Creates a grant.
     ///
@@ -59,6 +63,18 @@ public struct AccessGrant: Sendable, Hashable {
         self.decision = decision
         self.products = products
         self.credential = credential
+    }
+
+    /// Creates a refusal that says why.
+    ///
+    /// - Parameters:
+    ///   - decision: 401 or 403.
+    ///   - refusal: why, as a short fixed word (it becomes a metric label: never a value from the request).
+    ///   - products: the products the credential covers, or `nil` for all.
+    ///   - credential: who presented it, for the log.
+    public init(_ decision: AccessDecision, refusal: String, products: [String]? = nil, credential: String? = nil) {
+        self.init(decision, products: products, credential: credential)
+        self.refusal = refusal
     }
 }
 
@@ -192,24 +208,29 @@ public struct ReceiptAuthorizer: PackAuthorizer {
     /// Checks the bearer receipt against the resource; the grant names the receipt's products (the catalog
     /// shows only those) and, for the log, its id and subject — also for a genuine receipt that expired.
     public func authorize(authorization: String?, resource: ProtectedResource) -> AccessGrant {
-        guard let authorization, let token = BearerCredentials.token(in: authorization) else { return AccessGrant(.unauthorized) }
+        guard let authorization, let token = BearerCredentials.token(in: authorization) else {
+            return AccessGrant(.unauthorized, refusal: "no_credential")
+        }
         let receipt: Receipt
         switch Receipt.verify(token, keys: self.keys) {
         case .success(let valid):
             receipt = valid
         case .failure(let refusal):
-            return AccessGrant(.unauthorized, credential: refusal.receipt.map { Self.describe($0) + " (\(refusal.problem.rawValue))" })
+            return AccessGrant(
+                .unauthorized, refusal: refusal.problem.rawValue,
+                credential: refusal.receipt.map { Self.describe($0) + " (\(refusal.problem.rawValue))" })
         }
         let credential = Self.describe(receipt)
         switch resource.kind {
         case .catalog:
             return AccessGrant(.allow, products: receipt.products, credential: credential)
         case .pack(let products):
-            return AccessGrant(
-                products.contains(where: receipt.products.contains) ? .allow : .forbidden, products: receipt.products,
-                credential: credential)
+            guard products.contains(where: receipt.products.contains) else {
+                return AccessGrant(.forbidden, refusal: "other_product", products: receipt.products, credential: credential)
+            }
+            return AccessGrant(.allow, products: receipt.products, credential: credential)
         case .unlisted:
-            return AccessGrant(.forbidden, products: receipt.products, credential: credential)
+            return AccessGrant(.forbidden, refusal: "unlisted", products: receipt.products, credential: credential)
         }
     }
 

@@ -31,7 +31,8 @@ enum ConnectionPipeline {
         limits: PackServerConfiguration.Limits,
         limiter: ConnectionLimiter,
         fastPath: FileFastPath?,
-        logger: Logger
+        logger: Logger,
+        metrics: ServerMetrics? = nil
     ) -> [any RemovableChannelHandler] {
         let idleMark = IdleMark()
         let requestTimeout = RequestTimeoutHandler(
@@ -43,7 +44,7 @@ enum ConnectionPipeline {
             // Asked only on a parse error, on the event loop, while both are in the pipeline.
             LingeringCloseHandler(
                 lingeringTimeout: limits.lingeringTimeout, isResponding: { [unowned requestTimeout] in requestTimeout.isResponding },
-                logger: logger),
+                logger: logger, metrics: metrics),
             requestTimeout,
         ]
         if let fastPath {

@@ -13,6 +13,8 @@ struct FileFastPath: Sendable {
     let index: ManifestIndex
     /// The request log (one info line per request, as ``RequestLogMiddleware`` writes it).
     let logger: Logger
+    /// Counts the answers sent here, when metrics are on.
+    var metrics: ServerMetrics? = nil
 
     /// What to send for a request answered on the event loop.
     struct Answer {
@@ -34,6 +36,8 @@ struct FileFastPath: Sendable {
             head.headerFields[.transferEncoding] == nil, (head.headerFields[.contentLength] ?? "0") == "0"
         else { return nil }
         let target = String(path.prefix { $0 != "?" })
+        // Never a file: the router answers it, before any credential is asked for.
+        if target == HealthMiddleware<PackRequestContext>.path { return nil }
         var credential: String?
         if let authorizer = self.authorizer {
             guard let resource = self.index.resource(forRequestTarget: target) else { return nil }

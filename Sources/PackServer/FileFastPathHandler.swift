@@ -81,9 +81,19 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         context.flush()
         let file = answer.file
         let log = self.requestLog(answer, to: head)
+        // Counted in the completion below, not in a closure of its own: no allocation more per request.
+        let metrics = self.fastPath.metrics
+        let started = metrics == nil ? nil : NIODeadline.now()
+        let hadRange = metrics != nil && head.headerFields[.range] != nil
         end.futureResult.assumeIsolated().whenComplete { result in
             withExtendedLifetime(file) {}
             log?(result)
+            if let metrics {
+                let sent = if case .success = result { answer.response.range.count } else { 0 }
+                metrics.request(
+                    ServerMetrics.Route.of(path: answer.target, mode: .files), status: Int(answer.response.status.code),
+                    hadRange: hadRange, bytes: sent, started: started)
+            }
             if closeAfter { context.close(promise: nil) }
         }
     }

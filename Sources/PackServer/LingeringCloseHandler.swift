@@ -36,10 +36,14 @@ final class LingeringCloseHandler: ChannelDuplexHandler, RemovableChannelHandler
     private let isResponding: () -> Bool
     private var timer = DeadlineTimer()
 
-    init(lingeringTimeout: Duration, isResponding: @escaping () -> Bool, logger: Logger) {
+    /// Counts the 400 and 431 answers, when metrics are on.
+    private let metrics: ServerMetrics?
+
+    init(lingeringTimeout: Duration, isResponding: @escaping () -> Bool, logger: Logger, metrics: ServerMetrics? = nil) {
         self.lingeringTimeout = lingeringTimeout
         self.isResponding = isResponding
         self.logger = logger
+        self.metrics = metrics
     }
 
     func handlerRemoved(context: ChannelHandlerContext) {
@@ -103,6 +107,7 @@ final class LingeringCloseHandler: ChannelDuplexHandler, RemovableChannelHandler
         self.state = .lingering
         context.fireUserInboundEventTriggered(LingeringCloseEvent())
         self.logger.info("\(status.code) \(status.reasonPhrase): closing the connection")
+        self.metrics?.request(.malformed, status: status.code, hadRange: false, bytes: 0, started: nil)
         let head = HTTPResponse(status: status, headerFields: [.connection: "close", .contentLength: "0"])
         context.write(self.wrapOutboundOut(.head(head)), promise: nil)
         let sent = context.eventLoop.makePromise(of: Void.self)

@@ -91,6 +91,31 @@ public struct PackServerConfiguration: Sendable {
     public var limits: Limits = Limits()
     /// How long a graceful shutdown may wait for responses in flight before they are cancelled.
     public var gracefulShutdownTimeout: Duration = .seconds(2)
+    /// Where to serve `GET /metrics` (Prometheus text), on a listener of its own; `nil` (the default)
+    /// counts nothing and serves no metrics.
+    public var metricsAddress: MetricsAddress? = nil
+
+    /// The address of the metrics listener (`packs serve --metrics-address HOST:PORT`).
+    ///
+    /// A listener of its own, not a path of the content port: the content port faces clients (often the
+    /// internet, through a CDN) and may demand credentials, while metrics are for the operator's network
+    /// only and Prometheus scrapes them without credentials.
+    public struct MetricsAddress: Sendable, Hashable {
+        /// The address to listen on.
+        public var host: String
+        /// The port to listen on; 0 picks any free port (read it back from ``RunningPackServer/metricsPort``).
+        public var port: Int
+
+        /// Creates an address.
+        ///
+        /// - Parameters:
+        ///   - host: The address to listen on.
+        ///   - port: The port to listen on; 0 picks any free port.
+        public init(host: String, port: Int) {
+            self.host = host
+            self.port = port
+        }
+    }
 
     /// Creates a configuration.
     ///
@@ -138,12 +163,15 @@ public final class RunningPackServer: Sendable {
     public let port: Int
     /// The host the server listens on.
     public let host: String
+    /// The port of the metrics listener, when ``PackServerConfiguration/metricsAddress`` is set.
+    public let metricsPort: Int?
     private let group: ServiceGroup
     private let task: Task<Void, any Error>
 
-    init(port: Int, host: String, group: ServiceGroup, task: Task<Void, any Error>) {
+    init(port: Int, host: String, metricsPort: Int?, group: ServiceGroup, task: Task<Void, any Error>) {
         self.port = port
         self.host = host
+        self.metricsPort = metricsPort
         self.group = group
         self.task = task
     }
@@ -188,14 +216,19 @@ public enum PackServer {
     /// - Throws: When the folder does not exist or the address cannot be bound.
     public static func start(_ configuration: PackServerConfiguration, logger: Logger) async throws -> RunningPackServer {
         let ready = ReadySignal()
-        let group = try Self.makeServiceGroup(configuration, logger: logger, signals: false, ready: ready)
+        let metricsReady = ReadySignal()
+        let group = try Self.makeServiceGroup(configuration, logger: logger, signals: false, ready: ready, metricsReady: metricsReady)
         let task = Task {
-            defer { ready.fail(PackServerError.stoppedBeforeListening) }
+            defer {
+                ready.fail(PackServerError.stoppedBeforeListening)
+                metricsReady.fail(PackServerError.stoppedBeforeListening)
+            }
             try await group.run()
         }
         do {
             let port = try await ready.wait()
-            return RunningPackServer(port: port, host: configuration.host, group: group, task: task)
+            let metricsPort: Int? = if configuration.metricsAddress == nil { nil } else { try await metricsReady.wait() }
+            return RunningPackServer(port: port, host: configuration.host, metricsPort: metricsPort, group: group, task: task)
         } catch {
             task.cancel()
             // Prefer the server's own error (e.g. "address already in use") over ours.
@@ -221,15 +254,39 @@ public enum PackServer {
         logger: Logger,
         onReady: @Sendable (Int) -> Void
     ) async throws {
+        try await Self.run(configuration, logger: logger) { port, _ in onReady(port) }
+    }
+
+    /// Serves until the task is cancelled or SIGINT or SIGTERM arrives, saying where it listens.
+    ///
+    /// - Parameters:
+    ///   - configuration: What to serve and where.
+    ///   - logger: Receives one info line per request and the server's own messages.
+    ///   - onListening: Called once with the real port and the metrics listener's (when
+    ///     ``PackServerConfiguration/metricsAddress`` is set) as soon as both listen.
+    /// - Throws: When the folder does not exist or an address cannot be bound.
+    public static func run(
+        _ configuration: PackServerConfiguration,
+        logger: Logger,
+        onListening: @Sendable (_ port: Int, _ metricsPort: Int?) -> Void
+    ) async throws {
         let ready = ReadySignal()
-        let group = try Self.makeServiceGroup(configuration, logger: logger, signals: true, ready: ready)
+        let metricsReady = ReadySignal()
+        let group = try Self.makeServiceGroup(configuration, logger: logger, signals: true, ready: ready, metricsReady: metricsReady)
         try await withThrowingTaskGroup(of: Void.self) { tasks in
             tasks.addTask {
-                defer { ready.fail(PackServerError.stoppedBeforeListening) }
+                defer {
+                    ready.fail(PackServerError.stoppedBeforeListening)
+                    metricsReady.fail(PackServerError.stoppedBeforeListening)
+                }
                 try await group.run()
             }
             if let port = try? await ready.wait() {
-                onReady(port)
+                if configuration.metricsAddress == nil {
+                    onListening(port, nil)
+                } else if let metricsPort = try? await metricsReady.wait() {
+                    onListening(port, metricsPort)
+                }
             }
             // Rethrows the server's error, if any.
             try await tasks.waitForAll()
@@ -237,34 +294,41 @@ public enum PackServer {
     }
 
     /// What the connections need to answer plain file requests themselves (see ``FileFastPathHandler``).
-    private static func fastPath(_ configuration: PackServerConfiguration, logger: Logger) throws -> FileFastPath {
+    private static func fastPath(_ configuration: PackServerConfiguration, logger: Logger, metrics: ServerMetrics?) throws -> FileFastPath {
         let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
         return FileFastPath(
             folder: folder,
             authorizer: configuration.effectiveAuthorizer,
             index: ManifestIndex(folder: folder.rootPath, logger: logger),
-            logger: logger
+            logger: logger,
+            metrics: metrics
         )
     }
 
-    /// The router of a server: request log, request guard, authorization, then the files (or the
-    /// auth gate). Internal so that tests can drive it with `app.test(.router)`.
-    static func makeRouter(_ configuration: PackServerConfiguration, logger: Logger) throws -> Router<PackRequestContext> {
+    /// The router of a server: request log, metrics (when on), `/healthz`, request guard, authorization, then
+    /// the files (or the auth gate). Internal so that tests can drive it with `app.test(.router)`.
+    static func makeRouter(
+        _ configuration: PackServerConfiguration, logger: Logger, metrics: ServerMetrics? = nil
+    ) throws -> Router<PackRequestContext> {
         let folder = try ServedFolder(directory: configuration.directory, allowsDotfiles: configuration.servesDotfiles)
         let index = ManifestIndex(folder: folder.rootPath, logger: logger)
         let authorizer = configuration.effectiveAuthorizer
 
         let router = Router(context: PackRequestContext.self)
         router.add(middleware: RequestLogMiddleware<PackRequestContext>())
+        if let metrics {
+            router.add(middleware: RequestMetricsMiddleware<PackRequestContext>(metrics: metrics, mode: configuration.mode))
+        }
+        router.add(middleware: HealthMiddleware<PackRequestContext>())
         switch configuration.mode {
         case .authOnly:
             guard let authorizer else { throw PackServerError.authOnlyWithoutCredential }
             router.add(middleware: RequestGuardMiddleware<PackRequestContext>(allowsAnyMethod: true))
-            router.add(middleware: AuthGateMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
+            router.add(middleware: AuthGateMiddleware<PackRequestContext>(authorizer: authorizer, index: index, metrics: metrics))
         case .files:
             router.add(middleware: RequestGuardMiddleware<PackRequestContext>())
             if let authorizer {
-                router.add(middleware: AuthorizationMiddleware<PackRequestContext>(authorizer: authorizer, index: index))
+                router.add(middleware: AuthorizationMiddleware<PackRequestContext>(authorizer: authorizer, index: index, metrics: metrics))
             }
             let bodies = FileBodies(chunkSize: max(4096, configuration.limits.readChunkSize))
             router.add(middleware: PackFileMiddleware<PackRequestContext>(folder: folder, bodies: bodies))
@@ -277,19 +341,22 @@ public enum PackServer {
         _ configuration: PackServerConfiguration,
         logger: Logger,
         signals: Bool,
-        ready: ReadySignal
+        ready: ReadySignal,
+        metricsReady: ReadySignal
     ) throws -> ServiceGroup {
-        let router = try Self.makeRouter(configuration, logger: logger)
         let limits = configuration.limits
-        let fastPath: FileFastPath? = try configuration.mode == .files ? Self.fastPath(configuration, logger: logger) : nil
         let limiter = ConnectionLimiter(maximum: limits.effectiveMaxConnections)
+        let metrics = configuration.metricsAddress.map { _ in ServerMetrics(limiter: limiter) }
+        let router = try Self.makeRouter(configuration, logger: logger, metrics: metrics)
+        let fastPath: FileFastPath? =
+            try configuration.mode == .files ? Self.fastPath(configuration, logger: logger, metrics: metrics) : nil
         let connectionLogger = logger
         let application = Application(
             router: router,
             server: .http1(
                 configuration: HTTP1Channel.Configuration(
                     additionalChannelHandlers: ConnectionPipeline.handlers(
-                        limits: limits, limiter: limiter, fastPath: fastPath, logger: connectionLogger)
+                        limits: limits, limiter: limiter, fastPath: fastPath, logger: connectionLogger, metrics: metrics)
                 )
             ),
             configuration: ApplicationConfiguration(
@@ -310,14 +377,45 @@ public enum PackServer {
             logger: logger
         )
 
+        var services: [any Service] = [application]
+        if let metrics, let address = configuration.metricsAddress {
+            services.append(Self.metricsApplication(metrics, address: address, logger: logger, ready: metricsReady))
+        }
         var groupConfiguration = ServiceGroupConfiguration(
-            services: [application],
+            services: services,
             gracefulShutdownSignals: signals ? [.sigterm, .sigint] : [],
             logger: logger
         )
         groupConfiguration.maximumGracefulShutdownDuration = configuration.gracefulShutdownTimeout
         groupConfiguration.maximumCancellationDuration = .seconds(2)
         return ServiceGroup(configuration: groupConfiguration)
+    }
+}
+
+extension PackServer {
+    /// The metrics listener: `GET /metrics` answers the Prometheus text format (0.0.4) of ``ServerMetrics``,
+    /// with the gauges read at that moment; `GET /healthz` answers as on the content port.
+    private static func metricsApplication(
+        _ metrics: ServerMetrics,
+        address: PackServerConfiguration.MetricsAddress,
+        logger: Logger,
+        ready: ReadySignal
+    ) -> some Service {
+        let router = Router()
+        router.add(middleware: HealthMiddleware<BasicRequestContext>())
+        router.get("/metrics") { _, _ in
+            Response(
+                status: .ok,
+                headers: [.contentType: "text/plain; version=0.0.4; charset=utf-8", .cacheControl: "no-store"],
+                body: ResponseBody(byteBuffer: ByteBuffer(bytes: metrics.scrape()))
+            )
+        }
+        return Application(
+            router: router,
+            configuration: ApplicationConfiguration(address: .hostname(address.host, port: address.port), serverName: "packs"),
+            onServerRunning: { channel in ready.succeed(channel.localAddress?.port ?? address.port) },
+            logger: logger
+        )
     }
 }
 

@@ -59,7 +59,7 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
 }
 
 /// Bytes written so far by one response body.
-private final class ByteCounter: Sendable {
+final class ByteCounter: Sendable {
     private let count = Atomic<Int>(0)
 
     func add(_ bytes: Int) {

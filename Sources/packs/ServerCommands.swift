@@ -49,6 +49,12 @@ extension Packs {
         var sendTimeout: Double = 60
         @Option(name: .customLong("max-connections"), help: "Most connections at once (default: what the descriptor limit allows).")
         var maxConnections: Int?
+        @Option(
+            name: .customLong("metrics-address"),
+            help: ArgumentHelp(
+                "Serve Prometheus metrics at http://HOST:PORT/metrics, a listener of its own (e.g. 127.0.0.1:9464; port 0 picks a free one).",
+                valueName: "host:port"))
+        var metricsAddress: String?
         @Flag(name: [.short, .long], help: "Print only errors.") var quiet = false
 
         func validate() throws {
@@ -60,6 +66,24 @@ extension Packs {
                 throw ValidationError("\(name) must be a number of seconds between 0 and 86400.")
             }
             if let maxConnections, maxConnections < 1 { throw ValidationError("--max-connections must be at least 1.") }
+            if let metricsAddress, Self.parseAddress(metricsAddress) == nil {
+                throw ValidationError("--metrics-address takes HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464.")
+            }
+        }
+
+        /// `HOST:PORT` or `[IPV6]:PORT`, the port from 0 to 65535.
+        static func parseAddress(_ text: String) -> PackServerConfiguration.MetricsAddress? {
+            guard let colon = text.lastIndex(of: ":"), let port = Int(text[text.index(after: colon)...]), (0...65535).contains(port) else {
+                return nil
+            }
+            var host = text[..<colon]
+            if host.hasPrefix("["), host.hasSuffix("]") {
+                host = host.dropFirst().dropLast()
+            } else if host.contains(":") {
+                return nil
+            }
+            guard !host.isEmpty else { return nil }
+            return PackServerConfiguration.MetricsAddress(host: String(host), port: port)
         }
 
         func run() async throws {
@@ -98,14 +122,22 @@ extension Packs {
                 lingeringTimeout: .milliseconds(Int64(min(5, self.requestTimeout) * 1000)),
                 maxConnections: self.maxConnections
             )
-            let configuration = PackServerConfiguration(
+            var configuration = PackServerConfiguration(
                 directory: folder, host: self.host, port: self.port, token: token, authorizer: authorizer,
                 mode: self.authOnly ? .authOnly : .files,
                 servesDotfiles: self.serveDotfiles, limits: limits)
+            let metricsAddress = self.metricsAddress.flatMap(Self.parseAddress)
+            configuration.metricsAddress = metricsAddress
             do {
-                try await PackServer.run(configuration, logger: logger) { port in
+                try await PackServer.run(configuration, logger: logger) { (port: Int, metricsPort: Int?) in
                     let what = self.authOnly ? "Answering auth subrequests for" : "Serving"
-                    printLine("\(what) \(folder.path) at http://\(self.host):\(port)/ (Ctrl-C stops)")
+                    // One line, so that whoever reads the port finds both.
+                    var metrics = ""
+                    if let address = metricsAddress, let metricsPort {
+                        let host = address.host.contains(":") ? "[\(address.host)]" : address.host
+                        metrics = "; metrics at http://\(host):\(metricsPort)/metrics"
+                    }
+                    printLine("\(what) \(folder.path) at http://\(self.host):\(port)/ (Ctrl-C stops)\(metrics)")
                 }
             } catch {
                 throw fail(

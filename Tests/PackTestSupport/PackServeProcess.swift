@@ -13,6 +13,8 @@ import Synchronization
 public final class PackServeProcess: Sendable {
     /// The port it listens on, on 127.0.0.1.
     public let port: Int
+    /// The port of its metrics listener, when started with `--metrics-address 127.0.0.1:0`.
+    public let metricsPort: Int?
     /// Its process id (prlimit execs into it, so this is `packs` itself).
     public let pid: pid_t
     private let directory: URL
@@ -42,8 +44,10 @@ public final class PackServeProcess: Sendable {
         let deadline = Date().addingTimeInterval(10)
         while true {
             let text = (try? String(contentsOfFile: stdout, encoding: .utf8)) ?? ""
-            if let port = Self.port(in: text) {
+            // The first line, once whole, says where it listens (and where its metrics are).
+            if text.contains("\n"), let port = Self.port(in: text) {
                 self.port = port
+                self.metricsPort = Self.port(in: text, after: "metrics at http://127.0.0.1:")
                 return
             }
             var status: Int32 = 0
@@ -93,9 +97,9 @@ public final class PackServeProcess: Sendable {
         terminate(pid: self.pid, signal: SIGTERM, grace: 5)
     }
 
-    private static func port(in text: String) -> Int? {
-        // "Serving DIR at http://127.0.0.1:PORT/ (Ctrl-C stops)"
-        guard let range = text.range(of: "http://127.0.0.1:") else { return nil }
+    private static func port(in text: String, after prefix: String = "http://127.0.0.1:") -> Int? {
+        // "Serving DIR at http://127.0.0.1:PORT/ (Ctrl-C stops)[; metrics at http://127.0.0.1:PORT/metrics]"
+        guard let range = text.range(of: prefix) else { return nil }
         return Int(text[range.upperBound...].prefix { $0.isNumber })
     }
 }
