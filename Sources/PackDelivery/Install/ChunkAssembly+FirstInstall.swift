@@ -119,12 +119,7 @@ extension ChunkAssembly {
         for number in range.chunks {
             if self.isCancelled() { throw DeltaAssembly.Stopped() }
             let chunk = chunks[number]
-            var stored = [UInt8](repeating: 0, count: Int(chunk.length))
-            let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - range.start)) }
-            guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
-            guard let bytes = Self.decode(stored, storage: chunk.storage, size: Int(chunk.size)),
-                Self.sha256(bytes) == chunk.sha256.lowercased()
-            else {
+            guard let bytes = try Self.verifiedChunk(chunk, in: input, from: range.start, file: file) else {
                 bad.append(number)
                 continue
             }

@@ -78,12 +78,7 @@ struct ChunkAssembly {
         var bad: [Int] = []
         for number in range.chunks {
             let chunk = chunks[number]
-            var stored = [UInt8](repeating: 0, count: Int(chunk.length))
-            let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - range.start)) }
-            guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
-            guard let bytes = Self.decode(stored, storage: chunk.storage, size: Int(chunk.size)),
-                Self.sha256(bytes) == chunk.sha256.lowercased()
-            else {
+            guard let bytes = try Self.verifiedChunk(chunk, in: input, from: range.start, file: file) else {
                 bad.append(number)
                 continue
             }
@@ -92,6 +87,18 @@ struct ChunkAssembly {
         try Durability.syncFolder(self.folder)
         unlink(file.path)
         return bad
+    }
+
+    /// A chunk's bytes from a complete range's file (`input`, the pack's bytes from `start` on), decoded as its
+    /// storage says; nil when they do not match its SHA-256.
+    static func verifiedChunk(_ chunk: PackIndex.Chunk, in input: Int32, from start: Int64, file: URL) throws -> [UInt8]? {
+        var stored = [UInt8](repeating: 0, count: Int(chunk.length))
+        let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - start)) }
+        guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
+        guard let bytes = Self.decode(stored, storage: chunk.storage, size: Int(chunk.size)),
+            Self.sha256(bytes) == chunk.sha256.lowercased()
+        else { return nil }
+        return bytes
     }
 
     /// Writes a verified chunk to `target` durably: a temporary file, synced, renamed.
