@@ -25,24 +25,8 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
             // Nothing would be logged (packs serve --quiet): leave the body as it is.
             return response
         }
-        let body = response.body
-        let counter = ByteCounter()
-        response.body = ResponseBody(contentLength: body.contentLength) { writer in
-            do {
-                try await body.write(
-                    writer.map { buffer in
-                        counter.add(buffer.readableBytes)
-                        return buffer
-                    }
-                )
-            } catch {
-                Self.log(request, status: status, bytes: counter.value, credential: credential, failure: error, logger: logger)
-                throw error
-            }
-            // A file sent with sendfile does not pass through the writer: once the body finished,
-            // all of its announced length was sent.
-            Self.log(
-                request, status: status, bytes: body.contentLength ?? counter.value, credential: credential, failure: nil, logger: logger)
+        response.body = response.body.whenSent { bytes, failure in
+            Self.log(request, status: status, bytes: bytes, credential: credential, failure: failure, logger: logger)
         }
         return response
     }
@@ -54,6 +38,31 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
             logger.info(line, metadata: ["error": "\(failure)"])
         } else {
             logger.info(line)
+        }
+    }
+}
+
+extension ResponseBody {
+    /// This body, calling `report` once it has been written (with the bytes handed to the connection) or has failed
+    /// (with the bytes counted before the failure, and the error): for the request log and the metrics.
+    func whenSent(_ report: @escaping @Sendable (_ bytes: Int, _ failure: (any Error)?) -> Void) -> ResponseBody {
+        let body = self
+        let counter = ByteCounter()
+        return ResponseBody(contentLength: body.contentLength) { writer in
+            do {
+                try await body.write(
+                    writer.map { buffer in
+                        counter.add(buffer.readableBytes)
+                        return buffer
+                    }
+                )
+            } catch {
+                report(counter.value, error)
+                throw error
+            }
+            // A file sent with sendfile does not pass through the writer: once the body finished, all of its
+            // announced length was sent.
+            report(body.contentLength ?? counter.value, nil)
         }
     }
 }

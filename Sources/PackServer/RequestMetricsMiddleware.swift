@@ -23,24 +23,9 @@ struct RequestMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
             throw error
         }
         let status = Int(response.status.code)
-        let body = response.body
         let metrics = self.metrics
-        let counter = ByteCounter()
-        response.body = ResponseBody(contentLength: body.contentLength) { writer in
-            do {
-                try await body.write(
-                    writer.map { buffer in
-                        counter.add(buffer.readableBytes)
-                        return buffer
-                    }
-                )
-            } catch {
-                metrics.request(route, status: status, hadRange: hadRange, bytes: counter.value, started: started)
-                throw error
-            }
-            // A file sent with sendfile does not pass through the writer: once the body finished, all of
-            // its announced length was sent.
-            metrics.request(route, status: status, hadRange: hadRange, bytes: body.contentLength ?? counter.value, started: started)
+        response.body = response.body.whenSent { bytes, _ in
+            metrics.request(route, status: status, hadRange: hadRange, bytes: bytes, started: started)
         }
         return response
     }
