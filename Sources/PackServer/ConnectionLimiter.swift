@@ -23,6 +23,10 @@ final class ConnectionLimiter: Sendable {
     /// The most connections open at once.
     let maximum: Int
     private let entries = Mutex<[ObjectIdentifier: Entry]>([:])
+    /// Connections refused, all others busy; and idle connections closed to let a new one in. Counted
+    /// since the server started, read by ``ServerMetrics`` at scrape time.
+    let refusals = Atomic<Int>(0)
+    let idleClosures = Atomic<Int>(0)
 
     init(maximum: Int) {
         self.maximum = max(1, maximum)
@@ -43,7 +47,11 @@ final class ConnectionLimiter: Sendable {
                         idlest = (key, since)
                     }
                 }
-                guard let idlest, let victim = entries.removeValue(forKey: idlest.key) else { return .refused }
+                guard let idlest, let victim = entries.removeValue(forKey: idlest.key) else {
+                    self.refusals.add(1, ordering: .relaxed)
+                    return .refused
+                }
+                self.idleClosures.add(1, ordering: .relaxed)
                 admission = .admittedByClosing(victim.channel)
             }
             entries[ObjectIdentifier(channel)] = Entry(channel: channel, mark: mark)

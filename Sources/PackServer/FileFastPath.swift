@@ -33,7 +33,7 @@ struct FileFastPath: Sendable {
         guard head.method == .get || head.method == .head,
             let path = head.path, let authority = head.authority, RequestGuardMiddleware<PackRequestContext>.isValidHost(authority),
             !head.headerFields.contains(where: { $0.name.canonicalName == "host" }),
-            head.headerFields[.transferEncoding] == nil, (head.headerFields[.contentLength] ?? "0") == "0"
+            head.headerFields.value(.transferEncoding) == nil, (head.headerFields.value(.contentLength) ?? "0") == "0"
         else { return nil }
         let target = String(path.prefix { $0 != "?" })
         // Never a file: the router answers it, before any credential is asked for.
@@ -41,7 +41,7 @@ struct FileFastPath: Sendable {
         var credential: String?
         if let authorizer = self.authorizer {
             guard let resource = self.index.resource(forRequestTarget: target) else { return nil }
-            let grant = authorizer.authorize(authorization: head.headerFields[.authorization], resource: resource)
+            let grant = authorizer.authorize(authorization: head.headerFields.value(.authorization), resource: resource)
             // Refusals, and a catalog made for the credential's products, are the router's.
             guard grant.decision == .allow else { return nil }
             if case .catalog = resource.kind, grant.products != nil { return nil }

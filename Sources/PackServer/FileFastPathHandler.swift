@@ -65,7 +65,7 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         var headers = response.headers
         headers[.date] = self.date.now()
         headers[.server] = "packs"
-        let closeAfter = head.headerFields[.connection]?.lowercased() == "close"
+        let closeAfter = head.headerFields.value(.connection)?.lowercased() == "close"
         if closeAfter {
             headers[.connection] = "close"
         }
@@ -84,7 +84,7 @@ final class FileFastPathHandler: ChannelDuplexHandler, RemovableChannelHandler {
         // Counted in the completion below, not in a closure of its own: no allocation more per request.
         let metrics = self.fastPath.metrics
         let started = metrics == nil ? nil : NIODeadline.now()
-        let hadRange = metrics != nil && head.headerFields[.range] != nil
+        let hadRange = metrics != nil && head.headerFields.contains(.range)
         end.futureResult.assumeIsolated().whenComplete { result in
             withExtendedLifetime(file) {}
             log?(result)
@@ -104,7 +104,7 @@ extension FileFastPathHandler {
     private func requestLog(_ answer: FileFastPath.Answer, to head: HTTPRequest) -> ((Result<Void, any Error>) -> Void)? {
         let logger = self.fastPath.logger
         guard logger.logLevel <= .info else { return nil }
-        let request = "\(head.method) \(answer.target) range=\(head.headerFields[.range] ?? "-") \(answer.response.status.code)"
+        let request = "\(head.method) \(answer.target) range=\(head.headerFields.value(.range) ?? "-") \(answer.response.status.code)"
         let count = answer.response.range.count
         let who = answer.credential.map { " " + $0 } ?? ""
         return { result in

@@ -105,8 +105,8 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
         var range = 0..<status.size
         var responseStatus = HTTPResponse.Status.ok
         // Range and If-Range.
-        if let rangeHeader = requestHeaders[.range], method == .get,
-            requestHeaders[.ifRange].map({ status.matchesIfRange($0) }) ?? true
+        if let rangeHeader = requestHeaders.value(.range), method == .get,
+            requestHeaders.value(.ifRange).map({ status.matchesIfRange($0) }) ?? true
         {
             switch Self.parseSingleRange(rangeHeader, size: status.size) {
             case .satisfiable(let lower, let upper):
@@ -147,7 +147,7 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
             if !tags.contains(where: { $0 == "*" || $0 == file.strongETag }) {
                 return .preconditionFailed
             }
-        } else if let ifUnmodifiedSince = headers[.ifUnmodifiedSince], let date = HTTPDate.parse(ifUnmodifiedSince) {
+        } else if let ifUnmodifiedSince = headers.value(.ifUnmodifiedSince), let date = HTTPDate.parse(ifUnmodifiedSince) {
             // An invalid date is ignored (§13.1.4).
             if file.modifiedSeconds > date {
                 return .preconditionFailed
@@ -158,7 +158,7 @@ struct PackFileMiddleware<Context: RequestContext>: RouterMiddleware {
             if Self.entityTags(in: ifNoneMatch).contains(where: { $0 == "*" || Self.weakEqual($0, file.strongETag) }) {
                 return .notModified
             }
-        } else if let ifModifiedSince = headers[.ifModifiedSince], let date = HTTPDate.parse(ifModifiedSince) {
+        } else if let ifModifiedSince = headers.value(.ifModifiedSince), let date = HTTPDate.parse(ifModifiedSince) {
             if file.modifiedSeconds <= date {
                 return .notModified
             }

@@ -12,7 +12,7 @@ struct RequestMetricsMiddleware<Context: RequestContext>: RouterMiddleware {
     func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
         let started = NIODeadline.now()
         let route = ServerMetrics.Route.of(path: request.uri.path, mode: self.mode)
-        let hadRange = request.headers[.range] != nil
+        let hadRange = request.headers.contains(.range)
         var response: Response
         do {
             response = try await next(request, context)

@@ -19,7 +19,8 @@ import Synchronization
 /// - ``RequestMetricsMiddleware``: everything the router answers (errors, refusals, 304, `/healthz`…);
 /// - ``LingeringCloseHandler``: the 400 and 431 answers to requests that could not be parsed;
 /// - ``AuthorizationMiddleware`` and ``AuthGateMiddleware``: refusals by reason;
-/// - at scrape time: active connections (``ConnectionLimiter``) and open descriptors (`/proc/self/fd`).
+/// - at scrape time: active connections, connections refused and idle ones closed at the limit
+///   (``ConnectionLimiter``), and open descriptors (`/proc/self/fd`).
 ///
 /// The hot path takes no lock of its own: each (route, status) pair's counter is made once, on its
 /// first request, and kept in a slot read with one atomic load (``LazyMetric``); a counter's increment
@@ -75,6 +76,8 @@ final class ServerMetrics: Sendable {
         static let duration = "packs_http_request_duration_seconds"
         static let refusals = "packs_auth_refusals_total"
         static let activeConnections = "packs_http_connections_active"
+        static let refusedConnections = "packs_http_connections_refused_total"
+        static let idleClosedConnections = "packs_http_connections_closed_idle_total"
         static let openDescriptors = "process_open_fds"
         static let maxDescriptors = "process_max_fds"
     }
@@ -95,6 +98,11 @@ final class ServerMetrics: Sendable {
     private let refusals: Mutex<[String: CoreMetrics.Counter]>
     private let unusualStatuses = Mutex<[String: CoreMetrics.Counter]>([:])
     private let activeConnections: CoreMetrics.Gauge
+    /// The limiter's refusals and idle closures, as counters: what each scrape adds is what the limiter
+    /// counted since the last one (``exported`` keeps what was added so far).
+    private let refusedConnections: CoreMetrics.Counter
+    private let idleClosedConnections: CoreMetrics.Counter
+    private let exported = Mutex<(refused: Int, idleClosed: Int)>((0, 0))
     private let openDescriptors: CoreMetrics.Gauge
     private let maxDescriptors: CoreMetrics.Gauge
     /// Read at scrape time; set once the server's limiter exists.
@@ -114,6 +122,8 @@ final class ServerMetrics: Sendable {
         self.sentBytes = CoreMetrics.Counter(label: Name.sentBytes, factory: factory)
         self.refusals = Mutex([:])
         self.activeConnections = CoreMetrics.Gauge(label: Name.activeConnections, factory: factory)
+        self.refusedConnections = CoreMetrics.Counter(label: Name.refusedConnections, factory: factory)
+        self.idleClosedConnections = CoreMetrics.Counter(label: Name.idleClosedConnections, factory: factory)
         self.openDescriptors = CoreMetrics.Gauge(label: Name.openDescriptors, factory: factory)
         self.maxDescriptors = CoreMetrics.Gauge(label: Name.maxDescriptors, factory: factory)
     }
@@ -181,6 +191,13 @@ final class ServerMetrics: Sendable {
     /// The Prometheus text of every metric, with the gauges read now.
     func scrape() -> [UInt8] {
         self.activeConnections.record(self.limiter.count)
+        self.exported.withLock { exported in
+            let refused = self.limiter.refusals.load(ordering: .relaxed)
+            let idleClosed = self.limiter.idleClosures.load(ordering: .relaxed)
+            if refused > exported.refused { self.refusedConnections.increment(by: refused - exported.refused) }
+            if idleClosed > exported.idleClosed { self.idleClosedConnections.increment(by: idleClosed - exported.idleClosed) }
+            exported = (refused, idleClosed)
+        }
         self.openDescriptors.record(Self.countOpenDescriptors())
         var limit = rlimit()
         if getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max {

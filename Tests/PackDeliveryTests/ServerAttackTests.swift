@@ -383,9 +383,10 @@ struct ServerAttackTests {
         defer { try? FileManager.default.removeItem(at: root) }
         let size = 64 * 1024 * 1024
         try Self.sparseFile(at: root.appendingPathComponent("big.bin"), size: size)
-        let server = try PackServeProcess(binary: CLI.binary, [root.path, "--max-connections", "2"])
+        let server = try PackServeProcess(binary: CLI.binary, [root.path, "--max-connections", "2", "--metrics-address", "127.0.0.1:0"])
         defer { server.stop() }
         let port = server.port
+        let metricsPort = try #require(server.metricsPort, "packs serve did not print where its metrics are")
         let small = "GET /manifest.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         let large = "GET /big.bin HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         let outcome = try await onThread { () -> [String] in
@@ -424,6 +425,10 @@ struct ServerAttackTests {
                 "refused: 0 bytes, closed: true", "busy: \(size)", "busyToo: \(size)",
             ], "\(server.log)")
         #expect(server.isRunning)
+        // What an operator sees of it: one connection refused, two idle ones closed to let others in.
+        let scraped = try await MetricsTests.scrape(metricsPort)
+        #expect(scraped.samples["packs_http_connections_refused_total"] == 1, "\(scraped.text)")
+        #expect(scraped.samples["packs_http_connections_closed_idle_total"] == 2, "\(scraped.text)")
     }
 
     @Test("Connection: close gets one answer, then the server closes; a request pipelined after it is not answered")

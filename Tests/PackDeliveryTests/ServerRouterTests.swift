@@ -136,6 +136,38 @@ struct ServerRouterTests {
         }
     }
 
+    @Test("a header's value read on the fast path is what HTTPFields gives: absent, once, repeated (joined), a cookie")
+    func headerValues() {
+        let range = HTTPField.Name.range
+        var fields = HTTPFields()
+        #expect(fields.value(range) == nil)
+        fields.append(HTTPField(name: range, value: "bytes=0-9"))
+        fields.append(HTTPField(name: .accept, value: "*/*"))
+        #expect(fields.value(range) == "bytes=0-9" && fields.value(range) == fields[range])
+        fields.append(HTTPField(name: range, value: "bytes=20-29"))
+        #expect(fields.value(range) == "bytes=0-9, bytes=20-29" && fields.value(range) == fields[range])
+        fields.append(HTTPField(name: .cookie, value: "a=1"))
+        fields.append(HTTPField(name: .cookie, value: "b=2"))
+        #expect(fields.value(.cookie) == "a=1; b=2")
+    }
+
+    @Test("a Range sent twice is one list of ranges, which this server ignores (200, whole file); once, 206")
+    func repeatedRange() async throws {
+        let site = try Site.make("router-range-twice")
+        defer { try? FileManager.default.removeItem(at: site.root) }
+        try await site.application().test(.router) { client in
+            var twice = HTTPFields()
+            twice.append(HTTPField(name: .range, value: "bytes=0-9"))
+            twice.append(HTTPField(name: .range, value: "bytes=20-29"))
+            try await client.execute(uri: "/a.zip", method: .get, headers: twice) { response in
+                #expect(response.status == .ok && response.body.readableBytes == 10_000)
+            }
+            try await client.execute(uri: "/a.zip", method: .get, headers: [.range: "bytes=0-9"]) { response in
+                #expect(response.status == .partialContent && response.body.readableBytes == 10)
+            }
+        }
+    }
+
     @Test("two Host headers get 400")
     func duplicateHost() async throws {
         let site = try Site.make("router-host")
