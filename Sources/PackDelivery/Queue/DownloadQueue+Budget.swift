@@ -190,6 +190,8 @@ extension DownloadQueue {
                 }
             }
             hook?(.evictionMoved)
+        } undo: {
+            rename(target.path, folder.path)
         }
         // Off the critical path: the eviction is recorded. Deleted before returning, as the space is what was asked for.
         try? Installer.removeTree(slot)

@@ -196,7 +196,11 @@ extension Store {
     ///
     /// A lease taken by another process is a write too: it lands either before (the pack is kept) or after.
     /// - Returns: the eviction recorded, or nil when the pack changed or was leased meanwhile (nothing moved).
-    func evict(_ install: InstallRecord, at date: Date, move: () throws -> Void) throws(PackDeliveryError) -> EvictionRecord? {
+    ///   - undo: puts the folder back when recording fails, still under the lock (so no other process sees the folder
+    ///     out of place with the install recorded, and takes it for a crashed eviction).
+    func evict(_ install: InstallRecord, at date: Date, move: () throws -> Void, undo: () -> Void) throws(PackDeliveryError)
+        -> EvictionRecord?
+    {
         try self.write(durable: true) { db in
             guard
                 let current = try InstallRecord.fetchOne(
@@ -205,18 +209,27 @@ extension Store {
             else { return nil }
             if try self.liveLeases(in: db).contains(where: { $0.covers(current) }) { return nil }
             try move()
-            let record = EvictionRecord(
-                destination: current.destination, contentIdentifier: current.contentIdentifier,
-                productIdentifier: current.productIdentifier, contentVersion: current.contentVersion,
-                byteCount: max(0, current.byteCount), evictedAt: date, downloadID: current.downloadID)
-            try db.execute(
-                sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
-                arguments: [current.destination, current.contentIdentifier])
-            _ = try InstallRecord.deleteOne(
-                db, key: ["destination": current.destination.rawValue, "contentIdentifier": current.contentIdentifier])
-            try record.save(db)
-            return record
+            do {
+                return try Self.recordEviction(of: current, at: date, in: db)
+            } catch {
+                undo()
+                throw error
+            }
         }
+    }
+
+    private static func recordEviction(of current: InstallRecord, at date: Date, in db: Database) throws -> EvictionRecord {
+        let record = EvictionRecord(
+            destination: current.destination, contentIdentifier: current.contentIdentifier,
+            productIdentifier: current.productIdentifier, contentVersion: current.contentVersion,
+            byteCount: max(0, current.byteCount), evictedAt: date, downloadID: current.downloadID)
+        try db.execute(
+            sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
+            arguments: [current.destination, current.contentIdentifier])
+        _ = try InstallRecord.deleteOne(
+            db, key: ["destination": current.destination.rawValue, "contentIdentifier": current.contentIdentifier])
+        try record.save(db)
+        return record
     }
 
     /// Records an eviction whose folder was moved out of place before a crash (see ``DownloadQueue/finishEvictions()``).
@@ -226,16 +239,9 @@ extension Store {
                 let current = try InstallRecord.fetchOne(
                     db, key: ["destination": destination.rawValue, "contentIdentifier": contentIdentifier])
             else { return nil }
-            let record = EvictionRecord(
-                destination: current.destination, contentIdentifier: current.contentIdentifier,
-                productIdentifier: current.productIdentifier, contentVersion: current.contentVersion,
-                byteCount: max(0, current.byteCount), evictedAt: date, downloadID: current.downloadID)
-            try db.execute(
-                sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?",
-                arguments: [current.destination, current.contentIdentifier])
-            _ = try InstallRecord.deleteOne(db, key: ["destination": destination.rawValue, "contentIdentifier": contentIdentifier])
-            try record.save(db)
-            return record
+            // Checked under the lock: a folder in place (installed again since) is not evicted.
+            guard access(current.contentURL, F_OK) != 0 else { return nil }
+            return try Self.recordEviction(of: current, at: date, in: db)
         }
     }
 
