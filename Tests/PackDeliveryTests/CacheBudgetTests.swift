@@ -152,19 +152,21 @@ struct CacheBudgetTests {
         #expect(queue.contentURL(forProductID: BudgetSite.product(1)) == nil)
     }
 
-    @Test func anEvictedPackIsFetchedAgain() throws {
-        var site = try BudgetSite("budget-again-site", count: 1, size: 1 << 20)
+    /// By a purchase, or by a restore (`fetch --restore`).
+    @Test(arguments: [false, true])
+    func anEvictedPackIsFetchedAgain(restore: Bool) throws {
+        var site = try BudgetSite("budget-again-\(restore)-site", count: 1, size: 1 << 20)
         let nginx = try NginxServer(root: site.folder)
         defer { nginx.stop() }
         site.manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
-        let home = try Fixtures.temporaryDirectory("budget-again-home")
+        let home = try Fixtures.temporaryDirectory("budget-again-\(restore)-home")
         #expect(try Self.fetch(home, site, 1).status == 0)
         let before = try Fixtures.sha256Hex(of: home.appending(path: "Caches/com.example.p1/Contents/data.bin"))
         #expect(try CLI.run(home: home, ["gc", "--to", "0"]).status == 0)
         let content = try CLI.run(home: home, ["content", BudgetSite.product(1)])
         #expect(content.status != 0 && content.stderr.contains("evicted"), "\(content.stderr)")
 
-        let again = try Self.fetch(home, site, 1)
+        let again = try Self.fetch(home, site, 1, restore ? ["--restore"] : [])
         #expect(again.status == 0, "stderr: \(again.stderr)")
         #expect(try Fixtures.sha256Hex(of: home.appending(path: "Caches/com.example.p1/Contents/data.bin")) == before)
         let status = try CLI.run(home: home, ["--json", "status"])
