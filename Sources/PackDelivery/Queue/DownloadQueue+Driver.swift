@@ -33,12 +33,13 @@ extension DownloadQueue {
             case .measureSpace(let id, let destination):
                 let folder = self.home.workFolder(for: destination)
                 var available = SpaceCheck.available(at: folder)
-                if let download = self.driven({ $0.machine.download(id) }) {
+                let download = self.driven { $0.machine.download(id) }
+                if let download {
                     // Room first: evict cached packs to keep the budget, or to fit on a full disk (before pausing for space).
                     let needed = self.driven { $0.machine.needed(download) }
                     available = self.makeRoom(for: download, needed: needed, available: available, folder: folder)
                 }
-                let writesOnce = self.driven({ $0.machine.download(id) }).map { self.writesOnce($0) } ?? false
+                let writesOnce = download.map { self.writesOnce($0) } ?? false
                 work += self.driven { $0.machine.admit(id, available: available, path: folder.path, writesOnce: writesOnce) }
             case .notify(let id):
                 if let download = self.driven({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
