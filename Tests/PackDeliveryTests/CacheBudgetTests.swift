@@ -210,6 +210,24 @@ struct CacheDiskFullTests {
         #expect(CacheBudgetTests.evictedEvents(fourth) == ["com.example.p1", "com.example.p2"], "\(fourth.stdout)")
         #expect(CacheBudgetTests.installed(home, 3) && CacheBudgetTests.installed(home, 4), "no more than needed was evicted")
     }
+
+    /// 1 MiB left, less than any pack, as much as SQLite needs to open the state database (with none at all, opening it
+    /// fails first, exit 74, before anything can be evicted): the eviction's rename and record still go through.
+    @Test func aNearlyFullDiskIsResolvedByEviction() throws {
+        let disk = try Tmpfs(megabytes: 40)
+        var site = try BudgetSite("budget-nobyte-site", count: 5, size: 4 << 20)
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        site.manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let home = disk.folder.appending(path: "home")
+        for index in 1...4 { #expect(try CacheBudgetTests.fetch(home, site, index).status == 0) }
+        disk.fill(leaving: 1 << 20)
+        let fifth = try CacheBudgetTests.fetch(home, site, 5)
+        #expect(fifth.status == 0, "room was made instead of pausing: \(fifth.stderr)")
+        let evicted = CacheBudgetTests.evictedEvents(fifth)
+        #expect(evicted.count >= 3 && evicted == (1...evicted.count).map(BudgetSite.product), "in order: \(evicted)")
+        #expect(CacheBudgetTests.installed(home, 5))
+    }
 }
 
 /// Power cuts during an eviction: each pack is either installed and verifying, or evicted and recorded as such.

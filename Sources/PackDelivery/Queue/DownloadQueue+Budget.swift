@@ -3,8 +3,9 @@ import Foundation
 // Leases, use, the cache budget and evictions (issue 31).
 //
 // An eviction is one mechanism wherever it is decided (before a cached install would exceed the budget, when the disk
-// is too full for a download, `packs gc`): under the store's write lock, the pack's folder is renamed into
-// `Caches/.packdelivery/trash/<uuid>/`, both folders are synced, and the eviction is recorded (the install's rows
+// is too full for a download, `packs gc`): under the store's write lock, the pack's folder is renamed to
+// `Caches/.packdelivery/trash/<uuid>.<contentIdentifier>` (a rename into a folder made at launch: no new block is
+// needed, so it works on a full disk), both folders are synced, and the eviction is recorded (the install's rows
 // replaced by an `evictions` row) in the same durable transaction; then the trash is deleted. A crash or power cut
 // after the rename and before the commit leaves the folder in the trash with the install still recorded: the next
 // queue to open the home records the eviction (it rolls forward, since the folder is already out of place and the
@@ -169,10 +170,10 @@ extension DownloadQueue {
     /// Evicts one cached pack (see the top of this file).
     /// - Returns: the eviction, or nil when the pack changed or was leased meanwhile.
     func evict(_ install: InstallRecord) throws(PackDeliveryError) -> EvictedContent? {
-        let slot = self.trashFolder.appending(path: UUID().uuidString)
-        try Home.makeDirectories(slot)
+        // Made at launch (finishEvictions); made here only when something removed it since.
+        if access(self.trashFolder.path, F_OK) != 0 { try Home.makeDirectories(self.trashFolder) }
         let folder = URL(filePath: install.contentURL)
-        let target = slot.appending(path: install.contentIdentifier)
+        let target = self.trashFolder.appending(path: "\(UUID().uuidString).\(install.contentIdentifier)")
         let hook = self.configuration.installHook
         let record = try self.store.evict(install, at: Date()) {
             if rename(folder.path, target.path) != 0 {
@@ -183,7 +184,7 @@ extension DownloadQueue {
             } else {
                 do {
                     try Durability.syncFolder(folder.deletingLastPathComponent())
-                    try Durability.syncFolder(slot)
+                    try Durability.syncFolder(self.trashFolder)
                 } catch {
                     rename(target.path, folder.path)
                     throw error
@@ -194,7 +195,7 @@ extension DownloadQueue {
             rename(target.path, folder.path)
         }
         // Off the critical path: the eviction is recorded. Deleted before returning, as the space is what was asked for.
-        try? Installer.removeTree(slot)
+        try? Installer.removeTree(target)
         guard let record else { return nil }
         self.logger.info(
             "evicted a cached pack",
@@ -206,20 +207,20 @@ extension DownloadQueue {
     /// At launch: a folder left in the trash by an eviction a crash interrupted. Its install still recorded and its
     /// folder not back in place, the eviction is recorded (rolled forward); then the trash is deleted.
     func finishEvictions() {
-        let slots = (try? FileManager.default.contentsOfDirectory(atPath: self.trashFolder.path)) ?? []
-        for slot in slots {
-            let folder = self.trashFolder.appending(path: slot)
-            for name in (try? FileManager.default.contentsOfDirectory(atPath: folder.path)) ?? [] {
-                do {
-                    if let record = try self.store.recordEviction(destination: .caches, contentIdentifier: name, at: Date()) {
-                        self.logger.info("recorded an eviction a crash interrupted", metadata: ["content": "\(record.contentIdentifier)"])
-                    }
-                } catch {
-                    // The store cannot be written (or another process holds an eviction open): leave the trash for later.
-                    continue
+        try? Home.makeDirectories(self.trashFolder)
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: self.trashFolder.path)) ?? [] {
+            // <uuid>.<contentIdentifier>: a UUID has no dot.
+            guard let dot = name.firstIndex(of: ".") else { continue }
+            do {
+                let contentIdentifier = String(name[name.index(after: dot)...])
+                if let record = try self.store.recordEviction(destination: .caches, contentIdentifier: contentIdentifier, at: Date()) {
+                    self.logger.info("recorded an eviction a crash interrupted", metadata: ["content": "\(record.contentIdentifier)"])
                 }
+            } catch {
+                // The store cannot be written (or another process holds an eviction open): leave it for later.
+                continue
             }
-            try? Installer.removeTree(folder)
+            try? Installer.removeTree(self.trashFolder.appending(path: name))
         }
     }
 
