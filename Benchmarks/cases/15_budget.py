@@ -1,4 +1,4 @@
-"""Case 13: a cache budget under on-demand fetches (issue 31). With a budget of BUDGET (1 GiB in the issue;
+"""Case 15: a cache budget under on-demand fetches (issue 31). With a budget of BUDGET (1 GiB in the issue;
 256 MiB by default here, PACKS_BENCH_BUDGET_MIB sets it), 24 packs totalling 3 × BUDGET are fetched one after
 another (`packs fetch … --cache-budget`), each its own command, while `packs lease` holds the first one from
 another process. The bytes under the home's Caches/ (st_blocks, downloads, staging and trash included) are sampled
@@ -6,7 +6,7 @@ every 100 ms. Checks: the peak never exceeds the budget by more than one pack (t
 leased pack is still installed at the end; nginx sent no pack's bytes twice (its access log, per pack). No peer:
 the numbers are bytes, not times.
 
-Run alone: Benchmarks/run --only 13
+Run alone: Benchmarks/run --only 15
 """
 import os
 import signal
@@ -17,7 +17,7 @@ import time
 from harness import data
 from harness.measure import MiB, Failure, log, sh
 
-CASES = (13,)
+CASES = (15,)
 COUNT = 24
 
 
@@ -58,7 +58,7 @@ def run(b):
     sh(b.packs_cmd(home, "fetch", manifest, products[0], "--cache-budget", str(budget)))
     lease = subprocess.Popen([b.packs, "--home", home, "lease", products[0]], stdout=subprocess.PIPE, text=True)
     if not lease.stdout.readline().startswith("leased"):
-        raise Failure("case 13: packs lease did not take its lease")
+        raise Failure("case 15: packs lease did not take its lease")
     peak, samples, stop = [0], [0], threading.Event()
     caches = os.path.join(home, "Caches")
 
@@ -91,7 +91,7 @@ def run(b):
     over = peak[0] - budget
     ok = over <= size + 2 * MiB and leased_stays and not twice and len(sent) == COUNT
     b.report.sections.append(
-        f"### Case 13: cache budget\n\n"
+        f"### Case 15: cache budget\n\n"
         f"{COUNT} packs of {size / MiB:.0f} MiB ({COUNT * size / MiB:.0f} MiB, 3 × the budget) fetched one after another "
         f"with `--cache-budget {budget // MiB}M`, the first leased by another process; {samples[0]} samples of Caches/ "
         f"every 100 ms over {seconds:.1f} s.\n\n"
@@ -100,5 +100,5 @@ def run(b):
         f"| {budget / MiB:.0f} MiB | {size / MiB:.0f} MiB | {peak[0] / MiB:.1f} MiB | {over / MiB:.1f} MiB | "
         f"{final / MiB:.1f} MiB | {'yes' if leased_stays else 'NO'} | {len(twice)} | {'pass' if ok else '**FAIL**'} |\n")
     if not ok:
-        b.report.notes.append(f"BROKEN: case 13: peak {peak[0]} bytes for a budget of {budget} (packs of {size}), "
+        b.report.notes.append(f"BROKEN: case 15: peak {peak[0]} bytes for a budget of {budget} (packs of {size}), "
                               f"leased pack stays: {leased_stays}, sent twice: {twice}, packs fetched: {len(sent)}")
