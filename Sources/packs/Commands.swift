@@ -186,9 +186,18 @@ extension Packs {
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 let transactions = try await queue.transactions()
+                let evicted = try queue.evictedContent()
                 if self.global.json {
-                    printJSON(StatusJSON(transactions: transactions.map { TransactionJSON($0) }))
+                    printJSON(
+                        StatusJSON(
+                            transactions: transactions.map { TransactionJSON($0) },
+                            evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
                     return
+                }
+                for content in evicted {
+                    printLine(
+                        "evicted  \(content.productIdentifier)  \(content.contentIdentifier) \(content.contentVersion)  \(ByteFormat.string(content.byteCount))  (fetch it again to use it)"
+                    )
                 }
                 if transactions.isEmpty {
                     printLine("No open transactions.")
@@ -316,13 +325,33 @@ extension Packs {
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 let installed = try queue.installedContent(forProductID: self.product)
-                if installed.isEmpty {
+                let evicted = try queue.evictedContent(forProductID: self.product)
+                for content in evicted {
+                    if self.global.json {
+                        var object = EvictedJSON(content)
+                        object.evicted = true
+                        printJSON(object)
+                    } else if self.product == nil {
+                        printLine("\(content.productIdentifier)\t\(content.contentVersion)\t(evicted)")
+                    } else if !self.global.quiet {
+                        printError(
+                            "packs: \(content.contentIdentifier) of \(PackDeliveryError.printable(content.productIdentifier)) was evicted from the caches; fetch the product again to use it."
+                        )
+                    }
+                }
+                if installed.isEmpty, self.product != nil || evicted.isEmpty {
                     throw PackDeliveryError(
                         .notInstalled,
-                        message: self.product.map { "Nothing is installed for \(PackDeliveryError.printable($0))." }
-                            ?? "Nothing is installed.",
+                        message: self.product.map {
+                            evicted.isEmpty
+                                ? "Nothing is installed for \(PackDeliveryError.printable($0))."
+                                : "The content of \(PackDeliveryError.printable($0)) was evicted from the caches."
+                        } ?? "Nothing is installed.",
+                        hint: evicted.isEmpty ? nil : "Fetch the product again (packs fetch MANIFEST PRODUCT) to install it again.",
                         subject: self.product)
                 }
+                // Handing the folders out is a use: it orders evictions (least recently used first).
+                if let product = self.product { try? queue.recordUse(productID: product) }
                 var missing: [InstalledContent] = []
                 for content in installed {
                     var isDirectory: ObjCBool = false

@@ -121,6 +121,8 @@ struct RestoreEventJSON: Encodable {
 /// `status`: every unfinished transaction.
 struct StatusJSON: Encodable {
     let transactions: [TransactionJSON]
+    /// Packs evicted from the caches (known, not installed; fetch them again); no key when there are none.
+    var evicted: [EvictedJSON]? = nil
 }
 
 /// An installed pack: a line of `content`, with `"missing"`; an element of `verify`'s `"contents"`, with
@@ -164,4 +166,27 @@ struct InstalledJSON: Encodable {
 struct VerifyJSON: Encodable {
     let intact: Bool
     let contents: [InstalledJSON]
+}
+
+/// An evicted pack: an `"evicted"` event line (fetch, gc), an element of `status`'s `"evicted"`, a line of `content`
+/// with `"evicted": true`, and a line of `gc --dry-run` (`"event": "wouldEvict"`).
+struct EvictedJSON: Encodable {
+    var event: String?
+    let productIdentifier: String
+    let contentIdentifier: String
+    let contentVersion: String
+    let destination: Destination
+    let byteCount: Int64
+    let evictedAt: Date
+    var evicted: Bool?
+
+    init(_ content: EvictedContent, event: String? = nil) {
+        self.event = event
+        self.productIdentifier = content.productIdentifier
+        self.contentIdentifier = content.contentIdentifier
+        self.contentVersion = content.contentVersion
+        self.destination = content.destination
+        self.byteCount = content.byteCount
+        self.evictedAt = content.evictedAt
+    }
 }

@@ -21,7 +21,7 @@ struct Packs: AsyncParsableCommand {
         version: Packs.version,
         subcommands: [
             Fetch.self, Resume.self, Status.self, Pause.self, Priority.self, Cancel.self, Finish.self, Content.self, Verify.self,
-            Remove.self,
+            Remove.self, GC.self, Config.self, Lease.self,
             Serve.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self,
         ]
     )
@@ -132,6 +132,13 @@ struct TransferFlags: ParsableArguments {
     var maxRate: ByteCount?
 
     @Option(
+        name: .customLong("cache-budget"),
+        help: ArgumentHelp(
+            "Keep at most this much installed content in the caches (2G, 500M), evicting unused packs before an install (default: the home's, see packs config).",
+            valueName: "size"))
+    var cacheBudget: ByteCount?
+
+    @Option(
         name: .customLong("max-expansion-ratio"),
         help: ArgumentHelp(
             "Refuse packs that unpack to more than N times their size, unless the manifest gives unpackedLength.", valueName: "n"))
@@ -211,6 +218,7 @@ struct TransferFlags: ParsableArguments {
             resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
             maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
         configuration.deltaUpdates = !self.noDelta
+        configuration.cacheBudget = self.cacheBudget?.bytes
         if self.receipt != nil {
             // Asked before every pack transfer, and again after a 401/403: a receipt file renewed meanwhile is used.
             let flags = self

@@ -41,6 +41,7 @@ final class ProgressDisplay {
                 printJSON(RestoreEventJSON(event: "restoreCompleted", transactions: transactions.map(\.id)))
             case .restoreFailed(let error): printJSON(RestoreEventJSON(event: "restoreFailed", error: error))
             case .transactionsRemoved: break  // each finished transaction is printed as a transaction event
+            case .evicted(let content): printJSON(EvictedJSON(content, event: "evicted"))
             }
         case .plain:
             guard case .downloadUpdated(let download) = event else { return }

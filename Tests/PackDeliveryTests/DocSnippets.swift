@@ -362,14 +362,42 @@ try queue.deleteContent(forProductID: "com.example.forest")    // when the user 
 // end snippet
 }
 
-@MainActor func asyncEmbeddingInAStoreClient14(queue: DownloadQueue, manifest: LoadedManifest, ownedProductIDs: [String]) async throws {
+func syncEmbeddingInAStoreClient14(queue: DownloadQueue, productIDs: [String]) throws {
 // snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 14
+let lease = try queue.beginAccessing(productIDs: ["com.example.forest"])
+if let forest = queue.contentURL(forProductID: "com.example.forest") {
+    openMap(forest.appending(path: "Contents/forest.map"))
+}
+try queue.endAccessing(lease)    // when the scene closes
+for evicted in try queue.evictedContent() {
+    print(evicted.productIdentifier, "was evicted; fetch it again to use it")
+}
+// end snippet
+_ = lease
+}
+
+@MainActor func asyncEmbeddingInAStoreClient14(queue: DownloadQueue, productIDs: [String]) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 14
+let lease = try queue.beginAccessing(productIDs: ["com.example.forest"])
+if let forest = queue.contentURL(forProductID: "com.example.forest") {
+    openMap(forest.appending(path: "Contents/forest.map"))
+}
+try queue.endAccessing(lease)    // when the scene closes
+for evicted in try queue.evictedContent() {
+    print(evicted.productIdentifier, "was evicted; fetch it again to use it")
+}
+// end snippet
+_ = lease
+}
+
+@MainActor func asyncEmbeddingInAStoreClient15(queue: DownloadQueue, manifest: LoadedManifest, ownedProductIDs: [String]) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 15
 try await queue.add(products: ownedProductIDs, from: manifest, kind: .restored)
 // end snippet
 }
 
-func syncEmbeddingInAStoreClient15(queue: DownloadQueue) throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 15
+func syncEmbeddingInAStoreClient16(queue: DownloadQueue) throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 16
 let damaged = try queue.verify().filter { !$0.isIntact }    // what the user would see
 let repairs = try queue.repair()                            // empty when everything is intact
 // … follow the repairs like any other transaction
@@ -378,30 +406,30 @@ _ = damaged
 _ = repairs
 }
 
-func syncEmbeddingInAStoreClient16(home: Home) throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 16
-LoggingSystem.bootstrap(StreamLogHandler.standardError)
-var logger = Logger(label: "com.example.mygame.delivery")
-logger.logLevel = .debug
-let queue = try DownloadQueue(home: .xdg(), logger: logger)
-// end snippet
-_ = logger
-_ = queue
-}
-
-@MainActor func asyncEmbeddingInAStoreClient16(home: Home) async throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 16
-LoggingSystem.bootstrap(StreamLogHandler.standardError)
-var logger = Logger(label: "com.example.mygame.delivery")
-logger.logLevel = .debug
-let queue = try DownloadQueue(home: .xdg(), logger: logger)
-// end snippet
-_ = logger
-_ = queue
-}
-
 func syncEmbeddingInAStoreClient17(home: Home) throws {
 // snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 17
+LoggingSystem.bootstrap(StreamLogHandler.standardError)
+var logger = Logger(label: "com.example.mygame.delivery")
+logger.logLevel = .debug
+let queue = try DownloadQueue(home: .xdg(), logger: logger)
+// end snippet
+_ = logger
+_ = queue
+}
+
+@MainActor func asyncEmbeddingInAStoreClient17(home: Home) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 17
+LoggingSystem.bootstrap(StreamLogHandler.standardError)
+var logger = Logger(label: "com.example.mygame.delivery")
+logger.logLevel = .debug
+let queue = try DownloadQueue(home: .xdg(), logger: logger)
+// end snippet
+_ = logger
+_ = queue
+}
+
+func syncEmbeddingInAStoreClient18(home: Home) throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 18
 /// Writes like a filesystem with no room left after `limit` bytes of any one file.
 struct FullDisk: FileWriting {
     let limit: Int64
@@ -415,8 +443,8 @@ let queue = try DownloadQueue(home: home, configuration: .init(writer: FullDisk(
 _ = queue
 }
 
-@MainActor func asyncEmbeddingInAStoreClient17(home: Home) async throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 17
+@MainActor func asyncEmbeddingInAStoreClient18(home: Home) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 18
 /// Writes like a filesystem with no room left after `limit` bytes of any one file.
 struct FullDisk: FileWriting {
     let limit: Int64

@@ -18,6 +18,8 @@ final class CancelFlag: Sendable {
     case beforeRename = "before-rename"
     /// The content is in place; the install record is next.
     case afterRename = "after-rename"
+    /// An evicted pack's folder was moved to the trash (and synced); the record of the eviction is next.
+    case evictionMoved = "eviction-moved"
 }
 
 /// What an install put in place: the rows that record it, which the queue's driver commits with the download's

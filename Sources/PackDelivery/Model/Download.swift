@@ -324,6 +324,8 @@ public indirect enum DownloadQueueEvent: Sendable, Hashable {
     case restoreCompleted([Transaction])
     /// A restore could not complete: a download of it failed or paused (`restoreCompletedTransactionsFailedWithError`).
     case restoreFailed(PackDeliveryError)
+    /// A cached pack was evicted to keep the cache budget or to make room (see ``DownloadQueue/evictCaches(downTo:dryRun:)``).
+    case evicted(EvictedContent)
 }
 
 /// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)`` compares against.

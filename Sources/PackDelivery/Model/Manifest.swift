@@ -35,6 +35,9 @@ public struct Manifest: Sendable, Hashable, Codable {
         public var unpackedLength: Int64?
         /// Where the pack's ``PackIndex`` is, for a zip pack indexed by `packs manifest`; nil otherwise.
         public var index: IndexReference? = nil
+        /// How much the pack is worth keeping in the caches (`"preservationPriority"`): when space is needed, packs
+        /// with the lowest go first, then the least recently used. Nil (absent) counts as 0.
+        public var preservationPriority: Int? = nil
         /// Creates a pack entry.
         ///
         /// - Parameters:

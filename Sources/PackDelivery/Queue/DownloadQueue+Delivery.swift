@@ -192,7 +192,7 @@ extension DownloadQueue {
             case .downloadUpdated(let download): download.transactionID == transactionID
             case .transactionsRemoved(let transactions), .restoreCompleted(let transactions):
                 transactions.contains { $0.id == transactionID }
-            case .restoreFailed: false
+            case .restoreFailed, .evicted: false
             }
         }
     }
@@ -255,6 +255,7 @@ extension DownloadQueue {
                     case .restoreCompleted(let transactions):
                         observer.downloadQueue(self, restoreCompletedTransactionsFinished: transactions)
                     case .restoreFailed(let error): observer.downloadQueue(self, restoreCompletedTransactionsFailedWithError: error)
+                    case .evicted: break  // an event of the stream only
                     }
                 }
             }

@@ -32,8 +32,14 @@ extension DownloadQueue {
                 work += self.perform(action, for: id)
             case .measureSpace(let id, let destination):
                 let folder = self.home.workFolder(for: destination)
-                let available = SpaceCheck.available(at: folder)
-                let writesOnce = self.driven({ $0.machine.download(id) }).map { self.writesOnce($0) } ?? false
+                var available = SpaceCheck.available(at: folder)
+                let download = self.driven { $0.machine.download(id) }
+                if let download {
+                    // Room first: evict cached packs to keep the budget, or to fit on a full disk (before pausing for space).
+                    let needed = self.driven { $0.machine.needed(download) }
+                    available = self.makeRoom(for: download, needed: needed, available: available, folder: folder)
+                }
+                let writesOnce = download.map { self.writesOnce($0) } ?? false
                 work += self.driven { $0.machine.admit(id, available: available, path: folder.path, writesOnce: writesOnce) }
             case .notify(let id):
                 if let download = self.driven({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }

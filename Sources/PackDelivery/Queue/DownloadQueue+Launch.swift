@@ -20,6 +20,8 @@ extension DownloadQueue {
     /// paused by a shutdown) taken over and resumed when configured, otherwise marked `paused (interrupted)`.
     func launch() throws(PackDeliveryError) {
         self.cleanLeftovers()
+        // Before the check of recent installs: a pack whose eviction a crash interrupted is evicted, not damaged.
+        self.finishEvictions()
         if self.configuration.launchCheckWindow > 0 { try self.checkRecentInstalls() }
         let resumeInterrupted = self.configuration.resumeInterruptedDownloads
         let taken = try self.take(nil) { record in

@@ -59,6 +59,10 @@ public final class DownloadQueue: Sendable {
         /// fetched with range requests, checked and written straight into the new version's files, and no archive is
         /// kept. false fetches and keeps whole packs.
         public var deltaUpdates = true
+        /// The most bytes of installed content the caches may hold; nil uses the home's setting
+        /// (``setCacheBudget(_:)``), and none there means no budget. Before a pack is installed into the caches,
+        /// and when the disk is too full for a download, cached packs are evicted (see ``evictCaches(downTo:dryRun:)``).
+        public var cacheBudget: Int64? = nil
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
@@ -370,6 +374,12 @@ public final class DownloadQueue: Sendable {
                     id: transactionID, productIdentifier: product.productIdentifier, kind: kind, createdAt: Date(),
                     finishedAt: nil, autoFinish: autoFinish, downloads: downloads))
         }
+        // Preservation priorities the manifest gives (for evictions); packs that say nothing keep theirs (0 by default).
+        var priorities: [String: Int?] = [:]
+        for content in products.flatMap(\.contents) {
+            if let priority = content.preservationPriority { priorities[content.contentIdentifier] = priority }
+        }
+        try self.store.setPreservationPriorities(priorities)
         if !transactions.isEmpty { try self.record(transactions, manifestURL: manifest.source, receipt: receipt) }
         var recorded = transactions.makeIterator()
         return products.indices.compactMap { joined[$0] ?? recorded.next() }
@@ -518,7 +528,11 @@ public final class DownloadQueue: Sendable {
     /// - Returns: the folder of its most recently installed pack (see ``installedContent(forProductID:)`` for all
     ///   the packs of a product with several). Nil after ``close()``: open a new queue to ask.
     public func contentURL(forProductID productIdentifier: String) -> URL? {
-        (try? self.installedContent(forProductID: productIdentifier))?.max { $0.installedAt < $1.installedAt }?.contentURL
+        guard let content = (try? self.installedContent(forProductID: productIdentifier))?.max(by: { $0.installedAt < $1.installedAt })
+        else { return nil }
+        // Handing content out is a use: it orders evictions (least recently used first).
+        try? self.store.recordUse(productIdentifier: productIdentifier, contentIdentifiers: [content.contentIdentifier])
+        return content.contentURL
     }
 
     /// Deletes a product's installed content and its record.

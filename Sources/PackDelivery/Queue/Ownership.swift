@@ -32,7 +32,14 @@ struct QueueOwner: Sendable, Hashable {
         if self.pid == getpid(), self.start == Self.currentStart {
             return Self.liveQueues.withLock { $0.contains(self.queue) }
         }
-        return Self.startTime(of: self.pid) == self.start
+        return Self.processIsAlive(pid: self.pid, start: self.start)
+    }
+
+    /// Whether a process runs with this pid and start time: how a download's owner and a lease's holder
+    /// (``LeaseRecord``) are known to be gone.
+    static func processIsAlive(pid: Int32, start: Int64) -> Bool {
+        if pid == getpid() { return start == Self.currentStart }
+        return Self.startTime(of: pid) == start
     }
 
     /// Field 22 of `/proc/PID/stat`, or nil when there is no such process.

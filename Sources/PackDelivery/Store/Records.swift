@@ -222,6 +222,9 @@ struct InstallRecord: Codable, FetchableRecord, PersistableRecord, Sendable, Has
     /// Regular files and symlinks recorded in `installedFiles`; -1 for installs made before files were recorded.
     var fileCount: Int
     var byteCount: Int64
+    /// When the content was last used (a lease, ``DownloadQueue/contentURL(forProductID:)``, `packs content`); nil
+    /// until then, when its install time counts.
+    var lastUsedAt: Date? = nil
 
     enum Columns {
         static let destination = Column(CodingKeys.destination)

@@ -300,6 +300,8 @@ extension Store {
             try db.cachedStatement(sql: "DELETE FROM installedFiles WHERE destination = ? AND contentIdentifier = ?")
                 .execute(arguments: [install.destination, install.contentIdentifier])
             try install.save(db)
+            // Installed again: no longer evicted.
+            try db.cachedStatement(sql: "DELETE FROM evictions WHERE contentIdentifier = ?").execute(arguments: [install.contentIdentifier])
             for file in files { try file.insert(db) }
             try download?.update(db, columns: DownloadRecord.ownColumns + ["stagingInode"])
         }

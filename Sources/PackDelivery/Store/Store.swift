@@ -221,6 +221,41 @@ final class Store: Sendable {
             // NULL for the downloads recorded before: essential, as every download was.
             try db.alter(table: "downloads") { t in t.add(column: "priority", .text) }
         }
+        migrator.registerMigration("v10: leases, last use and evictions") { db in
+            // NULL until the content is first used: its install time counts.
+            try db.alter(table: "installs") { t in t.add(column: "lastUsedAt", .datetime) }
+            // One row per product (or pack of it) a lease covers; the owner is a process (pid and start time).
+            try db.create(table: "leases") { t in
+                t.column("token", .text).notNull().indexed()
+                t.column("productIdentifier", .text).notNull()
+                // NULL: every pack of the product.
+                t.column("contentIdentifier", .text)
+                t.column("ownerPID", .integer).notNull()
+                t.column("ownerStart", .integer).notNull()
+                t.column("createdAt", .datetime).notNull()
+            }
+            // Packs evicted from the caches: known, not installed; removed when the pack is installed again.
+            try db.create(table: "evictions") { t in
+                t.column("destination", .text).notNull()
+                t.column("contentIdentifier", .text).notNull()
+                t.column("productIdentifier", .text).notNull().indexed()
+                t.column("contentVersion", .text).notNull()
+                t.column("byteCount", .integer).notNull()
+                t.column("evictedAt", .datetime).notNull()
+                t.column("downloadID", .text).notNull()
+                t.primaryKey(["destination", "contentIdentifier"])
+            }
+            // A pack's preservation priority, from its manifest or the API: lower goes first.
+            try db.create(table: "preservationPriorities") { t in
+                t.primaryKey("contentIdentifier", .text)
+                t.column("priority", .integer).notNull()
+            }
+            // The home's settings (cache budget).
+            try db.create(table: "settings") { t in
+                t.primaryKey("key", .text)
+                t.column("value", .text).notNull()
+            }
+        }
         return migrator
     }
 

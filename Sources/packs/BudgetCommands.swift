@@ -1,0 +1,164 @@
+import ArgumentParser
+import Foundation
+import PackDelivery
+import Synchronization
+
+extension Packs {
+    struct GC: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "gc",
+            abstract: "Evict cached packs by hand, down to a size (default: the home's cache budget, else everything that may go).",
+            discussion: """
+                Packs go in eviction order: lowest preservationPriority first, then least recently used. Documents, \
+                packs of unfinished transactions and packs leased by a running process (packs lease, \
+                DownloadQueue.beginAccessing) are never evicted. An evicted pack stays known (packs status, packs \
+                content) and is installed again by packs fetch.
+
+                Exit 0 when the caches are at or below the size; 75 when leased or protected packs keep them above it \
+                (try again once they are released).
+
+                Examples:
+                  packs gc --to 2G --dry-run
+                  packs gc
+                """)
+        @OptionGroup var global: GlobalOptions
+        @Option(
+            help: ArgumentHelp("Evict until the caches hold at most this much (2G, 500M; 0 for everything that may go).", valueName: "size")
+        )
+        var to: String?
+        @Flag(name: .customLong("dry-run"), help: "List what would be evicted, and evict nothing.")
+        var dryRun = false
+
+        func validate() throws {
+            if let to = self.to, to != "0", ByteCount(argument: to) == nil {
+                throw ValidationError("--to takes a size such as 500M or 2G, or 0.")
+            }
+        }
+
+        func run() async throws {
+            let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
+                let queue = try openQueue(self.global, lookingConfiguration())
+                defer { queue.close() }
+                let target: Int64
+                if let to = self.to {
+                    target = to == "0" ? 0 : ByteCount(argument: to)!.bytes
+                } else {
+                    target = try queue.homeCacheBudget() ?? 0
+                }
+                let evicted = try queue.evictCaches(downTo: target, dryRun: self.dryRun)
+                for content in evicted {
+                    if self.global.json {
+                        printJSON(EvictedJSON(content, event: self.dryRun ? "wouldEvict" : "evicted"))
+                    } else if !self.global.quiet {
+                        printLine(
+                            "\(self.dryRun ? "would evict" : "evicted")  \(content.productIdentifier)  \(content.contentIdentifier) \(content.contentVersion)  \(ByteFormat.string(content.byteCount))"
+                        )
+                    }
+                }
+                let left = try queue.cachedBytes() - (self.dryRun ? evicted.reduce(0) { $0 + $1.byteCount } : 0)
+                if left > target {
+                    printError(
+                        "packs: The caches still hold \(ByteFormat.string(left)) (more than \(ByteFormat.string(target))): the rest is leased, or belongs to unfinished transactions. Try again once it is released."
+                    )
+                    return ExitStatus.resumable
+                }
+                return 0
+            }
+            if code != 0 { throw ExitCode(code) }
+        }
+    }
+
+    struct Config: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show or change the home's settings: cache-budget SIZE|none.",
+            discussion: """
+                The cache budget is kept in the home's state database and used by every packs command and library \
+                queue on the home (a --cache-budget option, or DownloadQueue.Configuration.cacheBudget, overrides it).
+
+                Examples:
+                  packs config cache-budget 2G
+                  packs config cache-budget none
+                  packs config cache-budget
+                """)
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "The setting (cache-budget).") var key: String
+        @Argument(help: "Its new value; none removes it; without one, prints it.") var value: String?
+
+        func validate() throws {
+            guard self.key == "cache-budget" else { throw ValidationError("The only setting is cache-budget.") }
+            if let value = self.value, value != "none", ByteCount(argument: value) == nil {
+                throw ValidationError("cache-budget takes a size such as 500M or 2G, or none.")
+            }
+        }
+
+        func run() async throws {
+            try await mapErrors { () async throws(PackDeliveryError) in
+                let queue = try openQueue(self.global, lookingConfiguration())
+                defer { queue.close() }
+                if let value = self.value {
+                    try queue.setCacheBudget(value == "none" ? nil : ByteCount(argument: value)!.bytes)
+                } else if let budget = try queue.homeCacheBudget() {
+                    printLine(self.global.json ? "{\"cacheBudget\":\(budget)}" : "\(budget)")
+                } else {
+                    printLine(self.global.json ? "{\"cacheBudget\":null}" : "none")
+                }
+            }
+        }
+    }
+
+    struct Lease: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Hold products' (or packs') content in use until interrupted: it is not evicted meanwhile.",
+            discussion: """
+                Prints "leased TOKEN" once the lease is recorded, then waits. SIGINT or SIGTERM ends the lease and \
+                exits 0; a process killed otherwise leaves a lease that the next eviction finds dead and removes.
+
+                Example:
+                  packs lease com.example.forest &
+                """)
+        @OptionGroup var global: GlobalOptions
+        @Argument(help: "Product identifiers.") var products: [String] = []
+        @Option(name: .customLong("pack"), help: ArgumentHelp("A pack, by content identifier; repeatable.", valueName: "id"))
+        var packs: [String] = []
+
+        func validate() throws {
+            if self.products.isEmpty && self.packs.isEmpty { throw ValidationError("Name products, or packs with --pack.") }
+        }
+
+        func run() async throws {
+            try await mapErrors { () async throws(PackDeliveryError) in
+                let queue = try openQueue(self.global, lookingConfiguration())
+                defer { queue.close() }
+                let lease = try queue.beginAccessing(productIDs: self.products, contentIdentifiers: self.packs)
+                printLine(self.global.json ? "{\"event\":\"leased\",\"token\":\"\(lease.token)\"}" : "leased \(lease.token)")
+                await Self.waitForStopSignal()
+                try queue.endAccessing(lease)
+            }
+        }
+
+        static func waitForStopSignal() async {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let once = OnceFlag()
+                for number in [SIGINT, SIGTERM, SIGHUP] {
+                    signal(number, SIG_IGN)
+                    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                    source.setEventHandler { if once.claim() { continuation.resume() } }
+                    source.resume()
+                    once.keep(source)
+                }
+            }
+        }
+    }
+}
+
+/// Resumes a continuation once, whichever signal comes first, and keeps the signal sources alive.
+final class OnceFlag: Sendable {
+    private let state = Mutex<(done: Bool, sources: [any DispatchSourceSignal])>((false, []))
+    func claim() -> Bool {
+        self.state.withLock { state in
+            defer { state.done = true }
+            return !state.done
+        }
+    }
+    func keep(_ source: any DispatchSourceSignal) { self.state.withLock { $0.sources.append(source) } }
+}
