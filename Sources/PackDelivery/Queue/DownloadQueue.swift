@@ -129,6 +129,11 @@ public final class DownloadQueue: Sendable {
     let registry = Mutex(Registry())
     let engineBox = Mutex<TransferEngine?>(nil)
     let timer: Mutex<DispatchSourceTimer?>
+    /// When ``contentURL(forProductID:)`` last recorded a use of each pack (`product NUL pack`): a client
+    /// that asks for a folder on every frame writes the store once a minute, not every time.
+    let recordedUses = Mutex<[String: ContinuousClock.Instant]>([:])
+    /// How long a recorded use stands for later ones: eviction orders packs by last use, to the minute.
+    static let useRecordInterval: Duration = .seconds(60)
     static let driverKey = DispatchSpecificKey<Bool>()
     /// Set on ``delivery``: close() called from an observer's callback must not wait for that callback.
     static let deliveryKey = DispatchSpecificKey<Bool>()
@@ -530,8 +535,15 @@ public final class DownloadQueue: Sendable {
     public func contentURL(forProductID productIdentifier: String) -> URL? {
         guard let content = (try? self.installedContent(forProductID: productIdentifier))?.max(by: { $0.installedAt < $1.installedAt })
         else { return nil }
-        // Handing content out is a use: it orders evictions (least recently used first).
-        try? self.store.recordUse(productIdentifier: productIdentifier, contentIdentifiers: [content.contentIdentifier])
+        // Handing content out is a use: it orders evictions (least recently used first). Recorded once a minute at most.
+        let now = ContinuousClock.now
+        let key = productIdentifier + "\u{0}" + content.contentIdentifier
+        let due = self.recordedUses.withLock { recorded in
+            if let last = recorded[key], now - last < Self.useRecordInterval { return false }
+            recorded[key] = now
+            return true
+        }
+        if due { try? self.store.recordUse(productIdentifier: productIdentifier, contentIdentifiers: [content.contentIdentifier]) }
         return content.contentURL
     }
 
