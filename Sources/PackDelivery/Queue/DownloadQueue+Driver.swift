@@ -54,12 +54,19 @@ extension DownloadQueue {
         let download = machine.download
         switch action {
         case .startTransfer(let token, let fromZero):
+            var download = download
+            download.index = download.indexAtSource
             let archive = self.home.archiveURL(for: download)
             if fromZero { self.discard(archive) }
             var options = self.configuration.transfer
-            options.headers += self.credentialHeaders(
-                for: download, url: download.url, refused: machine.credentialsRefused,
-                receipt: self.recordedAccess(download.transactionID)?.receipt)
+            let access = self.recordedAccess(download.transactionID)
+            if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
+                options.headers += self.credentialHeaders(
+                    for: download, url: download.url, refused: machine.credentialsRefused, receipt: access?.receipt)
+            }
+            if download.sources != nil {
+                self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(download.source)"])
+            }
             if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
                 self.driven { $0.updateWork(id) { $0.delta = delta } }
                 delta.start { [weak self] event in

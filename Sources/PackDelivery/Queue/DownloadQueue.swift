@@ -350,7 +350,11 @@ public final class DownloadQueue: Sendable {
             }
             let transactionID = Self.newID("t")
             var urls: [URL] = []
-            for content in product.contents { urls.append(try manifest.packURL(for: content)) }
+            var sources: [[URL]] = []
+            for content in product.contents {
+                sources.append(try manifest.packURLs(for: content))
+                urls.append(sources[sources.count - 1][0])
+            }
             var downloads = try AddPlan.downloads(
                 for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
                 priority: kind == .restored ? .restore : .essential, installs: byContent, presentFolders: present,
@@ -358,6 +362,10 @@ public final class DownloadQueue: Sendable {
             ).get()
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
                 downloads[offset].index = manifest.resolvedIndex(for: content)
+                if sources[offset].count > 1 {
+                    downloads[offset].sources = sources[offset]
+                    downloads[offset].credentialsToAllSources = manifest.manifest.credentialsToAllSources ?? false
+                }
             }
             if !start {
                 for index in downloads.indices where downloads[index].state == .waiting {
