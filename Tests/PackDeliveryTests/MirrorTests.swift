@@ -18,6 +18,20 @@ import Testing
                 resumeWhenSpaceReturns: false, maxRetryDelay: 0.5))
     }
 
+    /// A site with `count` products `com.example.p0`… of one random pack each (`p0.tar`…), and the SHA-256 of each
+    /// pack's `Contents/data.bin`.
+    static func catalog(_ label: String, count: Int, size: Int) throws -> (folder: URL, data: [String]) {
+        let folder = try Fixtures.temporaryDirectory(label)
+        var data: [String] = []
+        for number in 0..<count {
+            let site = try TestSite.random("\(label)-\(number)", product: "com.example.p\(number)", size: size)
+            try FileManager.default.copyItem(at: site.folder.appending(path: "big.tar"), to: folder.appending(path: "p\(number).tar"))
+            data.append(try #require(site.dataSHA256))
+        }
+        try ManifestBuilder.write(folder: folder)
+        return (folder, data)
+    }
+
     /// A loopback URL nothing listens on: connecting to it is refused.
     static func closedPort() throws -> String {
         "http://127.0.0.1:\(try Fixtures.freePort())/"
@@ -136,6 +150,116 @@ import Testing
         #expect(try Fixtures.sha256Hex(of: try #require(download.contentURL).appending(path: "Contents/data.bin")) == site.dataSHA256)
         #expect(corrupted.requests().count == 1, "the corrupted mirror is not asked again: \(corrupted.requests())")
         #expect(good.bodyBytesSent(path: "/big.tar") == (try site.packSize()), "the pack came whole from the good mirror")
+    }
+
+    /// With chunk hashes (an indexed tar of 16 MiB or more, installed chunk by chunk), a mirror that serves one wrong
+    /// byte at 70% is caught at the window holding it: the chunks checked before it are kept, the rest comes from the
+    /// good mirror, the corrupted one is not asked again, and the tree equals `bsdtar -xf` of the pack.
+    @Test func aCorruptedMirrorIsCaughtByChunkAndTheRestComesFromAGoodOne() async throws {
+        let content = try WriteOnceTests.content("mirror-chunk-content", big: 20)
+        let site = try Fixtures.temporaryDirectory("mirror-chunk-site")
+        try WriteOnceTests.publish(content, site: site, format: .tar)
+        let name = WriteOnceTests.packName(.tar)
+        let copy = try Fixtures.temporaryDirectory("mirror-chunk-bad")
+        var bytes = try Data(contentsOf: site.appending(path: name))
+        let at = bytes.count * 7 / 10
+        bytes[at] ^= 0xFF
+        try bytes.write(to: copy.appending(path: name))
+        try FileManager.default.copyItem(at: site.appending(path: name + ".index.json"), to: copy.appending(path: name + ".index.json"))
+        let corrupted = try NginxServer(root: copy)
+        defer { corrupted.stop() }
+        let good = try NginxServer(root: site)
+        defer { good.stop() }
+        let manifestURL = site.appending(path: "manifest.json")
+        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
+        edited.mirrors = ["http://127.0.0.1:\(corrupted.port)/", "http://127.0.0.1:\(good.port)/"]
+        try JSONEncoder().encode(edited).write(to: manifestURL)
+        let queue = try Self.queue("mirror-chunk-home")
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(manifestURL.path)
+        let id = try #require(try await queue.add(product: WriteOnceTests.product, from: manifest).downloads.first?.id)
+        let download = try await queue.settled(downloadID: id)
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(try treeContents(try #require(download.contentURL)) == (try WriteOnceTests.reference(site, .tar, "mirror-chunk-ref")))
+        let window = 1 << 20
+        let fromBad = corrupted.bodyBytesSent(path: "/" + name)
+        let fromGood = good.bodyBytesSent(path: "/" + name)
+        // Caught within two windows of the bad byte (the next range downloads while the previous one is checked).
+        #expect(fromBad <= at + 2 * window, "the corrupted mirror sent \(fromBad) bytes; the bad one is at \(at)")
+        #expect(fromBad + fromGood <= bytes.count + 3 * window, "at most the windows around the bad byte fetched twice")
+        #expect(fromGood < bytes.count - at + 3 * window, "the good mirror sent only the rest: \(fromGood)")
+        let afterSwitch = corrupted.requests().filter { $0.uri == "/" + name }.count
+        #expect(afterSwitch > 0 && good.requests().contains { $0.uri == "/" + name })
+    }
+
+    /// A slow mirror listed first beside a fast one: the first pack starts on the slow one, the next on the fast one
+    /// (never measured, so tried), and from then on every pack starts on the fastest measured; `packs sources` and
+    /// ``DownloadQueue/sourceRanking()`` show the fast one first.
+    @Test func theFastestMeasuredSourceIsTriedFirst() async throws {
+        let site = try Self.catalog("mirror-rank", count: 4, size: 512 << 10)
+        let slow = try NginxServer(root: site.folder, limitRate: 256 << 10)
+        defer { slow.stop() }
+        let fast = try NginxServer(root: site.folder)
+        defer { fast.stop() }
+        let manifestURL = site.folder.appending(path: "manifest.json")
+        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
+        edited.mirrors = ["http://127.0.0.1:\(slow.port)/", "http://127.0.0.1:\(fast.port)/"]
+        try JSONEncoder().encode(edited).write(to: manifestURL)
+        let home = try Fixtures.temporaryDirectory("mirror-rank-home")
+        let queue = try DownloadQueue(home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false))
+        let manifest = try await LoadedManifest.load(manifestURL.path)
+        var sources: [Int?] = []
+        for number in 0..<4 {
+            let id = try #require(try await queue.add(product: "com.example.p\(number)", from: manifest).downloads.first?.id)
+            let download = try await queue.settled(downloadID: id)
+            #expect(download.state == .finished, "\(download.error?.description ?? "")")
+            #expect(download.source == "127.0.0.1/p\(number).tar")
+            sources.append(download.url.port)
+        }
+        #expect(sources == [slow.port, fast.port, fast.port, fast.port], "the port each pack came from")
+        #expect(slow.requests().map(\.uri) == ["/p0.tar"], "the slow mirror served the first pack only")
+        let ranking = try queue.sourceRanking()
+        #expect(ranking.map(\.origin) == ["http://127.0.0.1:\(fast.port)", "http://127.0.0.1:\(slow.port)"])
+        await queue.close()
+        let shown = try CLI.run(home: home, ["sources"])
+        #expect(shown.status == 0, "\(shown.stderr)")
+        #expect(shown.stdout.hasPrefix("1. http://127.0.0.1:\(fast.port)"), "\(shown.stdout)")
+    }
+
+    /// A transfer much slower than another source measured moves there from the kept bytes (aria2's feedback): the
+    /// first pack measures the fast mirror; the second starts on the slow one (never measured, so tried) and moves.
+    @Test func aSlowTransferMovesToAMuchFasterSourceFromTheKeptBytes() async throws {
+        let size = 4 << 20
+        let site = try Self.catalog("mirror-move", count: 2, size: size)
+        let fast = try NginxServer(root: site.folder)
+        defer { fast.stop() }
+        let slow = try NginxServer(root: site.folder, limitRate: 256 << 10)
+        defer { slow.stop() }
+        let manifestURL = site.folder.appending(path: "manifest.json")
+        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
+        edited.mirrors = ["http://127.0.0.1:\(fast.port)/", "http://127.0.0.1:\(slow.port)/"]
+        try JSONEncoder().encode(edited).write(to: manifestURL)
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("mirror-move-home")),
+            configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false))
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(manifestURL.path)
+        for number in 0..<2 {
+            let id = try #require(try await queue.add(product: "com.example.p\(number)", from: manifest).downloads.first?.id)
+            let download = try await queue.settled(downloadID: id)
+            #expect(download.state == .finished, "pack \(number): \(download.error?.description ?? "")")
+            #expect(download.url.port == fast.port, "pack \(number) finished on the fast mirror: \(slow.requests()) \(fast.requests())")
+            #expect(
+                try Fixtures.sha256Hex(of: try #require(download.contentURL).appending(path: "Contents/data.bin")) == site.data[number])
+        }
+        let packSize = try #require(
+            try FileManager.default.attributesOfItem(atPath: site.folder.appending(path: "p1.tar").path)[.size] as? Int)
+        let fromSlow = slow.bodyBytesSent(path: "/p1.tar")
+        let fromFast = fast.bodyBytesSent(path: "/p1.tar")
+        #expect(fromSlow > 0 && fromSlow < packSize / 2, "the slow mirror sent a little before the move: \(fromSlow)")
+        #expect(
+            fast.requests().last?.range.map { $0 != "bytes=0-" && $0.hasPrefix("bytes=") } == true, "moved by range: \(fast.requests())")
+        #expect(fromSlow + fromFast <= packSize + (64 << 10), "the kept bytes were not fetched again: \(fromSlow) + \(fromFast)")
     }
 
     /// Every source down: the download fails naming each source's last error, the bytes kept; once a source is back,

@@ -59,4 +59,21 @@ import Testing
             #expect(machine.download.url == Self.b, "the retry skips the source that served wrong bytes")
         }
     }
+
+    @Test func theRankingTriesUnmeasuredSourcesFirstThenTheFastestAndFailuresFade() {
+        let now = Date(timeIntervalSince1970: 1_000_000)
+        let c = URL(string: "https://c.example/p.tar")!
+        var ranking = SourceRanking()
+        #expect(ranking.order([Self.a, Self.b, c], now: now) == [Self.a, Self.b, c], "nothing measured: the manifest's order")
+        ranking.record(origin: Download.origin(Self.a), bytes: 1_000_000, seconds: 4, failed: false, now: now)
+        ranking.record(origin: Download.origin(Self.b), bytes: 1_000_000, seconds: 1, failed: false, now: now)
+        #expect(ranking.order([Self.a, Self.b, c], now: now) == [c, Self.b, Self.a], "never measured first, then the fastest")
+        ranking.record(origin: Download.origin(c), bytes: 3_000_000, seconds: 1, failed: true, now: now)
+        ranking.record(origin: Download.origin(c), bytes: 0, seconds: 1, failed: true, now: now)
+        ranking.record(origin: Download.origin(c), bytes: 0, seconds: 1, failed: true, now: now)
+        #expect(ranking.order([Self.a, Self.b, c], now: now) == [Self.b, c, Self.a], "three failures: 3 MB/s counts as 0.75")
+        #expect(
+            ranking.order([Self.a, Self.b, c], now: now.addingTimeInterval(4 * 3_600)) == [c, Self.b, Self.a], "failures fade by the hour")
+        #expect(ranking.ranked(now: now).map(\.origin) == ["http://b.example:80", "https://c.example:443", "http://a.example:80"])
+    }
 }

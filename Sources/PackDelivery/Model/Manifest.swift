@@ -137,14 +137,16 @@ public struct LoadedManifest: Sendable {
         self.baseURL = baseURL
     }
 
-    /// What relative URLs resolve against, in order: each mirror (as a folder), then the manifest's own URL.
+    /// What relative URLs resolve against, in order: each mirror (as a folder), then the manifest's own URL (unless it
+    /// is a local file and mirrors are listed).
     var bases: [URL] {
         var bases: [URL] = []
         for mirror in self.manifest.mirrors ?? [] {
             // A mirror is a folder: `…/packs` and `…/packs/` are the same (a query or fragment is not part of a mirror).
             if let url = URL(string: mirror.hasSuffix("/") ? mirror : mirror + "/") { bases.append(url) }
         }
-        bases.append(self.baseURL)
+        // A local manifest that lists mirrors names where its packs are served: its own folder is not one of them.
+        if bases.isEmpty || !self.baseURL.isFileURL { bases.append(self.baseURL) }
         return bases
     }
 

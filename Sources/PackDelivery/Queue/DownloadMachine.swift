@@ -667,6 +667,32 @@ struct DownloadMachine: Sendable, Hashable {
         }
     }
 
+    /// The transfer about to start (not yet handed to the engine) may begin at a better source instead (the fastest the
+    /// home measured): only before it kept any byte, and before any source failed in this round, so nothing is lost and
+    /// the failover order holds.
+    mutating func preferSource(token: Int, _ source: URL) -> [Action] {
+        guard case .transferring(token, let error) = self.stage, source != self.base.url, self.base.bytesReceived == 0,
+            self.sourceFailures.isEmpty, !self.badSources.contains(source), self.base.sources?.contains(source) == true
+        else { return [] }
+        self.use(source)
+        self.token += 1
+        return self.beginTransfer(error: error, fromZero: false)
+    }
+
+    /// The running transfer is much slower than another source measured: it stops, and goes on from the kept bytes at
+    /// `source` (aria2's feedback: a slow source counts as failed for this round). Nothing happens for stale tokens, a
+    /// source that served wrong bytes, or one the pack does not list.
+    mutating func moveSource(token: Int, to source: URL, because error: PackDeliveryError) -> [Action] {
+        guard case .transferring(token, _) = self.stage, source != self.base.url, !self.badSources.contains(source),
+            self.base.sources?.contains(source) == true
+        else { return [] }
+        self.sourceFailures[self.base.url] = error
+        self.use(source)
+        self.token += 1
+        self.rate = RateEstimator()
+        return [.stopTransfer(token: token)] + self.beginTransfer(error: nil, fromZero: false)
+    }
+
     /// Whether an error says something about the source rather than the pack or this machine: a network failure, an
     /// HTTP error or refusal, a stall or a trickle, another length, wrong bytes. Another source may do better.
     static func isSourceFailure(_ error: PackDeliveryError) -> Bool {
