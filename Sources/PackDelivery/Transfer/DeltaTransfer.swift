@@ -368,7 +368,12 @@ private final class DeltaRun {
             isCancelled: { [transfer] in transfer.isStopped })
         let verified = try assembly.prepareTree(plan)
         let destinations = ChunkAssembly.destinations(plan)
-        let window = ChunkPlan.window(packLength: self.request.download.contentLength)
+        // With several sources, windows of 1 MiB: a source that serves wrong bytes is caught within two windows of the
+        // bad one (a window is checked while the next downloads), and one that dies leaves at most a window in flight.
+        let window =
+            self.request.download.sources == nil
+            ? ChunkPlan.window(packLength: self.request.download.contentLength)
+            : min(1 << 20, ChunkPlan.window(packLength: self.request.download.contentLength))
         var missing = plan.fetch.indices.filter { !verified.contains($0) }
         let kept = verified.reduce(Int64(0)) { $0 + plan.fetch[$1].length }
         // The bytes between chunks (tar headers) are fetched with them: the total is what the ranges fetch.
