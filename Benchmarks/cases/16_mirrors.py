@@ -1,16 +1,16 @@
-"""Case 13: several sources per pack (issue 32), each mirror an nginx of its own on loopback.
+"""Case 16: several sources per pack (issue 32), each mirror an nginx of its own on loopback.
 
-13a: the 1 GiB pack from a manifest listing two mirrors; the first is SIGKILLed (master and worker) once `packs
+16a: the 1 GiB pack from a manifest listing two mirrors; the first is SIGKILLed (master and worker) once `packs
      fetch` reports half the pack: it finishes from the second. Against the same fetch from the second mirror alone,
      uninterrupted (alternated). Targets: ≤ 1 MiB fetched twice (what the second mirror sent, plus the progress reported
      when the first died, minus the pack's size; the report lags the bytes on disk by a few MiB at most, so a value
      ≤ 0 means nothing was fetched twice), ≤ 2 s lost.
-13b: the first mirror serves a copy with one byte changed at 70 %: the bytes it sent past the bad byte (how late it
+16b: the first mirror serves a copy with one byte changed at 70 %: the bytes it sent past the bad byte (how late it
      was caught), what was fetched twice, and `packs verify` of the installed tree (exact).
-13c: 100 small packs (≈ 60 KiB) from [a mirror at nginx limit_rate 1m, a fast one] against the fast one alone, each
+16c: 100 small packs (≈ 60 KiB) from [a mirror at nginx limit_rate 1m, a fast one] against the fast one alone, each
      run on a fresh home (nothing measured yet), alternated. Target ≤ 1.1 ×.
 
-Run alone: Benchmarks/run --only 13
+Run alone: Benchmarks/run --only 16
 """
 import json
 import os
@@ -24,12 +24,12 @@ from harness.measure import KiB, MiB, Failure, content_bytes, log, timed
 from harness.servers import Nginx
 from harness.tables import median
 
-CASES = (13,)
+CASES = (16,)
 DATA = ("big",)
 
 
 def make_data(b):
-    log("data: 100 small packs for case 13 (≈60 KiB each, tar.gz)…")
+    log("data: 100 small packs for case 16 (≈60 KiB each, tar.gz)…")
     rng = b.rng("mirrorsmall")
     for n in range(100):
         sizes = [rng.randint(12, 28) * KiB for _ in range(3)]
@@ -105,7 +105,7 @@ def fetch_killing_at_half(b, home, manifest, product, size, victim):
     code = p.wait()
     wall = time.time() - start
     if code != 0 or killed_at is None:
-        raise Failure(f"case 13a: packs fetch exited {code}, killed at {killed_at}\n{err[-2000:]}")
+        raise Failure(f"case 16a: packs fetch exited {code}, killed at {killed_at}\n{err[-2000:]}")
     return wall, killed_at
 
 
@@ -115,11 +115,11 @@ def run(b):
     site_big = os.path.join(b.site, "big")
     source_manifest = os.path.join(site_big, "manifest.json")
     path = "/" + big["url"]
-    work = os.path.join(b.tmp, "c13")
+    work = os.path.join(b.tmp, "c16")
     os.makedirs(work, exist_ok=True)
 
-    # 13a: the first mirror dies at half.
-    log("case 13a: 1 GiB from two mirrors, the first SIGKILLed at half…")
+    # 16a: the first mirror dies at half.
+    log("case 16a: 1 GiB from two mirrors, the first SIGKILLed at half…")
     second = mirror(b, "second", site_big)
     twice, walls_failover, walls_direct = [], [], []
     try:
@@ -127,15 +127,15 @@ def run(b):
         for r in range(b.reps):
             order = ["failover", "direct"] if r % 2 == 0 else ["direct", "failover"]
             for who in order:
-                home = b.fresh(f"c13a-{r}-{who}")
+                home = b.fresh(f"c16a-{r}-{who}")
                 b.prepare(0, [os.path.join(site_big, big["url"])])
                 before = sent(second, path)
                 if who == "direct":
                     run_ = timed(b.packs_cmd(os.path.join(home, "home"), "fetch", direct, "com.bench.big"), b.tmp)
                     if run_.code != 0:
-                        raise Failure(f"case 13a direct: exit {run_.code}\n{run_.err[-2000:]}")
+                        raise Failure(f"case 16a direct: exit {run_.code}\n{run_.err[-2000:]}")
                     walls_direct.append(run_.wall)
-                    log(f"  case 13a round {r} direct   {run_.wall:7.3f} s")
+                    log(f"  case 16a round {r} direct   {run_.wall:7.3f} s")
                 else:
                     first = mirror(b, f"first-{r}", site_big)
                     manifest = write_manifest(source_manifest, os.path.join(work, f"failover-{r}.json"),
@@ -147,27 +147,27 @@ def run(b):
                     from_second = sent(second, path) - before
                     walls_failover.append(wall)
                     twice.append(from_second + killed_at - size)
-                    log(f"  case 13a round {r} failover {wall:7.3f} s  killed at {killed_at} B reported; second sent {from_second} B; "
+                    log(f"  case 16a round {r} failover {wall:7.3f} s  killed at {killed_at} B reported; second sent {from_second} B; "
                         f"fetched twice {(from_second + killed_at - size) / KiB:.0f} KiB")
                     shutil.rmtree(first.folder, ignore_errors=True)
                 files, total = content_bytes(os.path.join(home, "home", "Caches"))
                 if total < size // 2:
-                    raise Failure(f"case 13a {who}: {files} files / {total} bytes installed")
+                    raise Failure(f"case 16a {who}: {files} files / {total} bytes installed")
                 shutil.rmtree(home, ignore_errors=True)
                 os.sync()
         lost = median(walls_failover) - median(walls_direct)
         w = median(twice)
-        b.report.rows.append(("13a", "first mirror SIGKILLed at 50 % of 1 GiB: fetched twice, as the second mirror's bytes − (size − "
+        b.report.rows.append(("16a", "first mirror SIGKILLed at 50 % of 1 GiB: fetched twice, as the second mirror's bytes − (size − "
                               "progress reported at the kill; it lags what is on disk, so ≤ 0 reads as nothing twice); all runs: "
                               + ", ".join(f"{x / KiB:.0f} KiB" for x in twice) + ")",
                               f"{w / MiB:.2f} MiB", "", "", "", "≤ 1 MiB", "pass" if w <= MiB else "**FAIL**"))
-        b.report.rows.append(("13a", f"  time lost vs the second mirror alone, uninterrupted (medians {median(walls_failover):.2f} s "
+        b.report.rows.append(("16a", f"  time lost vs the second mirror alone, uninterrupted (medians {median(walls_failover):.2f} s "
                               f"vs {median(walls_direct):.2f} s)", f"{lost:.2f} s", "", "", "", "≤ 2 s",
                               "pass" if lost <= 2 else "**FAIL**"))
 
-        # 13b: a corrupted first mirror.
-        log("case 13b: the first mirror serves one changed byte at 70 %…")
-        bad_root = os.path.join(b.tmp, "c13-bad")
+        # 16b: a corrupted first mirror.
+        log("case 16b: the first mirror serves one changed byte at 70 %…")
+        bad_root = os.path.join(b.tmp, "c16-bad")
         os.makedirs(bad_root, exist_ok=True)
         shutil.copy(os.path.join(site_big, big["url"]), os.path.join(bad_root, big["url"]))
         index_name = big["index"]["url"]
@@ -183,21 +183,21 @@ def run(b):
             manifest = write_manifest(source_manifest, os.path.join(work, "corrupt.json"), [f"{bad.base}/", f"{second.base}/"])
             past, doubled = [], []
             for r in range(max(1, b.reps // 2)):
-                home = os.path.join(b.fresh(f"c13b-{r}"), "home")
+                home = os.path.join(b.fresh(f"c16b-{r}"), "home")
                 before_bad, before_good = sent(bad, path), sent(second, path)
                 run_ = timed(b.packs_cmd(home, "fetch", manifest, "com.bench.big"), b.tmp)
                 if run_.code != 0:
-                    raise Failure(f"case 13b: exit {run_.code}\n{run_.err[-2000:]}")
+                    raise Failure(f"case 16b: exit {run_.code}\n{run_.err[-2000:]}")
                 verify = timed(b.packs_cmd(home, "verify"), b.tmp)
                 if verify.code != 0:
-                    raise Failure(f"case 13b: packs verify exited {verify.code}: the installed tree is not exact\n{verify.err}")
+                    raise Failure(f"case 16b: packs verify exited {verify.code}: the installed tree is not exact\n{verify.err}")
                 from_bad, from_good = sent(bad, path) - before_bad, sent(second, path) - before_good
                 past.append(from_bad - at)
                 doubled.append(from_bad + from_good - size)
-                log(f"  case 13b round {r}: {run_.wall:.2f} s; bad mirror sent {from_bad} B ({(from_bad - at) / KiB:.0f} KiB past the "
+                log(f"  case 16b round {r}: {run_.wall:.2f} s; bad mirror sent {from_bad} B ({(from_bad - at) / KiB:.0f} KiB past the "
                     f"bad byte), good {from_good} B; verify ok")
                 shutil.rmtree(os.path.dirname(home), ignore_errors=True)
-            b.report.rows.append(("13b", "corrupted first mirror (1 byte at 70 % of 1 GiB): bytes it sent past the bad byte "
+            b.report.rows.append(("16b", "corrupted first mirror (1 byte at 70 % of 1 GiB): bytes it sent past the bad byte "
                                   "(1 MiB windows with several sources) / fetched twice; packs verify exact",
                                   f"{median(past) / MiB:.2f} MiB / {median(doubled) / MiB:.2f} MiB", "", "", "",
                                   "≤ 1 chunk", "pass" if median(past) <= 256 * KiB else "**FAIL**"))
@@ -206,8 +206,8 @@ def run(b):
     finally:
         second.stop()
 
-    # 13c: a slow mirror listed first beside a fast one.
-    log("case 13c: 100 small packs from [slow (limit_rate 1m), fast] vs fast alone…")
+    # 16c: a slow mirror listed first beside a fast one.
+    log("case 16c: 100 small packs from [slow (limit_rate 1m), fast] vs fast alone…")
     small = b.data["mirrorsmall"]
     site_small = os.path.join(b.site, "mirrorsmall")
     ids = sorted(small, key=lambda p: int(p.rsplit(".", 1)[1]))
@@ -224,13 +224,13 @@ def run(b):
         def check(name, work, run):
             files, _ = content_bytes(work)
             if files != 3 * len(ids):
-                raise Failure(f"case 13c {name}: {files} files unpacked under {work}, expected {3 * len(ids)}")
-        res = b.alternate(13, commands, b.reps, check=check, keep=True)
+                raise Failure(f"case 16c {name}: {files} files unpacked under {work}, expected {3 * len(ids)}")
+        res = b.alternate(16, commands, b.reps, check=check, keep=True)
         m = {name: [r.wall for r in runs] for name, runs in res.items()}
-        b.report.row(13, "100 × 60 KiB packs from [slow 1 MB/s, fast], fresh home", m["slow+fast"], "the fast mirror alone",
+        b.report.row(16, "100 × 60 KiB packs from [slow 1 MB/s, fast], fresh home", m["slow+fast"], "the fast mirror alone",
                      m["fast alone"], target=1.1)
         slow_packs = len([l for l in slow.log_lines() if l.split()[0].endswith(".tar.gz")])
-        b.report.rows.append(("13c", f"packs the slow mirror served, over {b.reps} runs of 100: {slow_packs}", "", "", "", "", "", ""))
+        b.report.rows.append(("16c", f"packs the slow mirror served, over {b.reps} runs of 100: {slow_packs}", "", "", "", "", "", ""))
     finally:
         slow.stop()
         fast.stop()
