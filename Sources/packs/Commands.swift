@@ -277,6 +277,35 @@ extension Packs {
         }
     }
 
+    struct Sources: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Show the sources this home fetched packs from, fastest first, as measured (the order packs start in).",
+            discussion: """
+                A pack whose manifest names several sources starts at the best: one never measured first, then by
+                throughput over one plus recent failures (each failure counts half as much after an hour).
+
+                Example:
+                  packs sources
+                """)
+        @OptionGroup var global: GlobalOptions
+        func run() async throws {
+            try await mapErrors { () async throws(PackDeliveryError) in
+                let queue = try openQueue(self.global, lookingConfiguration())
+                defer { queue.close() }
+                let ranking = try queue.sourceRanking()
+                if self.global.json {
+                    for stats in ranking { printJSON(stats) }
+                    return
+                }
+                if ranking.isEmpty { printLine("No source measured yet.") }
+                for (rank, stats) in ranking.enumerated() {
+                    let rate = stats.bytesPerSecond.map { String(format: "%.2f MB/s", $0 / 1_000_000) } ?? "no throughput yet"
+                    printLine("\(rank + 1). \(stats.origin)  \(rate), \(String(format: "%.1f", stats.failures)) recent failures")
+                }
+            }
+        }
+    }
+
     struct Cancel: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Cancel downloads and delete their partial data and staging.",

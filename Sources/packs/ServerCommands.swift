@@ -251,6 +251,13 @@ extension Packs {
                 valueName: "name"))
         var scope: String?
 
+        @Option(
+            name: .customLong("mirror"), parsing: .upToNextOption,
+            help: ArgumentHelp(
+                "Base URLs the packs are also served from, tried in this order before the manifest's own place (the manifest's mirrors).",
+                valueName: "url"))
+        var mirrors: [String] = []
+
         func validate() throws {
             if self.sign == nil, self.manifestVersion != nil || self.expires != nil || self.scope != nil {
                 throw ValidationError("--manifest-version, --expires and --scope apply to a signed manifest: add --sign KEY.")
@@ -288,7 +295,7 @@ extension Packs {
                     note: {
                         noted = true
                         printError("packs: note: \($0)")
-                    })
+                    }, mirrors: self.mirrors)
                 if noted {
                     printError("packs: hint: packs pack writes packs whose every chunk can be fetched and checked alone.")
                 }

@@ -174,15 +174,22 @@ public enum ManifestBuilder {
     ///   - scope: what the signed manifest's version counts (``Manifest/scope``); nil for that of the `manifest.json`
     ///     it replaces, else the identifier of the folder's one product, else the folder's name.
     ///   - note: called with each thing a pack's index could not give, naming the pack.
+    ///   - mirrors: base URLs the packs are also served from (``Manifest/mirrors``), tried in this order before the
+    ///     manifest's own URL; nil or empty for none.
     /// - Returns: the manifest written.
     /// - Throws: what ``build(folder:)`` throws; `invalidArgument` for an unusable scope; `io` when a file cannot be
     ///   written.
     @discardableResult
     public static func write(
         folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil,
-        note: (String) -> Void = { _ in }
+        note: (String) -> Void = { _ in }, mirrors: [String]? = nil
     ) throws(PackDeliveryError) -> Manifest {
         var manifest = try self.build(folder: folder, note: note)
+        if let mirrors, !mirrors.isEmpty {
+            manifest.mirrors = mirrors
+            // The same checks a client makes, so a publisher learns of a bad mirror before the clients do.
+            _ = try LoadedManifest(manifest: manifest, baseURL: folder.appending(path: "manifest.json"))
+        }
         let target = folder.appending(path: "manifest.json")
         if key != nil {
             let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }

@@ -109,10 +109,18 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     /// While an active download waits to try again after ``error``: when the next attempt starts (for example
     /// after a server's `503` with `Retry-After`). Nil otherwise.
     public var retryDate: Date? = nil
-    /// The pack's URL on the content server.
+    /// The pack's URL on the content server: the source the download fetches from now (or last did), one of
+    /// ``sources`` when the manifest names several.
     public var url: URL
     /// ``url`` without credentials (user info dropped, a query shown as `?…`), for display and logs.
     public var redactedURL: String { self.url.redacted }
+    /// The source in use, as host and path only (no scheme, credentials, port or query): `cdn.example.com/packs/forest.zip`.
+    public var source: String { Self.sourceName(self.url) }
+    /// Every place the pack is fetched from, in the order the manifest gives them (its `url` and `urls` resolved
+    /// against its mirrors); nil when the manifest names one only (``url``).
+    public var sources: [URL]? = nil
+    /// Whether credentials go to every source; otherwise only to those of the same origin as the manifest.
+    var credentialsToAllSources = false
     /// Hex SHA-256 of the pack, from the manifest.
     public var sha256: String
     /// Unpacked size in bytes, when the manifest gives it.
@@ -220,6 +228,45 @@ extension Download {
         self.deltaFallback = try c.decodeIfPresent(DeltaFallback.self, forKey: .deltaFallback)
         self.priority = try c.decodeIfPresent(DownloadPriority.self, forKey: .priority) ?? .essential
         self.index = try c.decodeIfPresent(Manifest.IndexReference.self, forKey: .index)
+        self.sources = try c.decodeIfPresent([URL].self, forKey: .sources)
+        self.credentialsToAllSources = try c.decodeIfPresent(Bool.self, forKey: .credentialsToAllSources) ?? false
+    }
+
+    /// The pack's index at the source in use: a relative index URL was resolved against the first source's folder,
+    /// so an index in that folder is fetched from the same folder of the source in use.
+    var indexAtSource: Manifest.IndexReference? {
+        guard var index = self.index, let first = self.sources?.first, first != self.url else { return self.index }
+        let firstFolder = first.deletingLastPathComponent().absoluteString
+        let folder = self.url.deletingLastPathComponent().absoluteString
+        guard index.url.hasPrefix(firstFolder) else { return index }
+        index.url = folder + index.url.dropFirst(firstFolder.count)
+        return index
+    }
+
+    /// Whether the credentials of the download's transaction may go to the source in use: always for a pack with one
+    /// source; for one with several, only to a source of the same origin (scheme, host, port) as the manifest (or, for a
+    /// manifest built in memory or read from a file, as the first source), unless the manifest says they go to all.
+    func mayCarryCredentials(manifestURL: String?) -> Bool {
+        guard let sources = self.sources, !self.credentialsToAllSources else { return true }
+        let manifest = manifestURL.flatMap { URL(string: $0) }.flatMap {
+            ["http", "https"].contains($0.scheme?.lowercased() ?? "") ? $0 : nil
+        }
+        guard let reference = manifest ?? sources.first else { return true }
+        return Self.origin(reference) == Self.origin(self.url)
+    }
+
+    /// Scheme, host and port: what a credential is bound to, and what measured throughput is kept for.
+    static func origin(_ url: URL) -> String {
+        let scheme = url.scheme?.lowercased() ?? ""
+        if url.isFileURL { return "file://" }
+        let port = url.port ?? (scheme == "https" ? 443 : scheme == "http" ? 80 : 0)
+        return "\(scheme)://\(url.host?.lowercased() ?? ""):\(port)"
+    }
+
+    /// A source as host and path only, for events, errors and `packs sources`: never credentials or a query.
+    static func sourceName(_ url: URL) -> String {
+        if url.isFileURL { return url.path }
+        return (url.host ?? "") + (url.path.isEmpty ? "/" : url.path)
     }
 }
 

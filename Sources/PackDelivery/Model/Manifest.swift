@@ -38,6 +38,10 @@ public struct Manifest: Sendable, Hashable, Codable {
         /// How much the pack is worth keeping in the caches (`"preservationPriority"`): when space is needed, packs
         /// with the lowest go first, then the least recently used. Nil (absent) counts as 0.
         public var preservationPriority: Int? = nil
+        /// More places the same pack (the same bytes) is served from, tried after ``url`` in this order: absolute, or
+        /// relative (resolved, like ``url``, against each of the manifest's ``Manifest/mirrors`` and then its own URL).
+        /// Nil for none.
+        public var urls: [String]? = nil
         /// Creates a pack entry.
         ///
         /// - Parameters:
@@ -72,6 +76,14 @@ public struct Manifest: Sendable, Hashable, Codable {
     /// own (one per product, one per catalog), and a client keeps a rollback mark per publisher and scope.
     /// Nil in an unsigned manifest, and in one signed before scopes (those share one mark per publisher).
     public var scope: String?
+    /// Base URLs that relative pack and index URLs resolve against, in this order, before the manifest's own URL:
+    /// a pack is fetched from the first that works, and a transfer that fails at one continues from the kept bytes at
+    /// the next. Covered by the signature like every other byte of the manifest. Nil for none (relative URLs then
+    /// resolve against the manifest's URL only).
+    public var mirrors: [String]? = nil
+    /// Whether credentials (a receipt, a credential provider's headers) go to every source of a pack. Nil or false:
+    /// only to sources of the same origin (scheme, host and port) as the manifest, so a third-party mirror never sees them.
+    public var credentialsToAllSources: Bool? = nil
 
     /// Creates a manifest.
     ///
@@ -128,37 +140,82 @@ public struct LoadedManifest: Sendable {
         self.baseURL = baseURL
     }
 
+    /// What relative URLs resolve against, in order: each mirror (as a folder), then the manifest's own URL (unless it
+    /// is a local file and mirrors are listed).
+    var bases: [URL] {
+        var bases: [URL] = []
+        for mirror in self.manifest.mirrors ?? [] {
+            // A mirror is a folder: `…/packs` and `…/packs/` are the same (a query or fragment is not part of a mirror).
+            if let url = URL(string: mirror.hasSuffix("/") ? mirror : mirror + "/") { bases.append(url) }
+        }
+        // A local manifest that lists mirrors names where its packs are served: its own folder is not one of them.
+        if bases.isEmpty || !self.baseURL.isFileURL { bases.append(self.baseURL) }
+        return bases
+    }
+
+    /// The schemes a pack or index URL may have: http(s), and `file` for a local manifest's.
+    private var allowedSchemes: Set<String> { self.baseURL.isFileURL ? ["http", "https", "file"] : ["http", "https"] }
+
+    /// Every URL a text from the manifest names: itself when absolute, else resolved against each base in order.
+    private func resolve(_ text: String) -> [URL] {
+        if let url = URL(string: text), url.scheme != nil { return [url.absoluteURL] }
+        return self.bases.compactMap { URL(string: text, relativeTo: $0)?.absoluteURL }
+    }
+
     /// A content's index reference with its URL made absolute, or nil when it has none or names a scheme that
-    /// is not allowed (a pack without a usable index is simply never updated by delta).
+    /// is not allowed (a pack without a usable index is simply never updated by delta). A relative index URL resolves
+    /// against the first base; a pack fetched from another source fetches it from there (see ``Download/sources``).
     func resolvedIndex(for content: Manifest.Content) -> Manifest.IndexReference? {
-        guard var reference = content.index,
-            let url = URL(string: reference.url, relativeTo: self.baseURL)?.absoluteURL,
-            let scheme = url.scheme?.lowercased(), ["http", "https"].contains(scheme) || (self.baseURL.isFileURL && scheme == "file")
+        guard var reference = content.index, let url = self.resolve(reference.url).first,
+            let scheme = url.scheme?.lowercased(), self.allowedSchemes.contains(scheme)
         else { return nil }
         reference.url = url.absoluteString
         return reference
     }
 
-    /// The absolute URL of a content's pack.
+    /// The absolute URL of a content's pack: the first of ``packURLs(for:)``.
     ///
     /// A manifest read over http(s) may only name http(s) packs; a local manifest may also name `file://` packs.
     /// - Parameter content: a pack of this manifest.
-    /// - Returns: the pack's URL resolved against ``baseURL``.
+    /// - Returns: the pack's URL resolved against the first mirror, or ``baseURL`` when there is none.
     /// - Throws: ``PackDeliveryError`` with code `unsupportedURL` when the result's scheme is not allowed.
     public func packURL(for content: Manifest.Content) throws(PackDeliveryError) -> URL {
-        let allowed: Set<String> = self.baseURL.isFileURL ? ["http", "https", "file"] : ["http", "https"]
-        guard let url = URL(string: content.url, relativeTo: self.baseURL)?.absoluteURL,
-            let scheme = url.scheme?.lowercased(), allowed.contains(scheme)
-        else {
-            let which =
-                self.baseURL.isFileURL ? "an http(s) or file URL" : "an http(s) URL (a manifest from a server may not name local files)"
-            throw PackDeliveryError(
-                .unsupportedURL,
-                message:
-                    "The manifest gives '\(PackDeliveryError.printable(Self.redact(content.url)))' as the URL of \(PackDeliveryError.printable(content.contentIdentifier)), which is not \(which).",
-                hint: "Fix the manifest's url field.", subject: Self.redact(content.url))
+        try self.packURLs(for: content)[0]
+    }
+
+    /// Every place a content's pack is fetched from, in the order they are tried: its `url`, then each of its `urls`,
+    /// each relative one resolved against every mirror in order and then against ``baseURL``; without repeats.
+    ///
+    /// - Parameter content: a pack of this manifest.
+    /// - Returns: at least one URL.
+    /// - Throws: ``PackDeliveryError`` with code `unsupportedURL` when one of them has a scheme that is not allowed.
+    public func packURLs(for content: Manifest.Content) throws(PackDeliveryError) -> [URL] {
+        var urls: [URL] = []
+        var seen: Set<String> = []
+        for text in [content.url] + (content.urls ?? []) {
+            let resolved = self.resolve(text)
+            for url in resolved {
+                guard let scheme = url.scheme?.lowercased(), self.allowedSchemes.contains(scheme) else {
+                    let which =
+                        self.baseURL.isFileURL
+                        ? "an http(s) or file URL" : "an http(s) URL (a manifest from a server may not name local files)"
+                    throw PackDeliveryError(
+                        .unsupportedURL,
+                        message:
+                            "The manifest gives '\(PackDeliveryError.printable(Self.redact(text)))' as a URL of \(PackDeliveryError.printable(content.contentIdentifier)), which is not \(which).",
+                        hint: "Fix the manifest's url, urls or mirrors fields.", subject: Self.redact(text))
+                }
+                if seen.insert(url.absoluteString).inserted { urls.append(url) }
+            }
+            if resolved.isEmpty {
+                throw PackDeliveryError(
+                    .unsupportedURL,
+                    message:
+                        "The manifest gives '\(PackDeliveryError.printable(Self.redact(text)))' as a URL of \(PackDeliveryError.printable(content.contentIdentifier)), which is not a URL.",
+                    hint: "Fix the manifest's url or urls fields.", subject: Self.redact(text))
+            }
         }
-        return url
+        return urls
     }
 
     /// Decodes and checks a manifest's bytes.
@@ -198,6 +255,30 @@ public struct LoadedManifest: Sendable {
                 .invalidManifest, message: "The manifest at \(place) has \(problem).",
                 hint: "A scope names what the manifest's version counts, such as its product; sign it again.", subject: place)
         }
+        if let mirrors = manifest.mirrors {
+            if mirrors.count > Self.maxSources {
+                throw PackDeliveryError(
+                    .invalidManifest, message: "The manifest at \(place) lists \(mirrors.count) mirrors, more than \(Self.maxSources).",
+                    hint: "List at most \(Self.maxSources) mirrors.", subject: place)
+            }
+            for mirror in mirrors {
+                let problem: String? =
+                    if let problem = Self.textProblem(mirror, maxBytes: 8192) {
+                        "a mirror with \(problem)"
+                    } else if let url = URL(string: mirror), let scheme = url.scheme?.lowercased(), url.host != nil || scheme == "file",
+                        ["http", "https", "file"].contains(scheme)
+                    {
+                        nil
+                    } else {
+                        "a mirror '\(PackDeliveryError.printable(Self.redact(mirror)))' that is not an absolute http(s) URL"
+                    }
+                if let problem {
+                    throw PackDeliveryError(
+                        .invalidManifest, message: "The manifest at \(place) has \(problem).", hint: "Fix the manifest's mirrors.",
+                        subject: place)
+                }
+            }
+        }
         var products: Set<String> = []
         var contents: [String: String] = [:]
         for product in manifest.products {
@@ -236,6 +317,10 @@ public struct LoadedManifest: Sendable {
                         "an index sha256 that is not 64 hex digits (0-9, a-f)"
                     } else if let index = content.index, let problem = Self.textProblem(index.url, maxBytes: 8192) {
                         "an index url with \(problem)"
+                    } else if let urls = content.urls, urls.count > Self.maxSources {
+                        "\(urls.count) urls, more than \(Self.maxSources)"
+                    } else if let problem = content.urls?.lazy.compactMap({ Self.textProblem($0, maxBytes: 8192) }).first {
+                        "a url in urls with \(problem)"
                     } else {
                         nil
                     }
@@ -254,6 +339,9 @@ public struct LoadedManifest: Sendable {
             }
         }
     }
+
+    /// The most mirrors a manifest, and the most `urls` a pack, may list.
+    static let maxSources = 16
 
     /// The largest size a manifest may give (1 PiB): sums of a few such sizes never overflow `Int64`.
     static let maxSize: Int64 = 1 << 50

@@ -186,6 +186,11 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var installOutstanding = false
     private var rate = RateEstimator()
     let retryPolicy: RetryPolicy
+    /// The last error of each source that failed since the download last started on its first good source: once every
+    /// source has one, the attempt counts as failed (and the error lists them all).
+    private(set) var sourceFailures: [URL: PackDeliveryError] = [:]
+    /// Sources that served bytes other than the pack's: never asked again while this machine lives (this run).
+    private(set) var badSources: Set<URL> = []
 
     init(
         download: Download, validator: String? = nil, retriedFromZero: Bool = false, archive: Archive = .partial,
@@ -264,6 +269,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.rate = RateEstimator()
         self.attempt = 0
         self.lastMovement = now
+        self.sourceFailures = [:]
         if self.verified { return self.beginInstall(phase: .unpacking, error: nil) }
         return self.beginTransfer(error: nil, fromZero: false)
     }
@@ -381,7 +387,14 @@ struct DownloadMachine: Sendable, Hashable {
                 message:
                     "The pack \(self.base.contentIdentifier) from \(self.base.url.redacted) has SHA-256 \(sha256), but the manifest says \(self.base.sha256).",
                 hint: "Nothing was installed; the manifest or the pack on the server is wrong.", subject: self.base.url.redacted)
-            return self.fail(error) + [.deleteFiles(staging: true)]
+            // Fetched whole from this one source and still wrong: this source serves other bytes. Another may not.
+            self.badSources.insert(self.base.url)
+            if let next = self.nextSource(after: error) {
+                self.use(next)
+                self.token += 1
+                return [.deleteFiles(staging: true)] + self.beginTransfer(error: error, fromZero: true)
+            }
+            return self.fail(self.allSourcesFailed(error)) + [.deleteFiles(staging: true)]
         case .failed(let failure, let bytes):
             self.keep(bytes, durable: false)
             return self.transferFailed(failure, bytes: bytes, jitter: jitter, now: now)
@@ -393,6 +406,9 @@ struct DownloadMachine: Sendable, Hashable {
         guard case .waitingToRetry(token, _, let error, _) = self.stage else { return [] }
         self.lastMovement = now
         if self.verified { return self.beginInstall(phase: .unpacking, error: error) }
+        // A new round over the sources, from the first that did not serve wrong bytes.
+        self.sourceFailures = [:]
+        if let first = self.base.sources?.first(where: { !self.badSources.contains($0) }) { self.use(first) }
         return self.beginTransfer(error: error, fromZero: false)
     }
 
@@ -584,7 +600,22 @@ struct DownloadMachine: Sendable, Hashable {
     private var stopOutstandingInstall: [Action] { self.installOutstanding ? [.stopInstall] : [] }
 
     private mutating func transferFailed(_ failure: TransferFailure, bytes: Int64, jitter: Double, now: Date) -> [Action] {
+        var failure = failure
         if failure.error.code == .insufficientStorage { return self.enterPaused(.insufficientStorage, error: failure.error) }
+        if Self.isSourceFailure(failure.error), self.base.sources != nil {
+            if failure.error.code == .checksumMismatch || failure.error.code == .lengthMismatch { self.badSources.insert(self.base.url) }
+            if let next = self.nextSource(after: failure.error) {
+                // Continue from the kept bytes at the next source, at once: it is another server, so no backoff.
+                if bytes > self.mostBytesKept { self.attempt = 0 }
+                self.mostBytesKept = max(self.mostBytesKept, bytes)
+                self.use(next)
+                self.token += 1
+                return self.beginTransfer(error: failure.error, fromZero: false)
+            }
+            // Every source failed in this round: one failed attempt, whose error lists them all.
+            failure.error = self.allSourcesFailed(failure.error)
+            if self.base.sources?.allSatisfy(self.badSources.contains) == true { failure.retryable = false }
+        }
         if failure.error.code == .unauthorized {
             if self.credentialsRenewable, self.remedies.renewal == .notAsked {
                 // Ask for fresh credentials (a token that expired), and try again at once.
@@ -634,6 +665,82 @@ struct DownloadMachine: Sendable, Hashable {
         default:
             return []
         }
+    }
+
+    /// The transfer about to start (not yet handed to the engine) may begin at a better source instead (the fastest the
+    /// home measured): only before it kept any byte, and before any source failed in this round, so nothing is lost and
+    /// the failover order holds.
+    mutating func preferSource(token: Int, _ source: URL) -> [Action] {
+        guard case .transferring(token, let error) = self.stage, source != self.base.url, self.base.bytesReceived == 0,
+            self.sourceFailures.isEmpty, !self.badSources.contains(source), self.base.sources?.contains(source) == true
+        else { return [] }
+        self.use(source)
+        self.token += 1
+        return self.beginTransfer(error: error, fromZero: false)
+    }
+
+    /// The running transfer is much slower than another source measured: it stops, and goes on from the kept bytes at
+    /// `source` (aria2's feedback: a slow source counts as failed for this round). Nothing happens for stale tokens, a
+    /// source that served wrong bytes, or one the pack does not list.
+    mutating func moveSource(token: Int, to source: URL, because error: PackDeliveryError) -> [Action] {
+        guard case .transferring(token, _) = self.stage, source != self.base.url, !self.badSources.contains(source),
+            self.base.sources?.contains(source) == true
+        else { return [] }
+        self.sourceFailures[self.base.url] = error
+        self.use(source)
+        self.token += 1
+        self.rate = RateEstimator()
+        return [.stopTransfer(token: token)] + self.beginTransfer(error: nil, fromZero: false)
+    }
+
+    /// Whether an error says something about the source rather than the pack or this machine: a network failure, an
+    /// HTTP error or refusal, a stall or a trickle, another length, wrong bytes. Another source may do better.
+    static func isSourceFailure(_ error: PackDeliveryError) -> Bool {
+        switch error.kind {
+        case .network, .unauthorized: true
+        case .badData: error.code == .lengthMismatch || error.code == .checksumMismatch
+        case .usage, .io, .insufficientStorage, .cancelled: false
+        }
+    }
+
+    /// Records `error` as the current source's last, and returns the next source to try in this round: the first one
+    /// after the current (in order, wrapping) that neither failed in this round nor served wrong bytes; nil when none is left.
+    private mutating func nextSource(after error: PackDeliveryError) -> URL? {
+        guard let sources = self.base.sources else { return nil }
+        self.sourceFailures[self.base.url] = error
+        let start = (sources.firstIndex(of: self.base.url) ?? -1) + 1
+        for offset in 0..<sources.count {
+            let candidate = sources[(start + offset) % sources.count]
+            if self.sourceFailures[candidate] == nil, !self.badSources.contains(candidate) { return candidate }
+        }
+        return nil
+    }
+
+    /// Moves the download to another source. A validator belongs to the source it came from (mirrors give their own
+    /// ETags), so it is dropped: the next source is asked for the rest without If-Range, and the pack's length and
+    /// SHA-256 decide whether the bytes from both make the pack.
+    private mutating func use(_ source: URL) {
+        guard source != self.base.url else { return }
+        self.base.url = source
+        self.validator = nil
+    }
+
+    /// The error after every source failed: the last one's code, status and hint, with each source's last error, briefly.
+    private func allSourcesFailed(_ last: PackDeliveryError) -> PackDeliveryError {
+        guard let sources = self.base.sources else { return last }
+        var failures = self.sourceFailures
+        failures[self.base.url] = last
+        let each = sources.compactMap { source -> String? in
+            guard let error = failures[source] else { return nil }
+            let message = error.message.count > 160 ? String(error.message.prefix(157)) + "…" : error.message
+            return "\(Download.sourceName(source)): \(message)"
+        }
+        let bytes = self.base.bytesReceived
+        let kept = bytes > 0 ? " The \(bytes) bytes downloaded are kept." : ""
+        return PackDeliveryError(
+            last.code,
+            message: "Every source of \(self.base.contentIdentifier) failed (\(each.joined(separator: "; "))).\(kept)",
+            hint: last.hint, subject: last.subject, underlying: last.underlying, httpStatus: last.httpStatus)
     }
 
     private mutating func beginTransfer(error: PackDeliveryError?, fromZero: Bool) -> [Action] {

@@ -60,12 +60,30 @@ extension DownloadQueue {
         let download = machine.download
         switch action {
         case .startTransfer(let token, let fromZero):
+            var download = download
+            download.index = download.indexAtSource
             let archive = self.home.archiveURL(for: download)
             if fromZero { self.discard(archive) }
             var options = self.configuration.transfer
-            options.headers += self.credentialHeaders(
-                for: download, url: download.url, refused: machine.credentialsRefused,
-                receipt: self.recordedAccess(download.transactionID)?.receipt)
+            let access = self.recordedAccess(download.transactionID)
+            if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
+                options.headers += self.credentialHeaders(
+                    for: download, url: download.url, refused: machine.credentialsRefused, receipt: access?.receipt)
+            }
+            if let sources = download.sources {
+                // Start at the fastest source the home measured (one never measured first, so each gets measured).
+                let best = self.driven { state in
+                    if state.ranking == nil { state.ranking = SourceRanking((try? self.store.sourceStats()) ?? []) }
+                    return state.ranking?.order(sources, now: Date()).first
+                }
+                if let best, best != download.url, download.bytesReceived == 0, !fromZero {
+                    let actions = self.driven { $0.machine.handle(id, .preferSource(token: token, best)) }
+                    if !actions.isEmpty { return actions }
+                }
+                self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(download.source)"])
+                let start = (origin: Download.origin(download.url), at: Date(), bytes: fromZero ? 0 : download.bytesReceived)
+                self.driven { $0.sourceStarts[TransferID(download: id, token: token)] = start }
+            }
             if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
                 self.driven { $0.updateWork(id) { $0.delta = delta } }
                 delta.start { [weak self] event in
@@ -357,6 +375,7 @@ extension DownloadQueue {
             if case .assembled(let fetched) = outcome {
                 self.logger.info("delta update fetched what it needed", metadata: ["download": "\(id)", "bytesFetched": "\(fetched)"])
             }
+            self.measureSource(transferID, outcome)
             self.change { $0.handle(id, .transferFinished(token: token, outcome: outcome)) }
         case .deltaPlanned(let transferID, let delta):
             let (id, token) = (transferID.download, transferID.token)
@@ -368,6 +387,62 @@ extension DownloadQueue {
                     "chunksFetched": "\(delta.chunksFetched)", "chunksReused": "\(delta.chunksReused)", "bytesKept": "\(delta.bytesKept)",
                 ])
             self.change { $0.handle(id, .deltaPlanned(token: token, delta: delta)) }
+        }
+    }
+
+    /// Records what a transfer of a pack with several sources measured of its source: the bytes it brought over the time
+    /// it ran, and whether the source failed. Kept in the home (``SourceStats``), so the next packs start at the fastest.
+    private func measureSource(_ transferID: TransferID, _ outcome: TransferOutcome) {
+        guard let start = self.driven({ $0.sourceStarts.removeValue(forKey: transferID) }) else { return }
+        let now = Date()
+        let bytes: Int64
+        let failed: Bool
+        switch outcome {
+        case .completed(_, let length, let resumedFrom): (bytes, failed) = (length - resumedFrom, false)
+        case .failed(let failure, let onDisk): (bytes, failed) = (onDisk - start.bytes, DownloadMachine.isSourceFailure(failure.error))
+        case .assembled(let fetched): (bytes, failed) = (fetched - start.bytes, false)
+        case .stopped, .deltaRefused: return  // says nothing of the source
+        }
+        let stats = self.driven { state in
+            var ranking = state.ranking ?? SourceRanking((try? self.store.sourceStats()) ?? [])
+            defer { state.ranking = ranking }
+            return ranking.record(origin: start.origin, bytes: bytes, seconds: now.timeIntervalSince(start.at), failed: failed, now: now)
+        }
+        do { try self.store.saveSourceStats(stats) } catch {
+            self.logger.warning(
+                "cannot record a source's throughput", metadata: ["source": "\(start.origin)", "error": "\(error.message)"])
+        }
+    }
+
+    /// Moves a whole-pack transfer to another of its sources when that one measured much faster (aria2's feedback
+    /// style): after the transfer ran for `SourceRanking.moveAfter` seconds, when the other is `SourceRanking.moveFactor`
+    /// times faster than the rate now, and the move saves at least `SourceRanking.moveSaves` seconds. What the slow
+    /// transfer measured is recorded first. A delta is never moved (its worker may still be placing a range).
+    private func moveSlowTransfers(now: Date) {
+        let running = self.driven { $0.sourceStarts }
+        for (transferID, start) in running where now.timeIntervalSince(start.at) >= SourceRanking.moveAfter {
+            let (machine, delta, ranking) = self.driven {
+                ($0.machine.machine(transferID.download), $0.work[transferID.download]?.delta, $0.ranking)
+            }
+            guard let machine, machine.token == transferID.token, delta == nil, let ranking else { continue }
+            let download = machine.download
+            guard download.state == .active, let sources = download.sources, let rate = download.bytesPerSecond, rate > 0 else { continue }
+            let remaining = Double(download.contentLength - download.bytesReceived)
+            let candidates = ranking.order(sources, now: now).filter { $0 != download.url && !machine.badSources.contains($0) }
+            guard let best = candidates.first, let score = ranking.score(Download.origin(best), now: now),
+                score >= rate * SourceRanking.moveFactor, remaining / rate - remaining / score >= SourceRanking.moveSaves
+            else { continue }
+            self.measureSource(
+                transferID, .failed(TransferFailure(error: .stopped(""), retryable: true), bytesOnDisk: download.bytesReceived))
+            let error = PackDeliveryError(
+                .tooSlow,
+                message:
+                    "\(download.source) sent \(Int(rate)) bytes per second, where \(Download.sourceName(best)) measured \(Int(score)): moved there.",
+                subject: download.source)
+            self.logger.info(
+                "moving to a faster source",
+                metadata: ["download": "\(transferID.download)", "from": "\(download.source)", "to": "\(Download.sourceName(best))"])
+            self.change { $0.handle(transferID.download, .moveSource(token: transferID.token, best, because: error)) }
         }
     }
 
@@ -400,6 +475,7 @@ extension DownloadQueue {
                 uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
         self.change { $0.tick(now: Date(), available: available) }
+        self.moveSlowTransfers(now: Date())
         if ticks % 2 == 0 {
             self.save(includingProgress: true)
         } else {

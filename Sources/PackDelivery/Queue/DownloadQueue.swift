@@ -151,6 +151,11 @@ public final class DownloadQueue: Sendable {
         var others: [String: Download]?
         /// Transactions another process delivers that this queue joined: their downloads are taken over if it dies.
         var joinedElsewhere: Set<String> = []
+        /// What the home measured of each source, read from the store when first needed, then kept up to date here.
+        var ranking: SourceRanking?
+        /// Where each running whole-pack transfer of a pack with several sources started: its origin, when, and the
+        /// bytes kept then, to measure the source's throughput when it ends.
+        var sourceStarts: [TransferID: (origin: String, at: Date, bytes: Int64)] = [:]
 
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
         mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {
@@ -192,6 +197,15 @@ public final class DownloadQueue: Sendable {
 
     struct WeakObserver: Sendable {
         weak var observer: (any DownloadQueueObserver)?
+    }
+
+    /// What this home measured of each source a pack was fetched from, best first: a pack with several sources
+    /// starts at the best (one never measured first), as `packs sources` shows.
+    ///
+    /// - Returns: every source measured, by throughput over one plus recent failures, best first.
+    /// - Throws: ``PackDeliveryError`` when the state database cannot be read.
+    public func sourceRanking() throws(PackDeliveryError) -> [SourceStats] {
+        SourceRanking(try self.store.sourceStats()).ranked(now: Date())
     }
 
     /// Opens (or creates) the queue's state under `home` and takes over downloads no live process runs.
@@ -359,7 +373,11 @@ public final class DownloadQueue: Sendable {
             }
             let transactionID = Self.newID("t")
             var urls: [URL] = []
-            for content in product.contents { urls.append(try manifest.packURL(for: content)) }
+            var sources: [[URL]] = []
+            for content in product.contents {
+                sources.append(try manifest.packURLs(for: content))
+                urls.append(sources[sources.count - 1][0])
+            }
             var downloads = try AddPlan.downloads(
                 for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
                 priority: kind == .restored ? .restore : .essential, installs: byContent, presentFolders: present,
@@ -367,6 +385,10 @@ public final class DownloadQueue: Sendable {
             ).get()
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
                 downloads[offset].index = manifest.resolvedIndex(for: content)
+                if sources[offset].count > 1 {
+                    downloads[offset].sources = sources[offset]
+                    downloads[offset].credentialsToAllSources = manifest.manifest.credentialsToAllSources ?? false
+                }
             }
             if !start {
                 for index in downloads.indices where downloads[index].state == .waiting {

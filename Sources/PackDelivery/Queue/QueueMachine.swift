@@ -29,6 +29,10 @@ struct QueueMachine: Sendable {
         case transferFinished(token: Int, outcome: TransferOutcome)
         /// A delta update planned what it fetches and reuses.
         case deltaPlanned(token: Int, delta: Download.Delta)
+        /// The transfer just started may begin at this source instead, the fastest measured.
+        case preferSource(token: Int, URL)
+        /// The running transfer is much slower than this source measured: move it there from the kept bytes.
+        case moveSource(token: Int, URL, because: PackDeliveryError)
         case retryDue(token: Int)
         /// The manifest was read again: the pack's URL in it, or why not.
         case manifestReloaded(token: Int, result: Result<URL, PackDeliveryError>)
@@ -131,6 +135,10 @@ struct QueueMachine: Sendable {
             case .deltaPlanned(let token, let delta):
                 machine.deltaPlanned(token: token, delta: delta, now: now)
                 return []
+            case .preferSource(let token, let source):
+                return machine.preferSource(token: token, source)
+            case .moveSource(let token, let source, let error):
+                return machine.moveSource(token: token, to: source, because: error)
             case .retryDue(let token):
                 return machine.retryDue(token: token, now: now)
             case .manifestReloaded(let token, let result):

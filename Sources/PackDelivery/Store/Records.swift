@@ -66,6 +66,14 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var indexReference: JSONColumn<Manifest.IndexReference>?
     /// How soon it starts while it waits; NULL (rows from before priorities) is `essential`.
     var priority: DownloadPriority?
+    /// Every source of the pack, as JSON; NULL when it has one (its url).
+    var sources: JSONColumn<StoredSources>?
+
+    /// The `sources` column: the pack's sources in manifest order, and whether credentials go to all of them.
+    struct StoredSources: Codable, Sendable {
+        var urls: [URL]
+        var credentialsToAllSources: Bool
+    }
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -102,6 +110,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.partialPath = partialPath
         self.indexReference = download.index.map { .value($0) }
         self.priority = download.priority
+        self.sources = download.sources.map { .value(StoredSources(urls: $0, credentialsToAllSources: download.credentialsToAllSources)) }
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -114,7 +123,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     }
 
     var download: Download {
-        Download(
+        var download = Download(
             id: self.id, transactionID: self.transactionID, productIdentifier: self.productIdentifier,
             contentIdentifier: self.contentIdentifier, contentVersion: self.contentVersion, contentLength: self.contentLength,
             state: self.state, phase: self.phase, progress: self.progress, phaseProgress: self.state == .finished ? 1 : 0,
@@ -134,6 +143,11 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
             url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
             destination: self.destination, bytesReceived: self.bytesReceived, priority: self.priority ?? .essential,
             index: self.indexReference?.value)
+        if let stored = self.sources?.value {
+            download.sources = stored.urls
+            download.credentialsToAllSources = stored.credentialsToAllSources
+        }
+        return download
     }
 
     /// Why the recorded index reference cannot be read, when it cannot: the download then has none (see ``download``).

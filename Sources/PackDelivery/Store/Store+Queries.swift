@@ -392,4 +392,23 @@ extension Store {
             return nil
         }
     }
+
+    /// What the home measured of every source (``SourceStats``), in no order.
+    func sourceStats() throws(PackDeliveryError) -> [SourceStats] {
+        try self.read { db in
+            try Row.fetchAll(db, sql: "SELECT origin, bytesPerSecond, failures, updatedAt FROM sourceStats").map { row in
+                SourceStats(
+                    origin: row["origin"], bytesPerSecond: row["bytesPerSecond"], failures: row["failures"], updatedAt: row["updatedAt"])
+            }
+        }
+    }
+
+    /// Records what was measured of one source (its row replaced).
+    func saveSourceStats(_ stats: SourceStats) throws(PackDeliveryError) {
+        try self.write { db in
+            try db.execute(
+                sql: "INSERT OR REPLACE INTO sourceStats (origin, bytesPerSecond, failures, updatedAt) VALUES (?, ?, ?, ?)",
+                arguments: [stats.origin, stats.bytesPerSecond, stats.failures, stats.updatedAt])
+        }
+    }
 }

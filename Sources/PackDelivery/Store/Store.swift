@@ -256,6 +256,17 @@ final class Store: Sendable {
                 t.column("value", .text).notNull()
             }
         }
+        migrator.registerMigration("v11: sources and their measured throughput per home") { db in
+            // NULL for a pack with one source (its url), as every download recorded before had.
+            try db.alter(table: "downloads") { t in t.add(column: "sources", .text) }
+            // What each source (scheme, host and port) delivered lately, decayed with time: the fastest is tried first.
+            try db.create(table: "sourceStats") { t in
+                t.primaryKey("origin", .text)
+                t.column("bytesPerSecond", .double)
+                t.column("failures", .double).notNull().defaults(to: 0)
+                t.column("updatedAt", .datetime).notNull()
+            }
+        }
         return migrator
     }
 

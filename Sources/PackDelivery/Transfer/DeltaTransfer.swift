@@ -316,6 +316,7 @@ private final class DeltaRun {
             for range in ChunkPlan.coalesce(missing, in: plan.fetch) {
                 try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
                 bad += try assembly.keep(range, chunks: plan.fetch, from: self.rangeFile(range.start, range.end))
+                if !bad.isEmpty, let failure = self.wrongChunks(bad.count) { throw failure }
             }
             if let twice = bad.first(where: { refetched.contains($0) }) {
                 let number = plan.build.first { $0.pieces.contains { $0.source == .fetched(twice) } }?.number
@@ -337,6 +338,21 @@ private final class DeltaRun {
         return (.assembled(fetched: self.fetched), tree)
     }
 
+    /// For a pack with several sources: the source in use served chunks that do not match the index. The chunks
+    /// verified so far stay kept; the download marks the source bad and fetches the rest, these chunks first, from
+    /// another. Nil for a pack with one source (the chunks are fetched once more from it).
+    private func wrongChunks(_ count: Int) -> TransferFailure? {
+        let download = self.request.download
+        guard download.sources != nil else { return nil }
+        return TransferFailure(
+            error: PackDeliveryError(
+                .checksumMismatch,
+                message:
+                    "\(count == 1 ? "A chunk" : "\(count) chunks") of the pack \(download.contentIdentifier) from \(download.source) \(count == 1 ? "does" : "do") not match the SHA-256 its index gives.",
+                hint: "The chunks already checked are kept; the rest comes from another source.", subject: download.source),
+            retryable: true, countsAlways: true)
+    }
+
     /// The pack formats whose first install writes each byte once.
     static let firstInstallContainers: Set<PackIndex.Container> = [.tar, .tarZstd]
 
@@ -352,7 +368,12 @@ private final class DeltaRun {
             isCancelled: { [transfer] in transfer.isStopped })
         let verified = try assembly.prepareTree(plan)
         let destinations = ChunkAssembly.destinations(plan)
-        let window = ChunkPlan.window(packLength: self.request.download.contentLength)
+        // With several sources, windows of 1 MiB: a source that serves wrong bytes is caught within two windows of the
+        // bad one (a window is checked while the next downloads), and one that dies leaves at most a window in flight.
+        let window =
+            self.request.download.sources == nil
+            ? ChunkPlan.window(packLength: self.request.download.contentLength)
+            : min(1 << 20, ChunkPlan.window(packLength: self.request.download.contentLength))
         var missing = plan.fetch.indices.filter { !verified.contains($0) }
         let kept = verified.reduce(Int64(0)) { $0 + plan.fetch[$1].length }
         // The bytes between chunks (tar headers) are fetched with them: the total is what the ranges fetch.
@@ -368,10 +389,15 @@ private final class DeltaRun {
                 // The next range downloads while the previous one is placed.
                 try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
                 try placer.wait()
+                if self.request.download.sources != nil {
+                    let bad = placer.takeBad()
+                    if !bad.isEmpty, let failure = self.wrongChunks(bad.count) { throw failure }
+                }
                 placer.start(range, from: self.rangeFile(range.start, range.end))
             }
             try placer.wait()
             let bad = placer.takeBad()
+            if !bad.isEmpty, let failure = self.wrongChunks(bad.count) { throw failure }
             if let twice = bad.first(where: { refetched.contains($0) }) {
                 let number = destinations[twice].first?.entry
                 let path = number.map { self.index.entries[$0].path } ?? ""
@@ -514,7 +540,17 @@ private final class DeltaRun {
             try DeltaAssembly.writeDurably(Data(wanted.utf8), to: marker)
             try Durability.syncFolder(self.folder)
         }
-        self.validator = try? String(contentsOf: self.folder.appending(path: "validator"), encoding: .utf8)
+        self.validator = try? String(contentsOf: self.validatorFile, encoding: .utf8)
+    }
+
+    /// Where the validator of the ranges' responses is kept: one per source, since mirrors give their own ETags (the
+    /// index's chunk hashes decide across sources).
+    private var validatorFile: URL {
+        let download = self.request.download
+        guard download.sources != nil else { return self.folder.appending(path: "validator") }
+        let hasher = SHA256Hasher()
+        Data(download.url.absoluteString.utf8).withUnsafeBytes { hasher.update($0) }
+        return self.folder.appending(path: "validator-" + hasher.hexDigest().prefix(16))
     }
 
     /// The most of the pack's end that is read for its central directory: the directory, its end record and ZIP64 records.
@@ -645,7 +681,7 @@ private final class DeltaRun {
         }
         if self.validator == nil, let validator = seen.withLock({ $0 }) {
             self.validator = validator
-            try DeltaAssembly.writeDurably(Data(validator.utf8), to: self.folder.appending(path: "validator"))
+            try DeltaAssembly.writeDurably(Data(validator.utf8), to: self.validatorFile)
         }
     }
 
