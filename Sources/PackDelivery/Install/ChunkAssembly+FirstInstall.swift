@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -264,10 +265,20 @@ final class FirstInstallState {
 /// chunk's stored bytes are gathered, decoded as its storage says, checked against its SHA-256 and written into the
 /// tree's files; the bytes between chunks (tar headers, padding) are passed over. A chunk that does not match is
 /// noted in ``bad`` and nothing of it is written. What it wrote counts once ``commit()`` synced it and recorded it.
+///
+/// The checking and writing run on a queue of the sink's own, so that the transfer thread only copies the bytes: at
+/// most ``blocksInFlight`` of the transfer's writes wait there (a few MiB), and `consume` waits for room beyond that.
+/// Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
-    // Safe: `consume` runs on the transfer thread while the range's transfer runs; the run's thread reads the sink and
-    // hands it to a committer only after the transfer reported `.finished` (a semaphore orders them), and starts the
-    // next range's sink (which shares `state`) only after that. No two threads use it at once.
+    // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
+    // that alone runs `take` and changes the state below while the transfer runs (`failed` is atomic). The run's
+    // thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`) once the
+    // transfer reported `.finished`, and starts the next range's sink (which shares `state`) only after that.
+    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked and written, at most.
+    static let blocksInFlight = 4
+    private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
+    private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
+    private let failed = Atomic<Bool>(false)
     private let assembly: ChunkAssembly
     private let chunks: [PackIndex.Chunk]
     private let destinations: [[(entry: Int, offset: Int64)]]
@@ -302,14 +313,24 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     deinit { if !self.committed { for fd in self.opened.values { close(fd) } } }
 
     func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        do {
-            try self.take(bytes)
-            return true
-        } catch {
-            self.error = error
-            return false
+        guard !self.failed.load(ordering: .acquiring) else { return false }
+        self.room.wait()
+        let block = [UInt8](bytes)
+        self.queue.async { [self] in
+            defer { self.room.signal() }
+            guard self.error == nil else { return }
+            do {
+                try block.withUnsafeBytes { try self.take($0) }
+            } catch {
+                self.error = error
+                self.failed.store(true, ordering: .releasing)
+            }
         }
+        return true
     }
+
+    /// Waits until every byte handed over is checked and written (or the sink failed).
+    func drain() { self.queue.sync {} }
 
     private func take(_ bytes: UnsafeRawBufferPointer) throws {
         var rest = bytes[...]

@@ -638,9 +638,15 @@ private final class DeltaRun {
     private func fetch(_ range: ChunkPlan.Range, into sink: ChunkSink) throws {
         let base = self.fetched
         let reporter = self.reporter
-        try self.fetch(range.start..<range.end, into: self.rangeFile(range.start, range.end), sink: sink) { bytes in
-            reporter.report(base + bytes, force: false)
+        do {
+            try self.fetch(range.start..<range.end, into: self.rangeFile(range.start, range.end), sink: sink) { bytes in
+                reporter.report(base + bytes, force: false)
+            }
+        } catch {
+            sink.drain()
+            throw sink.error ?? error
         }
+        sink.drain()
         if let error = sink.error { throw error }
         self.fetched = base + range.end - range.start
         self.report(self.fetched, force: true)
