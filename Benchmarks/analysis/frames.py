@@ -143,16 +143,30 @@ LAYOUTS = [
     ("files < 64 KiB grouped in frames ≤ 256 KiB", grouped(64 * KiB, 256 * KiB), 7),
 ]
 
+# Larger groups (issue 29, round three): how far grouping alone goes at bsdtar's level.
+GROUPS = [
+    ("today: each header run and each chunk a frame", today, 3),
+    ("files < 64 KiB grouped in frames ≤ 256 KiB", grouped(64 * KiB, 256 * KiB), 3),
+    ("files < 128 KiB grouped in frames ≤ 512 KiB", grouped(128 * KiB, 512 * KiB), 3),
+    ("files < 256 KiB grouped in frames ≤ 1 MiB", grouped(256 * KiB, 1 * MiB), 3),
+    ("files < 1 MiB grouped in frames ≤ 4 MiB", grouped(1 * MiB, 4 * MiB), 3),
+    ("files < 64 KiB grouped in frames ≤ 256 KiB", grouped(64 * KiB, 256 * KiB), 4),
+    ("files < 256 KiB grouped in frames ≤ 1 MiB", grouped(256 * KiB, 1 * MiB), 4),
+]
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--packs", help="a packs binary: also pack the mix for real, to check the model")
+    ap.add_argument("--chunks", type=int, default=64, choices=(32, 64),
+                    help="average chunk in KiB: 64 (round one's default, NC2) or 32 (today's Chunker.standard, NC1)")
+    ap.add_argument("--groups", action="store_true", help="the larger groups (GROUPS) instead of LAYOUTS")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         mix = os.path.join(tmp, "mix")
         make_mix(mix)
         bsdtar = {}
-        for level in (3, 5, 7, 9):
+        for level in (3, 4, 5, 7, 9):
             subprocess.run(["bsdtar", "--zstd", "--options", f"zstd:compression-level={level}", "-cf", f"{tmp}/b.tar.zst",
                             "-C", mix, "."], check=True)
             bsdtar[level] = os.path.getsize(f"{tmp}/b.tar.zst")
@@ -160,10 +174,11 @@ def main():
         if args.packs:
             subprocess.run([args.packs, "pack", mix, "--output", f"{tmp}/p.tar.zst"], check=True, stdout=subprocess.DEVNULL)
             print(f"packs pack (level 3, 64 KiB chunks): {os.path.getsize(f'{tmp}/p.tar.zst') / 1e6:.2f} MB")
-        entries = entries_of(mix, CDC(16 * KiB, 64 * KiB, 256 * KiB, 18, 14))
-    print("\n| frame layout (packs's 64 KiB chunks) | zstd level | frames | size | ÷ bsdtar level 3 | ÷ bsdtar, same level |")
+        cdc = CDC(16 * KiB, 64 * KiB, 256 * KiB, 18, 14) if args.chunks == 64 else CDC(16 * KiB, 32 * KiB, 256 * KiB, 16, 14)
+        entries = entries_of(mix, cdc)
+    print(f"\n| frame layout (packs's {args.chunks} KiB chunks) | zstd level | frames | size | ÷ bsdtar level 3 | ÷ bsdtar, same level |")
     print("|---|---:|---:|---:|---:|---:|")
-    for name, layout, level in LAYOUTS:
+    for name, layout, level in GROUPS if args.groups else LAYOUTS:
         size, frames = layout(entries, level)
         size += SEEK_ENTRY * frames
         print(f"| {name} | {level} | {frames} | {size / 1e6:.2f} MB | {size / bsdtar[3]:.3f} | {size / bsdtar[level]:.3f} |",

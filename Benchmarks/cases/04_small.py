@@ -1,6 +1,6 @@
 """Case 4: 200 small packs (three files of 12–28 KiB each, tar.gz) in one `packs fetch`, with the default
 --concurrency 4 and with 8, against `curl --parallel --parallel-max 8` + `sha256sum -c` + one `bsdtar -xf`
-per pack, and against `aria2c -j8` (with checksum=) + the same unpacking (target: ≤ 1.0 of each).
+per pack (target: ≤ 0.7, issue 29), and against `aria2c -j8` (with checksum=) + the same unpacking (target: ≤ 1.0).
 
 Run alone: Benchmarks/run --only 4
 """
@@ -61,9 +61,9 @@ def run(b):
     res = b.alternate(4, commands, b.reps, check=check, warm_bytes=128 * MiB, keep=True,
                       served=glob.glob(os.path.join(b.site, "small", "*")))
     m = {name: [r.wall for r in runs] for name, runs in res.items()}
-    b.report.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=1.0)
+    b.report.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=0.7)
     b.report.row(4, "200 × 60 KiB packs, --concurrency 4 (default)", m["packs -c4"], "aria2c -j8 (checksum=) + bsdtar", m["aria2c -j8"], target=1.0)
-    b.report.row(4, "200 × 60 KiB packs, --concurrency 8", m["packs -c8"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=1.0)
+    b.report.row(4, "200 × 60 KiB packs, --concurrency 8", m["packs -c8"], "curl --parallel-max 8 + sha256sum + bsdtar", m["curl -Z 8"], target=0.7)
     b.report.row(4, "200 × 60 KiB packs, --concurrency 8", m["packs -c8"], "aria2c -j8 (checksum=) + bsdtar", m["aria2c -j8"], target=1.0)
     cpu = {name: median([r.cpu for r in runs]) for name, runs in res.items()}
     b.report.rows.append(("4", "CPU user+sys (median): " + ", ".join(f"{n} {c:.2f} s" for n, c in cpu.items()), "", "", "", "", "", ""))

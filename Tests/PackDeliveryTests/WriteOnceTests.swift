@@ -390,6 +390,68 @@ import Testing
         #expect(leftovers(home) == [])
     }
 
+    /// The names of the files under `folder` that hold a fetched range (`r<start>-<end>.part`).
+    static func rangeFiles(_ folder: URL) -> [String] {
+        var found: [String] = []
+        let enumerator = FileManager.default.enumerator(atPath: folder.path)
+        while let path = enumerator?.nextObject() as? String {
+            let name = (path as NSString).lastPathComponent
+            if name.hasPrefix("r"), name.hasSuffix(".part"), name.contains("-") { found.append(path) }
+        }
+        return found
+    }
+
+    /// A first install's ranges go from the transfer straight into the new version's files: no range file
+    /// (`r*.part`) ever appears in the download's folder, through a pause and a resume, and the tree is `bsdtar -xf`
+    /// of the pack with no byte of it sent twice beyond the chunk in flight at the pause.
+    @Test func aFirstInstallKeepsNoRangeFileThroughAPauseAndAResume() async throws {
+        let format = PackFormat.tarZstd
+        let content = try Self.content("writeonce-norange-content", big: 10)
+        let site = try Fixtures.temporaryDirectory("writeonce-norange-site")
+        try Self.publish(content, site: site, format: format)
+        let packLength = try Self.length(site.appending(path: Self.packName(format)))
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        var manifest = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: site.appending(path: "manifest.json")))
+        manifest.products[0].contents[0].url = server.url(Self.packName(format), fault: .slow(bytesPerSecond: 8 << 20)).absoluteString
+        try JSONEncoder().encode(manifest).write(to: site.appending(path: "manifest.json"))
+        let home = try Fixtures.temporaryDirectory("writeonce-norange-home")
+        let queue = try Self.queue(home)
+        defer { queue.close() }
+        let downloads = home.appending(path: "Caches/.packdelivery/downloads")
+        let watching = Atomic<Bool>(true)
+        let seen = Mutex<(files: Set<String>, samples: Int)>(([], 0))
+        let watcher = Thread {
+            while watching.load(ordering: .relaxed) {
+                let now = Self.rangeFiles(downloads)
+                seen.withLock {
+                    $0.files.formUnion(now)
+                    $0.samples += 1
+                }
+                usleep(1000)
+            }
+        }
+        watcher.start()
+        let loaded = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        let id = try #require(try await queue.add(product: Self.product, from: loaded).downloads.first?.id, "a download")
+        let moving = await waitFor(queue, id) { $0.bytesReceived > Int64(packLength) / 3 || !$0.state.isRunning }
+        #expect(moving?.state == .active, "under way: \(moving?.error?.description ?? "")")
+        try queue.pause([id])
+        _ = try #require(await waitFor(queue, id) { $0.state == .paused }, "paused")
+        try queue.resume([id])
+        let done = try #require(await waitFor(queue, id) { !$0.state.isRunning && $0.state != .paused }, "the download settles")
+        watching.store(false, ordering: .relaxed)
+        while !watcher.isFinished { usleep(1000) }
+        #expect(done.state == .finished, "\(done.error?.description ?? "")")
+        let (files, samples) = seen.withLock { ($0.files, $0.samples) }
+        #expect(samples > 100, "the downloads folder was sampled during the install: \(samples)")
+        #expect(files.isEmpty, "no range file during the install: \(files.sorted())")
+        #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, format, "writeonce-norange-bsdtar")))
+        let served = server.bodyBytesSent(Self.packName(format))
+        #expect(served <= packLength + (512 << 10), "no verified chunk sent twice: \(served) of \(packLength)")
+        #expect(leftovers(home) == [])
+    }
+
     /// The space asked for before a first install that writes each byte once is its unpacked size and the margin.
     @Test func theSpaceAskedForIsTheUnpackedSizeAndTheMargin() {
         for writesOnce in [false, true] {

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -19,7 +20,9 @@ import Foundation
 /// - `verified`: the numbers (in ``ChunkPlan/fetch``) of the chunks written and synced, 4 bytes each, appended and
 ///   synced only after the files holding them were synced. Its existence says the folders and symlinks are made.
 ///
-/// A resume (after a pause, a kill or a power cut) fetches only the chunks the record does not name.
+/// A range's bytes are never kept in a file: they go from the transfer straight into a ``ChunkSink``, which checks
+/// each chunk as its last byte arrives and writes it into the files. A resume (after a pause, a kill or a power cut)
+/// fetches only the chunks the record does not name.
 extension ChunkAssembly {
     /// The SHA-256 of the files whose chunks arrived in order, computed as they were written, so that they are not
     /// read back: a file whose chunks came out of order (a chunk it shares with an earlier file) or partly in an
@@ -100,53 +103,37 @@ extension ChunkAssembly {
         return []
     }
 
-    /// A complete range's file (the pack's bytes `range.start..<range.end`): each of its chunks decoded as its
-    /// storage says, checked against its SHA-256, and written at its offsets into the tree's files; the files are
-    /// synced, then the chunks written are added to the record (synced), then the range's file is removed.
-    ///
-    /// - Returns: the chunks (numbers in `chunks`) whose bytes do not match: nothing of them is written.
-    func place(
-        _ range: ChunkPlan.Range, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]], from file: URL,
+    /// Writes a verified chunk at its offsets into the tree's files (opened once per range, in `opened`).
+    func write(
+        _ bytes: [UInt8], chunk number: Int, destinations: [[(entry: Int, offset: Int64)]], opened: inout [Int: Int32],
         directories: inout Set<String>, hashes: inout FileHashes
-    ) throws -> [Int] {
-        let input = open(file.path, O_RDONLY | O_CLOEXEC)
-        guard input >= 0 else { throw Installer.fileError("open", file.path, errno) }
-        defer { close(input) }
-        var opened: [Int: Int32] = [:]
-        defer { for fd in opened.values { close(fd) } }
-        var bad: [Int] = []
-        var good: [Int] = []
-        for number in range.chunks {
-            if self.isCancelled() { throw DeltaAssembly.Stopped() }
-            let chunk = chunks[number]
-            guard let bytes = try Self.verifiedChunk(chunk, in: input, from: range.start, file: file) else {
-                bad.append(number)
-                continue
+    ) throws {
+        for (entry, offset) in destinations[number] {
+            let fd = try opened[entry] ?? self.openFile(entry, directories: &directories)
+            opened[entry] = fd
+            let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
+            if written != bytes.count {
+                throw DeltaAssembly.writeFailure(
+                    written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
             }
-            for (entry, offset) in destinations[number] {
-                let fd = try opened[entry] ?? self.openFile(entry, directories: &directories)
-                opened[entry] = fd
-                let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
-                if written != bytes.count {
-                    throw DeltaAssembly.writeFailure(
-                        written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
-                }
-                hashes.add(bytes, to: entry, at: offset)
-            }
-            good.append(number)
+            hashes.add(bytes, to: entry, at: offset)
         }
+    }
+
+    /// Makes the chunks `numbers` count as written: the files that hold them (`opened`) are synced, then the chunks
+    /// are added to the record (synced), then the files are closed.
+    func commit(_ numbers: [Int], opened: [Int: Int32]) throws {
+        defer { for fd in opened.values { close(fd) } }
         // Synced before counted: a chunk in the record is on disk in every file that holds it.
         for (entry, fd) in opened where Durability.syncData(fd) != 0 {
             throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
         }
-        if !good.isEmpty { try self.append(good) }
-        unlink(file.path)
-        return bad
+        if !numbers.isEmpty { try self.append(numbers) }
     }
 
     /// Opens (creating it, and the folders above it, when missing) the file of entry `number` in the tree, never
     /// through a symlink.
-    private func openFile(_ number: Int, directories: inout Set<String>) throws -> Int32 {
+    func openFile(_ number: Int, directories: inout Set<String>) throws -> Int32 {
         let path = self.index.entries[number].path
         let components = try DeltaAssembly.components(path)
         try DeltaAssembly.makeDirectories(Array(components.dropLast()), in: self.tree, made: &directories)
@@ -264,5 +251,143 @@ extension ChunkAssembly {
         return DeltaTree(
             folder: self.tree,
             summary: UnpackSummary(bytes: bytes, entries: self.index.entries.count, files: files, directories: directories.sorted()))
+    }
+}
+
+/// The shared state of a first install's ranges: the folders made and the files hashed so far. Used by one range's
+/// sink at a time.
+final class FirstInstallState {
+    var directories: Set<String> = [""]
+    var hashes = ChunkAssembly.FileHashes()
+}
+
+/// Takes one range of a first install as it arrives (the pack's bytes `range.start..<range.end`, in order): each
+/// chunk's stored bytes are gathered, decoded as its storage says, checked against its SHA-256 and written into the
+/// tree's files; the bytes between chunks (tar headers, padding) are passed over. A chunk that does not match is
+/// noted in ``bad`` and nothing of it is written. What it wrote counts once ``commit()`` synced it and recorded it.
+///
+/// The checking and writing run on a queue of the sink's own, so that the transfer thread only copies the bytes: at
+/// most ``blocksInFlight`` of the transfer's writes wait there (a few MiB), and `consume` waits for room beyond that.
+/// Read its results only after ``drain()``.
+final class ChunkSink: TransferSink, @unchecked Sendable {
+    // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
+    // that alone runs `take` and changes the state below while the transfer runs (`failed` is atomic). The run's
+    // thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`) once the
+    // transfer reported `.finished`, and starts the next range's sink (which shares `state`) only after that.
+    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked and written, at most.
+    static let blocksInFlight = 4
+    private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
+    private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
+    private let failed = Atomic<Bool>(false)
+    private let assembly: ChunkAssembly
+    private let chunks: [PackIndex.Chunk]
+    private let destinations: [[(entry: Int, offset: Int64)]]
+    private let state: FirstInstallState
+    /// The range's chunk numbers, by offset in the pack.
+    private let order: [Int]
+    /// The pack offset of the next byte to arrive.
+    private var position: Int64
+    private var next = 0
+    /// The stored bytes of chunk `order[next]` gathered so far.
+    private var stored: [UInt8] = []
+    private var opened: [Int: Int32] = [:]
+    /// The chunks written, and those that did not match.
+    private(set) var good: [Int] = []
+    private(set) var bad: [Int] = []
+    /// Why the sink ended the transfer.
+    private(set) var error: (any Error)?
+    private var committed = false
+    /// What ends the transfer at the first chunk that does not match (a pack with several sources: the rest comes from
+    /// another), or nil to note it in ``bad`` and go on (one source: it is fetched once more).
+    private let endAtFirstBad: (any Error)?
+
+    init(
+        _ range: ChunkPlan.Range, assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]],
+        state: FirstInstallState, endAtFirstBad: (any Error)? = nil
+    ) {
+        self.endAtFirstBad = endAtFirstBad
+        self.assembly = assembly
+        self.chunks = chunks
+        self.destinations = destinations
+        self.state = state
+        self.order = range.chunks.sorted { chunks[$0].offset < chunks[$1].offset }
+        self.position = range.start
+    }
+
+    deinit { if !self.committed { for fd in self.opened.values { close(fd) } } }
+
+    func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard !self.failed.load(ordering: .acquiring) else { return false }
+        self.room.wait()
+        let block = [UInt8](bytes)
+        self.queue.async { [self] in
+            defer { self.room.signal() }
+            guard self.error == nil else { return }
+            do {
+                try block.withUnsafeBytes { try self.take($0) }
+            } catch {
+                self.error = error
+                self.failed.store(true, ordering: .releasing)
+            }
+        }
+        return true
+    }
+
+    /// Waits until every byte handed over is checked and written (or the sink failed).
+    func drain() { self.queue.sync {} }
+
+    private func take(_ bytes: UnsafeRawBufferPointer) throws {
+        var rest = bytes[...]
+        while !rest.isEmpty, self.next < self.order.count {
+            let number = self.order[self.next]
+            let chunk = self.chunks[number]
+            if self.position < chunk.offset {
+                let skip = Int(min(Int64(rest.count), chunk.offset - self.position))
+                rest = rest.dropFirst(skip)
+                self.position += Int64(skip)
+                continue
+            }
+            // A chunk that starts before the bytes arriving (an index with overlapping chunks) cannot be read here.
+            guard self.position == chunk.offset + Int64(self.stored.count) else {
+                self.bad.append(number)
+                self.stored.removeAll(keepingCapacity: true)
+                self.next += 1
+                continue
+            }
+            let take = Int(min(Int64(rest.count), chunk.length - Int64(self.stored.count)))
+            self.stored.append(contentsOf: UnsafeRawBufferPointer(rebasing: rest.prefix(take)))
+            rest = rest.dropFirst(take)
+            self.position += Int64(take)
+            if Int64(self.stored.count) == chunk.length {
+                try self.place(number, chunk)
+                self.stored.removeAll(keepingCapacity: true)
+                self.next += 1
+            }
+        }
+        self.position += Int64(rest.count)
+    }
+
+    private func place(_ number: Int, _ chunk: PackIndex.Chunk) throws {
+        guard let bytes = ChunkAssembly.decode(self.stored, storage: chunk.storage, size: Int(chunk.size)),
+            ChunkAssembly.sha256(bytes) == chunk.sha256.lowercased()
+        else {
+            self.bad.append(number)
+            if let endAtFirstBad = self.endAtFirstBad { throw endAtFirstBad }
+            return
+        }
+        try self.assembly.write(
+            bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories,
+            hashes: &self.state.hashes)
+        self.good.append(number)
+    }
+
+    /// The chunks of the range that never arrived whole (the transfer ended early).
+    var missing: [Int] { Array(self.order[min(self.next, self.order.count)...]) }
+
+    /// Syncs the files written and records the chunks written (``ChunkAssembly/commit(_:opened:)``); once.
+    func commit() throws {
+        guard !self.committed else { return }
+        self.committed = true
+        try self.assembly.commit(self.good, opened: self.opened)
     }
 }

@@ -226,8 +226,8 @@ struct ChunkPlan: Sendable, Hashable {
         return ranges
     }
 
-    /// The most bytes of the pack fetched into one range file before its chunks are written into the tree: what a
-    /// first install keeps on disk beyond the new version's files.
+    /// The most bytes of the pack fetched by one range of a first install: the chunks a kill may lose (its range and
+    /// the one being synced), and the granularity of the syncs of the new version's files.
     static func window(packLength: Int64) -> Int64 { min(16 << 20, max(1 << 20, packLength / 64)) }
 
     /// The ranges that fetch the chunks `numbers`, none longer than `window` (unless one chunk is).

@@ -2,7 +2,8 @@ import CCurl
 import Foundation
 
 /// One transfer on the transfer thread: its easy handle and its partial file; its SHA-256 runs beside it
-/// in a ``HashFollower``.
+/// in a ``HashFollower``. A request with a ``TransferSink`` has no file: the body goes to the sink, in order, as it
+/// is gathered, and nothing is hashed here (the sink checks what it takes).
 ///
 /// libcurl hands the body over 16 KiB at a time; the pieces are gathered into writes of up to
 /// ``writeSize`` (or whatever arrived within a tenth of a second, for slow transfers), so a 1 GiB pack
@@ -21,8 +22,10 @@ final class CurlTransfer {
     /// Bytes in the file that belong to the current response's body (known good so far).
     private(set) var offset: Int64
     private let resumedFrom: Int64
+    /// The partial file; -1 when the body goes to `request.sink`.
     private let fd: Int32
-    private let follower: HashFollower
+    /// Hashes the partial file; nil when the body goes to `request.sink`.
+    private let follower: HashFollower?
     /// Where this transfer's events go.
     let onEvent: @Sendable (TransferEvent) -> Void
 
@@ -55,8 +58,8 @@ final class CurlTransfer {
                     hint: "A pack URL must name an archive file.", subject: request.url.redacted)
             }
         }
-        let fd = open(request.file.path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard fd >= 0 else {
+        let fd = request.sink == nil ? open(request.file.path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644) : -1
+        guard fd >= 0 || request.sink != nil else {
             let code = errno
             if code == ENOSPC || code == EDQUOT {
                 throw .insufficientStorage(path: request.file.path, needed: request.expectedLength, available: nil, errno: code)
@@ -65,9 +68,9 @@ final class CurlTransfer {
         }
         self.fd = fd
         var info = stat()
-        fstat(fd, &info)
-        var offset = Int64(info.st_size)
-        if request.fromZero || offset > request.expectedLength {
+        var offset: Int64 = 0
+        if fd >= 0, fstat(fd, &info) == 0 { offset = Int64(info.st_size) }
+        if fd >= 0, request.fromZero || offset > request.expectedLength {
             ftruncate(fd, 0)
             offset = 0
         }
@@ -77,18 +80,21 @@ final class CurlTransfer {
         self.pending = UnsafeMutableRawBufferPointer.allocate(
             byteCount: Int(min(Int64(Self.writeSize), max(4096, request.expectedLength))), alignment: 16)
         let (id, report) = (request.id, onEvent)
-        self.follower = HashFollower(file: request.file, length: request.expectedLength) { durable in
-            report(.durable(id: id, bytes: durable))
-        }
-        self.follower.advance(to: offset)
+        self.follower =
+            request.sink != nil
+            ? nil
+            : HashFollower(file: request.file, length: request.expectedLength) { durable in
+                report(.durable(id: id, bytes: durable))
+            }
+        self.follower?.advance(to: offset)
         self.request.stream?.growth.advance(to: offset)
         do {
             self.easy = try CurlEasy(url: request.url)
         } catch {
-            self.follower.cancel()
+            self.follower?.cancel()
             self.request.stream?.discard()
             self.pending.deallocate()
-            close(fd)
+            if fd >= 0 { close(fd) }
             throw error
         }
         do {
@@ -123,32 +129,32 @@ final class CurlTransfer {
                         .receiveHeader(UnsafeRawBufferPointer(start: pointer, count: size * count))
                 })
         } catch {
-            self.follower.cancel()
+            self.follower?.cancel()
             self.request.stream?.discard()
             self.pending.deallocate()
-            close(fd)
+            if fd >= 0 { close(fd) }
             throw error
         }
     }
 
     deinit {
         self.pending.deallocate()
-        close(self.fd)
+        if self.fd >= 0 { close(self.fd) }
     }
 
     /// Stops the transfer (pause, cancel, shutdown): writes what was received, makes the kept bytes
     /// durable, and stops hashing.
     func stop() {
         if case .append? = self.decision { _ = self.flush() } else if case .restartFromZero? = self.decision { _ = self.flush() }
-        _ = Durability.syncData(self.fd)
-        self.follower.cancel()
+        if self.fd >= 0 { _ = Durability.syncData(self.fd) }
+        self.follower?.cancel()
         self.request.stream?.discard()
         self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
     }
 
     /// Stops hashing (and unpacking): the transfer failed.
     func cancelHashing() {
-        self.follower.cancel()
+        self.follower?.cancel()
         self.request.stream?.discard()
     }
 
@@ -176,9 +182,9 @@ final class CurlTransfer {
             let decision = self.decide(status: self.status)
             self.decision = decision
             if case .restartFromZero = decision, self.offset > 0 {
-                ftruncate(self.fd, 0)
+                if self.fd >= 0 { ftruncate(self.fd, 0) }
                 self.offset = 0
-                self.follower.restart()
+                self.follower?.restart()
                 self.request.stream?.growth.restart()
             }
             self.validator = Self.validator(from: self.headers) ?? self.request.validator
@@ -210,9 +216,9 @@ final class CurlTransfer {
                     hint: "The manifest or the server is out of date; the partial download was discarded.",
                     subject: self.request.url.redacted),
                 retryable: true, countsAlways: true)
-            ftruncate(self.fd, 0)
+            if self.fd >= 0 { ftruncate(self.fd, 0) }
             self.offset = 0
-            self.follower.restart()
+            self.follower?.restart()
             self.request.stream?.growth.restart()
             return 0
         }
@@ -237,6 +243,21 @@ final class CurlTransfer {
             self.writeFailure = TransferFailure(error: hostile, retryable: false)
         }
         guard self.pendingCount > 0, self.writeFailure == nil else { return self.writeFailure == nil }
+        if let sink = self.request.sink {
+            guard sink.consume(UnsafeRawBufferPointer(rebasing: self.pending[..<self.pendingCount])) else {
+                self.pendingCount = 0
+                self.writeFailure = TransferFailure(
+                    error: PackDeliveryError(
+                        .internalError, message: "The bytes of \(self.request.url.redacted) could not be placed.",
+                        subject: self.request.url.redacted),
+                    retryable: false)
+                return false
+            }
+            self.offset += Int64(self.pendingCount)
+            self.pendingCount = 0
+            self.reportProgress()
+            return true
+        }
         // Something else shortened the file under us: writing on would leave a hole of zeros that the hash thread
         // may already be reading. End the attempt; the retry resumes from what the file still holds.
         var info = stat()
@@ -261,7 +282,7 @@ final class CurlTransfer {
                 // Keep what reached the file; cut anything after it, so the file and the hash agree.
                 self.offset += Int64(written)
                 ftruncate(self.fd, off_t(self.offset))
-                self.follower.advance(to: self.offset)
+                self.follower?.advance(to: self.offset)
                 self.request.stream?.growth.advance(to: self.offset)
                 self.pendingCount = 0
                 // The kept bytes and the validator they came with, before the failure is reported.
@@ -280,14 +301,19 @@ final class CurlTransfer {
         }
         self.offset += Int64(self.pendingCount)
         self.pendingCount = 0
-        self.follower.advance(to: self.offset)
+        self.follower?.advance(to: self.offset)
         self.request.stream?.growth.advance(to: self.offset)
+        self.reportProgress()
+        return true
+    }
+
+    /// Reports the bytes kept, about ten times a second.
+    private func reportProgress() {
         let now = Date()
         if now.timeIntervalSince(self.lastReport) >= 0.1 {
             self.lastReport = now
             self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
         }
-        return true
     }
 
     // MARK: Outcome
@@ -301,15 +327,16 @@ final class CurlTransfer {
         if case .append? = self.decision { _ = self.flush() } else if case .restartFromZero? = self.decision { _ = self.flush() }
         if self.validator != nil { self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator)) }
         let outcome = stalled ? self.stalledOutcome() : self.outcome(curlCode: curlCode)
-        guard case .completed(_, let length, let resumedFrom) = outcome else {
-            self.follower.cancel()
+        guard case .completed(_, let length, let resumedFrom) = outcome, let follower = self.follower else {
+            // A sink's bytes are checked by the sink: a complete body has no digest here.
+            self.follower?.cancel()
             self.request.stream?.discard()
             report(outcome)
             return
         }
         let bytes = self.offset
         self.request.stream?.growth.finish(length: length)
-        self.follower.finish(length: length) { result in
+        follower.finish(length: length) { result in
             switch result {
             case .success(let sha256):
                 report(.completed(sha256: sha256, length: length, resumedFrom: resumedFrom))
@@ -352,7 +379,7 @@ final class CurlTransfer {
         switch decision {
         case .reject(let failure, let discardPartial):
             if discardPartial {
-                ftruncate(self.fd, 0)
+                if self.fd >= 0 { ftruncate(self.fd, 0) }
                 self.offset = 0
             }
             return .failed(self.withServerSaid(failure), bytesOnDisk: self.offset)

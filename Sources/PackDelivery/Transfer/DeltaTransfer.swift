@@ -29,7 +29,7 @@ final class DeltaTransfer: Sendable {
         var download: Download
         var index: Manifest.IndexReference
         /// The installed version; nil for a first install of a chunked tar or tar.zst pack, whose chunks are all
-        /// fetched and written straight into the new version's files (``ChunkAssembly/place(_:chunks:destinations:from:directories:)``).
+        /// fetched and written straight into the new version's files as they arrive (``ChunkSink``).
         var install: InstallRecord?
         var installedFiles: [InstalledFileRecord]
         /// `downloads/<id>.delta`.
@@ -82,13 +82,16 @@ final class DeltaTransfer: Sendable {
     /// Fetches `bytes` of the pack into `file` (resuming from what it holds) through the engine, and waits.
     /// - Parameter progress: the bytes the file holds, as they arrive, and the response's validator.
     /// - Throws: `TransferFailure` as the engine reports it, or `DeltaRun.Stop`.
+    /// - Parameter sink: takes the bytes instead of `file`, which is then not made.
     fileprivate func fetch(
-        _ bytes: Range<Int64>, into file: URL, validator: String?, progress: @escaping @Sendable (Int64, String?) -> Void
+        _ bytes: Range<Int64>, into file: URL, sink: (any TransferSink)? = nil, validator: String?,
+        progress: @escaping @Sendable (Int64, String?) -> Void
     ) throws {
         let download = self.request.download
         try self.fetch(
             download.url, length: bytes.upperBound - bytes.lowerBound,
-            range: ByteRange(bytes: bytes, fileLength: download.contentLength), into: file, validator: validator, progress: progress)
+            range: ByteRange(bytes: bytes, fileLength: download.contentLength), into: file, sink: sink, validator: validator,
+            progress: progress)
     }
 
     /// Fetches the pack's index (`length` bytes, the manifest says) into `file`, from its first byte, through the
@@ -101,7 +104,7 @@ final class DeltaTransfer: Sendable {
 
     /// One transfer through the engine (a range of the pack, or the whole index), as the delta's next part; waits.
     private func fetch(
-        _ url: URL, length: Int64, range: ByteRange?, into file: URL, validator: String?,
+        _ url: URL, length: Int64, range: ByteRange?, into file: URL, sink: (any TransferSink)? = nil, validator: String?,
         progress: @escaping @Sendable (Int64, String?) -> Void
     ) throws {
         let finished = Mutex<TransferOutcome?>(nil)
@@ -125,7 +128,7 @@ final class DeltaTransfer: Sendable {
                         ended.signal()
                     case .durable, .deltaPlanned: break
                     }
-                }))
+                }, sink: sink))
         ended.wait()
         self.ranges.withLock { $0.current = nil }
         switch finished.withLock({ $0 }) {
@@ -357,10 +360,12 @@ private final class DeltaRun {
     static let firstInstallContainers: Set<PackIndex.Container> = [.tar, .tarZstd]
 
     /// A first install of a chunked tar or tar.zst pack, writing each byte once: the chunks are fetched in ranges of
-    /// at most ``ChunkPlan/window(packLength:)`` bytes, each chunk decoded, checked against its SHA-256 and written into the
-    /// new version's files, and recorded once synced; a resume fetches only the chunks not recorded. A chunk that
-    /// does not match is fetched once more, then the download fails naming a file that holds it. Progress counts
-    /// against the pack's length, as a whole-pack fetch does (no `.deltaPlanned`: it is not an update).
+    /// at most ``ChunkPlan/window(packLength:)`` bytes, each range's body going straight into a ``ChunkSink`` (no range
+    /// file), which decodes each chunk, checks it against its SHA-256 and writes it into the new version's files; each
+    /// range's chunks are recorded once synced, on a worker, while the next range downloads. A resume fetches only the
+    /// chunks not recorded. A chunk that does not match is fetched once more, then the download fails naming a file
+    /// that holds it. Progress counts against the pack's length, as a whole-pack fetch does (no `.deltaPlanned`: it is
+    /// not an update).
     private func runFirstInstall(_ plan: ChunkPlan) throws -> (TransferOutcome, DeltaTree?) {
         try self.prepareFolder()
         let assembly = ChunkAssembly(
@@ -381,23 +386,34 @@ private final class DeltaRun {
         self.fetched = min(kept, self.total)
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
-        let placer = WindowPlacer(assembly: assembly, chunks: plan.fetch, destinations: destinations)
-        // Never return while a range is being placed: a cancel removes the tree right after.
-        defer { placer.waitQuietly() }
+        let state = FirstInstallState()
+        let committer = SinkCommitter()
+        // Never return while a range is being committed: a cancel removes the tree right after.
+        defer { committer.waitQuietly() }
         while !missing.isEmpty {
             for range in ChunkPlan.windows(missing, in: plan.fetch, window: window) {
-                // The next range downloads while the previous one is placed.
-                try self.fetch(DeltaPlan.Range(start: range.start, end: range.end, entries: []))
-                try placer.wait()
-                if self.request.download.sources != nil {
-                    let bad = placer.takeBad()
-                    if !bad.isEmpty, let failure = self.wrongChunks(bad.count) { throw failure }
+                // With several sources, the first chunk that does not match ends the range: the rest comes from another.
+                let sink = ChunkSink(
+                    range, assembly: assembly, chunks: plan.fetch, destinations: destinations, state: state,
+                    endAtFirstBad: self.wrongChunks(1))
+                do {
+                    try self.fetch(range, into: sink)
+                } catch {
+                    // What was checked and written before the end still counts: a resume does not fetch it again.
+                    try committer.wait()
+                    if let failure = sink.error {
+                        try? sink.commit()
+                        throw failure
+                    }
+                    try sink.commit()
+                    throw error
                 }
-                placer.start(range, from: self.rangeFile(range.start, range.end))
+                // The next range downloads while this one is synced and recorded.
+                try committer.wait()
+                committer.start(sink)
             }
-            try placer.wait()
-            let bad = placer.takeBad()
-            if !bad.isEmpty, let failure = self.wrongChunks(bad.count) { throw failure }
+            try committer.wait()
+            let bad = committer.takeBad()
             if let twice = bad.first(where: { refetched.contains($0) }) {
                 let number = destinations[twice].first?.entry
                 let path = number.map { self.index.entries[$0].path } ?? ""
@@ -412,7 +428,7 @@ private final class DeltaRun {
             self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
         }
         if self.stopped { throw Stop() }
-        let tree = try assembly.finish(plan, hashes: placer.hashes)
+        let tree = try assembly.finish(plan, hashes: state.hashes)
         return (.assembled(fetched: self.fetched), tree)
     }
 
@@ -652,12 +668,32 @@ private final class DeltaRun {
         self.report(self.fetched, force: true)
     }
 
+    /// Fetches a first install's range into its sink, counting its bytes as they come.
+    private func fetch(_ range: ChunkPlan.Range, into sink: ChunkSink) throws {
+        let base = self.fetched
+        let reporter = self.reporter
+        do {
+            try self.fetch(range.start..<range.end, into: self.rangeFile(range.start, range.end), sink: sink) { bytes in
+                reporter.report(base + bytes, force: false)
+            }
+        } catch {
+            sink.drain()
+            throw sink.error ?? error
+        }
+        sink.drain()
+        if let error = sink.error { throw error }
+        self.fetched = base + range.end - range.start
+        self.report(self.fetched, force: true)
+    }
+
     /// One range request through the engine. The first response's validator is kept, so that every later range (in
     /// this attempt or a later one) must come from the same version of the pack.
-    private func fetch(_ bytes: Range<Int64>, into file: URL, progress: @escaping @Sendable (Int64) -> Void) throws {
+    private func fetch(
+        _ bytes: Range<Int64>, into file: URL, sink: (any TransferSink)? = nil, progress: @escaping @Sendable (Int64) -> Void
+    ) throws {
         let seen = Mutex<String?>(nil)
         do {
-            try self.transfer.fetch(bytes, into: file, validator: self.validator) { bytes, validator in
+            try self.transfer.fetch(bytes, into: file, sink: sink, validator: self.validator) { bytes, validator in
                 if let validator { seen.withLock { $0 = validator } }
                 progress(bytes)
             }
@@ -701,42 +737,26 @@ private final class DeltaRun {
     private func report(_ bytes: Int64, force: Bool) { self.reporter.report(bytes, force: force) }
 }
 
-/// Places the ranges of a first install that writes each byte once (``ChunkAssembly/place(_:chunks:destinations:from:directories:hashes:)``)
-/// on a worker of its own, one range at a time, while the next range downloads.
-private final class WindowPlacer: @unchecked Sendable {
+/// Commits the ranges of a first install (``ChunkSink/commit()``: files synced, chunks recorded) on a worker of its
+/// own, one range at a time, while the next range downloads.
+private final class SinkCommitter: @unchecked Sendable {
     // Safe: `start` hands the state to one worker and `wait` (or `waitQuietly`) takes it back; the run's thread
     // calls `start` only after `wait`, and reads the state only after `wait`, so no two threads use it at once.
-    private let assembly: ChunkAssembly
-    private let chunks: [PackIndex.Chunk]
-    private let destinations: [[(entry: Int, offset: Int64)]]
-    private var directories: Set<String> = [""]
-    private(set) var hashes = ChunkAssembly.FileHashes()
     private var bad: [Int] = []
     private var error: (any Error)?
     private let group = DispatchGroup()
 
-    init(assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]]) {
-        self.assembly = assembly
-        self.chunks = chunks
-        self.destinations = destinations
-    }
-
-    /// Places the range's chunks from its file, on a worker.
-    func start(_ range: ChunkPlan.Range, from file: URL) {
+    /// Commits the sink's range, on a worker; its chunks that did not match join ``takeBad()``.
+    func start(_ sink: ChunkSink) {
+        self.bad += sink.bad
         self.group.enter()
         DispatchQueue.global().async { [self] in
             defer { self.group.leave() }
-            do {
-                self.bad += try self.assembly.place(
-                    range, chunks: self.chunks, destinations: self.destinations, from: file, directories: &self.directories,
-                    hashes: &self.hashes)
-            } catch {
-                self.error = error
-            }
+            do { try sink.commit() } catch { self.error = error }
         }
     }
 
-    /// Waits for the range being placed; throws what placing it threw.
+    /// Waits for the range being committed; throws what committing it threw.
     func wait() throws {
         self.group.wait()
         if let error = self.error {
@@ -745,7 +765,7 @@ private final class WindowPlacer: @unchecked Sendable {
         }
     }
 
-    /// Waits for the range being placed, whatever its outcome.
+    /// Waits for the range being committed, whatever its outcome.
     func waitQuietly() { self.group.wait() }
 
     /// The chunks that did not match, since the last call.

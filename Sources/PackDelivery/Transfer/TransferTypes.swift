@@ -136,6 +136,18 @@ struct TransferRequest: Sendable {
     var range: ByteRange? = nil
     /// Where this transfer's events go; the engine's own handler when nil.
     var report: (@Sendable (TransferEvent) -> Void)? = nil
+    /// Takes the body instead of `file` (which is then neither created nor read): a first install's range, whose
+    /// chunks are checked and placed as they arrive.
+    var sink: (any TransferSink)? = nil
+}
+
+/// Takes a transfer's body as it arrives, in place of a partial file. Called on the transfer thread only, one call
+/// at a time, while the transfer runs.
+protocol TransferSink: AnyObject, Sendable {
+    /// Takes the next bytes of the body, in order from its first byte.
+    ///
+    /// - Returns: false to end the transfer (the sink keeps why, for whoever started it).
+    func consume(_ bytes: UnsafeRawBufferPointer) -> Bool
 }
 
 /// Why a transfer attempt ended without the whole pack.
