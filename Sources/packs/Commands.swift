@@ -165,8 +165,11 @@ extension Packs {
                     // The transactions of the downloads named are finished as the command that recorded them chose
                     // (`fetch` finishes unless --no-finish: the transaction's autoFinish).
                     let named = Set(downloads.filter { resumed.contains($0.id) }.map(\.transactionID))
+                    // Prefetch packs go on after their transaction finished: followed too.
+                    let open = Set(downloads.map(\.id))
+                    let afterFinish = try queue.downloads(resumed.filter { !open.contains($0) }.sorted())
                     return RunSession.Follow(
-                        downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty,
+                        downloads: downloads.filter { resumed.contains($0.id) } + afterFinish, finishingAllFinishable: self.ids.isEmpty,
                         finishingIfAsked: named)
                 }
             }

@@ -35,6 +35,10 @@ public struct Manifest: Sendable, Hashable, Codable {
         public var unpackedLength: Int64?
         /// Where the pack's ``PackIndex`` is, for a zip pack indexed by `packs manifest`; nil otherwise.
         public var index: IndexReference? = nil
+        /// When the pack is delivered (`"delivery"`): nil, as in a manifest that says nothing, is essential.
+        public var delivery: DeliveryPolicy? = nil
+        /// ``delivery``, essential when the manifest says nothing.
+        public var deliveryPolicy: DeliveryPolicy { self.delivery ?? .essential }
         /// Creates a pack entry.
         ///
         /// - Parameters:

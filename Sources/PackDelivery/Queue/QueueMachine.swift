@@ -20,6 +20,8 @@ struct QueueMachine: Sendable {
         case settled(transactionID: String)
         /// State changed: save the changed downloads soon (``takeChanges(includingProgress:)``).
         case save
+        /// A download that waits (or is paused) was given another priority: report it (``DownloadQueueEvent/priorityChanged(_:)``).
+        case priorityChanged(id: String)
     }
 
     /// What happens to one download.
@@ -280,6 +282,9 @@ struct QueueMachine: Sendable {
             self.changed[id] = max(self.changed[id] ?? .none, .progress)
         }
         if (before != after || released) && entry.machine.reportable { actions.append(.notify(id: id)) }
+        if let before, before.priority != after.priority, after.state == .waiting || after.state == .paused {
+            actions.append(.priorityChanged(id: id))
+        }
         // A slot is held while active, and while waiting to be admitted.
         if after.state != .active, after.state != .waiting { self.running.remove(id) }
         if after.state == .waiting, !entry.inHeap || entry.heapRank != after.priority.rank {

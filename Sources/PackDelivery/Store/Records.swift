@@ -6,6 +6,7 @@ extension DownloadPhase: DatabaseValueConvertible {}
 extension PauseReason: DatabaseValueConvertible {}
 extension Destination: DatabaseValueConvertible {}
 extension TransactionKind: DatabaseValueConvertible {}
+extension DeliveryPolicy: DatabaseValueConvertible {}
 
 /// A row of `transactions`.
 struct TransactionRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
@@ -66,6 +67,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var indexReference: JSONColumn<Manifest.IndexReference>?
     /// How soon it starts while it waits; NULL (rows from before priorities) is `essential`.
     var priority: DownloadPriority?
+    /// When the pack is delivered; NULL (rows from before delivery policies) is `essential`.
+    var delivery: DeliveryPolicy?
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -102,6 +105,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.partialPath = partialPath
         self.indexReference = download.index.map { .value($0) }
         self.priority = download.priority
+        self.delivery = download.delivery
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -133,7 +137,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
             },
             url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
             destination: self.destination, bytesReceived: self.bytesReceived, priority: self.priority ?? .essential,
-            index: self.indexReference?.value)
+            delivery: self.delivery ?? .essential, index: self.indexReference?.value)
     }
 
     /// Why the recorded index reference cannot be read, when it cannot: the download then has none (see ``download``).

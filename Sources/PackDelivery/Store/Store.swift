@@ -221,6 +221,12 @@ final class Store: Sendable {
             // NULL for the downloads recorded before: essential, as every download was.
             try db.alter(table: "downloads") { t in t.add(column: "priority", .text) }
         }
+        migrator.registerMigration("v9: delivery policies and metered pauses") { db in
+            // NULL for the downloads recorded before: essential, as every pack was.
+            try db.alter(table: "downloads") { t in t.add(column: "delivery", .text) }
+            // ensureAvailable finds a pack's download by its content identifier.
+            try db.create(index: "downloads_contentIdentifier", on: "downloads", columns: ["contentIdentifier"])
+        }
         return migrator
     }
 
