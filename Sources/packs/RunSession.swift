@@ -147,6 +147,12 @@ struct RunSession {
                 printError(ExitStatus.line(for: error, download: paused))
                 return ExitStatus.code(for: error) == ExitStatus.noPermission ? ExitStatus.noPermission : ExitStatus.resumable
             }
+            if paused.pauseReason == .waitingForUnmeteredNetwork {
+                printError(
+                    "packs: \(paused.id) (\(paused.contentIdentifier), \(paused.contentLength) bytes) waits for an unmetered connection, its bytes kept. Run packs resume --allow-metered \(paused.id) to fetch it now, or packs resume \(paused.id) once the connection is not metered."
+                )
+                return ExitStatus.resumable
+            }
             printError(
                 "packs: \(paused.id) (\(paused.contentIdentifier)) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it."
             )

@@ -118,3 +118,68 @@ extension QueueMachineTests {
         #expect(order == ["d-p-1", "d-r-1", "d-r-2", "d-p-2", "d-p-3", "d-p-4"], "restore before queued prefetch: \(order)")
     }
 }
+
+/// Metered connections, decided in ``QueueMachine``: which downloads wait for an unmetered one, at admission and while
+/// they transfer, and when they go again. No sockets, no sleeps.
+@Suite(.timeLimit(.minutes(2))) struct MeteredMachineTests {
+    static func download(_ id: String, length: Int64, priority: DownloadPriority, delivery: DeliveryPolicy = .essential) -> DownloadMachine
+    {
+        var download = Download(
+            id: id, transactionID: "t-\(id)", productIdentifier: "p", contentIdentifier: id, contentVersion: "1", contentLength: length,
+            state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil, contentURL: nil, error: nil,
+            url: URL(string: "http://127.0.0.1/\(id).tar")!, sha256: DeliveryPolicyMachineTests.sha, unpackedLength: nil,
+            destination: .caches, bytesReceived: 0)
+        download.priority = priority
+        download.delivery = delivery
+        return DownloadMachine(download: download)
+    }
+
+    @Test func onAMeteredConnectionOnlyLargePacksTheUserDidNotAskForWait() {
+        var queue = QueueMachine(concurrency: 8, meteredLimit: 1000)
+        _ = queue.networkChanged(metered: true)
+        var actions: [QueueMachine.Action] = []
+        actions += queue.own(Self.download("purchase", length: 5000, priority: .essential), position: 0)
+        actions += queue.own(Self.download("asked", length: 5000, priority: .userInitiated, delivery: .onDemand), position: 0)
+        actions += queue.own(Self.download("restore", length: 5000, priority: .restore), position: 0)
+        actions += queue.own(Self.download("prefetch", length: 5000, priority: .prefetch, delivery: .prefetch), position: 0)
+        actions += queue.own(Self.download("small", length: 1000, priority: .restore), position: 0)
+        let started = DeliveryPolicyMachineTests.admitAll(&queue, actions)
+        #expect(Set(started) == ["purchase", "asked", "small"], "\(started)")
+        for id in ["restore", "prefetch"] {
+            #expect(queue.download(id)?.state == .paused && queue.download(id)?.pauseReason == .waitingForUnmeteredNetwork, "\(id)")
+        }
+        // A resume is not the user's explicit yes: it waits again.
+        let resumed = queue.handle("restore", .resume)
+        #expect(DeliveryPolicyMachineTests.admitAll(&queue, resumed).isEmpty)
+        #expect(queue.download("restore")?.pauseReason == .waitingForUnmeteredNetwork)
+        // Allowed: it goes, on the metered connection.
+        #expect(DeliveryPolicyMachineTests.admitAll(&queue, queue.handle("restore", .allowMetered)) == ["restore"])
+        // The connection is not metered any more: the prefetch pack goes.
+        #expect(DeliveryPolicyMachineTests.admitAll(&queue, queue.networkChanged(metered: false)) == ["prefetch"])
+    }
+
+    @Test func networkManagersMeteredValuesAreReadAsItDefinesThem() {
+        // NM_METERED: 0 unknown, 1 yes, 2 no, 3 guessed yes, 4 guessed no.
+        #expect([0, 1, 2, 3, 4].map { NetworkManagerPolicy.parse("u \($0)\n") } == [false, true, false, true, false])
+        #expect(!NetworkManagerPolicy.parse("") && !NetworkManagerPolicy.parse("s \"yes\""))
+    }
+
+    @Test func aTransferPausesWhenTheConnectionBecomesMeteredKeepingItsBytesAndGoesOnWhenItIsNot() {
+        var queue = QueueMachine(concurrency: 2, meteredLimit: 1000)
+        let actions =
+            queue.own(Self.download("prefetch", length: 5000, priority: .prefetch, delivery: .prefetch), position: 0)
+            + queue.own(Self.download("purchase", length: 5000, priority: .essential), position: 0)
+        #expect(Set(DeliveryPolicyMachineTests.admitAll(&queue, actions)) == ["prefetch", "purchase"])
+        _ = queue.handle("prefetch", .transferProgress(token: 1, bytes: 1200, validator: "\"v\""))
+        _ = queue.handle("purchase", .transferProgress(token: 1, bytes: 1200, validator: "\"v\""))
+        let metered = queue.networkChanged(metered: true)
+        #expect(metered.contains(.run(id: "prefetch", .stopTransfer(token: 1))), "the prefetch transfer stops")
+        #expect(!metered.contains(.run(id: "purchase", .stopTransfer(token: 1))), "the purchase goes on")
+        #expect(queue.download("prefetch")?.pauseReason == .waitingForUnmeteredNetwork)
+        _ = queue.handle("prefetch", .transferFinished(token: 1, outcome: .stopped(bytesOnDisk: 1200)))
+        #expect(queue.download("prefetch")?.bytesReceived == 1200, "its bytes are kept")
+        #expect(queue.networkChanged(metered: true).isEmpty, "no change, nothing to do")
+        let unmetered = queue.networkChanged(metered: false)
+        #expect(unmetered.contains { if case .measureSpace("prefetch", _) = $0 { return true } else { return false } })
+    }
+}

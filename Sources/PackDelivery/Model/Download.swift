@@ -91,6 +91,10 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     /// An on-demand pack (``DeliveryPolicy/onDemand``): recorded as available, fetched only when asked for
     /// (``DownloadQueue/ensureAvailable(contentIDs:from:priority:)``, or its id resumed).
     case onDemand
+    /// The connection is metered (``NetworkPolicy``) and the pack is larger than the queue's limit
+    /// (``DownloadQueue/Configuration/meteredLimit``): it waits, its bytes kept, until the connection is not metered,
+    /// or ``DownloadQueue/allowMetered(_:)``.
+    case waitingForUnmeteredNetwork
 }
 
 /// One pack of one transaction — PackDelivery's `SKDownload`.

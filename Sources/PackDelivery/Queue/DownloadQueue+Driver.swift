@@ -380,6 +380,7 @@ extension DownloadQueue {
                 case "pause": self.change { $0.handle(id, .pause(.user, nil)) }
                 case "cancel": self.change { $0.handle(id, .cancel) }
                 case "resume": self.change { $0.handle(id, .resume) }
+                case "allowMetered": self.change { $0.handle(id, .allowMetered) }
                 case let other where other.hasPrefix("priority:"):
                     if let priority = DownloadPriority(rawValue: String(other.dropFirst("priority:".count))) {
                         self.change { $0.handle(id, .setPriority(priority)) }
@@ -395,7 +396,8 @@ extension DownloadQueue {
             available = Dictionary(
                 uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
-        self.change { $0.tick(now: Date(), available: available) }
+        let metered = self.configuration.networkPolicy.isMetered
+        self.change { $0.networkChanged(metered: metered) + $0.tick(now: Date(), available: available) }
         if ticks % 2 == 0 {
             self.save(includingProgress: true)
         } else {

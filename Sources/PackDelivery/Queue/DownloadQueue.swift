@@ -59,6 +59,14 @@ public final class DownloadQueue: Sendable {
         /// fetched with range requests, checked and written straight into the new version's files, and no archive is
         /// kept. false fetches and keeps whole packs.
         public var deltaUpdates = true
+        /// Whether the connection is metered: on a metered one, packs larger than ``meteredLimit`` that are not the
+        /// user's explicit action (a restore's, prefetch and background packs) wait for an unmetered one
+        /// (``PauseReason/waitingForUnmeteredNetwork``), their bytes kept, unless ``DownloadQueue/allowMetered(_:)``.
+        /// NetworkManager's answer by default; ``FixedNetworkPolicy`` or a host's own.
+        public var networkPolicy: any NetworkPolicy = NetworkManagerPolicy.system
+        /// On a metered connection, the largest pack (bytes) that downloads without being the user's explicit action:
+        /// 50 MiB by default.
+        public var meteredLimit: Int64 = QueueMachine.defaultMeteredLimit
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
@@ -208,7 +216,9 @@ public final class DownloadQueue: Sendable {
             home: home, store: store,
             limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
             writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
-        self.driverState = DriverStateBox(DriverState(machine: QueueMachine(concurrency: configuration.concurrency)))
+        var machine = QueueMachine(concurrency: configuration.concurrency, meteredLimit: configuration.meteredLimit)
+        _ = machine.networkChanged(metered: configuration.networkPolicy.isMetered)
+        self.driverState = DriverStateBox(DriverState(machine: machine))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)
         self.delivery.setSpecific(key: Self.deliveryKey, value: true)
@@ -234,6 +244,10 @@ public final class DownloadQueue: Sendable {
                 $0?.cancel()
             }
             throw error
+        }
+        configuration.networkPolicy.observe { [weak self] metered in
+            guard let self else { return }
+            self.driver.async { self.change { $0.networkChanged(metered: metered) } }
         }
         self.timer.withLock { timer in
             timer?.setEventHandler { [weak self] in self?.tick() }
@@ -490,6 +504,36 @@ public final class DownloadQueue: Sendable {
                 }
             }
             return changed
+        }
+    }
+
+    /// Lets downloads run on a metered connection: those waiting for an unmetered one
+    /// (``PauseReason/waitingForUnmeteredNetwork``) resume, and none of them waits for one again.
+    ///
+    /// - Parameter ids: download ids.
+    /// - Returns: the ids this queue runs now (a download another process runs is asked, and resumes within a second).
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    @discardableResult
+    public func allowMetered(_ ids: [String]) throws(PackDeliveryError) -> [String] {
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) in
+            var allowed: [String] = []
+            for id in ids {
+                if self.driven({ $0.machine.machine(id) == nil }) {
+                    guard let record = try self.store.downloadRecord(id) else {
+                        throw PackDeliveryError(
+                            .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                    }
+                    if record.state.isSettled { continue }
+                    if try self.take([id]).isEmpty {
+                        try self.store.setRequest("allowMetered", for: id)
+                        continue
+                    }
+                }
+                self.change { $0.handle(id, .allowMetered) }
+                allowed.append(id)
+            }
+            return allowed
         }
     }
 
