@@ -85,6 +85,35 @@ import Testing
         #expect(nginx.requests().count == requests, "no request for installed packs")
     }
 
+    /// Cancelling the task that awaits ensureAvailable pauses the download it started, its bytes kept; asking again
+    /// finishes it from those bytes (a Range request).
+    @Test func cancellingEnsureAvailablePausesItsDownloadKeepingTheBytes() async throws {
+        let site = try Self.site("cancel-site", delivery: [Self.onDemand: .onDemand], sizes: [64 << 10, 64 << 10, 3 << 20])
+        let nginx = try NginxServer(root: site, limitRate: 1 << 20)
+        defer { nginx.stop() }
+        let queue = try await DownloadQueue.open(home: Home(folder: try Fixtures.temporaryDirectory("cancel-home")))
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(nginx.baseURL.appending(path: "manifest.json").absoluteString)
+        let transaction = try await queue.add(product: "com.example.game", from: manifest)
+        _ = try await queue.delivered(transactionID: transaction.id)
+        let id = transaction.downloads[2].id
+        let asking = Task { try await queue.ensureAvailable(contentIDs: [Self.onDemand]) }
+        _ = try MeteredTests.waitFor(queue, id, "the on-demand pack downloading") { $0.state == .active && $0.bytesReceived > 0 }
+        asking.cancel()
+        do {
+            _ = try await asking.value
+            Issue.record("ensureAvailable returned though its task was cancelled")
+        } catch let error as PackDeliveryError {
+            #expect(error.code == .cancelled, "\(error)")
+        }
+        let paused = try MeteredTests.waitFor(queue, id, "paused by the cancel") { $0.state == .paused }
+        #expect(paused.pauseReason == .user && paused.bytesReceived > 0 && paused.bytesReceived < paused.contentLength)
+        let folders = try await queue.ensureAvailable(contentIDs: [Self.onDemand])
+        #expect(FileManager.default.fileExists(atPath: folders[0].appending(path: "Contents/c.bin").path))
+        let requests = nginx.requests().filter { $0.uri.hasPrefix("/c.tar") }
+        #expect(requests.count == 2 && requests[1].range.map { !$0.hasPrefix("bytes=0-") } == true, "\(requests)")
+    }
+
     /// With one slot, a restore recorded while a purchase's essential pack downloads starts before the purchase's
     /// prefetch packs that wait (nginx's order of requests).
     @Test func aRestoreGoesAheadOfQueuedPrefetchWork() async throws {

@@ -224,8 +224,9 @@ final class Store: Sendable {
         migrator.registerMigration("v9: delivery policies and metered pauses") { db in
             // NULL for the downloads recorded before: essential, as every pack was.
             try db.alter(table: "downloads") { t in t.add(column: "delivery", .text) }
-            // ensureAvailable finds a pack's download by its content identifier.
+            // ensureAvailable finds a pack's download by its content identifier, and a product's packs by product.
             try db.create(index: "downloads_contentIdentifier", on: "downloads", columns: ["contentIdentifier"])
+            try db.create(index: "downloads_productIdentifier", on: "downloads", columns: ["productIdentifier"])
         }
         return migrator
     }
