@@ -202,5 +202,16 @@ import Testing
         let all = try CLI.run(home: home, ["use", "com.example.game"])
         #expect(all.status == 0 && all.stdout.split(separator: "\n").count == 3, "\(all.stdout) \(all.stderr)")
         #expect(try CLI.run(home: home, ["use", "com.example.nothing"]).status == 65, "an unknown product, as fetch says it")
+
+        // Nothing recorded in a new home: --manifest buys the product, then the pack asked for is fetched and printed.
+        let fresh = try Fixtures.temporaryDirectory("policy-cli-fresh")
+        #expect(
+            try CLI.run(home: fresh, ["use", "com.example.game", Self.onDemand]).status == 64, "nothing recorded, no manifest: notInstalled"
+        )
+        let sentBefore = nginx.bodyBytesSent(path: "/c.tar")
+        let bought = try CLI.run(home: fresh, ["use", "com.example.game", Self.onDemand, "--manifest", manifestURL])
+        #expect(bought.status == 0, "\(bought.stderr)")
+        #expect(FileManager.default.fileExists(atPath: bought.stdout.trimmingCharacters(in: .whitespacesAndNewlines) + "/Contents/c.bin"))
+        #expect(nginx.bodyBytesSent(path: "/c.tar") > sentBefore)
     }
 }
