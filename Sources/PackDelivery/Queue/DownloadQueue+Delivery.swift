@@ -87,9 +87,13 @@ extension DownloadQueueObserver {
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction])
     /// As ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFailedWithError:)``, on the main actor. Optional.
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError)
+    /// As ``DownloadQueueObserver/downloadQueue(_:priorityChanged:)``, on the main actor. Optional.
+    func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download)
 }
 
 extension DownloadQueueMainActorObserver {
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {}
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
     /// Does nothing.
@@ -126,6 +130,9 @@ private final class MainActorRelay: DownloadQueueObserver {
     }
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError) {
         self.hop { $0.downloadQueue(queue, restoreCompletedTransactionsFailedWithError: error) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {
+        self.hop { $0.downloadQueue(queue, priorityChanged: download) }
     }
 }
 
