@@ -137,6 +137,11 @@ extension Packs {
         @Argument(help: "Download ids (see packs status).")
         var ids: [String] = []
 
+        @Flag(
+            name: .customLong("allow-metered"),
+            help: "Let these downloads (all when none is named) run on a metered connection, whatever their size.")
+        var allowMetered = false
+
         func run() async throws {
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 let queue = try openQueue(self.global, self.transfer.configuration())
@@ -151,8 +156,22 @@ extension Packs {
                         }
                         try queue.setReceipt(receipt, forTransactions: transactions.map(\.id))
                     }
-                    let resumed = Set(try queue.resume(self.ids.isEmpty ? nil : self.ids))
+                    var resumed = Set<String>()
+                    if self.allowMetered {
+                        // The user's explicit yes, before the resume: those waiting for an unmetered connection go now,
+                        // and a resume does not pause them again first.
+                        let waiting = try queue.transactions().flatMap(\.downloads)
+                            .filter { $0.pauseReason == .waitingForUnmeteredNetwork }.map(\.id)
+                        resumed.formUnion(try queue.allowMetered(self.ids.isEmpty ? waiting : self.ids))
+                    }
+                    resumed.formUnion(try queue.resume(self.ids.isEmpty ? nil : self.ids))
                     let downloads = try queue.transactions().flatMap(\.downloads)
+                    // Resumed on a metered connection, a large pack not asked for waits again at once: followed, so that
+                    // the run says so (exit 75) rather than nothing.
+                    let wanted = Set(self.ids)
+                    resumed.formUnion(
+                        downloads.filter { $0.pauseReason == .waitingForUnmeteredNetwork && (wanted.isEmpty || wanted.contains($0.id)) }
+                            .map(\.id))
                     if !self.global.quiet {
                         let states = Dictionary(downloads.map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })
                         for id in self.ids where !resumed.contains(id) {
@@ -165,8 +184,11 @@ extension Packs {
                     // The transactions of the downloads named are finished as the command that recorded them chose
                     // (`fetch` finishes unless --no-finish: the transaction's autoFinish).
                     let named = Set(downloads.filter { resumed.contains($0.id) }.map(\.transactionID))
+                    // Prefetch packs go on after their transaction finished: followed too.
+                    let open = Set(downloads.map(\.id))
+                    let afterFinish = try queue.downloads(resumed.filter { !open.contains($0) }.sorted())
                     return RunSession.Follow(
-                        downloads: downloads.filter { resumed.contains($0.id) }, finishingAllFinishable: self.ids.isEmpty,
+                        downloads: downloads.filter { resumed.contains($0.id) } + afterFinish, finishingAllFinishable: self.ids.isEmpty,
                         finishingIfAsked: named)
                 }
             }

@@ -17,7 +17,7 @@ enum ExitStatus {
     static let summary: [(code: Int32, meaning: String)] = [
         (0, "done"), (usage, "usage error"), (badData, "bad data (manifest, unknown product, checksum, unsafe or corrupt pack)"),
         (network, "server or network failure after retries"), (io, "local I/O failure"),
-        (resumable, "stopped before finishing but resumable (paused, or out of disk space)"),
+        (resumable, "stopped before finishing but resumable (paused, out of disk space, or waiting for an unmetered connection)"),
         (noPermission, "the server refused the credentials"), (interrupted, "interrupted"),
     ]
 

@@ -36,7 +36,8 @@ struct Nullable<Value: Encodable>: Encodable {
     }
 }
 
-/// A download, in `status` and in events: `"phase"`, `"pauseReason"`, `"contentURL"`, `"retryDate"` and
+/// A download, in `status` and in events (`"download"`, and `"priorityChanged"` when a waiting one was given
+/// another priority): `"phase"`, `"pauseReason"`, `"contentURL"`, `"retryDate"` and
 /// `"error"` are null when unset; `"delta"` and `"deltaFallback"` are there only for a delta update.
 struct DownloadJSON: Encodable {
     /// `"download"` on an event line; no key in `status`.
@@ -48,6 +49,10 @@ struct DownloadJSON: Encodable {
     let contentVersion: String
     let contentLength: Int64
     let destination: Destination
+    /// How soon it starts while it waits.
+    let priority: DownloadPriority
+    /// When the pack is delivered: essential, prefetch or onDemand.
+    let delivery: DeliveryPolicy
     /// The pack's URL without credentials.
     let url: String
     let state: DownloadState
@@ -73,6 +78,8 @@ struct DownloadJSON: Encodable {
         self.contentVersion = download.contentVersion
         self.contentLength = download.contentLength
         self.destination = download.destination
+        self.priority = download.priority
+        self.delivery = download.delivery
         self.url = download.redactedURL
         self.state = download.state
         self.phase = Nullable(download.phase)

@@ -21,7 +21,7 @@ struct Packs: AsyncParsableCommand {
         version: Packs.version,
         subcommands: [
             Fetch.self, Resume.self, Status.self, Pause.self, Priority.self, Cancel.self, Finish.self, Content.self, Verify.self,
-            Remove.self, GC.self, Config.self, Lease.self, Sources.self,
+            Remove.self, GC.self, Config.self, Lease.self, Sources.self, Use.self,
             Serve.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self,
         ]
     )
@@ -104,6 +104,11 @@ struct GlobalOptions: ParsableArguments {
     }
 }
 
+/// `--metered yes|no|auto`.
+enum MeteredFlag: String, ExpressibleByArgument, Sendable {
+    case yes, no, auto
+}
+
 /// A byte count as curl writes it: `500000`, `500K`, `2M`, `1G` (powers of 1024).
 struct ByteCount: ExpressibleByArgument, Sendable {
     var bytes: Int64
@@ -181,6 +186,17 @@ struct TransferFlags: ParsableArguments {
     )
     var noDelta = false
 
+    @Option(
+        help: ArgumentHelp(
+            "Whether the connection is metered: yes, no, or auto (NetworkManager's answer, unmetered without it). On a metered one, packs above --metered-limit that you did not ask for yourself (a restore's, prefetch packs, a resume of those) wait, exit 75, until packs resume --allow-metered.",
+            valueName: "yes|no|auto"))
+    var metered: MeteredFlag = .auto
+
+    @Option(
+        name: .customLong("metered-limit"),
+        help: ArgumentHelp("The largest pack fetched on a metered connection without --allow-metered (default 50M).", valueName: "size"))
+    var meteredLimit: ByteCount?
+
     /// The receipt now: the file's first line when `--receipt` names a file, else the token given.
     func currentReceipt() -> String? {
         guard let receipt = self.receipt else { return nil }
@@ -219,6 +235,12 @@ struct TransferFlags: ParsableArguments {
             maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
         configuration.deltaUpdates = !self.noDelta
         configuration.cacheBudget = self.cacheBudget?.bytes
+        switch self.metered {
+        case .yes: configuration.networkPolicy = FixedNetworkPolicy(metered: true)
+        case .no: configuration.networkPolicy = FixedNetworkPolicy(metered: false)
+        case .auto: break
+        }
+        if let limit = self.meteredLimit { configuration.meteredLimit = limit.bytes }
         if self.receipt != nil {
             // Asked before every pack transfer, and again after a 401/403: a receipt file renewed meanwhile is used.
             let flags = self

@@ -40,6 +40,7 @@ final class ProgressDisplay {
             case .restoreCompleted(let transactions):
                 printJSON(RestoreEventJSON(event: "restoreCompleted", transactions: transactions.map(\.id)))
             case .restoreFailed(let error): printJSON(RestoreEventJSON(event: "restoreFailed", error: error))
+            case .priorityChanged(let download): printJSON(DownloadJSON(download, event: "priorityChanged"))
             case .transactionsRemoved: break  // each finished transaction is printed as a transaction event
             case .evicted(let content): printJSON(EvictedJSON(content, event: "evicted"))
             }

@@ -26,10 +26,16 @@ struct RunSession {
         /// transactions of the downloads named, as the command that recorded them chose).
         var finishingIfAsked: Set<String> = []
 
-        /// Follows every download of `transactions`, and finishes the transactions once they settle if `finishing`.
+        /// Follow only essential packs (``DeliveryPolicy``): a purchase's run ends once they are installed; its prefetch
+        /// packs not yet landed are paused (`interrupted`) with their bytes kept, for `packs resume`, and its on-demand
+        /// packs wait for `packs use`.
+        var essentialsOnly = false
+
+        /// Follows the essential downloads of `transactions`, and finishes the transactions once they settle if `finishing`.
         init(transactions: [Transaction], finishing: Bool = true) {
             self.downloads = transactions.map(\.downloads)
             self.finishing = finishing ? Set(transactions.map(\.id)) : []
+            self.essentialsOnly = true
         }
 
         /// Follows `downloads`.
@@ -79,7 +85,7 @@ struct RunSession {
                 notFinished[download.id] = download
             }
         }
-        for download in follow.downloads.joined() {
+        for download in follow.downloads.joined() where !follow.essentialsOnly || download.delivery == .essential {
             transactionOf[download.id] = download.transactionID
             record(download)
             summary.begin(download)
@@ -140,6 +146,12 @@ struct RunSession {
             if let error = paused.error {
                 printError(ExitStatus.line(for: error, download: paused))
                 return ExitStatus.code(for: error) == ExitStatus.noPermission ? ExitStatus.noPermission : ExitStatus.resumable
+            }
+            if paused.pauseReason == .waitingForUnmeteredNetwork {
+                printError(
+                    "packs: \(paused.id) (\(paused.contentIdentifier), \(paused.contentLength) bytes) waits for an unmetered connection, its bytes kept. Run packs resume --allow-metered \(paused.id) to fetch it now, or packs resume \(paused.id) once the connection is not metered."
+                )
+                return ExitStatus.resumable
             }
             printError(
                 "packs: \(paused.id) (\(paused.contentIdentifier)) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it."

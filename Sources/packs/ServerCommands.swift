@@ -258,7 +258,29 @@ extension Packs {
                 valueName: "url"))
         var mirrors: [String] = []
 
+        @Option(
+            help: ArgumentHelp(
+                "A pack's delivery policy: essential (the default: a purchase waits for it), prefetch (fetched after, at a lower priority) or onDemand (fetched only when asked for, by packs use); repeatable.",
+                valueName: "pack=policy"))
+        var delivery: [String] = []
+
+        /// `--delivery` as policies by content identifier, or the first that cannot be read.
+        func policies() -> Result<[String: DeliveryPolicy], ValidationError> {
+            var policies: [String: DeliveryPolicy] = [:]
+            for item in self.delivery {
+                guard let equals = item.lastIndex(of: "="),
+                    let policy = DeliveryPolicy(rawValue: String(item[item.index(after: equals)...])),
+                    equals != item.startIndex
+                else {
+                    return .failure(ValidationError("--delivery takes PACK=POLICY, the policy essential, prefetch or onDemand: '\(item)'."))
+                }
+                policies[String(item[..<equals])] = policy
+            }
+            return .success(policies)
+        }
+
         func validate() throws {
+            _ = try self.policies().get()
             if self.sign == nil, self.manifestVersion != nil || self.expires != nil || self.scope != nil {
                 throw ValidationError("--manifest-version, --expires and --scope apply to a signed manifest: add --sign KEY.")
             }
@@ -291,7 +313,7 @@ extension Packs {
                 var noted = false
                 let manifest = try ManifestBuilder.write(
                     folder: URL(filePath: self.directory).absoluteURL, signing: key,
-                    version: self.manifestVersion, expires: expiry, scope: self.scope,
+                    version: self.manifestVersion, expires: expiry, scope: self.scope, delivery: (try? self.policies().get()) ?? [:],
                     note: {
                         noted = true
                         printError("packs: note: \($0)")

@@ -106,6 +106,8 @@ let transaction = try await queue.add(product: "com.example.forest", from: manif
 let delivered = try await queue.delivered(transactionID: transaction.id)
 try await queue.finish(delivered.id)
 let folder = queue.contentURL(forProductID: "com.example.forest")   // still there after finish
+// A pack the manifest marks "delivery": "onDemand" is fetched when asked, ahead of everything (installed: no request).
+let music = try await queue.ensureAvailable(contentIDs: ["com.example.forest.music"])
 
 do { try await queue.finish(transactionID) } catch where error.code == .finishRefused {
     print("still running:", error.pendingDownloadIDs)   // errors are matched by code, never by message
@@ -121,6 +123,7 @@ _ = damaged
 _ = delivered
 _ = folder
 _ = manifest
+_ = music
 _ = queue
 _ = shop
 _ = transaction
@@ -390,14 +393,21 @@ for evicted in try queue.evictedContent() {
 _ = lease
 }
 
-@MainActor func asyncEmbeddingInAStoreClient15(queue: DownloadQueue, manifest: LoadedManifest, ownedProductIDs: [String]) async throws {
+@MainActor func asyncEmbeddingInAStoreClient15(queue: DownloadQueue) async throws {
 // snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 15
+let folders = try await queue.ensureAvailable(contentIDs: ["com.example.forest.music"])
+// end snippet
+_ = folders
+}
+
+@MainActor func asyncEmbeddingInAStoreClient16(queue: DownloadQueue, manifest: LoadedManifest, ownedProductIDs: [String]) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 16
 try await queue.add(products: ownedProductIDs, from: manifest, kind: .restored)
 // end snippet
 }
 
-func syncEmbeddingInAStoreClient16(queue: DownloadQueue) throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 16
+func syncEmbeddingInAStoreClient17(queue: DownloadQueue) throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 17
 let damaged = try queue.verify().filter { !$0.isIntact }    // what the user would see
 let repairs = try queue.repair()                            // empty when everything is intact
 // … follow the repairs like any other transaction
@@ -406,30 +416,30 @@ _ = damaged
 _ = repairs
 }
 
-func syncEmbeddingInAStoreClient17(home: Home) throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 17
-LoggingSystem.bootstrap(StreamLogHandler.standardError)
-var logger = Logger(label: "com.example.mygame.delivery")
-logger.logLevel = .debug
-let queue = try DownloadQueue(home: .xdg(), logger: logger)
-// end snippet
-_ = logger
-_ = queue
-}
-
-@MainActor func asyncEmbeddingInAStoreClient17(home: Home) async throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 17
-LoggingSystem.bootstrap(StreamLogHandler.standardError)
-var logger = Logger(label: "com.example.mygame.delivery")
-logger.logLevel = .debug
-let queue = try DownloadQueue(home: .xdg(), logger: logger)
-// end snippet
-_ = logger
-_ = queue
-}
-
 func syncEmbeddingInAStoreClient18(home: Home) throws {
 // snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 18
+LoggingSystem.bootstrap(StreamLogHandler.standardError)
+var logger = Logger(label: "com.example.mygame.delivery")
+logger.logLevel = .debug
+let queue = try DownloadQueue(home: .xdg(), logger: logger)
+// end snippet
+_ = logger
+_ = queue
+}
+
+@MainActor func asyncEmbeddingInAStoreClient18(home: Home) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 18
+LoggingSystem.bootstrap(StreamLogHandler.standardError)
+var logger = Logger(label: "com.example.mygame.delivery")
+logger.logLevel = .debug
+let queue = try DownloadQueue(home: .xdg(), logger: logger)
+// end snippet
+_ = logger
+_ = queue
+}
+
+func syncEmbeddingInAStoreClient19(home: Home) throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 19
 /// Writes like a filesystem with no room left after `limit` bytes of any one file.
 struct FullDisk: FileWriting {
     let limit: Int64
@@ -443,8 +453,8 @@ let queue = try DownloadQueue(home: home, configuration: .init(writer: FullDisk(
 _ = queue
 }
 
-@MainActor func asyncEmbeddingInAStoreClient18(home: Home) async throws {
-// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 18
+@MainActor func asyncEmbeddingInAStoreClient19(home: Home) async throws {
+// snippet Sources/PackDelivery/PackDelivery.docc/EmbeddingInAStoreClient.md 19
 /// Writes like a filesystem with no room left after `limit` bytes of any one file.
 struct FullDisk: FileWriting {
     let limit: Int64

@@ -6,7 +6,7 @@ import Testing
 @testable import PackDelivery
 
 /// The store's eviction order and lease liveness, without sockets or folders: lowest preservation priority, then least
-/// recently used; documents, leased packs (by a live process) and packs of unfinished transactions left out.
+/// recently used; documents, leased packs (by a live process) and essential packs of unfinished transactions left out.
 @Suite(.timeLimit(.minutes(1))) struct EvictionOrderTests {
     static func install(_ store: Store, _ name: String, _ destination: Destination = .caches, at seconds: TimeInterval) throws {
         try store.commitInstall(
@@ -42,5 +42,25 @@ import Testing
         #expect(try store.liveLeases().map(\.token) == ["l-live"])
         #expect(try store.endLease("l-live"))
         #expect(try store.evictionCandidates(protecting: []).map(\.install.contentIdentifier).last == "a")
+    }
+
+    @Test func anUnfinishedTransactionKeepsItsEssentialPacksAndNotItsPrefetchOrOnDemandOnes() throws {
+        let store = try Store(url: try Fixtures.temporaryDirectory("eviction-policies").appending(path: "state.sqlite"))
+        defer { store.close() }
+        for (index, name) in ["essential", "prefetch", "onDemand"].enumerated() { try Self.install(store, name, at: 1_000 + Double(index)) }
+        let downloads = [DeliveryPolicy.essential, .prefetch, .onDemand].map { policy in
+            var download = Download(
+                id: "d-\(policy.rawValue)", transactionID: "t-1", productIdentifier: "com.example.t", contentIdentifier: policy.rawValue,
+                contentVersion: "1", contentLength: 100, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+                contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/\(policy.rawValue).tar")!,
+                sha256: String(repeating: "ab", count: 32), unpackedLength: nil, destination: .caches, bytesReceived: 0)
+            download.delivery = policy
+            return download
+        }
+        let transaction = Transaction(
+            id: "t-1", productIdentifier: "com.example.t", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+            downloads: downloads)
+        try store.insert([transaction], owner: QueueOwner.new()) { "\($0.id).pack" }
+        #expect(try store.evictionCandidates(protecting: []).map(\.install.contentIdentifier) == ["prefetch", "onDemand"])
     }
 }

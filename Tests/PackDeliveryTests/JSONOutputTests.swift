@@ -195,6 +195,23 @@ import Testing
             try record("events", update.stdout)
         }
 
+        // An on-demand pack: bought (nothing fetched), then asked for with `use`, which raises it (a priorityChanged
+        // line), fetches it and prints it as `content` does.
+        try Self.packs([
+            "pack", samples.appending(path: "ocean").path, "--product", "com.example.music", "--version", "1.0", "--output",
+            site.appending(path: "music.tar.gz").path,
+        ])
+        try Self.packs(["manifest", site.path, "--delivery", "com.example.music=onDemand"])
+        let buy = try CLI.run(home: home, ["--json", "fetch", manifestURL, "com.example.music"])
+        #expect(buy.status == 0, "stderr: \(buy.stderr)")
+        try record("events", buy.stdout)
+        let use = try CLI.run(home: home, ["--json", "use", "com.example.music"])
+        #expect(use.status == 0, "stderr: \(use.stderr)")
+        let used = use.stdout.split(separator: "\n")
+        #expect(used.contains { $0.contains(#""event":"priorityChanged""#) }, "\(use.stdout)")
+        try record("events", used.filter { $0.contains(#""event":"#) }.joined(separator: "\n"))
+        try record("content", used.filter { !$0.contains(#""event":"#) }.joined(separator: "\n"))
+
         try Self.packs(["keygen", work.appending(path: "publisher").path])
         try Self.packs(["manifest", site.path, "--sign", work.appending(path: "publisher.key").path])
         real["signature"] = [try Self.file(site.appending(path: "manifest.json.sig"))]

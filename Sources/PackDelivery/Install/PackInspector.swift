@@ -184,7 +184,46 @@ public enum ManifestBuilder {
         folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil,
         note: (String) -> Void = { _ in }, mirrors: [String]? = nil
     ) throws(PackDeliveryError) -> Manifest {
+        try self.write(
+            folder: folder, signing: key, version: version, expires: expires, scope: scope, delivery: [:], note: note, mirrors: mirrors)
+    }
+
+    /// As ``write(folder:signing:version:expires:scope:note:)``, giving packs a ``DeliveryPolicy`` (`"delivery"`
+    /// in the manifest, covered by its signature like every field); packs not named say nothing, which is essential.
+    ///
+    /// - Parameters:
+    ///   - folder: the folder holding the packs; the manifest goes into it.
+    ///   - key: the publisher's key, or nil for an unsigned manifest.
+    ///   - version: the manifest's version; nil for one more than that of the `manifest.json` it replaces, else 1.
+    ///   - expires: when the signed manifest stops being valid; nil for never.
+    ///   - scope: what the signed manifest's version counts; nil as in ``write(folder:signing:version:expires:scope:note:)``.
+    ///   - delivery: policies by content identifier.
+    ///   - note: called with each thing a pack's index could not give, naming the pack.
+    ///   - mirrors: base URLs the packs are also served from (``Manifest/mirrors``); nil or empty for none.
+    /// - Returns: the manifest written.
+    /// - Throws: as ``write(folder:signing:version:expires:scope:note:)``; `invalidArgument` for a content identifier
+    ///   in `delivery` that no pack has.
+    @discardableResult
+    public static func write(
+        folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil,
+        delivery: [String: DeliveryPolicy], note: (String) -> Void = { _ in }, mirrors: [String]? = nil
+    ) throws(PackDeliveryError) -> Manifest {
         var manifest = try self.build(folder: folder, note: note)
+        var unused = Set(delivery.keys)
+        for product in manifest.products.indices {
+            for content in manifest.products[product].contents.indices {
+                let identifier = manifest.products[product].contents[content].contentIdentifier
+                guard let policy = delivery[identifier] else { continue }
+                manifest.products[product].contents[content].delivery = policy
+                unused.remove(identifier)
+            }
+        }
+        if let name = unused.sorted().first {
+            let known = manifest.products.flatMap { $0.contents.map(\.contentIdentifier) }.prefix(20).joined(separator: ", ")
+            throw PackDeliveryError(
+                .invalidArgument, message: "No pack in \(folder.path) has the content identifier '\(PackDeliveryError.printable(name))'.",
+                hint: "Packs: \(PackDeliveryError.printable(known)).", subject: name)
+        }
         if let mirrors, !mirrors.isEmpty {
             manifest.mirrors = mirrors
             // The same checks a client makes, so a publisher learns of a bad mirror before the clients do.

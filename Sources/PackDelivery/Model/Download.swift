@@ -58,6 +58,23 @@ public enum DownloadPriority: String, Sendable, Hashable, Codable, CaseIterable,
     public static func < (a: Self, b: Self) -> Bool { a.rank < b.rank }
 }
 
+/// When a pack is delivered, from the manifest's `"delivery"` (Background Assets' download policies, Play Asset
+/// Delivery's install-time, fast-follow and on-demand packs).
+///
+/// A transaction is finishable once its ``essential`` packs are installed; ``prefetch`` packs follow at
+/// ``DownloadPriority/prefetch`` and are reported as they land; ``onDemand`` packs are recorded (paused,
+/// ``PauseReason/onDemand``) and nothing is fetched until ``DownloadQueue/ensureAvailable(contentIDs:from:priority:)``
+/// or a resume asks for them.
+public enum DeliveryPolicy: String, Sendable, Hashable, Codable, CaseIterable {
+    /// Needed before the content can be used: the transaction waits for it (the default, and every pack of a
+    /// manifest that says nothing).
+    case essential
+    /// Fetched after the essential packs, at a lower priority; the transaction does not wait for it.
+    case prefetch
+    /// Fetched only when asked for.
+    case onDemand
+}
+
 /// Why a download is `paused`.
 public enum PauseReason: String, Sendable, Hashable, Codable {
     /// Someone asked for it (`pause`, Ctrl-C).
@@ -71,6 +88,13 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     /// The server refused the credentials (401, 403), even fresh ones from the credential provider; see the
     /// download's error for what the server said. Renew them, then resume: the bytes kept are kept.
     case unauthorized
+    /// An on-demand pack (``DeliveryPolicy/onDemand``): recorded as available, fetched only when asked for
+    /// (``DownloadQueue/ensureAvailable(contentIDs:from:priority:)``, or its id resumed).
+    case onDemand
+    /// The connection is metered (``NetworkPolicy``) and the pack is larger than the queue's limit
+    /// (``DownloadQueue/Configuration/meteredLimit``): it waits, its bytes kept, until the connection is not metered,
+    /// or ``DownloadQueue/allowMetered(_:)``.
+    case waitingForUnmeteredNetwork
 }
 
 /// One pack of one transaction — PackDelivery's `SKDownload`.
@@ -136,6 +160,8 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var deltaFallback: DeltaFallback? = nil
     /// How soon it starts while it waits (``DownloadPriority``).
     public var priority: DownloadPriority = .essential
+    /// When the pack is delivered (the manifest's `"delivery"`): ``DeliveryPolicy/essential`` unless it says otherwise.
+    public var delivery: DeliveryPolicy = .essential
     /// The pack's index (absolute URL), when the manifest names one.
     var index: Manifest.IndexReference? = nil
 
@@ -197,7 +223,7 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
 }
 
 extension Download {
-    /// Decodes a download; ``priority``, added later, is `essential` when absent.
+    /// Decodes a download; ``priority`` and ``delivery``, added later, are `essential` when absent.
     ///
     /// - Parameter decoder: the decoder to read from.
     /// - Throws: `DecodingError` when a field is missing or has another type.
@@ -227,6 +253,7 @@ extension Download {
         self.delta = try c.decodeIfPresent(Delta.self, forKey: .delta)
         self.deltaFallback = try c.decodeIfPresent(DeltaFallback.self, forKey: .deltaFallback)
         self.priority = try c.decodeIfPresent(DownloadPriority.self, forKey: .priority) ?? .essential
+        self.delivery = try c.decodeIfPresent(DeliveryPolicy.self, forKey: .delivery) ?? .essential
         self.index = try c.decodeIfPresent(Manifest.IndexReference.self, forKey: .index)
         self.sources = try c.decodeIfPresent([URL].self, forKey: .sources)
         self.credentialsToAllSources = try c.decodeIfPresent(Bool.self, forKey: .credentialsToAllSources) ?? false
@@ -317,8 +344,9 @@ public struct Transaction: Sendable, Hashable, Codable, Identifiable {
     /// One download per pack of the product, in the manifest's order.
     public var downloads: [Download]
 
-    /// Every download is finished or cancelled, so ``DownloadQueue/finish(_:)`` is allowed.
-    public var isFinishable: Bool { self.downloads.allSatisfy { $0.state.isSettled } }
+    /// Every essential download is finished or cancelled, so ``DownloadQueue/finish(_:)`` is allowed: prefetch and
+    /// on-demand packs (``DeliveryPolicy``) need not be installed yet.
+    public var isFinishable: Bool { self.downloads.allSatisfy { $0.delivery != .essential || $0.state.isSettled } }
     /// Whether the transaction has been finished (``finishedAt`` is set).
     public var isFinished: Bool { self.finishedAt != nil }
     /// `finished` once finished, else what it is (`purchased` or `restored`), as `SKPaymentTransaction`'s
@@ -373,6 +401,10 @@ public indirect enum DownloadQueueEvent: Sendable, Hashable {
     case restoreFailed(PackDeliveryError)
     /// A cached pack was evicted to keep the cache budget or to make room (see ``DownloadQueue/evictCaches(downTo:dryRun:)``).
     case evicted(EvictedContent)
+    /// A download that waits (or is paused) was given another priority (``DownloadQueue/setPriority(_:_:)``, or
+    /// ``DownloadQueue/ensureAvailable(contentIDs:from:priority:)`` raising it), with its new ``Download/priority``.
+    /// Reported after the ``downloadUpdated(_:)`` of the same change.
+    case priorityChanged(Download)
 }
 
 /// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)`` compares against.

@@ -42,6 +42,10 @@ public struct Manifest: Sendable, Hashable, Codable {
         /// relative (resolved, like ``url``, against each of the manifest's ``Manifest/mirrors`` and then its own URL).
         /// Nil for none.
         public var urls: [String]? = nil
+        /// When the pack is delivered (`"delivery"`): nil, as in a manifest that says nothing, is essential.
+        public var delivery: DeliveryPolicy? = nil
+        /// ``delivery``, essential when the manifest says nothing.
+        public var deliveryPolicy: DeliveryPolicy { self.delivery ?? .essential }
         /// Creates a pack entry.
         ///
         /// - Parameters:

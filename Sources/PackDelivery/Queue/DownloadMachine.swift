@@ -541,6 +541,13 @@ struct DownloadMachine: Sendable, Hashable {
         return []
     }
 
+    /// The connection is not metered any more, or metered use was allowed: a download paused for it waits for a slot;
+    /// any other stays as it is.
+    mutating func networkReturned() -> [Action] {
+        guard case .paused(.waitingForUnmeteredNetwork, _, _) = self.stage else { return [] }
+        return self.resume()
+    }
+
     /// Enough space is free again: a download paused for space waits for a slot; any other stays as it is.
     mutating func spaceReturned() -> [Action] {
         guard case .paused(.insufficientStorage, _, _) = self.stage else { return [] }

@@ -42,9 +42,18 @@ public protocol DownloadQueueObserver: AnyObject, Sendable {
     ///   - queue: the queue reporting.
     ///   - error: why (a download of the restore failed or paused).
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError)
+
+    /// A waiting or paused download was given another priority. Optional.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting.
+    ///   - download: the download, with its new ``Download/priority``.
+    func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download)
 }
 
 extension DownloadQueueObserver {
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {}
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
     /// Does nothing.
@@ -78,9 +87,13 @@ extension DownloadQueueObserver {
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFinished transactions: [Transaction])
     /// As ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFailedWithError:)``, on the main actor. Optional.
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError)
+    /// As ``DownloadQueueObserver/downloadQueue(_:priorityChanged:)``, on the main actor. Optional.
+    func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download)
 }
 
 extension DownloadQueueMainActorObserver {
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {}
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
     /// Does nothing.
@@ -117,6 +130,9 @@ private final class MainActorRelay: DownloadQueueObserver {
     }
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError) {
         self.hop { $0.downloadQueue(queue, restoreCompletedTransactionsFailedWithError: error) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {
+        self.hop { $0.downloadQueue(queue, priorityChanged: download) }
     }
 }
 
@@ -184,12 +200,12 @@ extension DownloadQueue {
     /// The changes of one transaction (and of its downloads), in order, starting with it as it is now.
     ///
     /// - Parameter transactionID: the transaction.
-    /// - Returns: a stream of its `transactionUpdated`, `downloadUpdated` and `transactionsRemoved` events.
+    /// - Returns: a stream of its `transactionUpdated`, `downloadUpdated`, `priorityChanged` and `transactionsRemoved` events.
     public func events(transactionID: String) -> AsyncStream<DownloadQueueEvent> {
         self.events { event in
             switch event {
             case .transactionUpdated(let transaction): transaction.id == transactionID
-            case .downloadUpdated(let download): download.transactionID == transactionID
+            case .downloadUpdated(let download), .priorityChanged(let download): download.transactionID == transactionID
             case .transactionsRemoved(let transactions), .restoreCompleted(let transactions):
                 transactions.contains { $0.id == transactionID }
             case .restoreFailed, .evicted: false
@@ -205,13 +221,13 @@ extension DownloadQueue {
         self.events { event in
             switch event {
             case .transactionUpdated(let transaction): transaction.downloads.contains { $0.id == downloadID }
-            case .downloadUpdated(let download): download.id == downloadID
+            case .downloadUpdated(let download), .priorityChanged(let download): download.id == downloadID
             default: false
             }
         }
     }
 
-    private func events(_ filter: @escaping @Sendable (DownloadQueueEvent) -> Bool) -> AsyncStream<DownloadQueueEvent> {
+    func events(_ filter: @escaping @Sendable (DownloadQueueEvent) -> Bool) -> AsyncStream<DownloadQueueEvent> {
         let (stream, continuation) = AsyncStream.makeStream(of: DownloadQueueEvent.self, bufferingPolicy: .unbounded)
         let id = UUID()
         self.runOnDriver {
@@ -256,6 +272,7 @@ extension DownloadQueue {
                         observer.downloadQueue(self, restoreCompletedTransactionsFinished: transactions)
                     case .restoreFailed(let error): observer.downloadQueue(self, restoreCompletedTransactionsFailedWithError: error)
                     case .evicted: break  // an event of the stream only
+                    case .priorityChanged(let download): observer.downloadQueue(self, priorityChanged: download)
                     }
                 }
             }

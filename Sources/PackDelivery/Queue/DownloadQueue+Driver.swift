@@ -43,6 +43,8 @@ extension DownloadQueue {
                 work += self.driven { $0.machine.admit(id, available: available, path: folder.path, writesOnce: writesOnce) }
             case .notify(let id):
                 if let download = self.driven({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
+            case .priorityChanged(let id):
+                if let download = self.driven({ $0.machine.download(id) }) { self.emit(.priorityChanged(download)) }
             case .settled(let transactionID):
                 if !settled.contains(transactionID) { settled.append(transactionID) }
             case .save:
@@ -459,6 +461,7 @@ extension DownloadQueue {
                 case "pause": self.change { $0.handle(id, .pause(.user, nil)) }
                 case "cancel": self.change { $0.handle(id, .cancel) }
                 case "resume": self.change { $0.handle(id, .resume) }
+                case "allowMetered": self.change { $0.handle(id, .allowMetered) }
                 case let other where other.hasPrefix("priority:"):
                     if let priority = DownloadPriority(rawValue: String(other.dropFirst("priority:".count))) {
                         self.change { $0.handle(id, .setPriority(priority)) }
@@ -474,7 +477,8 @@ extension DownloadQueue {
             available = Dictionary(
                 uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
-        self.change { $0.tick(now: Date(), available: available) }
+        let metered = self.configuration.networkPolicy.isMetered
+        self.change { $0.networkChanged(metered: metered) + $0.tick(now: Date(), available: available) }
         self.moveSlowTransfers(now: Date())
         if ticks % 2 == 0 {
             self.save(includingProgress: true)
@@ -628,7 +632,8 @@ extension DownloadQueue {
         }
         let open = transactions.filter { !$0.isFinished }
         for transaction in open {
-            let pending = transaction.downloads.filter { !$0.state.isSettled }
+            // Only essential packs hold a transaction open: prefetch and on-demand ones go on after it (``DeliveryPolicy``).
+            let pending = transaction.downloads.filter { $0.delivery == .essential && !$0.state.isSettled }
             guard pending.isEmpty else {
                 let list = pending.map { "\($0.id) (\($0.state.rawValue))" }.joined(separator: ", ")
                 throw PackDeliveryError(
@@ -643,7 +648,12 @@ extension DownloadQueue {
         let now = Date()
         try self.store.finish(open.map(\.id), at: now)
         self.driven { state in
-            for transaction in open { for download in transaction.downloads { state.machine.forget(download.id) } }
+            for transaction in open {
+                // A prefetch pack still on its way keeps running (and is taken over at the next launch, see Store.claim).
+                for download in transaction.downloads where download.delivery == .essential || download.state.isSettled {
+                    state.machine.forget(download.id)
+                }
+            }
         }
         var finished: [Transaction] = []
         for var transaction in open {
@@ -699,12 +709,13 @@ extension DownloadQueue {
             }
         } else {
             // Resuming everything never starts what was added with start: false: that waits for the user's yes.
-            _ = try self.take(nil) { $0.download.pauseReason != .notStarted }
+            // Nor an on-demand pack: that waits for someone to ask for it.
+            _ = try self.take(nil) { !Self.waitsToBeAsked($0.download) }
         }
         let targets =
             ids
             ?? self.driven { state in
-                state.machine.entries.filter { $0.value.machine.download.pauseReason != .notStarted }.map(\.key)
+                state.machine.entries.filter { !Self.waitsToBeAsked($0.value.machine.download) }.map(\.key)
             }
         var resumed: [String] = []
         for id in targets {
@@ -712,6 +723,12 @@ extension DownloadQueue {
             if let state = self.driven({ $0.machine.download(id)?.state }), state.isRunning { resumed.append(id) }
         }
         return resumed
+    }
+
+    /// Whether a resume of everything leaves this download alone: added with `start: false`, or an on-demand pack
+    /// not asked for.
+    static func waitsToBeAsked(_ download: Download) -> Bool {
+        download.state == .paused && (download.pauseReason == .notStarted || download.pauseReason == .onDemand)
     }
 
     /// A machine for a new download, with this queue's policies.

@@ -63,6 +63,14 @@ public final class DownloadQueue: Sendable {
         /// (``setCacheBudget(_:)``), and none there means no budget. Before a pack is installed into the caches,
         /// and when the disk is too full for a download, cached packs are evicted (see ``evictCaches(downTo:dryRun:)``).
         public var cacheBudget: Int64? = nil
+        /// Whether the connection is metered: on a metered one, packs larger than ``meteredLimit`` that are not the
+        /// user's explicit action (a restore's, prefetch and background packs) wait for an unmetered one
+        /// (``PauseReason/waitingForUnmeteredNetwork``), their bytes kept, unless ``DownloadQueue/allowMetered(_:)``.
+        /// NetworkManager's answer by default; ``FixedNetworkPolicy`` or a host's own.
+        public var networkPolicy: any NetworkPolicy = NetworkManagerPolicy.system
+        /// On a metered connection, the largest pack (bytes) that downloads without being the user's explicit action:
+        /// 50 MiB by default.
+        public var meteredLimit: Int64 = QueueMachine.defaultMeteredLimit
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
 
@@ -129,8 +137,8 @@ public final class DownloadQueue: Sendable {
     let registry = Mutex(Registry())
     let engineBox = Mutex<TransferEngine?>(nil)
     let timer: Mutex<DispatchSourceTimer?>
-    /// When ``contentURL(forProductID:)`` last recorded a use of each pack (`product NUL pack`): a client
-    /// that asks for a folder on every frame writes the store once a minute, not every time.
+    /// When ``noteUse(contentIDs:)`` last recorded a use of each pack, by content identifier: a client that asks
+    /// for a folder on every frame writes the store once a minute, not every time.
     let recordedUses = Mutex<[String: ContinuousClock.Instant]>([:])
     /// How long a recorded use stands for later ones: eviction orders packs by last use, to the minute.
     static let useRecordInterval: Duration = .seconds(60)
@@ -231,7 +239,9 @@ public final class DownloadQueue: Sendable {
             home: home, store: store,
             limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
             writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
-        self.driverState = DriverStateBox(DriverState(machine: QueueMachine(concurrency: configuration.concurrency)))
+        var machine = QueueMachine(concurrency: configuration.concurrency, meteredLimit: configuration.meteredLimit)
+        _ = machine.networkChanged(metered: configuration.networkPolicy.isMetered)
+        self.driverState = DriverStateBox(DriverState(machine: machine))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)
         self.delivery.setSpecific(key: Self.deliveryKey, value: true)
@@ -257,6 +267,10 @@ public final class DownloadQueue: Sendable {
                 $0?.cancel()
             }
             throw error
+        }
+        configuration.networkPolicy.observe { [weak self] metered in
+            guard let self else { return }
+            self.driver.async { self.change { $0.networkChanged(metered: metered) } }
         }
         self.timer.withLock { timer in
             timer?.setEventHandler { [weak self] in self?.tick() }
@@ -530,6 +544,36 @@ public final class DownloadQueue: Sendable {
         }
     }
 
+    /// Lets downloads run on a metered connection: those waiting for an unmetered one
+    /// (``PauseReason/waitingForUnmeteredNetwork``) resume, and none of them waits for one again.
+    ///
+    /// - Parameter ids: download ids.
+    /// - Returns: the ids this queue runs now (a download another process runs is asked, and resumes within a second).
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    @discardableResult
+    public func allowMetered(_ ids: [String]) throws(PackDeliveryError) -> [String] {
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) in
+            var allowed: [String] = []
+            for id in ids {
+                if self.driven({ $0.machine.machine(id) == nil }) {
+                    guard let record = try self.store.downloadRecord(id) else {
+                        throw PackDeliveryError(
+                            .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
+                    }
+                    if record.state.isSettled { continue }
+                    if try self.take([id]).isEmpty {
+                        try self.store.setRequest("allowMetered", for: id)
+                        continue
+                    }
+                }
+                self.change { $0.handle(id, .allowMetered) }
+                allowed.append(id)
+            }
+            return allowed
+        }
+    }
+
     /// Pauses every running download of this queue (Ctrl-C, shutdown).
     ///
     /// - Parameter reason: `user` for a person's request, `interrupted` for a shutdown (resumed on the next launch).
@@ -557,16 +601,23 @@ public final class DownloadQueue: Sendable {
     public func contentURL(forProductID productIdentifier: String) -> URL? {
         guard let content = (try? self.installedContent(forProductID: productIdentifier))?.max(by: { $0.installedAt < $1.installedAt })
         else { return nil }
-        // Handing content out is a use: it orders evictions (least recently used first). Recorded once a minute at most.
-        let now = ContinuousClock.now
-        let key = productIdentifier + "\u{0}" + content.contentIdentifier
-        let due = self.recordedUses.withLock { recorded in
-            if let last = recorded[key], now - last < Self.useRecordInterval { return false }
-            recorded[key] = now
-            return true
-        }
-        if due { try? self.store.recordUse(productIdentifier: productIdentifier, contentIdentifiers: [content.contentIdentifier]) }
+        self.noteUse(contentIDs: [content.contentIdentifier])
         return content.contentURL
+    }
+
+    /// Records that packs were handed out (``contentURL(forProductID:)``, ``ensureAvailable(contentIDs:from:priority:)``):
+    /// a use, which orders evictions (least recently used first). Once a minute at most per pack; a failure to record
+    /// it is not the caller's (the pack is there).
+    func noteUse(contentIDs: [String]) {
+        let now = ContinuousClock.now
+        let due = self.recordedUses.withLock { recorded in
+            contentIDs.filter { identifier in
+                if let last = recorded[identifier], now - last < Self.useRecordInterval { return false }
+                recorded[identifier] = now
+                return true
+            }
+        }
+        if !due.isEmpty { try? self.store.recordUse(contentIdentifiers: due) }
     }
 
     /// Deletes a product's installed content and its record.

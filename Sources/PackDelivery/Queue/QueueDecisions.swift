@@ -31,11 +31,18 @@ enum AddPlan {
                 contentIdentifier: content.contentIdentifier, contentVersion: content.contentVersion,
                 contentLength: content.contentLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1,
                 pauseReason: nil, contentURL: nil, error: nil, url: url, sha256: content.sha256.lowercased(),
-                unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0, priority: priority)
+                unpackedLength: content.unpackedLength, destination: destination, bytesReceived: 0,
+                priority: Self.priority(content.deliveryPolicy, transaction: priority), delivery: content.deliveryPolicy)
+            if content.deliveryPolicy == .onDemand {
+                // Recorded as available; nothing is fetched until someone asks (ensureAvailable, or its id resumed).
+                download.state = .paused
+                download.pauseReason = .onDemand
+            }
             if !force, let existing = installs[content.contentIdentifier]?.first(where: { $0.destination == destination }),
                 existing.contentVersion == content.contentVersion, presentFolders.contains(existing.contentURL)
             {
                 download.state = .finished
+                download.pauseReason = nil
                 download.progress = 1
                 download.timeRemaining = 0
                 download.bytesReceived = content.contentLength
@@ -44,6 +51,12 @@ enum AddPlan {
             downloads.append(download)
         }
         return .success(downloads)
+    }
+
+    /// A pack's priority in a transaction whose essential packs get `transaction` (a purchase's `essential`, a
+    /// restore's `restore`): a prefetch pack follows them at `prefetch`, behind a restore's packs.
+    static func priority(_ delivery: DeliveryPolicy, transaction: DownloadPriority) -> DownloadPriority {
+        delivery == .prefetch ? max(transaction, .prefetch) : transaction
     }
 }
 
@@ -131,7 +144,7 @@ enum Redelivery {
         download.pauseReason = nil
         download.phase = nil
         download.retryDate = nil
-        download.priority = .restore
+        download.priority = AddPlan.priority(recorded.delivery, transaction: .restore)
         if intact {
             download.state = .finished
             download.progress = 1
@@ -143,6 +156,11 @@ enum Redelivery {
             download.progress = 0
             download.bytesReceived = 0
             download.contentURL = nil
+            if recorded.delivery == .onDemand {
+                // Recorded again as available, fetched when asked for, as at its purchase.
+                download.state = .paused
+                download.pauseReason = .onDemand
+            }
         }
         return download
     }
@@ -193,7 +211,10 @@ enum TransactionWait {
     static func verdict(_ transaction: Transaction, goal: Goal) -> Verdict {
         let nothingRuns = transaction.isFinished || transaction.downloads.allSatisfy { !$0.state.isRunning }
         guard case .delivered(let returningOnPause) = goal else { return nothingRuns ? .done : .wait }
-        if let failed = transaction.downloads.first(where: { $0.state == .failed }) {
+        // A purchase is delivered once its essential packs are: prefetch and on-demand packs follow on their own.
+        let essential = transaction.downloads.filter { $0.delivery == .essential }
+        let essentialsStopped = transaction.isFinished || essential.allSatisfy { !$0.state.isRunning }
+        if let failed = essential.first(where: { $0.state == .failed }) {
             // Failed for good: nothing changes until the app resumes or cancels it.
             return .failed(
                 failed.error
@@ -202,7 +223,7 @@ enum TransactionWait {
                         subject: transaction.id))
         }
         if transaction.isFinished || transaction.isFinishable {
-            guard let cancelled = transaction.downloads.first(where: { $0.state == .cancelled }) else { return .done }
+            guard let cancelled = essential.first(where: { $0.state == .cancelled }) else { return .done }
             return .failed(
                 PackDeliveryError(
                     .cancelled,
@@ -210,6 +231,6 @@ enum TransactionWait {
                         "The download \(cancelled.id) (\(PackDeliveryError.printable(cancelled.contentIdentifier))) of transaction \(transaction.id) was cancelled: its content is not installed.",
                     hint: "Finish the transaction: nothing more will be delivered for it.", subject: transaction.id))
         }
-        return returningOnPause && nothingRuns ? .done : .wait
+        return returningOnPause && essentialsStopped ? .done : .wait
     }
 }

@@ -20,6 +20,8 @@ struct QueueMachine: Sendable {
         case settled(transactionID: String)
         /// State changed: save the changed downloads soon (``takeChanges(includingProgress:)``).
         case save
+        /// A download that waits (or is paused) was given another priority: report it (``DownloadQueueEvent/priorityChanged(_:)``).
+        case priorityChanged(id: String)
     }
 
     /// What happens to one download.
@@ -44,6 +46,9 @@ struct QueueMachine: Sendable {
         case resume
         /// Start sooner or later than others while it waits (``DownloadPriority``).
         case setPriority(DownloadPriority)
+        /// May download on a metered connection (``DownloadQueue/allowMetered(_:)``): resumed if it waits for an
+        /// unmetered one.
+        case allowMetered
         case cancel
         /// End it as failed: the store could not record its state, or another failure from outside.
         case abort(PackDeliveryError)
@@ -80,6 +85,14 @@ struct QueueMachine: Sendable {
     /// Downloads holding a slot: active, or being admitted.
     private(set) var running: Set<String> = []
     private var pausedForSpace: Set<String> = []
+    /// Downloads paused until the connection is not metered.
+    private var pausedForNetwork: Set<String> = []
+    /// Downloads allowed on a metered connection (``Event/allowMetered``).
+    private var allowedOnMetered: Set<String> = []
+    /// Whether the connection is metered now (``networkChanged(metered:)``).
+    private(set) var metered = false
+    /// On a metered connection, packs larger than this wait for an unmetered one (unless exempt, see ``waitsForUnmetered(_:)``).
+    let meteredLimit: Int64
     /// Downloads admitted as first installs that write each byte once (see ``admit(_:available:path:writesOnce:now:)``).
     private var writesOnce: Set<String> = []
     private var nextSequence = 0
@@ -88,10 +101,14 @@ struct QueueMachine: Sendable {
     let spaceMargin: Int64
     private(set) var closed = false
 
-    init(concurrency: Int, spaceMargin: Int64 = SpaceCheck.margin) {
+    init(concurrency: Int, spaceMargin: Int64 = SpaceCheck.margin, meteredLimit: Int64 = QueueMachine.defaultMeteredLimit) {
         self.concurrency = max(1, concurrency)
         self.spaceMargin = spaceMargin
+        self.meteredLimit = max(0, meteredLimit)
     }
+
+    /// 50 MiB.
+    static let defaultMeteredLimit: Int64 = 50 << 20
 
     /// Makes room for `count` more downloads at once: a catalog of 10,000 grows the table once, instead of
     /// doubling it step by step with the old and the new table alive together at each step.
@@ -122,7 +139,8 @@ struct QueueMachine: Sendable {
 
     /// Applies an event to one owned download; events for other downloads change nothing.
     mutating func handle(_ id: String, _ event: Event, now: Date = Date(), jitter: Double = Double.random(in: 0...1)) -> [Action] {
-        self.update(id) { machine in
+        if case .allowMetered = event, self.entries[id] != nil { self.allowedOnMetered.insert(id) }
+        return self.update(id) { machine in
             switch event {
             case .transferProgress(let token, let bytes, let validator):
                 _ = machine.progress(token: token, bytesOnDisk: bytes, validator: validator, now: now)
@@ -157,6 +175,8 @@ struct QueueMachine: Sendable {
                 return machine.resume()
             case .setPriority(let priority):
                 return machine.setPriority(priority)
+            case .allowMetered:
+                return machine.networkReturned()
             case .cancel:
                 return machine.cancel()
             case .abort(let error):
@@ -177,6 +197,9 @@ struct QueueMachine: Sendable {
             self.schedule(into: &actions)
             return actions
         }
+        if self.waitsForUnmetered(entry.machine.download) {
+            return self.update(id) { $0.pause(.waitingForUnmeteredNetwork) }
+        }
         let needed = self.needed(entry.machine.download)
         if let available, needed > available {
             return self.update(id) {
@@ -193,6 +216,10 @@ struct QueueMachine: Sendable {
         for id in self.running where self.entries[id]?.machine.state == .active {
             actions += self.update(id) { $0.tick(now: now) }
         }
+        if !self.metered {
+            // Adopted from an earlier process while paused for the network, which is not metered now.
+            for id in self.pausedForNetwork.sorted() { actions += self.update(id) { $0.networkReturned() } }
+        }
         if let available {
             for id in self.pausedForSpace {
                 guard let download = self.entries[id]?.machine.download, let free = available[download.destination] else { continue }
@@ -202,6 +229,38 @@ struct QueueMachine: Sendable {
             }
         }
         return actions
+    }
+
+    /// The connection became metered, or not (``NetworkPolicy``). Metered: downloads transferring a pack above the
+    /// limit pause (``PauseReason/waitingForUnmeteredNetwork``, bytes kept), and waiting ones are held at admission.
+    /// Not metered: those paused for it wait for a slot again.
+    mutating func networkChanged(metered: Bool) -> [Action] {
+        guard metered != self.metered else { return [] }
+        self.metered = metered
+        var actions: [Action] = []
+        if metered {
+            let ids = self.running.filter { id in
+                guard let download = self.entries[id]?.machine.download else { return false }
+                return download.state == .active && download.phase == .downloading && self.waitsForUnmetered(download)
+            }
+            for id in ids.sorted() { actions += self.update(id) { $0.pause(.waitingForUnmeteredNetwork) } }
+        } else {
+            for id in self.pausedForNetwork.sorted() { actions += self.update(id) { $0.networkReturned() } }
+        }
+        return actions
+    }
+
+    /// Whether a download must wait for an unmetered connection: the connection is metered, the pack is larger than
+    /// the limit, and it is not the user's explicit action. A download the user asked for now
+    /// (``DownloadPriority/userInitiated``), the essential packs of a purchase (priority and delivery essential, as
+    /// ``DownloadQueue/add(products:from:kind:destination:autoFinish:force:start:receipt:)`` records them), and those
+    /// allowed (``Event/allowMetered``) go ahead; a restore, prefetch and background work wait.
+    func waitsForUnmetered(_ download: Download) -> Bool {
+        guard self.metered, download.contentLength > self.meteredLimit, !self.allowedOnMetered.contains(download.id) else {
+            return false
+        }
+        let explicit = download.priority == .userInitiated || (download.priority == .essential && download.delivery == .essential)
+        return !explicit
     }
 
     /// Pauses every running download (a shutdown, Ctrl-C) and, with `closing`, starts nothing more.
@@ -233,6 +292,8 @@ struct QueueMachine: Sendable {
         self.changed[id] = nil
         self.running.remove(id)
         self.pausedForSpace.remove(id)
+        self.pausedForNetwork.remove(id)
+        self.allowedOnMetered.remove(id)
         self.writesOnce.remove(id)
         if self.entries.isEmpty {
             // A dictionary keeps its capacity when emptied: after a catalog of 10,000, that is ≈ 10 MB held for nothing.
@@ -288,6 +349,9 @@ struct QueueMachine: Sendable {
             self.changed[id] = max(self.changed[id] ?? .none, .progress)
         }
         if (before != after || released) && entry.machine.reportable { actions.append(.notify(id: id)) }
+        if let before, before.priority != after.priority, after.state == .waiting || after.state == .paused {
+            actions.append(.priorityChanged(id: id))
+        }
         // A slot is held while active, and while waiting to be admitted.
         if after.state != .active, after.state != .waiting { self.running.remove(id) }
         if after.state == .waiting, !entry.inHeap || entry.heapRank != after.priority.rank {
@@ -300,6 +364,11 @@ struct QueueMachine: Sendable {
             self.pausedForSpace.insert(id)
         } else {
             self.pausedForSpace.remove(id)
+        }
+        if after.state == .paused, after.pauseReason == .waitingForUnmeteredNetwork {
+            self.pausedForNetwork.insert(id)
+        } else {
+            self.pausedForNetwork.remove(id)
         }
         if after.state.isSettled, before?.state.isSettled != true { actions.append(.settled(transactionID: after.transactionID)) }
         self.entries[id] = entry

@@ -6,6 +6,7 @@ extension DownloadPhase: DatabaseValueConvertible {}
 extension PauseReason: DatabaseValueConvertible {}
 extension Destination: DatabaseValueConvertible {}
 extension TransactionKind: DatabaseValueConvertible {}
+extension DeliveryPolicy: DatabaseValueConvertible {}
 
 /// A row of `transactions`.
 struct TransactionRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
@@ -74,6 +75,8 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         var urls: [URL]
         var credentialsToAllSources: Bool
     }
+    /// When the pack is delivered; NULL (rows from before delivery policies) is `essential`.
+    var delivery: DeliveryPolicy?
 
     enum Columns {
         static let id = Column(CodingKeys.id)
@@ -111,6 +114,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.indexReference = download.index.map { .value($0) }
         self.priority = download.priority
         self.sources = download.sources.map { .value(StoredSources(urls: $0, credentialsToAllSources: download.credentialsToAllSources)) }
+        self.delivery = download.delivery
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -142,7 +146,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
             },
             url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
             destination: self.destination, bytesReceived: self.bytesReceived, priority: self.priority ?? .essential,
-            index: self.indexReference?.value)
+            delivery: self.delivery ?? .essential, index: self.indexReference?.value)
         if let stored = self.sources?.value {
             download.sources = stored.urls
             download.credentialsToAllSources = stored.credentialsToAllSources

@@ -72,6 +72,14 @@ extension Store {
         }
     }
 
+    /// Records a use of packs, by content identifier (unique in a home), as ``recordUse(productIdentifier:contentIdentifiers:at:)``.
+    func recordUse(contentIdentifiers: [String], at date: Date = Date()) throws(PackDeliveryError) {
+        try self.write { db in
+            let statement = try db.cachedStatement(sql: "UPDATE installs SET lastUsedAt = ? WHERE contentIdentifier = ?")
+            for identifier in contentIdentifiers { try statement.execute(arguments: [date, identifier]) }
+        }
+    }
+
     // MARK: Leases
 
     func addLease(_ rows: [LeaseRecord]) throws(PackDeliveryError) {
@@ -158,17 +166,19 @@ extension Store {
     }
 
     /// The cached packs that may be evicted, in the order they go: lowest preservation priority first, then least
-    /// recently used. Leased packs (by a live process), packs of unfinished transactions and `protected` ones are left out.
+    /// recently used. Leased packs (by a live process), essential packs of unfinished transactions and `protected` ones are
+    /// left out.
     func evictionCandidates(protecting protected: Set<String>) throws(PackDeliveryError) -> [EvictionCandidate] {
         try self.write { db in
             let leases = try self.liveLeases(in: db)
-            // Packs an unfinished transaction delivers, or delivered: its essential content.
+            // Essential packs an unfinished transaction delivers, or delivered (its prefetch and on-demand ones may go).
             let busy = Set(
                 try String.fetchAll(
                     db,
                     sql: """
                         SELECT DISTINCT downloads.contentIdentifier FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
                         WHERE transactions.finishedAt IS NULL AND downloads.state <> 'cancelled'
+                        AND (downloads.delivery IS NULL OR downloads.delivery = 'essential')
                         """))
             let priorities = Dictionary(
                 try Row.fetchAll(db, sql: "SELECT contentIdentifier, priority FROM preservationPriorities").map {

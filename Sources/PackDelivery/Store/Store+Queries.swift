@@ -133,7 +133,8 @@ extension Store {
                     db,
                     sql: """
                         SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                        WHERE transactions.finishedAt IS NULL AND downloads.state NOT IN ('finished', 'cancelled')
+                        WHERE (transactions.finishedAt IS NULL OR downloads.delivery = 'prefetch')
+                        AND downloads.state NOT IN ('finished', 'cancelled')
                         """)
             }
             var claimed: [DownloadRecord] = []
@@ -210,7 +211,11 @@ extension Store {
         }
     }
 
-    /// Marks transactions finished in one durable write; returns those that were open.
+    /// SQL: the download is essential (NULL, from before delivery policies, is), so its transaction waits for it.
+    static let holdsTransaction = "(downloads.delivery IS NULL OR downloads.delivery = 'essential')"
+
+    /// Marks transactions finished in one durable write; returns those that were open. Their prefetch and on-demand
+    /// downloads not yet settled stay owned: they go on after the transaction.
     func finish(_ ids: [String], at date: Date) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
             for chunk in ids.chunked(500) {
@@ -221,7 +226,7 @@ extension Store {
                 )
                 try db.execute(
                     sql:
-                        "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count)))",
+                        "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count))) AND (\(Self.holdsTransaction) OR state IN ('finished', 'cancelled'))",
                     arguments: StatementArguments(chunk))
             }
         }
@@ -245,6 +250,49 @@ extension Store {
                 InstallRecord.Columns.productIdentifier, InstallRecord.Columns.installedAt, InstallRecord.Columns.contentIdentifier)
             if let productIdentifier { request = request.filter(InstallRecord.Columns.productIdentifier == productIdentifier) }
             return try request.fetchAll(db)
+        }
+    }
+
+    /// Where each of `contentIdentifiers` is installed (its newest install), in one read: one indexed query a pack.
+    func installedFolders(contentIdentifiers: [String]) throws(PackDeliveryError) -> [String: String] {
+        try self.read { db in
+            let statement = try db.cachedStatement(
+                sql: "SELECT contentURL FROM installs WHERE contentIdentifier = ? ORDER BY installedAt DESC LIMIT 1")
+            var found: [String: String] = [:]
+            for identifier in contentIdentifiers {
+                if let path = try String.fetchOne(statement, arguments: [identifier]) { found[identifier] = path }
+            }
+            return found
+        }
+    }
+
+    /// The newest download of a pack that is not finished or cancelled (an on-demand pack not yet asked for, a
+    /// prefetch on its way, a paused purchase), or nil.
+    func openDownload(contentIdentifier: String) throws(PackDeliveryError) -> DownloadRecord? {
+        try self.read { db in
+            try DownloadRecord.fetchOne(
+                db.cachedStatement(
+                    sql: """
+                        SELECT * FROM downloads WHERE contentIdentifier = ? AND state NOT IN ('finished', 'cancelled')
+                        ORDER BY rowid DESC LIMIT 1
+                        """), arguments: [contentIdentifier])
+        }
+    }
+
+    /// The content identifiers a product's downloads were recorded with, newest transaction's first.
+    func contentIdentifiers(productIdentifier: String) throws(PackDeliveryError) -> [String] {
+        try self.read { db in
+            let rows = try String.fetchAll(
+                db,
+                sql: """
+                    SELECT downloads.contentIdentifier FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
+                    WHERE downloads.productIdentifier = ? ORDER BY transactions.createdAt DESC, transactions.id, downloads.position
+                    """,
+                arguments: [productIdentifier])
+            let installed = try String.fetchAll(
+                db, sql: "SELECT contentIdentifier FROM installs WHERE productIdentifier = ?", arguments: [productIdentifier])
+            var seen = Set<String>()
+            return (rows + installed).filter { seen.insert($0).inserted }
         }
     }
 

@@ -221,6 +221,13 @@ final class Store: Sendable {
             // NULL for the downloads recorded before: essential, as every download was.
             try db.alter(table: "downloads") { t in t.add(column: "priority", .text) }
         }
+        migrator.registerMigration("v9: delivery policies and metered pauses") { db in
+            // NULL for the downloads recorded before: essential, as every pack was.
+            try db.alter(table: "downloads") { t in t.add(column: "delivery", .text) }
+            // ensureAvailable finds a pack's download by its content identifier, and a product's packs by product.
+            try db.create(index: "downloads_contentIdentifier", on: "downloads", columns: ["contentIdentifier"])
+            try db.create(index: "downloads_productIdentifier", on: "downloads", columns: ["productIdentifier"])
+        }
         migrator.registerMigration("v10: leases, last use and evictions") { db in
             // NULL until the content is first used: its install time counts.
             try db.alter(table: "installs") { t in t.add(column: "lastUsedAt", .datetime) }

@@ -1,0 +1,79 @@
+import ArgumentParser
+import Foundation
+import PackDelivery
+
+extension Packs {
+    struct Use: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print the installed folders of a product's packs (or of the packs named), fetching them first if needed.",
+            discussion: """
+                An installed pack is printed at once, without a request. A pack that is not installed is fetched ahead of \
+                everything else waiting (priority userInitiated): an on-demand pack, or a prefetch or paused download; a \
+                pack no download was recorded for is bought from --manifest. Folders are printed one per line once every \
+                pack is in place (with --json, the progress events, then one object per pack as content prints it). \
+                Exit codes as fetch.
+
+                Example:
+                  ls "$(packs use com.example.forest com.example.forest.music)"
+                """)
+
+        @OptionGroup var global: GlobalOptions
+        @OptionGroup var transfer: TransferFlags
+
+        @Argument(help: "The product.")
+        var product: String
+
+        @Argument(help: "Content identifiers of its packs (default: all of them).")
+        var packs: [String] = []
+
+        @Option(help: ArgumentHelp("The manifest to fetch from when no download of a pack is recorded.", valueName: "manifest"))
+        var manifest: String?
+
+        func run() async throws {
+            let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
+                var loaded: LoadedManifest?
+                if let manifest = self.manifest {
+                    let publishers = try DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
+                    loaded = try await LoadedManifest.load(manifest, options: self.transfer.options, trusting: publishers)
+                }
+                let queue = try openQueue(self.global, self.transfer.configuration())
+                defer { queue.close() }
+                if let loaded { try queue.acceptManifest(loaded) }
+                let packs = self.packs.isEmpty ? try queue.contentIdentifiers(productIDs: [self.product], from: loaded) : self.packs
+                // Progress goes to stdout only on a terminal or with --json: `$(packs use …)` gets the folders alone.
+                var shown = self.global
+                if !shown.json, isatty(STDOUT_FILENO) != 1 { shown.quiet = true }
+                let code = try await RunSession(queue: queue, global: shown).run { () throws(PackDeliveryError) in
+                    let downloads = try queue.fetchIfNeeded(contentIDs: packs, from: loaded)
+                    return RunSession.Follow(
+                        downloads: downloads, finishingAllFinishable: false, finishingIfAsked: Set(downloads.map(\.transactionID)))
+                }
+                guard code == 0 else { return code }
+                let clock = ContinuousClock()
+                let started = clock.now
+                let folders = try await queue.ensureAvailable(contentIDs: packs, from: loaded)
+                if self.global.verbose {
+                    // Benchmarks/run case 13 reads this: the library call alone, without the process start and queue open.
+                    let elapsed = clock.now - started
+                    let ms = Double(elapsed.components.seconds) * 1_000 + Double(elapsed.components.attoseconds) / 1e15
+                    printError("packs: ensureAvailable took \(String(format: "%.3f", ms)) ms")
+                }
+                let installed = try queue.installedContent()
+                for (identifier, folder) in zip(packs, folders) {
+                    if self.global.json {
+                        guard let content = installed.first(where: { $0.contentIdentifier == identifier && $0.contentURL == folder }) else {
+                            continue
+                        }
+                        var object = InstalledJSON(content)
+                        object.missing = false
+                        printJSON(object)
+                    } else {
+                        printLine(folder.path)
+                    }
+                }
+                return 0
+            }
+            if code != 0 { throw ExitCode(code) }
+        }
+    }
+}
