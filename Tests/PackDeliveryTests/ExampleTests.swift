@@ -144,7 +144,8 @@ import Testing
         let packSize = try #require(
             try FileManager.default.attributesOfItem(atPath: site.appending(path: "c.tar").path)[.size] as? Int)
         #expect(nginx.bodyBytesSent(path: "/c.tar") == packSize, "the level's pack, fetched once it was opened")
-        #expect(player.stderr.contains("progress \(level) 100%"), "the view model showed its progress: \(player.stderr)")
+        // Main-actor callbacks may still be on their way when ensureAvailable returns.
+        #expect(player.waitForStderr("progress \(level) 100%", timeout: 10), "the view model showed its progress: \(player.stderr)")
         let installed = home.appending(path: "Caches/\(level)/Contents/c.bin")
         #expect(FileManager.default.fileExists(atPath: installed.path))
 
