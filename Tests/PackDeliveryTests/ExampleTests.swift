@@ -110,4 +110,57 @@ import Testing
         nginx.waitForRequests(2)
         #expect(nginx.requests().filter { $0.uri.hasSuffix("/big.tar") }.count == 1, "the pack was served once: \(nginx.requests())")
     }
+
+    /// On-demand content with a lease (issue 31): a purchase transfers 0 bytes of its on-demand pack; opening the level
+    /// that needs it (`--play`) fetches it, with progress, and holds it: `packs gc --to 0` in another process cannot
+    /// evict it (exit 75, files still there) until the level closes, and then can.
+    @Test func theExampleFetchesAnOnDemandLevelWhenOpenedAndHoldsItWhileOpen() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "no StoreClient at \(Self.binary)")
+        let level = DeliveryPolicyTests.onDemand
+        let site = try DeliveryPolicyTests.site(
+            "example-level-site", delivery: [level: .onDemand], sizes: [64 << 10, 64 << 10, 1 << 20])
+        let nginx = try NginxServer(root: site)
+        defer { nginx.stop() }
+        let manifest = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let home = try Fixtures.temporaryDirectory("example-level-home")
+
+        // The purchase: delivered and finished, its on-demand pack not fetched.
+        let bought = try await Fixtures.runAsync(Self.binary, ["--home", home.path, manifest, "com.example.game"], timeout: 90)
+        let boughtLines = bought.stdout.split(separator: "\n").map(String.init)
+        #expect(bought.status == 0, "stderr: \(bought.stderr)\nstdout: \(boughtLines)")
+        #expect(boughtLines.contains { $0.hasPrefix("finished t-") && $0.hasSuffix(" com.example.game") }, "\(boughtLines)")
+        #expect(nginx.bodyBytesSent(path: "/a.tar") > 0)
+        #expect(nginx.bodyBytesSent(path: "/c.tar") == 0, "the on-demand pack is not fetched with the purchase")
+        #expect(!nginx.requests().contains { $0.uri.hasPrefix("/c.tar") }, "\(nginx.requests())")
+
+        // The level opens: fetched now, with progress, and leased while open. Its output goes, line by line, to the
+        // watched standard error.
+        let input = Pipe()
+        let player = try WatchedProcess(
+            "/bin/sh", ["-c", "exec stdbuf -oL \"$0\" \"$@\" 1>&2", Self.binary, "--home", home.path, manifest, "--play", level],
+            input: input)
+        defer { player.kill() }
+        #expect(player.waitForStderr("level open \(level) ", timeout: 60), "the level opened: \(player.stderr)")
+        let packSize = try #require(
+            try FileManager.default.attributesOfItem(atPath: site.appending(path: "c.tar").path)[.size] as? Int)
+        #expect(nginx.bodyBytesSent(path: "/c.tar") == packSize, "the level's pack, fetched once it was opened")
+        // Main-actor callbacks may still be on their way when ensureAvailable returns.
+        #expect(player.waitForStderr("progress \(level) 100%", timeout: 10), "the view model showed its progress: \(player.stderr)")
+        let installed = home.appending(path: "Caches/\(level)/Contents/c.bin")
+        #expect(FileManager.default.fileExists(atPath: installed.path))
+
+        let blocked = try CLI.run(home: home, ["gc", "--to", "0"])
+        #expect(blocked.status == 75, "the open level's pack keeps the caches above 0: \(blocked.stdout) \(blocked.stderr)")
+        #expect(!blocked.stdout.contains(level), "\(blocked.stdout)")
+        #expect(FileManager.default.fileExists(atPath: installed.path), "the leased pack is still installed")
+
+        // The level closes (standard input ends): the lease ends, and the pack may go.
+        try input.fileHandleForWriting.close()
+        #expect(player.waitForStderr("level closed \(level)", timeout: 30), "\(player.stderr)")
+        #expect(player.waitForExit(timeout: 30) == 0, "\(player.stderr)")
+        let freed = try CLI.run(home: home, ["gc", "--to", "0"])
+        #expect(freed.status == 0, "stderr: \(freed.stderr)")
+        #expect(freed.stdout.contains(" \(level) "), "\(freed.stdout)")
+        #expect(!FileManager.default.fileExists(atPath: installed.path))
+    }
 }

@@ -162,13 +162,14 @@ final class WatchedProcess: Sendable {
     private let process: Process
     private let output = Output()
 
-    init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil) throws {
+    /// Starts `executable`; its standard input is `input` when given (the end of input is closing its writing end).
+    init(_ executable: String, _ arguments: [String], environment: [String: String]? = nil, input: Pipe? = nil) throws {
         let process = Process()
         process.executableURL = URL(filePath: executable)
         process.arguments = arguments
         if let environment { process.environment = environment }
         process.standardOutput = FileHandle.nullDevice
-        process.standardInput = FileHandle.nullDevice
+        process.standardInput = input ?? FileHandle.nullDevice
         let pipe = Pipe()
         process.standardError = pipe
         self.process = process
@@ -190,6 +191,16 @@ final class WatchedProcess: Sendable {
     /// Waits until standard error holds `text`; false after `timeout` seconds or when the program exited first.
     func waitForStderr(_ text: String, timeout: TimeInterval) -> Bool {
         waitUntil(timeout: timeout) { self.stderr.contains(text) || !self.process.isRunning } && self.stderr.contains(text)
+    }
+
+    /// Waits for the exit; its status, or nil (and a SIGKILL) when it is still running after `timeout` seconds.
+    func waitForExit(timeout: TimeInterval) -> Int32? {
+        guard waitUntil(timeout: timeout, { !self.process.isRunning }) else {
+            self.kill()
+            return nil
+        }
+        self.process.waitUntilExit()
+        return self.process.terminationStatus
     }
 
     /// SIGKILL, and waits for the exit.

@@ -1,11 +1,13 @@
 // The delivery half of a store client, as a small program:
 //
-//     StoreClient --home DIR MANIFEST_URL PRODUCT_ID... [--leave-open]
+//     StoreClient --home DIR MANIFEST_URL [PRODUCT_ID...] [--leave-open] [--play PACK_ID]
 //
 // At launch it opens the queue and registers its main-actor view model (purchases an earlier run left
 // open are delivered to it again); then, for each product, it adds a purchase, shows that finishing
 // is refused while the download runs (matched by the error's code), awaits the delivery with one call, and
 // finishes it once its content is in place — unless --leave-open, which leaves them for the next run.
+// With --play, the player then opens the level of an on-demand pack: it is fetched now, if it is not installed,
+// and held (a lease) until the level closes, here when standard input ends.
 // The article "Embedding PackDelivery in a Store Client" walks through the same steps.
 
 import Foundation
@@ -17,15 +19,21 @@ struct StoreClient {
         var arguments = Array(CommandLine.arguments.dropFirst())
         let leaveOpen = arguments.contains("--leave-open")
         arguments.removeAll { $0 == "--leave-open" }
-        guard arguments.count >= 4, arguments[0] == "--home" else {
-            print("usage: StoreClient --home DIR MANIFEST_URL PRODUCT_ID... [--leave-open]")
+        var level: String?
+        if let index = arguments.firstIndex(of: "--play"), index + 1 < arguments.count {
+            level = arguments[index + 1]
+            arguments.removeSubrange(index...index + 1)
+        }
+        guard arguments.count >= 3, arguments[0] == "--home" else {
+            print("usage: StoreClient --home DIR MANIFEST_URL [PRODUCT_ID...] [--leave-open] [--play PACK_ID]")
             exit(64)
         }
         let home = Home(folder: URL(filePath: arguments[1]))
         let manifestLocation = arguments[2]
         let products = Array(arguments[3...])
         do throws(PackDeliveryError) {
-            exit(try await Self.run(home: home, manifestLocation: manifestLocation, products: products, leaveOpen: leaveOpen))
+            exit(
+                try await Self.run(home: home, manifestLocation: manifestLocation, products: products, leaveOpen: leaveOpen, level: level))
         } catch {
             // Errors are matched by code; the message is for people.
             print("error \(error.code): \(error.message)")
@@ -33,9 +41,9 @@ struct StoreClient {
         }
     }
 
-    @MainActor static func run(home: Home, manifestLocation: String, products: [String], leaveOpen: Bool) async throws(PackDeliveryError)
-        -> Int32
-    {
+    @MainActor static func run(
+        home: Home, manifestLocation: String, products: [String], leaveOpen: Bool, level: String? = nil
+    ) async throws(PackDeliveryError) -> Int32 {
         // 1. At launch: open the queue without blocking the main actor, and register the observer at once.
         let queue = try await DownloadQueue.open(home: home)
         let model = ShopModel()
@@ -92,7 +100,23 @@ struct StoreClient {
                 allInstalled = false
             }
         }
+        if let level { try await Self.play(level: level, queue: queue) }
         await queue.close()
         return allInstalled ? 0 : 1
+    }
+
+    /// 6. The player opens a level whose pack is on demand (`"delivery": "onDemand"`): nothing of it was fetched with the
+    ///    purchase. Hold it with a lease first, so that no process evicts it between its install and its use; then
+    ///    make it available (one query when it is installed; otherwise it is fetched ahead of everything else, its
+    ///    progress reaching the view model like any download's). End the lease when the level closes.
+    @MainActor static func play(level: String, queue: DownloadQueue) async throws(PackDeliveryError) {
+        let lease = try queue.beginAccessing(contentIdentifiers: [level])
+        let folders = try await queue.ensureAvailable(contentIDs: [level])
+        print("level open \(level) \(folders[0].path)")
+        // The level plays until the player closes it: here, until standard input ends (read off the main actor, which
+        // stays free for the view model). Were the process to exit first, its lease would end with it.
+        await Task.detached { while readLine() != nil {} }.value
+        try queue.endAccessing(lease)
+        print("level closed \(level)")
     }
 }
