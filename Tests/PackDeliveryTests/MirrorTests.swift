@@ -228,6 +228,45 @@ import Testing
         #expect(shown.stdout.hasPrefix("1. http://127.0.0.1:\(fast.port)"), "\(shown.stdout)")
     }
 
+    /// Eight packs added together on a fresh home, a slow mirror listed first: four downloads start at once with nothing
+    /// measured, and only one probes each mirror (the other two spread, fewest in flight), so the slow mirror serves at
+    /// most two packs; every pack that starts after the first batch starts on the fast one (bytes counted per server).
+    @Test func downloadsStartingTogetherProbeTheSlowFirstMirrorOnceAndTheRestGoToTheFastOne() async throws {
+        let count = 8
+        let site = try Self.catalog("mirror-together", count: count, size: 512 << 10)
+        let slow = try NginxServer(root: site.folder, limitRate: 256 << 10)
+        defer { slow.stop() }
+        let fast = try NginxServer(root: site.folder)
+        defer { fast.stop() }
+        let manifestURL = site.folder.appending(path: "manifest.json")
+        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
+        edited.mirrors = ["http://127.0.0.1:\(slow.port)/", "http://127.0.0.1:\(fast.port)/"]
+        try JSONEncoder().encode(edited).write(to: manifestURL)
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("mirror-together-home")),
+            configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false))
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(manifestURL.path)
+        let products = (0..<count).map { "com.example.p\($0)" }
+        let downloads = try await queue.add(products: products, from: manifest).flatMap(\.downloads)
+        #expect(downloads.count == count)
+        for download in downloads {
+            let settled = try await queue.settled(downloadID: download.id)
+            #expect(settled.state == .finished, "\(settled.source): \(settled.error?.description ?? "")")
+            let number = try #require(Int(settled.source.dropFirst("127.0.0.1/p".count).dropLast(".tar".count)))
+            #expect(try Fixtures.sha256Hex(of: try #require(settled.contentURL).appending(path: "Contents/data.bin")) == site.data[number])
+        }
+        let packSize = try #require(
+            try FileManager.default.attributesOfItem(atPath: site.folder.appending(path: "p0.tar").path)[.size] as? Int)
+        let askedSlow = Set(slow.requests().map(\.uri))
+        #expect(askedSlow.count <= 2, "the slow mirror was asked for \(askedSlow.sorted()): one probe and one spread, no more")
+        let fromFast = (0..<count).filter {
+            fast.bodyBytesSent(path: "/p\($0).tar") == packSize && slow.bodyBytesSent(path: "/p\($0).tar") == 0
+        }
+        #expect(fromFast.count >= count - 2, "packs served whole by the fast mirror alone: \(fromFast)")
+        #expect(slow.bodyBytesSent() + fast.bodyBytesSent() <= count * packSize + 2 * packSize, "nothing fetched more than twice")
+    }
+
     /// A transfer much slower than another source measured moves there from the kept bytes (aria2's feedback): the
     /// first pack measures the fast mirror; the second starts on the slow one (never measured, so tried) and moves.
     @Test func aSlowTransferMovesToAMuchFasterSourceFromTheKeptBytes() async throws {

@@ -76,4 +76,51 @@ import Testing
             ranking.order([Self.a, Self.b, c], now: now.addingTimeInterval(4 * 3_600)) == [c, Self.b, Self.a], "failures fade by the hour")
         #expect(ranking.ranked(now: now).map(\.origin) == ["http://b.example:80", "https://c.example:443", "http://a.example:80"])
     }
+
+    /// Four downloads starting together on a fresh home over [slow a, fast b]: one probes a, one probes b, the other two
+    /// spread (fewest in flight), so no more than half wait on the unknown first source; once measured, every new
+    /// transfer starts on the fast one, even while a's transfers still run.
+    @Test func transfersStartingTogetherProbeEachUnmeasuredSourceOnceThenGoToTheFastest() {
+        let now = Date(timeIntervalSince1970: 1_000_000)
+        var ranking = SourceRanking()
+        var inFlight: [String: Int] = [:]
+        var picked: [URL] = []
+        for _ in 0..<4 {
+            let url = ranking.pick([Self.a, Self.b], inFlight: inFlight, now: now)
+            picked.append(url ?? Self.a)
+            inFlight[Download.origin(url ?? Self.a), default: 0] += 1
+        }
+        #expect(picked == [Self.a, Self.b, Self.a, Self.b], "a probe each, then the fewest in flight")
+        ranking.record(origin: Download.origin(Self.b), bytes: 60_000, seconds: 0.005, failed: false, now: now)
+        inFlight[Download.origin(Self.b), default: 0] -= 1
+        #expect(
+            ranking.pick([Self.a, Self.b], inFlight: inFlight, now: now) == Self.b, "a is being probed: the measured b, not a second probe")
+        ranking.record(origin: Download.origin(Self.a), bytes: 60_000, seconds: 0.06, failed: false, now: now)
+        inFlight[Download.origin(Self.a), default: 0] -= 1
+        #expect(ranking.pick([Self.a, Self.b], inFlight: inFlight, now: now) == Self.b, "both measured: the fastest")
+        #expect(ranking.pick([Self.a, Self.b], inFlight: [:], now: now) == Self.b)
+    }
+
+    /// One download at a time (nothing else in flight): each unmeasured source is tried once, in the manifest's order,
+    /// then the fastest; a source measured with no bytes (it failed) is left while another has a throughput, and picked
+    /// only when every source is unmeasured-and-busy or without bytes, fewest transfers in flight first.
+    @Test func oneAtATimeEachSourceIsTriedOnceThenTheFastestAndTheFewestInFlightBreakAStall() {
+        let now = Date(timeIntervalSince1970: 1_000_000)
+        let c = URL(string: "https://c.example/p.tar")!
+        var ranking = SourceRanking()
+        #expect(ranking.pick([Self.a, Self.b], inFlight: [:], now: now) == Self.a)
+        ranking.record(origin: Download.origin(Self.a), bytes: 1_000_000, seconds: 1, failed: false, now: now)
+        #expect(ranking.pick([Self.a, Self.b], inFlight: [:], now: now) == Self.b, "b never measured: probed")
+        ranking.record(origin: Download.origin(Self.b), bytes: 0, seconds: 1, failed: true, now: now)
+        #expect(ranking.pick([Self.a, Self.b], inFlight: [:], now: now) == Self.a, "b failed with no bytes: a")
+        var failing = SourceRanking()
+        failing.record(origin: Download.origin(Self.a), bytes: 0, seconds: 1, failed: true, now: now)
+        failing.record(origin: Download.origin(Self.b), bytes: 0, seconds: 1, failed: true, now: now)
+        let busy = [Download.origin(Self.a): 2, Download.origin(Self.b): 1, Download.origin(c): 1]
+        #expect(
+            failing.pick([Self.a, Self.b, c], inFlight: busy, now: now) == c,
+            "c never measured but probed, b failed: ties go to the order, unmeasured first")
+        #expect(failing.pick([Self.a, Self.b], inFlight: busy, now: now) == Self.b, "no bytes anywhere: the fewest in flight")
+        #expect(SourceRanking().pick([], inFlight: [:], now: now) == nil)
+    }
 }

@@ -73,14 +73,21 @@ extension DownloadQueue {
                     for: download, url: download.url, refused: machine.credentialsRefused, receipt: access?.receipt)
             }
             if let sources = download.sources {
-                // Start at the fastest source the home measured (one never measured first, so each gets measured).
-                let best = self.driven { state in
+                // Start where the ranking picks: a source never measured gets one transfer at a time (a probe), the
+                // others go to the fastest measured (SourceRanking.pick), counting the transfers in flight at each.
+                let best = self.driven { state -> URL? in
                     if state.ranking == nil { state.ranking = SourceRanking((try? self.store.sourceStats()) ?? []) }
-                    return state.ranking?.order(sources, now: Date()).first
+                    if let picked = state.sourcePicks.removeValue(forKey: id) { return picked }
+                    var inFlight: [String: Int] = [:]
+                    for start in state.sourceStarts.values { inFlight[start.origin, default: 0] += 1 }
+                    for picked in state.sourcePicks.values { inFlight[Download.origin(picked), default: 0] += 1 }
+                    return state.ranking?.pick(sources, inFlight: inFlight, now: Date())
                 }
                 if let best, best != download.url, download.bytesReceived == 0, !fromZero {
+                    self.driven { $0.sourcePicks[id] = best }
                     let actions = self.driven { $0.machine.handle(id, .preferSource(token: token, best)) }
                     if !actions.isEmpty { return actions }
+                    self.driven { _ = $0.sourcePicks.removeValue(forKey: id) }
                 }
                 self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(download.source)"])
                 let start = (origin: Download.origin(download.url), at: Date(), bytes: fromZero ? 0 : download.bytesReceived)

@@ -164,6 +164,9 @@ public final class DownloadQueue: Sendable {
         /// Where each running whole-pack transfer of a pack with several sources started: its origin, when, and the
         /// bytes kept then, to measure the source's throughput when it ends.
         var sourceStarts: [TransferID: (origin: String, at: Date, bytes: Int64)] = [:]
+        /// The source picked for a download whose transfer is being moved there before it started (it counts as in
+        /// flight there until that transfer starts), so that downloads starting together spread as picked.
+        var sourcePicks: [String: URL] = [:]
 
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
         mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {

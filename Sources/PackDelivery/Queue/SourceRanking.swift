@@ -30,7 +30,8 @@ public struct SourceStats: Sendable, Hashable, Codable {
 
 /// The order in which a pack's sources are tried, from what the home measured (aria2's `--uri-selector=feedback`):
 /// a source never measured is tried first (so each gets measured once), then the fastest, each source's throughput
-/// divided by one plus its recent failures. Pure: the driver records and the store keeps the stats.
+/// divided by one plus its recent failures. A new transfer starts where ``pick(_:inFlight:now:)`` says: at
+/// most one transfer at a time probes a source never measured. Pure: the driver records and the store keeps the stats.
 struct SourceRanking: Sendable, Hashable {
     /// Seconds for a failure to count half as much.
     static let failureHalfLife: TimeInterval = 3_600
@@ -90,6 +91,26 @@ struct SourceRanking: Sendable, Hashable {
             case (let x?, let y?): x != y ? x > y : a.offset < b.offset
             }
         }.map(\.url)
+    }
+
+    /// The source a new transfer starts at, given how many transfers each origin has in flight (`inFlight`). One
+    /// mechanism, so that several downloads starting at once on a fresh home do not all go to an unknown source:
+    /// 1. a source never measured, with no transfer in flight, is probed (the first such in the manifest's order): one
+    ///    transfer measures it, the others do not wait on it;
+    /// 2. otherwise the best source measured (score above zero);
+    /// 3. otherwise (every source is being probed, or none measured brought bytes) the one with the fewest transfers
+    ///    in flight, ties in ``order(_:now:)``.
+    func pick(_ sources: [URL], inFlight: [String: Int], now: Date) -> URL? {
+        let origins = sources.map { (url: $0, origin: Download.origin($0)) }
+        if let probe = origins.first(where: { self.stats[$0.origin] == nil && inFlight[$0.origin, default: 0] == 0 }) {
+            return probe.url
+        }
+        let ordered = self.order(sources, now: now)
+        if let best = ordered.first(where: { (self.score(Download.origin($0), now: now) ?? 0) > 0 }) { return best }
+        return ordered.enumerated().min { a, b in
+            let (x, y) = (inFlight[Download.origin(a.element), default: 0], inFlight[Download.origin(b.element), default: 0])
+            return x != y ? x < y : a.offset < b.offset
+        }?.element
     }
 
     /// Every source measured, best first.
