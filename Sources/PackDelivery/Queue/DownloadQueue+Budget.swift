@@ -37,11 +37,19 @@ extension DownloadQueue {
             throw PackDeliveryError(.invalidArgument, message: "A cache budget cannot be negative (\(bytes) bytes).")
         }
         try self.store.setSetting(Self.cacheBudgetKey, bytes.map(String.init))
+        self.homeBudget.withLock { $0 = (bytes, ContinuousClock.now) }
     }
 
-    /// The budget in force: the configuration's, else the home's.
+    /// The budget in force: the configuration's, else the home's. Asked before each admission: the home's is read from
+    /// the store at most once a second (a read costs what a small install's bookkeeping does; another process's
+    /// `setCacheBudget` counts within a second, this queue's at once).
     var effectiveCacheBudget: Int64? {
-        self.configuration.cacheBudget ?? (try? self.store.setting(Self.cacheBudgetKey)).flatMap { $0.flatMap { Int64($0) } }
+        if let budget = self.configuration.cacheBudget { return budget }
+        let now = ContinuousClock.now
+        if let cached = self.homeBudget.withLock({ $0 }), now - cached.read < .seconds(1) { return cached.value }
+        let value = (try? self.store.setting(Self.cacheBudgetKey)).flatMap { $0.flatMap { Int64($0) } }
+        self.homeBudget.withLock { $0 = (value, now) }
+        return value
     }
 
     /// Bytes of installed content in the caches (the files' sizes as recorded at install).

@@ -140,6 +140,8 @@ public final class DownloadQueue: Sendable {
     /// When ``noteUse(contentIDs:)`` last recorded a use of each pack, by content identifier: a client that asks
     /// for a folder on every frame writes the store once a minute, not every time.
     let recordedUses = Mutex<[String: ContinuousClock.Instant]>([:])
+    /// The home's cache budget as last read from the store, and when (see ``effectiveCacheBudget``).
+    let homeBudget = Mutex<(value: Int64?, read: ContinuousClock.Instant)?>(nil)
     /// How long a recorded use stands for later ones: eviction orders packs by last use, to the minute.
     static let useRecordInterval: Duration = .seconds(60)
     static let driverKey = DispatchSpecificKey<Bool>()
