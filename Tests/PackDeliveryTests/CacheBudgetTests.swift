@@ -230,10 +230,10 @@ struct CacheDiskFullTests {
     }
 }
 
+private let evictionPowerCutSkipped = Comment(rawValue: PowerCutDisk.unavailableReason ?? "")
+
 /// Power cuts during an eviction: each pack is either installed and verifying, or evicted and recorded as such.
-@Suite(
-    .timeLimit(.minutes(5)), .serialized,
-    .enabled(if: PowerCutDisk.unavailableReason == nil, Comment(rawValue: PowerCutDisk.unavailableReason ?? "")))
+@Suite(.timeLimit(.minutes(5)), .serialized, .enabled(if: PowerCutDisk.unavailableReason == nil, evictionPowerCutSkipped))
 struct EvictionPowerCutTests {
     enum Moment: String, CaseIterable, Sendable {
         /// The folder was renamed into the trash and synced; the record is not committed.
