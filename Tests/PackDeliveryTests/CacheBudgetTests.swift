@@ -1,6 +1,7 @@
 import Foundation
 @_spi(Testing) import PackDelivery
 import PackTestSupport
+import Synchronization
 import Testing
 
 /// A site of one-pack products `com.example.p1`…, each pack (`p<i>.tar`) a file of random bytes of `size`.
@@ -135,6 +136,16 @@ struct CacheBudgetTests {
         defer { queue.close() }
         let lease = try queue.beginAccessing(contentIdentifiers: [BudgetSite.product(2)])
         let events = queue.events()
+        final class Watcher: DownloadQueueObserver {
+            let evicted = Mutex<[String]>([])
+            func downloadQueue(_ queue: DownloadQueue, updatedTransactions transactions: [Transaction]) {}
+            func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download]) {}
+            func downloadQueue(_ queue: DownloadQueue, evicted content: EvictedContent) {
+                self.evicted.withLock { $0.append(content.contentIdentifier) }
+            }
+        }
+        let watcher = Watcher()
+        queue.add(watcher)
         let first = try queue.evictCaches(downTo: 0)
         #expect(first.map(\.contentIdentifier) == [BudgetSite.product(1)])
         var iterator = events.makeAsyncIterator()
@@ -146,6 +157,9 @@ struct CacheBudgetTests {
             }
         }
         #expect(seen == [BudgetSite.product(1)], "an evicted event")
+        let deadline = ContinuousClock.now + .seconds(20)
+        while watcher.evicted.withLock({ $0.isEmpty }), ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(watcher.evicted.withLock { $0 } == [BudgetSite.product(1)], "the observer's evicted callback, waited for 20 s")
         #expect(try queue.endAccessing(lease))
         #expect(try queue.evictCaches(downTo: 0).map(\.contentIdentifier) == [BudgetSite.product(2)])
         #expect(try queue.evictedContent().count == 2 && queue.installedContent().isEmpty)

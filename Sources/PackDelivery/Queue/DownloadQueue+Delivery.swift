@@ -49,11 +49,21 @@ public protocol DownloadQueueObserver: AnyObject, Sendable {
     ///   - queue: the queue reporting.
     ///   - download: the download, with its new ``Download/priority``.
     func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download)
+
+    /// A cached pack was evicted to make room (``DownloadQueue/evictCaches(downTo:dryRun:)``, the cache budget, or a
+    /// disk too full for a download): its folder is gone until it is fetched again. Optional.
+    ///
+    /// - Parameters:
+    ///   - queue: the queue reporting.
+    ///   - content: the pack evicted, as ``DownloadQueue/evictedContent(forProductID:)`` lists it.
+    func downloadQueue(_ queue: DownloadQueue, evicted content: EvictedContent)
 }
 
 extension DownloadQueueObserver {
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {}
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, evicted content: EvictedContent) {}
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
     /// Does nothing.
@@ -89,11 +99,15 @@ extension DownloadQueueObserver {
     func downloadQueue(_ queue: DownloadQueue, restoreCompletedTransactionsFailedWithError error: PackDeliveryError)
     /// As ``DownloadQueueObserver/downloadQueue(_:priorityChanged:)``, on the main actor. Optional.
     func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download)
+    /// As ``DownloadQueueObserver/downloadQueue(_:evicted:)``, on the main actor. Optional.
+    func downloadQueue(_ queue: DownloadQueue, evicted content: EvictedContent)
 }
 
 extension DownloadQueueMainActorObserver {
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {}
+    /// Does nothing.
+    public func downloadQueue(_ queue: DownloadQueue, evicted content: EvictedContent) {}
     /// Does nothing.
     public func downloadQueue(_ queue: DownloadQueue, removedTransactions transactions: [Transaction]) {}
     /// Does nothing.
@@ -133,6 +147,9 @@ private final class MainActorRelay: DownloadQueueObserver {
     }
     func downloadQueue(_ queue: DownloadQueue, priorityChanged download: Download) {
         self.hop { $0.downloadQueue(queue, priorityChanged: download) }
+    }
+    func downloadQueue(_ queue: DownloadQueue, evicted content: EvictedContent) {
+        self.hop { $0.downloadQueue(queue, evicted: content) }
     }
 }
 
@@ -271,7 +288,7 @@ extension DownloadQueue {
                     case .restoreCompleted(let transactions):
                         observer.downloadQueue(self, restoreCompletedTransactionsFinished: transactions)
                     case .restoreFailed(let error): observer.downloadQueue(self, restoreCompletedTransactionsFailedWithError: error)
-                    case .evicted: break  // an event of the stream only
+                    case .evicted(let content): observer.downloadQueue(self, evicted: content)
                     case .priorityChanged(let download): observer.downloadQueue(self, priorityChanged: download)
                     }
                 }
