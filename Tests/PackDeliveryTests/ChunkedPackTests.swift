@@ -166,7 +166,7 @@ struct ChunkedPackTests {
         try bytes.write(to: piece)
         let command =
             switch storage {
-            case .zstdFrame: "zstd -dc '\(piece.path)'"
+            case .zstdFrame, .zstdFrameSlice: "zstd -dc '\(piece.path)'"
             case .gzipMember: "gzip -dc '\(piece.path)'"
             case .deflatedZipEntry:
                 "python3 -c 'import sys, zlib; sys.stdout.buffer.write(zlib.decompress(open(sys.argv[1], \"rb\").read(), -15))' '\(piece.path)'"
@@ -387,7 +387,7 @@ struct PackIndexFormat2Tests {
                     $0["chunking"] = ["algorithm": "fastcdc", "minimum": 16_384, "average": 65_536, "maximum": 262_144, "normalization": 9]
                 }
             ),
-            ("format 3", try Self.index { $0["format"] = 3 }),
+            ("format 4", try Self.index { $0["format"] = 4 }),
             ("zip entry's range", try Self.index { Self.file(&$0) { $0["length"] = 100 } }),
         ]
         for (reason, data) in cases {
