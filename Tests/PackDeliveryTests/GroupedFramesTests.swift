@@ -303,4 +303,58 @@ struct GroupedFramesTests {
         let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.count == 1 && verify.allSatisfy { $0.isIntact } && verify.first?.content.contentVersion == "1")
     }
+
+    /// Killed mid-install of a pack of 400 small files (SIGKILL, nginx at a rate limit), then resumed: the slices
+    /// recorded before the kill are not fetched again (no completed range is asked for twice), at most the two ranges
+    /// in flight are sent twice, and the tree is `bsdtar -xf` of the pack.
+    @Test func killedMidInstallOfAGroupedPackThenResumedFetchesNoVerifiedFrameTwice() throws {
+        let content = try Fixtures.temporaryDirectory("grouped-kill-content")
+        for file in 0..<400 {
+            let url = content.appending(path: "Contents/d\(file % 20)/f\(file).bin")
+            try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try Data(chunkedPackBytes(4096 + (file * 7_919 % 97) * 1_024, seed: UInt64(5_000 + file))).write(to: url)
+        }
+        let site = try Fixtures.temporaryDirectory("grouped-kill-site")
+        try WriteOnceTests.publish(content, site: site, format: Self.format)
+        let name = WriteOnceTests.packName(Self.format)
+        let packLength = try WriteOnceTests.length(site.appending(path: name))
+        let index = try ChunkDeltaTests.index(site, Self.format)
+        #expect(
+            index.format == 3
+                && index.entries.allSatisfy {
+                    $0.path == "ContentInfo.plist" || $0.chunks?.allSatisfy { $0.storage == .zstdFrameSlice } ?? true
+                })
+        let nginx = try NginxServer(root: site, limitRate: 4 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("grouped-kill-home")
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let killed = try runAndKill(home: home, ["fetch", manifestURL, WriteOnceTests.product]) { event in
+            guard let received = (event["bytesReceived"] as? NSNumber)?.int64Value else { return false }
+            return received > Int64(packLength) / 2
+        }
+        #expect(killed, "killed mid-install")
+        usleep(300_000)
+        let early = nginx.requests().filter { $0.uri.hasSuffix(name) && $0.range != nil }
+        let completed = early.dropLast(2).compactMap { $0.range.flatMap(WriteOnceTests.bounds) }
+        let beforeKill = nginx.bodyBytesSent(path: "/" + name)
+        #expect(completed.count >= 2, "ranges completed before the kill: \(early)")
+        #expect(beforeKill < packLength, "killed before the end: \(beforeKill) of \(packLength)")
+
+        let resume = try CLI.run(home: home, ["resume"])
+        #expect(resume.status == 0, "\(resume.stderr)")
+        nginx.waitForRequests(early.count + 1)
+        let late = nginx.requests().filter { $0.uri.hasSuffix(name) && $0.range != nil }.dropFirst(early.count)
+            .compactMap { $0.range.flatMap(WriteOnceTests.bounds) }
+        #expect(!late.isEmpty, "the resume fetched the rest")
+        for range in late {
+            #expect(!completed.contains { $0.overlaps(range) }, "\(range) asks again for bytes completed before the kill: \(completed)")
+        }
+        let total = nginx.bodyBytesSent(path: "/" + name)
+        let window = Int(ChunkPlan.window(packLength: Int64(packLength)))
+        print("grouped pack killed and resumed: \(beforeKill) bytes before the kill, \(total) in all, pack \(packLength)")
+        #expect(total <= packLength + 2 * window, "at most the two ranges in flight again: \(total) of \(packLength)")
+        let installed = home.appending(path: "Caches/\(WriteOnceTests.product)")
+        #expect(try treeContents(installed) == (try WriteOnceTests.reference(site, Self.format, "grouped-kill-bsdtar")), "byte for byte")
+        #expect(leftovers(home) == [])
+    }
 }
