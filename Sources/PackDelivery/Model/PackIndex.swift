@@ -269,8 +269,9 @@ extension PackIndex {
     /// is decoded: sizes, offsets and lengths between 0 and 2^50 (a zip entry's length at least a local header's 30
     /// bytes), a method and a mode of 16 bits (as a zip stores them), a SHA-256 of 64 hex digits for every entry
     /// but a folder, and a path of at most 65,535 bytes (a zip's name field), relative, without NUL, `.` or `..`.
-    /// In format 2 every range lies inside the pack, no two chunks' ranges overlap, a file's chunks add up to its
-    /// size, and each chunk is stored as the pack's format allows.
+    /// In formats 2 and 3 every range lies inside the pack, no two chunks' ranges overlap (but slices of one shared
+    /// frame, format 3, which give the same range and frame size), a slice lies inside its frame, a file's chunks add
+    /// up to its size, and each chunk is stored as the pack's format allows.
     /// - Parameters:
     ///   - file: the index file's bytes, JSON or zstd-compressed JSON.
     ///   - maxEntries: the most entries accepted.
