@@ -335,7 +335,8 @@ def where_bytes_go(b, letter, measured):
     served, raw = os.path.getsize(new_index), index_json(new_index)
     gz = len(zlib.compress(raw, 9))
     ours, theirs = measured[(letter, "packs")][-1], measured[(letter, "casync")][-1]
-    stored = sum(c["length"] for c in needed)
+    # Slices of one shared frame (index format 3, zstd-frame-slice) give the same range: each frame counts once.
+    stored = sum({(c["offset"], c["length"]): c["length"] for c in needed}.values())
     ranges = ours.get("pack", [0, 0])
     caidx, chunks = theirs.get("caidx", [0, 0]), theirs.get("chunks", [0, 0])
     return (f"| {letter} | {served / 1e6:.3f} MB ({len(raw) / 1e6:.3f}, {gz / 1e6:.3f}) | {len(needed)}: {stored / 1e6:.3f} MB | "

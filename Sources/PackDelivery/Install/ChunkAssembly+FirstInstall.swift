@@ -290,6 +290,8 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     private var next = 0
     /// The stored bytes of chunk `order[next]` gathered so far.
     private var stored: [UInt8] = []
+    /// The shared frame last decompressed, for its slices.
+    private var frames = ChunkAssembly.FrameCache()
     private var opened: [Int: Int32] = [:]
     /// The chunks written, and those that did not match.
     private(set) var good: [Int] = []
@@ -360,15 +362,22 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             self.position += Int64(take)
             if Int64(self.stored.count) == chunk.length {
                 try self.place(number, chunk)
-                self.stored.removeAll(keepingCapacity: true)
                 self.next += 1
+                // The other slices of a shared frame: the same stored bytes, cut from the frame decompressed once.
+                while self.next < self.order.count, self.chunks[self.order[self.next]].offset == chunk.offset,
+                    self.chunks[self.order[self.next]].length == chunk.length, chunk.storage == .zstdFrameSlice
+                {
+                    try self.place(self.order[self.next], self.chunks[self.order[self.next]])
+                    self.next += 1
+                }
+                self.stored.removeAll(keepingCapacity: true)
             }
         }
         self.position += Int64(rest.count)
     }
 
     private func place(_ number: Int, _ chunk: PackIndex.Chunk) throws {
-        guard let bytes = ChunkAssembly.decode(self.stored, storage: chunk.storage, size: Int(chunk.size)),
+        guard let bytes = self.frames.decode(chunk, stored: { self.stored }),
             ChunkAssembly.sha256(bytes) == chunk.sha256.lowercased()
         else {
             self.bad.append(number)

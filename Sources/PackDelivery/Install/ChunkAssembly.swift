@@ -76,9 +76,10 @@ struct ChunkAssembly {
         guard input >= 0 else { throw Installer.fileError("open", file.path, errno) }
         defer { close(input) }
         var bad: [Int] = []
+        var frames = FrameCache()
         for number in range.chunks {
             let chunk = chunks[number]
-            guard let bytes = try Self.verifiedChunk(chunk, in: input, from: range.start, file: file) else {
+            guard let bytes = try Self.verifiedChunk(chunk, in: input, from: range.start, file: file, frames: &frames) else {
                 bad.append(number)
                 continue
             }
@@ -90,15 +91,49 @@ struct ChunkAssembly {
     }
 
     /// A chunk's bytes from a complete range's file (`input`, the pack's bytes from `start` on), decoded as its
-    /// storage says; nil when they do not match its SHA-256.
-    static func verifiedChunk(_ chunk: PackIndex.Chunk, in input: Int32, from start: Int64, file: URL) throws -> [UInt8]? {
-        var stored = [UInt8](repeating: 0, count: Int(chunk.length))
-        let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - start)) }
-        guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
-        guard let bytes = Self.decode(stored, storage: chunk.storage, size: Int(chunk.size)),
-            Self.sha256(bytes) == chunk.sha256.lowercased()
-        else { return nil }
+    /// storage says (a slice's frame decompressed once for the slices of it that follow one another, in `frames`);
+    /// nil when they do not match its SHA-256.
+    static func verifiedChunk(_ chunk: PackIndex.Chunk, in input: Int32, from start: Int64, file: URL, frames: inout FrameCache)
+        throws -> [UInt8]?
+    {
+        let bytes = try frames.decode(chunk) { () throws -> [UInt8] in
+            var stored = [UInt8](repeating: 0, count: Int(chunk.length))
+            let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - start)) }
+            guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
+            return stored
+        }
+        guard let bytes, Self.sha256(bytes) == chunk.sha256.lowercased() else { return nil }
         return bytes
+    }
+
+    /// The shared zstd frame last decompressed, so that its slices, which follow one another in a range, decompress
+    /// it once. Holds at most one frame (at most ``PackIndex/maxChunkSize`` bytes, as the index was checked).
+    struct FrameCache {
+        private var range: PackIndex.ChunkRange?
+        /// The frame's bytes; nil when it did not decompress to exactly the size the index gives.
+        private var frame: [UInt8]?
+
+        init() {}
+
+        /// A chunk's bytes from its stored bytes (which `stored` gives, read only when needed), decoded as its storage
+        /// says: a slice is cut from its frame, decompressed into at most the frame's size; nil when they do not decode
+        /// to exactly the chunk's size (a slice: when the frame does not decompress to exactly its size).
+        mutating func decode(_ chunk: PackIndex.Chunk, stored: () throws -> [UInt8]) rethrows -> [UInt8]? {
+            guard chunk.storage == .zstdFrameSlice else {
+                return ChunkAssembly.decode(try stored(), storage: chunk.storage, size: Int(chunk.size))
+            }
+            guard let frameSize = chunk.frameSize, let frameOffset = chunk.frameOffset, frameSize > 0, frameOffset >= 0,
+                frameOffset <= frameSize - chunk.size
+            else { return nil }
+            let range = PackIndex.ChunkRange(offset: chunk.offset, length: chunk.length, frameSize: frameSize)
+            if range != self.range {
+                let bytes = try stored()
+                self.range = range
+                self.frame = ChunkAssembly.decode(bytes, storage: .zstdFrame, size: Int(frameSize))
+            }
+            guard let frame = self.frame else { return nil }
+            return Array(frame[Int(frameOffset)..<Int(frameOffset + chunk.size)])
+        }
     }
 
     /// Writes a verified chunk to `target` durably: a temporary file, synced, renamed.
@@ -124,6 +159,9 @@ struct ChunkAssembly {
                 stored.withUnsafeBytes { ZSTD_decompress(output.baseAddress, output.count, $0.baseAddress, $0.count) }
             }
             return ZSTD_isError(result) == 0 && result == size ? out : nil
+        case .zstdFrameSlice:
+            // Cut from its frame by ``FrameCache``, which knows the frame's size.
+            return nil
         case .gzipMember:
             // zlib keeps a pointer to its stream: the stream must not move between calls.
             let stream = UnsafeMutablePointer<z_stream>.allocate(capacity: 1)

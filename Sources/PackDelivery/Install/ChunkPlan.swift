@@ -123,7 +123,7 @@ struct ChunkPlan: Sendable, Hashable {
                     "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
                 ))
         }
-        guard index.format == 2, Self.containers.contains(index.container), let pack = index.pack, pack.length == packLength else {
+        guard index.format >= 2, Self.containers.contains(index.container), let pack = index.pack, pack.length == packLength else {
             return .failure(DeltaRefusal(.indexUnusable, "the pack's index does not describe a chunked tar pack of \(packLength) bytes"))
         }
         var files: Int64 = 0
@@ -178,11 +178,11 @@ struct ChunkPlan: Sendable, Hashable {
                             .indexUnusable,
                             "the pack's index gives \(PackDeliveryError.printable(entry.path)) no chunks, so it cannot be fetched apart"))
                 }
-                if let chunk = chunks.first(where: { $0.length > Self.maxStoredLength($0.size) }) {
+                if let chunk = chunks.first(where: { $0.length > Self.maxStoredLength($0.frameSize ?? $0.size) }) {
                     return .failure(
                         DeltaRefusal(
                             .indexUnusable,
-                            "the pack's index gives \(PackDeliveryError.printable(entry.path)) a chunk of \(chunk.size) bytes stored in \(chunk.length), more than any compressor makes of it"
+                            "the pack's index gives \(PackDeliveryError.printable(entry.path)) a chunk of \(chunk.frameSize ?? chunk.size) bytes stored in \(chunk.length), more than any compressor makes of it"
                         ))
                 }
                 var pieces: [Piece] = []
@@ -210,12 +210,16 @@ struct ChunkPlan: Sendable, Hashable {
     /// chunk is never read into memory larger than that.
     static func maxStoredLength(_ size: Int64) -> Int64 { size + size / 64 + (64 << 10) }
 
-    /// The ranges that fetch the chunks `numbers` of `fetch`: chunks less than ``DeltaPlan/coalesceGap`` apart share one.
+    /// The ranges that fetch the chunks `numbers` of `fetch`: chunks less than ``DeltaPlan/coalesceGap`` apart share one,
+    /// and slices of one shared frame (which give the same bytes) are fetched once.
     static func coalesce(_ numbers: [Int], in fetch: [PackIndex.Chunk]) -> [Range] {
         var ranges: [Range] = []
         for number in numbers.sorted(by: { fetch[$0].offset < fetch[$1].offset }) {
             let chunk = fetch[number]
-            if var last = ranges.last, chunk.offset >= last.end, chunk.offset - last.end <= DeltaPlan.coalesceGap {
+            if var last = ranges.last, Self.within(chunk, last) {
+                last.chunks.append(number)
+                ranges[ranges.count - 1] = last
+            } else if var last = ranges.last, chunk.offset >= last.end, chunk.offset - last.end <= DeltaPlan.coalesceGap {
                 last.end = max(last.end, chunk.offset + chunk.length)
                 last.chunks.append(number)
                 ranges[ranges.count - 1] = last
@@ -224,6 +228,21 @@ struct ChunkPlan: Sendable, Hashable {
             }
         }
         return ranges
+    }
+
+    /// The bytes of the pack that hold the chunks `numbers` of `fetch`: a shared frame counted once for its slices.
+    static func storedLength(_ numbers: some Sequence<Int>, in fetch: [PackIndex.Chunk]) -> Int64 {
+        var frames = Set<Int64>()
+        return numbers.reduce(Int64(0)) { total, number in
+            let chunk = fetch[number]
+            guard chunk.storage != .zstdFrameSlice || frames.insert(chunk.offset).inserted else { return total }
+            return total + chunk.length
+        }
+    }
+
+    /// Whether a chunk's stored bytes lie inside a range already planned: a slice of a frame the range fetches.
+    private static func within(_ chunk: PackIndex.Chunk, _ range: Range) -> Bool {
+        chunk.storage == .zstdFrameSlice && chunk.offset >= range.start && chunk.offset + chunk.length <= range.end
     }
 
     /// The most bytes of the pack fetched by one range of a first install: the chunks a kill may lose (its range and
@@ -236,7 +255,10 @@ struct ChunkPlan: Sendable, Hashable {
         for range in Self.coalesce(numbers, in: fetch) {
             for number in range.chunks {
                 let chunk = fetch[number]
-                if var last = windows.last, chunk.offset >= last.end, chunk.offset - last.end <= DeltaPlan.coalesceGap,
+                if var last = windows.last, Self.within(chunk, last) {
+                    last.chunks.append(number)
+                    windows[windows.count - 1] = last
+                } else if var last = windows.last, chunk.offset >= last.end, chunk.offset - last.end <= DeltaPlan.coalesceGap,
                     chunk.offset + chunk.length - last.start <= window
                 {
                     last.end = max(last.end, chunk.offset + chunk.length)

@@ -11,7 +11,8 @@ import Foundation
 
 /// Writes a tar stream into a pack file as a series of independently readable pieces: a plain tar's bytes as they
 /// are, each zstd frame or each gzip member compressed on its own. The caller decides where a piece ends
-/// (``cut()``): after a tar header run, and after each chunk of a file's data.
+/// (``cut()``): after a tar header run, and after each chunk of a file's data, or, in a tar.zst, after a group of
+/// small files with their headers (``groupLimit``).
 ///
 /// A zstd pack ends with the zstd seekable format's seek table (a skippable frame that `zstd -d` and libarchive
 /// pass over); concatenated gzip members are one valid gzip stream. The pack's bytes are hashed as they are
@@ -25,6 +26,15 @@ final class PackFrameSink {
 
     /// The largest piece of tar headers kept before it is cut (a seekable frame may hold at most 1 GiB).
     static let maxHeaderRun = 1 << 20
+
+    /// Files smaller than this share zstd frames in a tar.zst (their chunks are slices of a frame, index format 3):
+    /// a frame of its own per small file compresses far worse than `bsdtar --zstd` (issue 29's size target; the
+    /// trade-off is measured in RESULTS.md, case 12, "Round four: grouped frames").
+    static let groupedFileLimit = 128 << 10
+
+    /// The most bytes of tar a shared frame gathers before it is cut: a changed small file costs its whole frame in
+    /// an update.
+    static let groupLimit = 512 << 10
 
     let framing: Framing
     private let fd: Int32

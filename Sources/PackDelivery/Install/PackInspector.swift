@@ -138,7 +138,7 @@ public enum ManifestBuilder {
         let target = PackWriter.indexURL(for: pack)
         if let data = try? Data(contentsOf: target),
             let index = try? PackIndex.decode(data, maxEntries: Int.max / 2, containers: Set(PackIndex.Container.allCases)),
-            index.format == 2, index.pack == PackIndex.Pack(length: length, sha256: sha256)
+            index.format >= 2, index.pack == PackIndex.Pack(length: length, sha256: sha256)
         {
             // An index made before indexes were compressed: the same JSON, compressed (a chunked tar.zst could not
             // be indexed by chunk again from the pack).

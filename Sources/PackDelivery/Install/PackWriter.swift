@@ -64,11 +64,13 @@ public enum PackWriter {
     /// The pack is written to a temporary file beside `output`, flushed to disk and renamed into
     /// place, so a failure leaves no half-written pack (and an earlier `output` untouched).
     ///
-    /// Its ``PackIndex`` (format 2) goes beside it, as `<output>.index.json` (``indexURL(for:)``): its JSON
+    /// Its ``PackIndex`` (format 2, or 3 when files share frames) goes beside it, as `<output>.index.json` (``indexURL(for:)``): its JSON
     /// compressed with zstd (read it with `zstd -dc`). A tar is
     /// written so that each file's content-defined chunks can be fetched apart: in a plain tar each chunk is a
-    /// range of a file's data; in a tar.zst each chunk is a zstd frame of its own, the tar headers and padding
-    /// between chunks are frames of their own, and the zstd seekable format's seek table ends the pack; in a
+    /// range of a file's data; in a tar.zst each chunk of a file of ``PackFrameSink/groupedFileLimit`` or more is a
+    /// zstd frame of its own, smaller files share frames of up to ``PackFrameSink/groupLimit`` bytes with their tar
+    /// headers (each of their chunks a slice of its frame), the other tar headers and padding are frames of their
+    /// own, and the zstd seekable format's seek table ends the pack; in a
     /// tar.gz the same pieces are gzip members. Every tool reads these as ordinary archives. A zip's stored
     /// entries are chunked and its deflated entries are indexed whole; a tar.bz2 or tar.xz is indexed by entry.
     ///
@@ -328,6 +330,15 @@ private struct PackArchiveWriter {
     private var entries: [PackIndex.Entry] = []
     /// Retains the sink for libarchive's callbacks, which are given it unretained.
     private var sinkContext: Unmanaged<PackFrameSink>?
+    /// Whether small files share frames (a tar.zst): their chunks are then slices of the frame being gathered.
+    private let grouping: Bool
+    /// The shared frames, each as `(offset, length, decompressed size)` once cut; the last may still be gathering.
+    private var groups: [(offset: Int64, length: Int64, size: Int64)] = []
+    /// Whether the pending piece holds slices: it is then the shared frame `groups.last`, filled in when cut.
+    private var gathering = false
+    /// The slices written: chunk `chunk` of entry `entry` lies in shared frame `group`; their ranges are filled in at
+    /// the end, once every frame is cut.
+    private var slices: [(entry: Int, chunk: Int, group: Int)] = []
 
     init(output: URL, format: PackFormat, chunker: Chunker) throws(PackDeliveryError) {
         self.output = output
@@ -345,6 +356,7 @@ private struct PackArchiveWriter {
         self.buffer = .allocate(byteCount: 1 << 20, alignment: 16)
         self.chunks = ChunkStream(chunker: chunker)
         self.container = PackIndex.Container(rawValue: format.rawValue) ?? .zip
+        self.grouping = format == .tarZstd
         // zstd's and gzip's own default levels, as libarchive's filters use them.
         self.sink =
             switch format {
@@ -424,6 +436,13 @@ private struct PackArchiveWriter {
             PackFolderScanner.withCName(target) { archive_entry_copy_symlink(entry, $0) }
         }
         archive_entry_set_perm(entry, item.mode)
+        // A small file joins the shared frame being gathered, which is cut first when the file would take it past
+        // its limit (with room for the file's headers).
+        if self.grouping, self.isGrouped(item), let sink = self.sink,
+            Int64(sink.pendingCount) + item.size + 4096 > Int64(PackFrameSink.groupLimit)
+        {
+            try self.cut()
+        }
         if archive_write_header(self.archive, entry) < ARCHIVE_WARN {
             throw self.sink?.failure
                 ?? Self.archiveError(
@@ -448,31 +467,60 @@ private struct PackArchiveWriter {
             record.mode = 0o100000 | Int(item.mode)
             self.hasher.reset()
             if !data.isEmpty {
-                try self.startData()
                 let bytes = [UInt8](data)
                 let copied = min(bytes.count, self.buffer.count)
                 UnsafeMutableRawBufferPointer(rebasing: self.buffer[..<copied]).copyBytes(from: bytes[..<copied])
                 guard copied == bytes.count else {
                     throw PackDeliveryError(.internalError, message: "A generated file of \(bytes.count) bytes does not fit in a pack.")
                 }
+                try self.startData(item)
                 try self.addData(UnsafeRawBufferPointer(rebasing: self.buffer[..<copied]), item: item, into: &record)
             }
             try self.finishData(item: item, into: &record)
         case .file:
             record.mode = 0o100000 | Int(item.mode)
             self.hasher.reset()
-            if item.size > 0 { try self.startData() }
+            if item.size > 0 { try self.startData(item) }
             try self.copyFile(item, folderPath: folderPath, into: &record)
             try self.finishData(item: item, into: &record)
         }
         // Folders and symlinks are headers only: a run of them stays in one piece, up to a limit.
-        if let sink = self.sink, sink.pendingCount >= PackFrameSink.maxHeaderRun { try sink.cut() }
+        if let sink = self.sink, sink.pendingCount >= PackFrameSink.maxHeaderRun { try self.cut() }
         self.entries.append(record)
     }
 
-    /// Ends the piece of tar headers (and the padding before them) ahead of a file's first chunk.
-    private func startData() throws(PackDeliveryError) {
-        try self.sink?.cut()
+    /// Whether a file's chunks are slices of a shared frame: a file smaller than ``PackFrameSink/groupedFileLimit``.
+    /// A generated file (`ContentInfo.plist`, which changes with every version) keeps a frame of its own, so that an
+    /// update does not fetch the small files around it.
+    private func isGrouped(_ item: PackItem) -> Bool {
+        switch item.kind {
+        case .file: item.size < Int64(PackFrameSink.groupedFileLimit)
+        case .generated, .directory, .symlink: false
+        }
+    }
+
+    /// Ends the piece of tar headers (and the padding before them) ahead of a file's first chunk; a small file's
+    /// chunks join the shared frame being gathered instead.
+    private mutating func startData(_ item: PackItem) throws(PackDeliveryError) {
+        guard self.grouping, self.isGrouped(item) else { return try self.cut() }
+        if !self.gathering {
+            self.gathering = true
+            self.groups.append((0, 0, 0))
+        }
+    }
+
+    /// Ends the current piece (``PackFrameSink/cut()``); when it is a shared frame, notes where it lies.
+    private mutating func cut() throws(PackDeliveryError) {
+        guard let sink = self.sink else { return }
+        let size = Int64(sink.pendingCount)
+        let range = try sink.cut()
+        if self.gathering {
+            self.gathering = false
+            guard let range else {
+                throw PackDeliveryError(.internalError, message: "A shared frame of \(self.output.path) was not written.")
+            }
+            self.groups[self.groups.count - 1] = (range.offset, range.length, size)
+        }
     }
 
     /// Writes a file's bytes: chunk by chunk, each a piece of its own, when the pack is chunked.
@@ -487,25 +535,40 @@ private struct PackArchiveWriter {
         }
         var chunks = record.chunks ?? []
         try self.chunks.add(bytes) { (chunk: UnsafeRawBufferPointer) throws(PackDeliveryError) in
-            chunks.append(try self.writeChunk(chunk, item: item))
+            chunks.append(try self.writeChunk(chunk, item: item, number: chunks.count))
         }
         record.chunks = chunks
     }
 
-    private func finishData(item: PackItem, into record: inout PackIndex.Entry) throws(PackDeliveryError) {
+    private mutating func finishData(item: PackItem, into record: inout PackIndex.Entry) throws(PackDeliveryError) {
         if self.sink != nil {
             var chunks = record.chunks ?? []
             try self.chunks.finish { (chunk: UnsafeRawBufferPointer) throws(PackDeliveryError) in
-                chunks.append(try self.writeChunk(chunk, item: item))
+                chunks.append(try self.writeChunk(chunk, item: item, number: chunks.count))
             }
             record.chunks = chunks
         }
         record.sha256 = self.hasher.hexDigest()
     }
 
-    private func writeChunk(_ chunk: UnsafeRawBufferPointer, item: PackItem) throws(PackDeliveryError) -> PackIndex.Chunk {
+    private mutating func writeChunk(_ chunk: UnsafeRawBufferPointer, item: PackItem, number: Int) throws(PackDeliveryError)
+        -> PackIndex.Chunk
+    {
+        let start = Int64(self.sink?.pendingCount ?? 0)
         let written = archive_write_data(self.archive, chunk.baseAddress!, chunk.count)
         if written != chunk.count { throw self.sink?.failure ?? self.dataError(item) }
+        if self.gathering, let sink = self.sink {
+            // A slice: its frame's range is filled in at the end, once the frame is cut.
+            guard Int64(sink.pendingCount) - start == Int64(chunk.count) else {
+                throw PackDeliveryError(
+                    .internalError, message: "A chunk of \(String(decoding: item.path, as: UTF8.self)) was not written whole.")
+            }
+            self.chunkHasher.reset()
+            self.chunkHasher.update(chunk)
+            self.slices.append((self.entries.count, number, self.groups.count - 1))
+            return PackIndex.Chunk(
+                sha256: self.chunkHasher.hexDigest(), size: Int64(chunk.count), offset: 0, length: 0, frameSize: 0, frameOffset: start)
+        }
         guard let sink = self.sink, let (offset, length) = try sink.cut() else {
             throw PackDeliveryError(.internalError, message: "A chunk of \(String(decoding: item.path, as: UTF8.self)) was not written.")
         }
@@ -560,8 +623,18 @@ private struct PackArchiveWriter {
         }
         var index: PackIndex?
         if let sink = self.sink {
+            // The end of the archive joins the shared frame being gathered, if any, which is then cut.
+            try self.cut()
             let pack = try sink.finish()
+            for slice in self.slices {
+                let group = self.groups[slice.group]
+                self.entries[slice.entry].chunks?[slice.chunk].offset = group.offset
+                self.entries[slice.entry].chunks?[slice.chunk].length = group.length
+                self.entries[slice.entry].chunks?[slice.chunk].frameSize = group.size
+            }
             index = PackIndex(container: self.container, pack: pack, chunking: .init(self.chunks.chunker), entries: self.entries)
+            // Format 2 readers cannot read slices: a pack without them keeps format 2.
+            if !self.slices.isEmpty { index?.format = 3 }
         }
         archive_write_free(self.archive)
         self.sinkContext?.release()

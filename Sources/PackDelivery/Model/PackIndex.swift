@@ -12,6 +12,9 @@ import Foundation
 /// Format 1 (zip packs only) gives each entry's range in the zip. Format 2 gives every format's entries their
 /// path, kind, mode, size and SHA-256, and each file its content-defined chunks (``Chunker``): each chunk's
 /// SHA-256 and length uncompressed, and the range of the pack that holds its bytes, stored as ``Storage`` says.
+/// Format 3 adds ``Storage/zstdFrameSlice``: small files share a zstd frame, and each of their chunks is a slice of
+/// the frame's decompressed bytes (``Chunk/frameSize``, ``Chunk/frameOffset``); several chunks then give the same
+/// range. `packs pack` writes format 3 only for a pack that has such chunks; format 2 is read as before.
 public struct PackIndex: Sendable, Hashable, Codable {
     /// The archive format of the pack an index describes.
     public enum Container: String, Sendable, Hashable, Codable, CaseIterable {
@@ -32,6 +35,9 @@ public struct PackIndex: Sendable, Hashable, Codable {
         case gzipMember = "gzip-member"
         /// The whole compressed data of a deflated zip entry (the chunk is the whole file).
         case deflatedZipEntry = "deflated-zip-entry"
+        /// A slice of one zstd frame shared with other chunks (format 3): the frame decompresses to exactly
+        /// ``Chunk/frameSize`` bytes, of which the chunk is bytes ``Chunk/frameOffset`` ..< `frameOffset + size`.
+        case zstdFrameSlice = "zstd-frame-slice"
     }
 
     /// One content-defined piece of a file.
@@ -45,10 +51,29 @@ public struct PackIndex: Sendable, Hashable, Codable {
         /// The length of its stored bytes in the pack.
         public var length: Int64
         public var storage: Storage
+        /// For a ``Storage/zstdFrameSlice``: the length of its frame decompressed; nil for every other storage.
+        public var frameSize: Int64? = nil
+        /// For a ``Storage/zstdFrameSlice``: where the chunk's bytes start in its frame decompressed; nil for every
+        /// other storage.
+        public var frameOffset: Int64? = nil
 
         /// Creates a chunk.
         public init(sha256: String, size: Int64, offset: Int64, length: Int64, storage: Storage) {
             (self.sha256, self.size, self.offset, self.length, self.storage) = (sha256, size, offset, length, storage)
+        }
+
+        /// Creates a slice of a shared zstd frame (``Storage/zstdFrameSlice``).
+        ///
+        /// - Parameters:
+        ///   - sha256: SHA-256 of the chunk's bytes, hex.
+        ///   - size: the chunk's length.
+        ///   - offset: where the frame starts in the pack.
+        ///   - length: the frame's length in the pack.
+        ///   - frameSize: the frame's length decompressed.
+        ///   - frameOffset: where the chunk's bytes start in the frame decompressed.
+        public init(sha256: String, size: Int64, offset: Int64, length: Int64, frameSize: Int64, frameOffset: Int64) {
+            (self.sha256, self.size, self.offset, self.length, self.storage) = (sha256, size, offset, length, .zstdFrameSlice)
+            (self.frameSize, self.frameOffset) = (frameSize, frameOffset)
         }
     }
 
@@ -170,7 +195,8 @@ public struct PackIndex: Sendable, Hashable, Codable {
         }
     }
 
-    /// The version of this format: 1 (zip entries only) or 2 (every format, with chunks).
+    /// The version of this format: 1 (zip entries only), 2 (every format, with chunks) or 3 (as 2, with slices of
+    /// shared zstd frames).
     public var format: Int = 1
     /// The pack's format: always `zip` in format 1.
     public var container: Container = .zip
@@ -243,8 +269,9 @@ extension PackIndex {
     /// is decoded: sizes, offsets and lengths between 0 and 2^50 (a zip entry's length at least a local header's 30
     /// bytes), a method and a mode of 16 bits (as a zip stores them), a SHA-256 of 64 hex digits for every entry
     /// but a folder, and a path of at most 65,535 bytes (a zip's name field), relative, without NUL, `.` or `..`.
-    /// In format 2 every range lies inside the pack, no two chunks' ranges overlap, a file's chunks add up to its
-    /// size, and each chunk is stored as the pack's format allows.
+    /// In formats 2 and 3 every range lies inside the pack, no two chunks' ranges overlap (but slices of one shared
+    /// frame, format 3, which give the same range and frame size), a slice lies inside its frame, a file's chunks add
+    /// up to its size, and each chunk is stored as the pack's format allows.
     /// - Parameters:
     ///   - file: the index file's bytes, JSON or zstd-compressed JSON.
     ///   - maxEntries: the most entries accepted.
@@ -266,37 +293,54 @@ extension PackIndex {
         guard let index = try? JSONDecoder().decode(PackIndex.self, from: data) else {
             throw DeltaRefusal(.indexUnusable, "the pack's index cannot be read")
         }
-        guard index.format == 1 || index.format == 2 else {
-            throw DeltaRefusal(.indexUnusable, "the pack's index has format \(index.format), not 1 or 2")
+        guard (1...3).contains(index.format) else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index has format \(index.format), not 1, 2 or 3")
         }
         guard containers.contains(index.container) else {
             throw DeltaRefusal(
                 .indexUnusable, "the pack's index describes a \(index.container.rawValue) pack, which this reader cannot use")
         }
-        if let problem = index.format == 2 ? Self.packProblem(index) : nil {
+        if let problem = index.format >= 2 ? Self.packProblem(index) : nil {
             throw DeltaRefusal(.indexUnusable, "the pack's index \(problem)")
         }
         var paths = Set<String>()
-        var ranges: [(offset: Int64, length: Int64)] = []
+        var ranges: [ChunkRange] = []
         for entry in index.entries {
             let zipRange = index.container == .zip
             if let problem = Self.problem(entry, zipRange: zipRange)
-                ?? (index.format == 2 ? Self.problemV2(entry, in: index, ranges: &ranges) : nil)
+                ?? (index.format >= 2 ? Self.problemV2(entry, in: index, ranges: &ranges) : nil)
             {
                 throw DeltaRefusal(.indexUnusable, "the pack's index gives \(PackDeliveryError.printable(entry.path)) \(problem)")
             }
-            if index.format == 2, !paths.insert(entry.path).inserted {
+            if index.format >= 2, !paths.insert(entry.path).inserted {
                 throw DeltaRefusal(.indexUnusable, "the pack's index lists \(PackDeliveryError.printable(entry.path)) twice")
             }
         }
-        ranges.sort { $0.offset < $1.offset }
-        for (before, after) in zip(ranges, ranges.dropFirst()) where before.offset + before.length > after.offset {
+        if let (before, after) = Self.overlap(&ranges) {
             throw DeltaRefusal(
                 .indexUnusable,
                 "the pack's index gives two chunks overlapping ranges (bytes \(before.offset)+\(before.length) and \(after.offset)+\(after.length))"
             )
         }
         return index
+    }
+
+    /// The range of the pack a chunk is stored in; `frameSize` for a slice of a shared frame, else nil.
+    struct ChunkRange: Hashable {
+        var offset: Int64
+        var length: Int64
+        var frameSize: Int64?
+    }
+
+    /// Two ranges of `ranges` (sorted here by offset) that overlap, or nil: identical ranges overlap only when
+    /// both are slices of the same frame (the same decompressed size); every other overlap is refused.
+    static func overlap(_ ranges: inout [ChunkRange]) -> (ChunkRange, ChunkRange)? {
+        ranges.sort { ($0.offset, $0.length) < ($1.offset, $1.length) }
+        for (before, after) in zip(ranges, ranges.dropFirst()) where before.offset + before.length > after.offset {
+            if before == after, before.frameSize != nil { continue }
+            return (before, after)
+        }
+        return nil
     }
 
     /// The first bytes of a zstd frame (RFC 8878), little-endian 0xFD2FB528.
@@ -423,7 +467,7 @@ extension PackIndex {
 
     /// What format 2 requires of an entry and its chunks beyond ``problem(_:zipRange:)``, or nil; adds the chunks'
     /// ranges to `ranges`.
-    private static func problemV2(_ entry: Entry, in index: PackIndex, ranges: inout [(offset: Int64, length: Int64)]) -> String? {
+    private static func problemV2(_ entry: Entry, in index: PackIndex, ranges: inout [ChunkRange]) -> String? {
         let packLength = index.pack?.length ?? 0
         guard let mode = entry.mode else { return "no mode" }
         let type = mode & 0o170000
@@ -456,7 +500,7 @@ extension PackIndex {
             let storages: [Storage] =
                 switch index.container {
                 case .tar: [.raw]
-                case .tarZstd: [.zstdFrame]
+                case .tarZstd: index.format >= 3 ? [.zstdFrame, .zstdFrameSlice] : [.zstdFrame]
                 case .tarGzip: [.gzipMember]
                 case .zip: entry.method == 0 ? [.raw] : [.deflatedZipEntry]
                 case .tarBzip2, .tarXz: []
@@ -472,6 +516,8 @@ extension PackIndex {
                 || chunk.offset + chunk.length > packLength
             {
                 return "a chunk at bytes \(chunk.offset)+\(chunk.length), outside the pack's \(packLength) bytes"
+            } else if let problem = Self.sliceProblem(chunk) {
+                return problem
             } else if chunk.storage == .raw, chunk.length != chunk.size {
                 return "a chunk stored raw in \(chunk.length) bytes that holds \(chunk.size)"
             } else if chunk.storage == .deflatedZipEntry, chunks.count != 1 {
@@ -481,10 +527,28 @@ extension PackIndex {
             }
             total += chunk.size
             if total > entry.size { break }
-            ranges.append((chunk.offset, chunk.length))
+            ranges.append(ChunkRange(offset: chunk.offset, length: chunk.length, frameSize: chunk.frameSize))
         }
         if total != entry.size {
             return "chunks that hold \(total > entry.size ? "more" : "fewer") bytes than its size of \(entry.size)"
+        }
+        return nil
+    }
+
+    /// What is wrong in a chunk's frame fields, or nil: a slice gives a frame of 1…``maxChunkSize`` bytes
+    /// decompressed and lies inside it; any other chunk gives no frame fields.
+    private static func sliceProblem(_ chunk: Chunk) -> String? {
+        guard chunk.storage == .zstdFrameSlice else {
+            return chunk.frameSize != nil || chunk.frameOffset != nil
+                ? "a chunk stored as \(chunk.storage.rawValue) with a frame slice's fields" : nil
+        }
+        guard let frameSize = chunk.frameSize, let frameOffset = chunk.frameOffset else {
+            return "a frame slice without its frame's size and offset"
+        }
+        if !(1...Self.maxChunkSize).contains(frameSize) {
+            return "a frame slice whose frame decompresses to \(frameSize) bytes, outside 1…\(Self.maxChunkSize)"
+        } else if frameOffset < 0 || frameOffset > frameSize - chunk.size {
+            return "a frame slice at bytes \(frameOffset)+\(chunk.size), outside its frame's \(frameSize) bytes"
         }
         return nil
     }

@@ -39,10 +39,10 @@ import Foundation
         guard
             let index = try? PackIndex.decode(
                 data, maxEntries: Installer.UnpackLimitsPolicy().maxEntries, containers: Set(PackIndex.Container.allCases)),
-            index.format == 2
+            index.format >= 2
         else { return [] }
         var problems: [String] = []
-        var ranges: [(Int64, Int64)] = []
+        var ranges: [(Int64, Int64, Int64?)] = []
         for entry in index.entries {
             if entry.path.hasPrefix("/") || entry.path.split(separator: "/").contains("..") {
                 problems.append("escaping path \(entry.path)")
@@ -53,11 +53,19 @@ import Foundation
                 if chunk.offset < 0 || chunk.length < 1 || chunk.offset + chunk.length > (index.pack?.length ?? 0) {
                     problems.append("chunk of \(entry.path) outside the pack")
                 }
-                ranges.append((chunk.offset, chunk.offset + chunk.length))
+                if chunk.storage == .zstdFrameSlice {
+                    let (frameSize, frameOffset) = (chunk.frameSize ?? 0, chunk.frameOffset ?? -1)
+                    if frameOffset < 0 || frameOffset + chunk.size > frameSize {
+                        problems.append("slice of \(entry.path) outside its frame")
+                    }
+                }
+                ranges.append((chunk.offset, chunk.offset + chunk.length, chunk.frameSize))
             }
         }
-        ranges.sort { $0.0 < $1.0 }
-        if zip(ranges, ranges.dropFirst()).contains(where: { $0.1 > $1.0 }) { problems.append("overlapping chunks") }
+        // Slices of one shared frame give the same range; any other overlap is broken.
+        ranges.sort { ($0.0, $0.1) < ($1.0, $1.1) }
+        let shared = { (a: (Int64, Int64, Int64?), b: (Int64, Int64, Int64?)) in a.0 == b.0 && a.1 == b.1 && a.2 != nil && a.2 == b.2 }
+        if zip(ranges, ranges.dropFirst()).contains(where: { $0.1 > $1.0 && !shared($0, $1) }) { problems.append("overlapping chunks") }
         return problems
     }
 

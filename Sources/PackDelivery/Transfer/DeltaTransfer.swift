@@ -300,7 +300,7 @@ private final class DeltaRun {
                 $0 + min(Self.size(self.rangeFile($1.start, $1.end)), $1.end - $1.start)
             }
         }
-        let kept = plan.fetch.indices.filter(exists).reduce(Int64(0)) { $0 + plan.fetch[$1].length } + partial(missing)
+        let kept = ChunkPlan.storedLength(plan.fetch.indices.filter(exists), in: plan.fetch) + partial(missing)
         self.total = plan.bytesToFetch
         self.fetched = min(kept, self.total)
         self.onEvent(
@@ -334,7 +334,7 @@ private final class DeltaRun {
             refetched.formUnion(bad)
             missing = bad
             // Fetched again: the progress total grows by what is fetched twice.
-            self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
+            self.total += ChunkPlan.storedLength(bad, in: plan.fetch)
         }
         if self.stopped { throw Stop() }
         let tree = try assembly.assemble(plan)
@@ -380,7 +380,7 @@ private final class DeltaRun {
             ? ChunkPlan.window(packLength: self.request.download.contentLength)
             : min(1 << 20, ChunkPlan.window(packLength: self.request.download.contentLength))
         var missing = plan.fetch.indices.filter { !verified.contains($0) }
-        let kept = verified.reduce(Int64(0)) { $0 + plan.fetch[$1].length }
+        let kept = ChunkPlan.storedLength(verified, in: plan.fetch)
         // The bytes between chunks (tar headers) are fetched with them: the total is what the ranges fetch.
         self.total = max(self.request.download.contentLength, plan.bytesToFetch)
         self.fetched = min(kept, self.total)
@@ -425,7 +425,7 @@ private final class DeltaRun {
             }
             refetched.formUnion(bad)
             missing = bad
-            self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
+            self.total += ChunkPlan.storedLength(bad, in: plan.fetch)
         }
         if self.stopped { throw Stop() }
         let tree = try assembly.finish(plan, hashes: state.hashes)
