@@ -24,36 +24,6 @@ import Synchronization
 /// each chunk as its last byte arrives and writes it into the files. A resume (after a pause, a kill or a power cut)
 /// fetches only the chunks the record does not name.
 extension ChunkAssembly {
-    /// The SHA-256 of the files whose chunks arrived in order, computed as they were written, so that they are not
-    /// read back: a file whose chunks came out of order (a chunk it shares with an earlier file) or partly in an
-    /// earlier attempt is read back and hashed at the end instead.
-    struct FileHashes {
-        /// The files hashed so far, by entry number, with the bytes hashed.
-        fileprivate var running: [Int: (hasher: SHA256Hasher, next: Int64)] = [:]
-        /// The files read back at the end.
-        fileprivate var broken: Set<Int> = []
-
-        init() {}
-
-        fileprivate mutating func add(_ bytes: [UInt8], to entry: Int, at offset: Int64) {
-            guard !self.broken.contains(entry) else { return }
-            let state = self.running[entry] ?? (offset == 0 ? (SHA256Hasher(), 0) : nil)
-            guard let state, state.next == offset else {
-                self.running[entry] = nil
-                self.broken.insert(entry)
-                return
-            }
-            bytes.withUnsafeBytes { state.hasher.update($0) }
-            self.running[entry] = (state.hasher, offset + Int64(bytes.count))
-        }
-
-        /// The digest of entry `number`, when all its `size` bytes were hashed in order.
-        fileprivate func digest(_ number: Int, size: Int64) -> String? {
-            guard !self.broken.contains(number), let state = self.running[number], state.next == size else { return nil }
-            return state.hasher.hexDigest()
-        }
-    }
-
     var tree: URL { self.folder.appending(path: "tree") }
     var record: URL { self.folder.appending(path: "verified") }
 
@@ -106,7 +76,7 @@ extension ChunkAssembly {
     /// Writes a verified chunk at its offsets into the tree's files (opened once per range, in `opened`).
     func write(
         _ bytes: [UInt8], chunk number: Int, destinations: [[(entry: Int, offset: Int64)]], opened: inout [Int: Int32],
-        directories: inout Set<String>, hashes: inout FileHashes
+        directories: inout Set<String>
     ) throws {
         for (entry, offset) in destinations[number] {
             let fd = try opened[entry] ?? self.openFile(entry, directories: &directories)
@@ -116,7 +86,6 @@ extension ChunkAssembly {
                 throw DeltaAssembly.writeFailure(
                     written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
             }
-            hashes.add(bytes, to: entry, at: offset)
         }
     }
 
@@ -175,30 +144,17 @@ extension ChunkAssembly {
         guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync", path: self.record.path, errno: errno) }
     }
 
-    /// The SHA-256 of a file of the tree, read back; `size` becomes the bytes read.
-    private func hashFile(_ fd: Int32, path: String, size: inout Int64) throws -> String {
-        let hasher = SHA256Hasher()
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        defer { buffer.deallocate() }
-        size = 0
-        while true {
-            if self.isCancelled() { throw DeltaAssembly.Stopped() }
-            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(size))
-            if count < 0, errno == EINTR { continue }
-            if count < 0 { throw Installer.fileError("read", self.tree.appending(path: path).path, errno) }
-            if count == 0 { break }
-            hasher.update(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-            size += Int64(count)
-        }
-        return hasher.hexDigest()
-    }
-
-    /// The new version's tree, once every chunk is written: each file (empty ones created now) held to the size and
-    /// SHA-256 the index gives it (hashed as its chunks were written, in order, or else read back), its mode set; each
-    /// symlink held to the index.
+    /// The new version's tree, once every chunk is written: each file (empty ones created now) held to the size the
+    /// index gives it and recorded with the SHA-256 the index gives it, its mode set; each symlink held to the index.
     ///
-    /// - Throws: `checksumMismatch` naming the first file that does not match.
-    func finish(_ plan: ChunkPlan, hashes: FileHashes) throws -> DeltaTree {
+    /// The files are not hashed here (issue 29, "Installs without client-side digests"): each of their chunks was
+    /// checked against the index as it arrived, and the index is covered by the manifest's SHA-256, so the install
+    /// hashes each byte once. What that cannot show, an index whose file SHA-256 is not that of its own chunks (a
+    /// publisher's bug), `verify` shows: it compares the installed file with the recorded, publisher's, SHA-256 and
+    /// reports the file changed, as for a pack installed whole with the index's digests (``IndexDigests``).
+    ///
+    /// - Throws: `checksumMismatch` naming the first file whose size, or symlink whose target, is not the index's.
+    func finish(_ plan: ChunkPlan) throws -> DeltaTree {
         var directories: Set<String> = [""]
         var files: [InstalledFile] = []
         var bytes: Int64 = 0
@@ -209,13 +165,12 @@ extension ChunkAssembly {
             defer { close(fd) }
             var info = stat()
             guard fstat(fd, &info) == 0 else { throw Installer.fileError("inspect", self.tree.appending(path: entry.path).path, errno) }
-            var size = Int64(info.st_size)
-            let digest = try hashes.digest(build.number, size: entry.size) ?? self.hashFile(fd, path: entry.path, size: &size)
-            guard size == entry.size, digest == entry.sha256?.lowercased() else {
+            // Every chunk is written (and checked) at its offset, so a file has its size; an empty file its 0 bytes.
+            guard Int64(info.st_size) == entry.size, let digest = entry.sha256?.lowercased() else {
                 throw PackDeliveryError(
                     .checksumMismatch,
                     message:
-                        "The file \(PackDeliveryError.printable(entry.path)), built from the chunks the pack's index gives, does not match the SHA-256 the index gives it.",
+                        "The file \(PackDeliveryError.printable(entry.path)), built from the chunks the pack's index gives, does not have the size the index gives it.",
                     hint: "Nothing was installed; the pack's index is wrong.", subject: entry.path)
             }
             // As the unpacker sets modes: permissions up to 0o755, always readable and writable by the owner.
@@ -254,11 +209,9 @@ extension ChunkAssembly {
     }
 }
 
-/// The shared state of a first install's ranges: the folders made and the files hashed so far. Used by one range's
-/// sink at a time.
+/// The shared state of a first install's ranges: the folders made so far. Used by one range's sink at a time.
 final class FirstInstallState {
     var directories: Set<String> = [""]
-    var hashes = ChunkAssembly.FileHashes()
 }
 
 /// Takes one range of a first install as it arrives (the pack's bytes `range.start..<range.end`, in order): each
@@ -376,8 +329,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             return
         }
         try self.assembly.write(
-            bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories,
-            hashes: &self.state.hashes)
+            bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories)
         self.good.append(number)
     }
 

@@ -428,7 +428,7 @@ private final class DeltaRun {
             self.total += bad.reduce(0) { $0 + plan.fetch[$1].length }
         }
         if self.stopped { throw Stop() }
-        let tree = try assembly.finish(plan, hashes: state.hashes)
+        let tree = try assembly.finish(plan)
         return (.assembled(fetched: self.fetched), tree)
     }
 
