@@ -219,18 +219,29 @@ final class FirstInstallState {
 /// tree's files; the bytes between chunks (tar headers, padding) are passed over. A chunk that does not match is
 /// noted in ``bad`` and nothing of it is written. What it wrote counts once ``commit()`` synced it and recorded it.
 ///
-/// The checking and writing run on a queue of the sink's own, so that the transfer thread only copies the bytes: at
-/// most ``blocksInFlight`` of the transfer's writes wait there (a few MiB), and `consume` waits for room beyond that.
-/// Read its results only after ``drain()``.
+/// The work runs on two queues of the sink's own, so that the transfer thread only copies the bytes and the two
+/// halves of the work, each about half a CPU second per GiB, run on two cores: `queue` gathers, decodes and checks
+/// each chunk (SHA-256); `writes` writes the checked chunks into the files, in order. At most ``blocksInFlight`` of
+/// the transfer's writes wait for `queue` (`consume` waits for room beyond that), and at most ``bytesToWrite`` of
+/// checked chunks (or one chunk) wait for `writes`. Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes the state below while the transfer runs (`failed` is atomic). The run's
-    // thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`) once the
-    // transfer reported `.finished`, and starts the next range's sink (which shares `state`) only after that.
-    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked and written, at most.
-    static let blocksInFlight = 4
+    // that alone runs `take` and changes `position`, `next`, `stored`, `bad` and `checkError` while the transfer runs;
+    // `queue` hands each checked chunk to `writes`, a serial queue that alone changes `opened`, `good`, `writeError`
+    // and `state` while the transfer runs; `waiting` is changed only under `writeRoom`'s lock; `failed` is atomic.
+    // The run's thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`, then
+    // a `writes.sync`) once the transfer reported `.finished`, and starts the next range's sink (which shares
+    // `state`) only after that.
+    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked, at most.
+    static let blocksInFlight = 2
+    /// The bytes of checked chunks waiting to be written, at most (one chunk may be larger).
+    static let bytesToWrite = 1 << 20
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
+    private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
     private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
+    private let writeRoom = NSCondition()
+    /// The bytes handed to `writes` and not written yet (under `writeRoom`).
+    private var waiting = 0
     private let failed = Atomic<Bool>(false)
     private let assembly: ChunkAssembly
     private let chunks: [PackIndex.Chunk]
@@ -247,8 +258,10 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// The chunks written, and those that did not match.
     private(set) var good: [Int] = []
     private(set) var bad: [Int] = []
-    /// Why the sink ended the transfer.
-    private(set) var error: (any Error)?
+    /// Why the sink ended the transfer: a chunk that did not match (``endAtFirstBad``), or a write that failed.
+    var error: (any Error)? { self.checkError ?? self.writeError }
+    private var checkError: (any Error)?
+    private var writeError: (any Error)?
     private var committed = false
     /// What ends the transfer at the first chunk that does not match (a pack with several sources: the rest comes from
     /// another), or nil to note it in ``bad`` and go on (one source: it is fetched once more).
@@ -275,11 +288,11 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         let block = [UInt8](bytes)
         self.queue.async { [self] in
             defer { self.room.signal() }
-            guard self.error == nil else { return }
+            guard !self.failed.load(ordering: .acquiring) else { return }
             do {
                 try block.withUnsafeBytes { try self.take($0) }
             } catch {
-                self.error = error
+                self.checkError = error
                 self.failed.store(true, ordering: .releasing)
             }
         }
@@ -287,7 +300,10 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     }
 
     /// Waits until every byte handed over is checked and written (or the sink failed).
-    func drain() { self.queue.sync {} }
+    func drain() {
+        self.queue.sync {}
+        self.writes.sync {}
+    }
 
     private func take(_ bytes: UnsafeRawBufferPointer) throws {
         var rest = bytes[...]
@@ -308,12 +324,14 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
                 continue
             }
             let take = Int(min(Int64(rest.count), chunk.length - Int64(self.stored.count)))
+            // A new buffer for each chunk: the last one's bytes may still be waiting to be written.
+            if self.stored.isEmpty { self.stored.reserveCapacity(Int(min(chunk.length, 4 << 20))) }
             self.stored.append(contentsOf: UnsafeRawBufferPointer(rebasing: rest.prefix(take)))
             rest = rest.dropFirst(take)
             self.position += Int64(take)
             if Int64(self.stored.count) == chunk.length {
                 try self.place(number, chunk)
-                self.stored.removeAll(keepingCapacity: true)
+                self.stored = []
                 self.next += 1
             }
         }
@@ -328,9 +346,30 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             if let endAtFirstBad = self.endAtFirstBad { throw endAtFirstBad }
             return
         }
-        try self.assembly.write(
-            bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories)
-        self.good.append(number)
+        // Waits while the chunks handed over and not written yet hold more than `bytesToWrite` (one is always let through).
+        self.writeRoom.lock()
+        while self.waiting > 0, self.waiting + bytes.count > Self.bytesToWrite { self.writeRoom.wait() }
+        self.waiting += bytes.count
+        self.writeRoom.unlock()
+        self.writes.async { [self] in
+            defer {
+                self.writeRoom.lock()
+                self.waiting -= bytes.count
+                self.writeRoom.signal()
+                self.writeRoom.unlock()
+            }
+            // After a write failed, nothing more is written; after a chunk that did not match, the chunks checked
+            // before it still are (they count: a resume does not fetch them again).
+            guard self.writeError == nil else { return }
+            do {
+                try self.assembly.write(
+                    bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories)
+                self.good.append(number)
+            } catch {
+                self.writeError = error
+                self.failed.store(true, ordering: .releasing)
+            }
+        }
     }
 
     /// The chunks of the range that never arrived whole (the transfer ended early).
