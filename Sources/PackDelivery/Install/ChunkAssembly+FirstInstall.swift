@@ -28,16 +28,44 @@ extension ChunkAssembly {
     var record: URL { self.folder.appending(path: "verified") }
 
     /// Where each fetched chunk goes: the entry number and offset of every place in a file that holds it.
-    static func destinations(_ plan: ChunkPlan) -> [[(entry: Int, offset: Int64)]] {
-        var destinations = [[(entry: Int, offset: Int64)]](repeating: [], count: plan.fetch.count)
+    static func destinations(_ plan: ChunkPlan) -> Destinations {
+        var destinations = Destinations(count: plan.fetch.count)
         for build in plan.build {
             var offset: Int64 = 0
             for piece in build.pieces {
-                if case .fetched(let number) = piece.source { destinations[number].append((build.number, offset)) }
+                if case .fetched(let number) = piece.source { destinations.add(number, entry: build.number, offset: offset) }
                 offset += piece.size
             }
         }
         return destinations
+    }
+
+    /// The places of each fetched chunk, kept flat: most chunks have one place, so one entry number and one offset a
+    /// chunk, and the other places in a dictionary. A 1 GiB pack has about 25,000 chunks: 400 KB here, against 1.6 MB
+    /// as an array of arrays (one allocation a chunk), held through the whole install.
+    struct Destinations: Sendable {
+        private var entries: [Int]
+        private var offsets: [Int64]
+        private var more: [Int: [(entry: Int, offset: Int64)]] = [:]
+
+        init(count: Int) {
+            self.entries = Array(repeating: -1, count: count)
+            self.offsets = Array(repeating: 0, count: count)
+        }
+
+        mutating func add(_ number: Int, entry: Int, offset: Int64) {
+            if self.entries[number] < 0 {
+                (self.entries[number], self.offsets[number]) = (entry, offset)
+            } else {
+                self.more[number, default: []].append((entry, offset))
+            }
+        }
+
+        /// The places of chunk `number`, in the order they were added.
+        subscript(number: Int) -> [(entry: Int, offset: Int64)] {
+            guard self.entries[number] >= 0 else { return [] }
+            return [(self.entries[number], self.offsets[number])] + (self.more[number] ?? [])
+        }
     }
 
     /// The chunks verified by an earlier attempt, from the record; when there is none, a fresh tree with the plan's
@@ -75,7 +103,7 @@ extension ChunkAssembly {
 
     /// Writes a verified chunk at its offsets into the tree's files (opened once per range, in `opened`).
     func write(
-        _ bytes: [UInt8], chunk number: Int, destinations: [[(entry: Int, offset: Int64)]], opened: inout [Int: Int32],
+        _ bytes: [UInt8], chunk number: Int, destinations: Destinations, opened: inout [Int: Int32],
         directories: inout Set<String>
     ) throws {
         for (entry, offset) in destinations[number] {
@@ -235,7 +263,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked, at most.
     static let blocksInFlight = 2
     /// The bytes of checked chunks waiting to be written, at most (one chunk may be larger).
-    static let bytesToWrite = 1 << 20
+    static let bytesToWrite = 512 << 10
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
     private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
     private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
@@ -245,7 +273,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     private let failed = Atomic<Bool>(false)
     private let assembly: ChunkAssembly
     private let chunks: [PackIndex.Chunk]
-    private let destinations: [[(entry: Int, offset: Int64)]]
+    private let destinations: ChunkAssembly.Destinations
     private let state: FirstInstallState
     /// The range's chunk numbers, by offset in the pack.
     private let order: [Int]
@@ -268,7 +296,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     private let endAtFirstBad: (any Error)?
 
     init(
-        _ range: ChunkPlan.Range, assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]],
+        _ range: ChunkPlan.Range, assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: ChunkAssembly.Destinations,
         state: FirstInstallState, endAtFirstBad: (any Error)? = nil
     ) {
         self.endAtFirstBad = endAtFirstBad
