@@ -261,7 +261,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     // a `writes.sync`) once the transfer reported `.finished`, and starts the next range's sink (which shares
     // `state`) only after that.
     /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked, at most.
-    static let blocksInFlight = 2
+    static let blocksInFlight = 3
     /// The bytes of checked chunks waiting to be written, at most (one chunk may be larger).
     static let bytesToWrite = 512 << 10
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
