@@ -11,6 +11,7 @@ int clinux_start_writeback(int fd, long long offset, long long count) { return s
 #include <malloc.h>
 int clinux_mallopt(int param, int value) { return mallopt(param, value); }
 int clinux_m_arena_max(void) { return M_ARENA_MAX; }
+int clinux_malloc_trim(unsigned long pad) { return malloc_trim(pad); }
 
 #include <sys/ioctl.h>
 #include <linux/fs.h>

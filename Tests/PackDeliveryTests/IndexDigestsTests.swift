@@ -140,8 +140,8 @@ import Testing
         let server = try FaultServer(root: site)
         defer { server.stop() }
         let home = try Fixtures.temporaryDirectory("index-word-home")
-        // The whole-pack path, which records the index's word; a first install that writes each byte once checks each
-        // file against it and fails instead (WriteOnceTests).
+        // The whole-pack path, which records the index's word; a first install that writes each byte once records it
+        // too (WriteOnceTests.anIndexWhoseFileDigestIsNotItsChunksInstallsAndVerifyReportsTheFile).
         let download = try await Self.fetch(server.url("manifest.json"), home: home, deltaUpdates: false)
         #expect(download.state == .finished, "\(download.error?.description ?? "")")
         #expect(try Self.recorded(home).first { $0.path == "Contents/small/f1.bin" }?.sha256 == other, "the index's digest is recorded")

@@ -309,6 +309,45 @@ import Testing
         #expect(leftovers(home) == [], "nothing left behind")
     }
 
+    /// A first install records each file's SHA-256 from the index without hashing the file (each chunk is checked as
+    /// it arrives): a publisher's index whose file SHA-256 is not that of its own, valid, chunks installs the file's
+    /// bytes, records the index's digest, and `verify` then reports the file changed, as for a pack installed whole.
+    @Test func anIndexWhoseFileDigestIsNotItsChunksInstallsAndVerifyReportsTheFile() async throws {
+        let format = PackFormat.tar
+        let content = try Self.content("writeonce-word-content", big: 10)
+        let site = try Fixtures.temporaryDirectory("writeonce-word-site")
+        try Self.publish(content, site: site, format: format)
+        let reference = try Self.reference(site, format, "writeonce-word-bsdtar")
+        let path = "Contents/small/f3.bin"
+        let other = String(repeating: "ab", count: 32)
+        let indexURL = PackWriter.indexURL(for: site.appending(path: Self.packName(format)))
+        var index = try JSONDecoder().decode(PackIndex.self, from: PackIndexTests.json(indexURL))
+        let number = try #require(index.entries.firstIndex { $0.path == path })
+        index.entries[number].sha256 = other
+        try PackIndexer.write(index, to: indexURL)
+        try ManifestBuilder.write(folder: site)
+        let server = try FaultServer(root: site)
+        defer { server.stop() }
+        let home = try Fixtures.temporaryDirectory("writeonce-word-home")
+        let queue = try Self.queue(home)
+        defer { queue.close() }
+        let manifest = try await LoadedManifest.load(server.url("manifest.json").absoluteString)
+        let id = try #require(try await queue.add(product: Self.product, from: manifest).downloads.first?.id, "a download")
+        let download = try #require(await waitFor(queue, id) { !$0.state.isRunning }, "the download settles")
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        #expect(download.delta == nil && download.deltaFallback == nil, "a first install written once, not a fallback")
+        #expect(
+            server.requests().filter { $0.file == Self.packName(format) }.allSatisfy { $0.range != nil },
+            "the pack fetched by ranges (written once): \(server.requests())")
+        let installed = try #require(download.contentURL)
+        #expect(try treeContents(installed) == reference, "the file holds its chunks' bytes, as bsdtar -xf gives them")
+        let install = try #require(try queue.store.installs().first { $0.productIdentifier == Self.product }, "an install")
+        #expect(try queue.store.files(of: install).first { $0.path == path }?.sha256 == other, "the index's digest is recorded")
+        let damage = try await queue.verify().flatMap(\.damage)
+        #expect(damage.map(\.path) == [path] && damage.first?.problem == .changed, "verify reports the file: \(damage)")
+        #expect(leftovers(home) == [])
+    }
+
     /// A cancel mid-install removes the new version's files and the record of verified chunks.
     @Test func aCancelMidInstallRemovesTheStaging() async throws {
         let format = PackFormat.tarZstd

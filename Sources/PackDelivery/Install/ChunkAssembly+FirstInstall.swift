@@ -24,50 +24,48 @@ import Synchronization
 /// each chunk as its last byte arrives and writes it into the files. A resume (after a pause, a kill or a power cut)
 /// fetches only the chunks the record does not name.
 extension ChunkAssembly {
-    /// The SHA-256 of the files whose chunks arrived in order, computed as they were written, so that they are not
-    /// read back: a file whose chunks came out of order (a chunk it shares with an earlier file) or partly in an
-    /// earlier attempt is read back and hashed at the end instead.
-    struct FileHashes {
-        /// The files hashed so far, by entry number, with the bytes hashed.
-        fileprivate var running: [Int: (hasher: SHA256Hasher, next: Int64)] = [:]
-        /// The files read back at the end.
-        fileprivate var broken: Set<Int> = []
-
-        init() {}
-
-        fileprivate mutating func add(_ bytes: [UInt8], to entry: Int, at offset: Int64) {
-            guard !self.broken.contains(entry) else { return }
-            let state = self.running[entry] ?? (offset == 0 ? (SHA256Hasher(), 0) : nil)
-            guard let state, state.next == offset else {
-                self.running[entry] = nil
-                self.broken.insert(entry)
-                return
-            }
-            bytes.withUnsafeBytes { state.hasher.update($0) }
-            self.running[entry] = (state.hasher, offset + Int64(bytes.count))
-        }
-
-        /// The digest of entry `number`, when all its `size` bytes were hashed in order.
-        fileprivate func digest(_ number: Int, size: Int64) -> String? {
-            guard !self.broken.contains(number), let state = self.running[number], state.next == size else { return nil }
-            return state.hasher.hexDigest()
-        }
-    }
-
     var tree: URL { self.folder.appending(path: "tree") }
     var record: URL { self.folder.appending(path: "verified") }
 
     /// Where each fetched chunk goes: the entry number and offset of every place in a file that holds it.
-    static func destinations(_ plan: ChunkPlan) -> [[(entry: Int, offset: Int64)]] {
-        var destinations = [[(entry: Int, offset: Int64)]](repeating: [], count: plan.fetch.count)
+    static func destinations(_ plan: ChunkPlan) -> Destinations {
+        var destinations = Destinations(count: plan.fetch.count)
         for build in plan.build {
             var offset: Int64 = 0
             for piece in build.pieces {
-                if case .fetched(let number) = piece.source { destinations[number].append((build.number, offset)) }
+                if case .fetched(let number) = piece.source { destinations.add(number, entry: build.number, offset: offset) }
                 offset += piece.size
             }
         }
         return destinations
+    }
+
+    /// The places of each fetched chunk, kept flat: most chunks have one place, so one entry number and one offset a
+    /// chunk, and the other places in a dictionary. A 1 GiB pack has about 25,000 chunks: 400 KB here, against 1.6 MB
+    /// as an array of arrays (one allocation a chunk), held through the whole install.
+    struct Destinations: Sendable {
+        private var entries: [Int]
+        private var offsets: [Int64]
+        private var more: [Int: [(entry: Int, offset: Int64)]] = [:]
+
+        init(count: Int) {
+            self.entries = Array(repeating: -1, count: count)
+            self.offsets = Array(repeating: 0, count: count)
+        }
+
+        mutating func add(_ number: Int, entry: Int, offset: Int64) {
+            if self.entries[number] < 0 {
+                (self.entries[number], self.offsets[number]) = (entry, offset)
+            } else {
+                self.more[number, default: []].append((entry, offset))
+            }
+        }
+
+        /// The places of chunk `number`, in the order they were added.
+        subscript(number: Int) -> [(entry: Int, offset: Int64)] {
+            guard self.entries[number] >= 0 else { return [] }
+            return [(self.entries[number], self.offsets[number])] + (self.more[number] ?? [])
+        }
     }
 
     /// The chunks verified by an earlier attempt, from the record; when there is none, a fresh tree with the plan's
@@ -105,8 +103,8 @@ extension ChunkAssembly {
 
     /// Writes a verified chunk at its offsets into the tree's files (opened once per range, in `opened`).
     func write(
-        _ bytes: [UInt8], chunk number: Int, destinations: [[(entry: Int, offset: Int64)]], opened: inout [Int: Int32],
-        directories: inout Set<String>, hashes: inout FileHashes
+        _ bytes: [UInt8], chunk number: Int, destinations: Destinations, opened: inout [Int: Int32],
+        directories: inout Set<String>
     ) throws {
         for (entry, offset) in destinations[number] {
             let fd = try opened[entry] ?? self.openFile(entry, directories: &directories)
@@ -116,7 +114,6 @@ extension ChunkAssembly {
                 throw DeltaAssembly.writeFailure(
                     written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
             }
-            hashes.add(bytes, to: entry, at: offset)
         }
     }
 
@@ -175,30 +172,17 @@ extension ChunkAssembly {
         guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync", path: self.record.path, errno: errno) }
     }
 
-    /// The SHA-256 of a file of the tree, read back; `size` becomes the bytes read.
-    private func hashFile(_ fd: Int32, path: String, size: inout Int64) throws -> String {
-        let hasher = SHA256Hasher()
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
-        defer { buffer.deallocate() }
-        size = 0
-        while true {
-            if self.isCancelled() { throw DeltaAssembly.Stopped() }
-            let count = pread(fd, buffer.baseAddress, buffer.count, off_t(size))
-            if count < 0, errno == EINTR { continue }
-            if count < 0 { throw Installer.fileError("read", self.tree.appending(path: path).path, errno) }
-            if count == 0 { break }
-            hasher.update(UnsafeRawBufferPointer(rebasing: buffer[..<count]))
-            size += Int64(count)
-        }
-        return hasher.hexDigest()
-    }
-
-    /// The new version's tree, once every chunk is written: each file (empty ones created now) held to the size and
-    /// SHA-256 the index gives it (hashed as its chunks were written, in order, or else read back), its mode set; each
-    /// symlink held to the index.
+    /// The new version's tree, once every chunk is written: each file (empty ones created now) held to the size the
+    /// index gives it and recorded with the SHA-256 the index gives it, its mode set; each symlink held to the index.
     ///
-    /// - Throws: `checksumMismatch` naming the first file that does not match.
-    func finish(_ plan: ChunkPlan, hashes: FileHashes) throws -> DeltaTree {
+    /// The files are not hashed here (issue 29, "Installs without client-side digests"): each of their chunks was
+    /// checked against the index as it arrived, and the index is covered by the manifest's SHA-256, so the install
+    /// hashes each byte once. What that cannot show, an index whose file SHA-256 is not that of its own chunks (a
+    /// publisher's bug), `verify` shows: it compares the installed file with the recorded, publisher's, SHA-256 and
+    /// reports the file changed, as for a pack installed whole with the index's digests (``IndexDigests``).
+    ///
+    /// - Throws: `checksumMismatch` naming the first file whose size, or symlink whose target, is not the index's.
+    func finish(_ plan: ChunkPlan) throws -> DeltaTree {
         var directories: Set<String> = [""]
         var files: [InstalledFile] = []
         var bytes: Int64 = 0
@@ -209,13 +193,12 @@ extension ChunkAssembly {
             defer { close(fd) }
             var info = stat()
             guard fstat(fd, &info) == 0 else { throw Installer.fileError("inspect", self.tree.appending(path: entry.path).path, errno) }
-            var size = Int64(info.st_size)
-            let digest = try hashes.digest(build.number, size: entry.size) ?? self.hashFile(fd, path: entry.path, size: &size)
-            guard size == entry.size, digest == entry.sha256?.lowercased() else {
+            // Every chunk is written (and checked) at its offset, so a file has its size; an empty file its 0 bytes.
+            guard Int64(info.st_size) == entry.size, let digest = entry.sha256?.lowercased() else {
                 throw PackDeliveryError(
                     .checksumMismatch,
                     message:
-                        "The file \(PackDeliveryError.printable(entry.path)), built from the chunks the pack's index gives, does not match the SHA-256 the index gives it.",
+                        "The file \(PackDeliveryError.printable(entry.path)), built from the chunks the pack's index gives, does not have the size the index gives it.",
                     hint: "Nothing was installed; the pack's index is wrong.", subject: entry.path)
             }
             // As the unpacker sets modes: permissions up to 0o755, always readable and writable by the owner.
@@ -254,11 +237,9 @@ extension ChunkAssembly {
     }
 }
 
-/// The shared state of a first install's ranges: the folders made and the files hashed so far. Used by one range's
-/// sink at a time.
+/// The shared state of a first install's ranges: the folders made so far. Used by one range's sink at a time.
 final class FirstInstallState {
     var directories: Set<String> = [""]
-    var hashes = ChunkAssembly.FileHashes()
 }
 
 /// Takes one range of a first install as it arrives (the pack's bytes `range.start..<range.end`, in order): each
@@ -266,22 +247,33 @@ final class FirstInstallState {
 /// tree's files; the bytes between chunks (tar headers, padding) are passed over. A chunk that does not match is
 /// noted in ``bad`` and nothing of it is written. What it wrote counts once ``commit()`` synced it and recorded it.
 ///
-/// The checking and writing run on a queue of the sink's own, so that the transfer thread only copies the bytes: at
-/// most ``blocksInFlight`` of the transfer's writes wait there (a few MiB), and `consume` waits for room beyond that.
-/// Read its results only after ``drain()``.
+/// The work runs on two queues of the sink's own, so that the transfer thread only copies the bytes and the two
+/// halves of the work, each about half a CPU second per GiB, run on two cores: `queue` gathers, decodes and checks
+/// each chunk (SHA-256); `writes` writes the checked chunks into the files, in order. At most ``blocksInFlight`` of
+/// the transfer's writes wait for `queue` (`consume` waits for room beyond that), and at most ``bytesToWrite`` of
+/// checked chunks (or one chunk) wait for `writes`. Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes the state below while the transfer runs (`failed` is atomic). The run's
-    // thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`) once the
-    // transfer reported `.finished`, and starts the next range's sink (which shares `state`) only after that.
-    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked and written, at most.
-    static let blocksInFlight = 4
+    // that alone runs `take` and changes `position`, `next`, `stored`, `bad` and `checkError` while the transfer runs;
+    // `queue` hands each checked chunk to `writes`, a serial queue that alone changes `opened`, `good`, `writeError`
+    // and `state` while the transfer runs; `waiting` is changed only under `writeRoom`'s lock; `failed` is atomic.
+    // The run's thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`, then
+    // a `writes.sync`) once the transfer reported `.finished`, and starts the next range's sink (which shares
+    // `state`) only after that.
+    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked, at most.
+    static let blocksInFlight = 3
+    /// The bytes of checked chunks waiting to be written, at most (one chunk may be larger).
+    static let bytesToWrite = 512 << 10
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
+    private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
     private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
+    private let writeRoom = NSCondition()
+    /// The bytes handed to `writes` and not written yet (under `writeRoom`).
+    private var waiting = 0
     private let failed = Atomic<Bool>(false)
     private let assembly: ChunkAssembly
     private let chunks: [PackIndex.Chunk]
-    private let destinations: [[(entry: Int, offset: Int64)]]
+    private let destinations: ChunkAssembly.Destinations
     private let state: FirstInstallState
     /// The range's chunk numbers, by offset in the pack.
     private let order: [Int]
@@ -296,15 +288,17 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// The chunks written, and those that did not match.
     private(set) var good: [Int] = []
     private(set) var bad: [Int] = []
-    /// Why the sink ended the transfer.
-    private(set) var error: (any Error)?
+    /// Why the sink ended the transfer: a chunk that did not match (``endAtFirstBad``), or a write that failed.
+    var error: (any Error)? { self.checkError ?? self.writeError }
+    private var checkError: (any Error)?
+    private var writeError: (any Error)?
     private var committed = false
     /// What ends the transfer at the first chunk that does not match (a pack with several sources: the rest comes from
     /// another), or nil to note it in ``bad`` and go on (one source: it is fetched once more).
     private let endAtFirstBad: (any Error)?
 
     init(
-        _ range: ChunkPlan.Range, assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: [[(entry: Int, offset: Int64)]],
+        _ range: ChunkPlan.Range, assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: ChunkAssembly.Destinations,
         state: FirstInstallState, endAtFirstBad: (any Error)? = nil
     ) {
         self.endAtFirstBad = endAtFirstBad
@@ -324,11 +318,11 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         let block = [UInt8](bytes)
         self.queue.async { [self] in
             defer { self.room.signal() }
-            guard self.error == nil else { return }
+            guard !self.failed.load(ordering: .acquiring) else { return }
             do {
                 try block.withUnsafeBytes { try self.take($0) }
             } catch {
-                self.error = error
+                self.checkError = error
                 self.failed.store(true, ordering: .releasing)
             }
         }
@@ -336,7 +330,10 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     }
 
     /// Waits until every byte handed over is checked and written (or the sink failed).
-    func drain() { self.queue.sync {} }
+    func drain() {
+        self.queue.sync {}
+        self.writes.sync {}
+    }
 
     private func take(_ bytes: UnsafeRawBufferPointer) throws {
         var rest = bytes[...]
@@ -357,6 +354,8 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
                 continue
             }
             let take = Int(min(Int64(rest.count), chunk.length - Int64(self.stored.count)))
+            // A new buffer for each chunk: the last one's bytes may still be waiting to be written.
+            if self.stored.isEmpty { self.stored.reserveCapacity(Int(min(chunk.length, 4 << 20))) }
             self.stored.append(contentsOf: UnsafeRawBufferPointer(rebasing: rest.prefix(take)))
             rest = rest.dropFirst(take)
             self.position += Int64(take)
@@ -370,7 +369,8 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
                     try self.place(self.order[self.next], self.chunks[self.order[self.next]])
                     self.next += 1
                 }
-                self.stored.removeAll(keepingCapacity: true)
+                // A new buffer for the next chunk: this one's bytes may still be waiting to be written.
+                self.stored = []
             }
         }
         self.position += Int64(rest.count)
@@ -384,10 +384,30 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             if let endAtFirstBad = self.endAtFirstBad { throw endAtFirstBad }
             return
         }
-        try self.assembly.write(
-            bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories,
-            hashes: &self.state.hashes)
-        self.good.append(number)
+        // Waits while the chunks handed over and not written yet hold more than `bytesToWrite` (one is always let through).
+        self.writeRoom.lock()
+        while self.waiting > 0, self.waiting + bytes.count > Self.bytesToWrite { self.writeRoom.wait() }
+        self.waiting += bytes.count
+        self.writeRoom.unlock()
+        self.writes.async { [self] in
+            defer {
+                self.writeRoom.lock()
+                self.waiting -= bytes.count
+                self.writeRoom.signal()
+                self.writeRoom.unlock()
+            }
+            // After a write failed, nothing more is written; after a chunk that did not match, the chunks checked
+            // before it still are (they count: a resume does not fetch them again).
+            guard self.writeError == nil else { return }
+            do {
+                try self.assembly.write(
+                    bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories)
+                self.good.append(number)
+            } catch {
+                self.writeError = error
+                self.failed.store(true, ordering: .releasing)
+            }
+        }
     }
 
     /// The chunks of the range that never arrived whole (the transfer ended early).

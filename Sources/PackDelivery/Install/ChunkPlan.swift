@@ -186,8 +186,9 @@ struct ChunkPlan: Sendable, Hashable {
                         ))
                 }
                 var pieces: [Piece] = []
+                pieces.reserveCapacity(chunks.count)
                 for chunk in chunks {
-                    let digest = chunk.sha256.lowercased()
+                    let digest = Self.lowercase(chunk.sha256)
                     if let found = local[digest], found.size == chunk.size {
                         pieces.append(Piece(sha256: digest, size: chunk.size, source: .local(found)))
                     } else if let number = fetched[digest], plan.fetch[number].size == chunk.size {
@@ -204,6 +205,12 @@ struct ChunkPlan: Sendable, Hashable {
         plan.ranges = Self.coalesce(Array(plan.fetch.indices), in: plan.fetch)
         if !wholePack, let refusal = DeltaPlan.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
+    }
+
+    /// `digest` in lowercase: the same string, not a copy, when it is already (as `packs pack` writes digests), so
+    /// that a plan of 25,000 chunks does not hold a second copy of each chunk's SHA-256 (2.8 MB for a 1 GiB pack).
+    static func lowercase(_ digest: String) -> String {
+        digest.utf8.contains { (UInt8(ascii: "A")...UInt8(ascii: "Z")).contains($0) } ? digest.lowercased() : digest
     }
 
     /// The most bytes a chunk of `size` bytes may be stored in: more than zstd or deflate ever make of it, so that a

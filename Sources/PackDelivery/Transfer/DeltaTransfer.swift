@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Synchronization
 
@@ -367,6 +368,11 @@ private final class DeltaRun {
     /// that holds it. Progress counts against the pack's length, as a whole-pack fetch does (no `.deltaPlanned`: it is
     /// not an update).
     private func runFirstInstall(_ plan: ChunkPlan) throws -> (TransferOutcome, DeltaTree?) {
+        // The plan holds the chunks: the index's own arrays of them are let go (1.2 MB for a 1 GiB pack), and the
+        // memory the index's decoding left free in the heap is given back, so that the install's peak RSS is not the
+        // decoding's and its own added up.
+        for number in self.index.entries.indices { self.index.entries[number].chunks = nil }
+        _ = clinux_malloc_trim(0)
         try self.prepareFolder()
         let assembly = ChunkAssembly(
             folder: self.folder, index: self.index, installed: self.installedRoot, writer: self.request.writer,
@@ -428,7 +434,7 @@ private final class DeltaRun {
             self.total += ChunkPlan.storedLength(bad, in: plan.fetch)
         }
         if self.stopped { throw Stop() }
-        let tree = try assembly.finish(plan, hashes: state.hashes)
+        let tree = try assembly.finish(plan)
         return (.assembled(fetched: self.fetched), tree)
     }
 
@@ -487,7 +493,7 @@ private final class DeltaRun {
         guard Int64(data.count) == self.request.index.length, hasher.hexDigest() == self.request.index.sha256.lowercased() else {
             throw DeltaRefusal(.indexUnusable, "the pack's index does not match the SHA-256 and length the manifest gives")
         }
-        let index = try PackIndex.decode(data, maxEntries: self.request.maxEntries, containers: ChunkPlan.containers.union([.zip]))
+        let index = try PackIndex.decode(consume data, maxEntries: self.request.maxEntries, containers: ChunkPlan.containers.union([.zip]))
         self.index = index
         guard index.container != .zip else {
             return .entries(
@@ -753,6 +759,8 @@ private final class SinkCommitter: @unchecked Sendable {
         DispatchQueue.global().async { [self] in
             defer { self.group.leave() }
             do { try sink.commit() } catch { self.error = error }
+            // The range's buffers, freed on the sink's threads, are given back rather than kept in their heaps.
+            _ = clinux_malloc_trim(0)
         }
     }
 
