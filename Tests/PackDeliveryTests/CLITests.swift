@@ -145,7 +145,7 @@ import Testing
         #expect(fetch.stderr.contains("Contents/escape"), "the error names the entry: \(fetch.stderr)")
         #expect(!FileManager.default.fileExists(atPath: canary.path))
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.evil").path))
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#""state":"failed""#))
     }
 

@@ -59,7 +59,7 @@ import Testing
         let content = try CLI.run(home: home, ["content"])
         #expect(content.stdout.split(separator: "\n").count == 300, "all 300 installed")
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "all finished")
-        #expect(leftovers(home).isEmpty, "no partial or staging left: \(leftovers(home).prefix(3))")
+        #expect(leftoversAfterCleanup(home).isEmpty, "no partial or staging left: \(leftovers(home).prefix(3))")
     }
 
     /// A catalog's transactions are all recorded before an event stream is read, so the stream buffers an event for

@@ -146,7 +146,7 @@ import Testing
         print("chunk delta \(format.rawValue), 4 KiB inserted: \(served) of \(length) bytes served")
         #expect(served * 100 <= 2 * length, "at most 2% of the pack: \(served) of \(length)")
         #expect(try treeContents(try #require(grown.contentURL)) == (try Self.reference(site, format, label + "-bsdtar3")))
-        #expect(leftovers(home) == [], "no delta folder, staging or archive left")
+        #expect(leftoversAfterCleanup(home) == [], "no delta folder, staging or archive left")
         let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
     }
@@ -332,7 +332,7 @@ import Testing
             "at most the range in flight again: \(beforeKill) before the kill, \(total) in all, of \(bytesToFetch)")
         let installed = home.appending(path: "Caches/\(Self.product)")
         #expect(try treeContents(installed) == (try Self.reference(site, format, "chunk-kill-bsdtar")), "the new version, byte for byte")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// `packs --json --verbose fetch` of a chunked update: the finished download's `delta` says how many chunks were
@@ -408,7 +408,7 @@ import Testing
         #expect(download.state == .failed && download.error?.code == .unsafeEntry, "\(download.state) \(download.error?.description ?? "")")
         #expect(download.delta != nil, "it was a delta: \(download.deltaFallback?.message ?? "")")
         #expect(try treeContents(home.appending(path: "Caches/\(Self.product)")) == old, "version 1 untouched")
-        #expect(leftovers(home) == [], "nothing of the update left")
+        #expect(leftoversAfterCleanup(home) == [], "nothing of the update left")
     }
 
     /// The plan itself, with no I/O: files reused whole, chunks found locally, identical chunks fetched once, close

@@ -117,7 +117,7 @@ import Testing
         #expect(FileManager.default.isExecutableFile(atPath: installed.appending(path: "Contents/run.sh").path), "modes kept")
         // Every file of the new version, fetched or reused, is recorded with its CRC-32 (the next delta reads none).
         try StoreTests.expectCRCs(Home(folder: home), products: [Self.product], zip: Self.product)
-        #expect(leftovers(home) == [], "no delta folder, staging or archive left")
+        #expect(leftoversAfterCleanup(home) == [], "no delta folder, staging or archive left")
         let verify = try await DownloadQueue(home: Home(folder: home)).verify()
         #expect(verify.allSatisfy { $0.isIntact }, "what is recorded matches the files: \(verify)")
     }
@@ -329,7 +329,7 @@ import Testing
         #expect(server.requests().filter { $0.file == "delta.zip" && $0.range == nil }.count == 1, "the whole pack only for version 1")
         let installed = home.appending(path: "Caches/\(Self.product)")
         #expect(try treeContents(installed) == (try Self.reference(site, "delta-kill-bsdtar")), "the new version, byte for byte")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// The plan itself, with no I/O: what is reused, what is fetched in which ranges, and each reason to fall back.
@@ -409,7 +409,7 @@ import Testing
         #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, "delta-full-bsdtar")))
         // The old version and the delta's folder are deleted off the critical path; closing waits for that.
         await queue.close()
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// A repair of a pack with an index is a delta from the installed version to itself: only the entries of the

@@ -36,7 +36,7 @@ import Testing
         #expect(sent - Int(pack.contentLength) <= 1 << 20, "sent \(sent) bytes for a \(pack.contentLength)-byte pack")
         let installed = try CLI.run(home: home, ["content", "com.example.big"]).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(try Fixtures.sha256Hex(of: URL(filePath: installed).appending(path: "Contents/data.bin")) == site.dataSHA256)
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
     }
 
@@ -64,7 +64,7 @@ import Testing
             try FileManager.default.contentsOfDirectory(atPath: home.appending(path: "Caches").path).sorted() == [
                 ".packdelivery", "CACHEDIR.TAG", "com.example.big",
             ])
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#))
     }
 
@@ -115,7 +115,7 @@ import Testing
         #expect(second["contentURL"] as? String == first?["contentURL"] as? String, "an update replaces the folder in place")
         let data = URL(filePath: second["contentURL"] as! String).appending(path: "Contents/data.bin")
         #expect((try? FileManager.default.attributesOfItem(atPath: data.path)[.size] as? Int) == 300 << 10)
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
 
         #expect(try CLI.run(home: home, ["remove", "com.example.big"]).status == 0)
         #expect(try CLI.run(home: home, ["content", "com.example.big"]).status != 0)

@@ -22,7 +22,7 @@ import Testing
             let source = CLI.packageRoot.appending(path: "SampleContent/\(Self.sourceFolders[product]!)")
             #expect(try treeContents(URL(filePath: path)) == treeContents(source), "installed files of \(product) differ from the pack's")
         }
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
         let status = try CLI.run(home: home, ["--json", "status"])
         #expect(status.status == 0)
         #expect(status.stdout.contains(#"{"transactions":[]}"#), "fetch must finish its transactions: \(status.stdout)")
@@ -115,7 +115,7 @@ import Testing
         let content = try CLI.run(home: home, ["content", "com.example.forest"])
         #expect(content.status != 0 && content.stdout.isEmpty)
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.forest").path))
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
         // The failed download stays in the queue, resumable; the transaction is not finished.
         let status = try CLI.run(home: home, ["--json", "status"])
         #expect(status.stdout.contains(#""state":"failed""#))

@@ -355,6 +355,6 @@ struct GroupedFramesTests {
         #expect(total <= packLength + 2 * window, "at most the two ranges in flight again: \(total) of \(packLength)")
         let installed = home.appending(path: "Caches/\(WriteOnceTests.product)")
         #expect(try treeContents(installed) == (try WriteOnceTests.reference(site, Self.format, "grouped-kill-bsdtar")), "byte for byte")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 }

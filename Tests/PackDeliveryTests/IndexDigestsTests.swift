@@ -105,7 +105,7 @@ import Testing
         let indexLength = try #require(
             try FileManager.default.attributesOfItem(atPath: site.appending(path: Self.indexName(format)).path)[.size] as? Int)
         #expect(server.bodyBytesSent(Self.indexName(format)) == indexLength, "the index was fetched once, whole: \(server.requests())")
-        #expect(leftovers(home) == [], "no archive, staging or index left")
+        #expect(leftoversAfterCleanup(home) == [], "no archive, staging or index left")
 
         let installed = try #require(download.contentURL)
         let actual = try Self.digests(installed)
@@ -196,7 +196,7 @@ import Testing
         #expect(download.error?.code == .indexMismatch && download.error?.subject == path, "\(download.error?.description ?? "")")
         #expect(download.error?.description.contains(path) == true, "the message names the file: \(download.error?.description ?? "")")
         #expect(try treeContents(installed) == old, "version 1 untouched")
-        #expect(leftovers(home) == [], "nothing of the refused install left: \(leftovers(home))")
+        #expect(leftoversAfterCleanup(home) == [], "nothing of the refused install left: \(leftovers(home))")
         let verify = try await Self.verify(home)
         #expect(verify.count == 1 && verify.allSatisfy(\.isIntact) && verify.first?.content.contentVersion == "1", "\(verify)")
     }
@@ -247,7 +247,7 @@ import Testing
         let installed = try #require(download.contentURL)
         #expect(Dictionary(uniqueKeysWithValues: try Self.recorded(home).map { ($0.path, $0.sha256) }) == (try Self.digests(installed)))
         #expect(try await Self.verify(home).allSatisfy(\.isIntact))
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// The rule itself, with no I/O: a hard link takes its target's digest; a folder the index lists must be there.

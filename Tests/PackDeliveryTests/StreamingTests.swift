@@ -155,7 +155,7 @@ import Testing
         #expect(server.bodyBytesSent(name) < size - (4 << 20), "the download stopped early: \(server.bodyBytesSent(name)) of \(size)")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/escaped").path))
-        #expect(leftovers(home) == [], "staging and archive discarded")
+        #expect(leftoversAfterCleanup(home) == [], "staging and archive discarded")
     }
 
     @Test func aChecksumMismatchOfAPackWhoseEntriesWereAllSafeInstallsNothing() async throws {
@@ -173,7 +173,7 @@ import Testing
         #expect(streamed, "the pack was unpacked while downloading")
         #expect(download.state == .failed && download.error?.code == .checksumMismatch, "\(download.error?.description ?? "")")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
-        #expect(leftovers(home) == [], "the unpacked staging was discarded")
+        #expect(leftoversAfterCleanup(home) == [], "the unpacked staging was discarded")
     }
 
     @Test(arguments: [PackFormat.tarZstd, .zip])
@@ -207,7 +207,7 @@ import Testing
         )
         #expect(
             try FileManager.default.destinationOfSymbolicLink(atPath: installed.appending(path: "Contents/levels/link").path) == "b.txt")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// libarchive (bsdtar) reads a zip's file names from its local headers, `unzip` from its central directory:
@@ -237,7 +237,7 @@ import Testing
             download.error?.subject == "Contents/a.txt" && download.error?.message.contains("Contents/b.txt") == true,
             "\(download.error?.description ?? "")")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path), "nothing installed")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// A zip read while it downloads is read by its local headers; one whose local headers hold an entry that its
@@ -266,6 +266,6 @@ import Testing
         #expect(
             !FileManager.default.fileExists(atPath: installed.appending(path: "Contents/hidden.txt").path),
             "the hidden entry is not installed")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 }

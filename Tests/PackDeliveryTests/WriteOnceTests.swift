@@ -128,7 +128,7 @@ import Testing
         #expect(requests.allSatisfy { $0.range != nil && $0.status == 206 }, "only ranges of the pack: \(requests)")
         let served = nginx.bodyBytesSent(path: "/" + Self.packName(format))
         #expect(served <= packLength, "each byte of the pack sent at most once: \(served) of \(packLength)")
-        #expect(leftovers(home) == [], "no delta folder, staging or archive left")
+        #expect(leftoversAfterCleanup(home) == [], "no delta folder, staging or archive left")
         let verify = try await queue.verify()
         #expect(verify.count == 1 && verify.allSatisfy { $0.isIntact }, "verify finds the install as the index gives it")
     }
@@ -184,7 +184,7 @@ import Testing
         #expect(total <= packLength + 2 * window, "at most the two ranges in flight again: \(total) of \(packLength)")
         let installed = home.appending(path: "Caches/\(Self.product)")
         #expect(try treeContents(installed) == (try Self.reference(site, format, "writeonce-kill-bsdtar")), "byte for byte")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// A power cut mid-install (ext4 shut down without flushing its log), then a reboot and `packs resume`: the store
@@ -232,7 +232,7 @@ import Testing
         let served = server.bodyBytesSent(Self.packName(format))
         let window = Int(ChunkPlan.window(packLength: Int64(packLength)))
         #expect(served <= packLength + 2 * window, "at most the ranges in flight again: \(served) of \(packLength)")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// The disk fills mid-install (a tmpfs): the download pauses for space (exit 75), `status` still works; once
@@ -306,7 +306,7 @@ import Testing
         let bad = Int(chunk.offset)...Int(chunk.offset + chunk.length - 1)
         #expect(asked.filter { $0.overlaps(bad) }.count == 2, "the tampered chunk was fetched once more, then no more: \(asked)")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/\(Self.product)").path), "nothing installed")
-        #expect(leftovers(home) == [], "nothing left behind")
+        #expect(leftoversAfterCleanup(home) == [], "nothing left behind")
     }
 
     /// A first install records each file's SHA-256 from the index without hashing the file (each chunk is checked as
@@ -345,7 +345,7 @@ import Testing
         #expect(try queue.store.files(of: install).first { $0.path == path }?.sha256 == other, "the index's digest is recorded")
         let damage = try await queue.verify().flatMap(\.damage)
         #expect(damage.map(\.path) == [path] && damage.first?.problem == .changed, "verify reports the file: \(damage)")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// A cancel mid-install removes the new version's files and the record of verified chunks.
@@ -372,7 +372,7 @@ import Testing
         let cancelled = try #require(await waitFor(queue, id) { $0.state == .cancelled }, "the download is cancelled")
         #expect(cancelled.contentURL == nil)
         usleep(200_000)
-        #expect(leftovers(home) == [], "the staging is gone")
+        #expect(leftoversAfterCleanup(home) == [], "the staging is gone")
         #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/\(Self.product)").path))
     }
 
@@ -428,7 +428,7 @@ import Testing
         // whole at the pause is not kept: at most 256 KiB, the chunker's largest), and what the server had written to
         // the socket but the client had not read (up to 512 KiB here). Never a verified chunk.
         #expect(served <= packLength + (768 << 10), "no verified byte of the pack sent twice: \(served) of \(packLength)")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// The names of the files under `folder` that hold a fetched range (`r<start>-<end>.part`).
@@ -490,7 +490,7 @@ import Testing
         #expect(try treeContents(try #require(done.contentURL)) == (try Self.reference(site, format, "writeonce-norange-bsdtar")))
         let served = server.bodyBytesSent(Self.packName(format))
         #expect(served <= packLength + (512 << 10), "no verified chunk sent twice: \(served) of \(packLength)")
-        #expect(leftovers(home) == [])
+        #expect(leftoversAfterCleanup(home) == [])
     }
 
     /// The space asked for before a first install that writes each byte once is its unpacked size and the margin.

@@ -120,6 +120,15 @@ func leftovers(_ home: URL) -> [String] {
     }
 }
 
+/// ``leftovers(_:)`` once they are gone, or as they are after `timeout` seconds: an install removes what it left (the
+/// old version after a swap, the downloads folder's work) on a janitor queue after its record is committed, so a test
+/// that has just seen a download settle may look before that queue ran.
+func leftoversAfterCleanup(_ home: URL, timeout: TimeInterval = 10) -> [String] {
+    let deadline = Date().addingTimeInterval(timeout)
+    while !leftovers(home).isEmpty, Date() < deadline { usleep(20_000) }
+    return leftovers(home)
+}
+
 /// Flips one bit of the byte at `offset` of the file at `path` and puts its access and modification times back: damage
 /// that a file's size and time do not show (bit rot, a careless tool), which only hashing finds.
 func flipByteKeepingTimes(_ path: String, at offset: off_t) {
