@@ -194,6 +194,47 @@ import Testing
         #expect(afterSwitch > 0 && good.requests().contains { $0.uri == "/" + name })
     }
 
+    /// A mirror that serves one wrong byte (at 70%, where the bad chunk ends its 1 MiB range, and at 62%, mid-range):
+    /// `packs --json fetch` names, in the download event that moves to the good mirror, the pack bytes of the chunk that
+    /// did not match (the bad byte among them) and how many bytes after it the client had received when it stopped:
+    /// less than one write (each write is checked before the next is taken). The corrupted mirror's own count (nginx's,
+    /// socket buffers included) is printed beside it; it wrote no further than its range's end.
+    @Test(arguments: [70, 62]) func theBadChunksPackBytesAndTheBytesReceivedPastItAreNamedInTheEvents(_ percent: Int) throws {
+        let content = try WriteOnceTests.content("mirror-named-content", big: 20)
+        let site = try Fixtures.temporaryDirectory("mirror-named-site")
+        try WriteOnceTests.publish(content, site: site, format: .tar)
+        let name = WriteOnceTests.packName(.tar)
+        let copy = try Fixtures.temporaryDirectory("mirror-named-bad")
+        var bytes = try Data(contentsOf: site.appending(path: name))
+        let at = bytes.count * percent / 100
+        bytes[at] ^= 0xFF
+        try bytes.write(to: copy.appending(path: name))
+        try FileManager.default.copyItem(at: site.appending(path: name + ".index.json"), to: copy.appending(path: name + ".index.json"))
+        let corrupted = try NginxServer(root: copy)
+        defer { corrupted.stop() }
+        let good = try NginxServer(root: site)
+        defer { good.stop() }
+        let manifestURL = site.appending(path: "manifest.json")
+        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
+        edited.mirrors = ["http://127.0.0.1:\(corrupted.port)/", "http://127.0.0.1:\(good.port)/"]
+        try JSONEncoder().encode(edited).write(to: manifestURL)
+        let home = try Fixtures.temporaryDirectory("mirror-named-home")
+        let fetched = try CLI.run(home: home, ["--json", "fetch", manifestURL.path, WriteOnceTests.product])
+        #expect(fetched.status == 0, "\(fetched.stderr)")
+        let messages = fetched.events.compactMap { ($0["error"] as? [String: Any])?["message"] as? String }
+        let named = try #require(
+            messages.first { $0.contains("does not match") }, "an event names the chunk that did not match: \(Set(messages))")
+        #expect(named.contains("127.0.0.1/\(name)"), "the source is named: \(named)")
+        let numbers = try #require(named.firstMatch(of: /pack bytes (\d+)\.\.<(\d+); (\d+) bytes after it received/), "\(named)")
+        let (start, end, past) = (try #require(Int(numbers.1)), try #require(Int(numbers.2)), try #require(Int(numbers.3)))
+        #expect(start <= at && at < end, "the bad byte \(at) is in the chunk named, \(start)..<\(end)")
+        #expect(end - start <= 256 << 10, "one chunk: \(end - start) bytes")
+        #expect(past < 512 << 10, "the client stopped within one write of the bad chunk's end: \(past) bytes past it")
+        let reached = try #require(corrupted.furthestByteSent(path: "/" + name))
+        print("bad chunk \(start)..<\(end); past its end: client \(past) B, server \(reached - end) B")
+        #expect(reached - end <= 1 << 20, "the corrupted mirror wrote at most its 1 MiB window past the bad chunk: \(reached - end)")
+    }
+
     /// A slow mirror listed first beside a fast one: the first pack starts on the slow one, the next on the fast one
     /// (never measured, so tried), and from then on every pack starts on the fastest measured; `packs sources` and
     /// ``DownloadQueue/sourceRanking()`` show the fast one first.
