@@ -125,6 +125,51 @@ import Testing
         if failure == .notFound {
             #expect(faults.requests().filter { $0.file == "big.tar" }.count == 1, "a 404 on one mirror is not asked again")
         }
+        if failure == .serverError {
+            #expect(faults.requests().filter { $0.file == "big.tar" }.count == 3, "a 5xx mirror is asked 1 + its 2 retries")
+        }
+    }
+
+    /// A mirror that answers 503 once is asked again (a 5xx is passing trouble) and serves the pack; one that always
+    /// answers 503 is asked again its two retries, then the next mirror serves the pack. `packs --json fetch` shows each
+    /// wait: a download event with a retry date and the 503 naming the first mirror, then the download at the second.
+    @Test(arguments: [1, 1000]) func a5xxMirrorGetsItsRetriesBeforeTheNext(_ times: Int) throws {
+        let site = try TestSite.random("mirror-5xx-\(times)", size: Self.size)
+        let faults = try FaultServer(root: site.folder)
+        defer { faults.stop() }
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        let first = faults.url("", fault: .status(503, times: times, retryAfter: nil))
+        try site.editManifest { $0.mirrors = [first.absoluteString, "http://127.0.0.1:\(nginx.port)/"] }
+        let home = try Fixtures.temporaryDirectory("mirror-5xx-home-\(times)")
+        let fetched = try CLI.run(home: home, ["--json", "fetch", site.manifestURL.path, "com.example.big"])
+        #expect(fetched.status == 0, "\(fetched.stderr)")
+        let downloads = fetched.events.filter { $0["event"] as? String == "download" }
+        // A wait begins with an event that has a retry date after one without.
+        var waits: [String] = []
+        var waiting = false
+        for event in downloads {
+            let date = event["retryDate"] as? String
+            let message = (event["error"] as? [String: Any])?["message"] as? String ?? ""
+            if date != nil, !waiting, message.contains("503"), message.contains("/f/status/503/") { waits.append(message) }
+            waiting = date != nil
+        }
+        let asked = faults.requests().filter { $0.file == "big.tar" }.count
+        let last = try #require(downloads.last)
+        let content = try CLI.run(home: home, ["--json", "content"])
+        let path = try #require(content.events.first?["contentURL"] as? String)
+        #expect(try Fixtures.sha256Hex(of: URL(filePath: path).appending(path: "Contents/data.bin")) == site.dataSHA256)
+        if times == 1 {
+            #expect(waits.count == 1, "one wait, naming the first mirror: \(waits)")
+            #expect(asked == 2 && nginx.requests().isEmpty, "the first mirror served the pack on its retry: \(faults.requests())")
+            #expect(faults.bodyBytesSent("big.tar") == (try site.packSize()))
+            #expect((last["url"] as? String)?.hasPrefix(first.absoluteString) == true, "\(last)")
+        } else {
+            #expect(waits.count == 2, "two waits, each naming the first mirror: \(waits)")
+            #expect(asked == 3, "the first mirror was asked once and retried twice: \(faults.requests())")
+            #expect(nginx.bodyBytesSent(path: "/big.tar") == (try site.packSize()), "the second mirror served the pack")
+            #expect((last["url"] as? String)?.hasPrefix("http://127.0.0.1:\(nginx.port)/") == true, "\(last)")
+        }
     }
 
     /// Without an index, a mirror that serves other bytes is found out by the pack's SHA-256; the pack is then fetched
