@@ -17,14 +17,14 @@ import Testing
         """
     }
 
-    static func write(_ text: String, _ label: String) throws -> URL {
-        let file = try Fixtures.temporaryDirectory(label).appending(path: "pack.meta4")
+    static func write(_ text: String, _ label: String, in folder: URL? = nil) throws -> URL {
+        let file = try (folder ?? Fixtures.temporaryDirectory(label)).appending(path: "pack.meta4")
         try text.write(to: file, atomically: true, encoding: .utf8)
         return file
     }
 
     /// The pack (its `<identity>` and `<version>` those of its ContentInfo.plist) served by a 404 mirror (priority 1,
-    /// listed second) and by nginx (priority 2): `packs fetch FILE.meta4` tries the priority-1 URL first, then installs the pack from nginx; a piece's hash and a `<metaurl>` are passed over.
+    /// listed second) and by nginx (priority 2), the .meta4 itself served by nginx: `packs fetch URL.meta4` tries the priority-1 URL first, then installs the pack from nginx; a piece's hash and a `<metaurl>` are passed over.
     @Test func aMeta4OfOnePackIsFetchedFromItsURLsLowestPriorityFirst() throws {
         let site = try TestSite.random("meta4-fetch", size: 1 << 20)
         let faults = try FaultServer(root: site.folder)
@@ -49,15 +49,17 @@ import Testing
                     <url>ftp://127.0.0.1/big.tar</url>
                   </file>
                 """
-            ]), "meta4-fetch-file")
-        let loaded = try LoadedManifest.load(file.path)
+            ]), "meta4-fetch-file", in: site.folder)
+        // Read over http, from nginx, as a user would be given it.
+        let served = "http://127.0.0.1:\(nginx.port)/\(file.lastPathComponent)"
+        let loaded = try LoadedManifest.load(served)
         let content = try #require(loaded.manifest.products.first?.contents.first)
         #expect(loaded.manifest.products.map(\.productIdentifier) == ["com.example.big"] && content.contentVersion == "1.0")
         #expect(content.contentLength == Int64(size) && content.sha256 == sha256.lowercased())
         #expect(
             try loaded.packURLs(for: content).map(\.port) == [faults.port, nginx.port], "priority 1 first, ftp and the metaurl passed over")
         let home = try Fixtures.temporaryDirectory("meta4-fetch-home")
-        let fetched = try CLI.run(home: home, ["--json", "fetch", file.path, "com.example.big"])
+        let fetched = try CLI.run(home: home, ["--json", "fetch", served, "com.example.big"])
         #expect(fetched.status == 0, "\(fetched.stderr)")
         #expect(faults.requests().filter { $0.file == "big.tar" }.count == 1, "the priority-1 URL was tried first")
         #expect(nginx.bodyBytesSent(path: "/big.tar") == size, "nginx served the pack")
