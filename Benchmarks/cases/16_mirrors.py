@@ -6,17 +6,24 @@
      when the first died, minus the pack's size; the report lags the bytes on disk by a few MiB at most, so a value
      ≤ 0 means nothing was fetched twice), ≤ 2 s lost.
 16b: the first mirror serves a copy with one byte changed at 70 %: the bytes it sent past the bad byte (how late it
-     was caught), what was fetched twice, and `packs verify` of the installed tree (exact).
+     was caught), what was fetched twice, and `packs verify` of the installed tree (exact). Two counts past the end of
+     the bad chunk: the client's (from the `--json` event's error, which names the chunk's pack bytes and the bytes
+     received after it) and the server's (its access log: the bytes it wrote, those unread in socket buffers
+     included). Also an uninterrupted fetch of the 1 GiB pack with two sources listed (all from the good one), for the
+     time and CPU of a change to how such a pack is checked. With --compare, each 16b measurement alternates the other
+     packs binary with this one.
 16c: 100 small packs (≈ 60 KiB) from [a mirror slow from the first byte, a fast one] against the fast one alone, each
      run on a fresh home (nothing measured yet), alternated. Target ≤ 1.1 ×. The slow mirror is nginx at limit_rate 1m
      with sendfile off and output_buffers 1 8k (and limit_rate_after 0): with sendfile on, nginx sends a 60 KiB file in
      one write before its rate limit applies (0.4 ms by curl); this way one 8 KiB buffer goes at once and the rest at
      1 MiB/s (a 60 KiB file took 51 ms by curl, a 2 MB file 1.75 s).
 
-Run alone: Benchmarks/run --only 16; PACKS_BENCH_16=c Benchmarks/run --only 16 runs 16c alone (no 1 GiB data).
+Run alone: Benchmarks/run --only 16; PACKS_BENCH_16=c Benchmarks/run --only 16 runs 16c alone (no 1 GiB data);
+PACKS_BENCH_16=b runs 16b alone.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -29,10 +36,13 @@ from harness.tables import median
 
 CASES = (16,)
 ONLY_C = os.environ.get("PACKS_BENCH_16") == "c"
+ONLY_B = os.environ.get("PACKS_BENCH_16") == "b"
 DATA = () if ONLY_C else ("big",)
 
 
 def make_data(b):
+    if ONLY_B:
+        return
     log("data: 100 small packs for case 16 (≈60 KiB each, tar.gz)…")
     rng = b.rng("mirrorsmall")
     for n in range(100):
@@ -61,6 +71,17 @@ def sent(server, path):
         return sum(int(l.split()[2]) for l in server.log_lines() if l.split(" ", 1)[0] == path)
     except OSError:
         return 0
+
+
+def reach(server, path):
+    """How far into the file at path server wrote, by its last logged request: its Range's first byte (0 without one)
+    plus its body bytes (written to the socket, read or not)."""
+    lines = [l for l in server.log_lines() if l.split(" ", 1)[0] == path]
+    if not lines:
+        return 0
+    fields = lines[-1].split()
+    m = re.search(r"bytes=(\d+)-", lines[-1])
+    return (int(m.group(1)) if m else 0) + int(fields[2])
 
 
 def kill_nginx(server):
@@ -128,6 +149,9 @@ def run(b):
     work = os.path.join(b.tmp, "c16")
     os.makedirs(work, exist_ok=True)
 
+    if ONLY_B:
+        return run_b(b, work)
+
     # 16a: the first mirror dies at half.
     log("case 16a: 1 GiB from two mirrors, the first SIGKILLed at half…")
     second = mirror(b, "second", site_big)
@@ -175,7 +199,44 @@ def run(b):
                               f"vs {median(walls_direct):.2f} s)", f"{lost:.2f} s", "", "", "", "≤ 2 s",
                               "pass" if lost <= 2 else "**FAIL**"))
 
-        # 16b: a corrupted first mirror.
+    finally:
+        second.stop()
+
+    run_b(b, work)
+    run_c(b, work)
+
+
+# The error of a source's bad chunk, in the `--json` download event: its pack bytes and what the client received after it.
+BAD_CHUNK = re.compile(r"pack bytes (\d+)\.\.<(\d+); (\d+) bytes after it received")
+
+
+def fetch_json(b, home, manifest, product, binary):
+    """`packs --json fetch` (timed); returns (Run, the bad chunk's (start, end, received after it) or None)."""
+    run_ = timed([binary, "--home", home, "--json", "fetch", manifest, product], b.tmp)
+    found = None
+    for line in run_.out.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        error = event.get("error") or {}
+        m = BAD_CHUNK.search(error.get("message", "") if isinstance(error, dict) else "")
+        if m and found is None:
+            found = tuple(int(x) for x in m.groups())
+    return run_, found
+
+
+def run_b(b, work):
+    """16b: a corrupted first mirror; and a 1 GiB fetch with two sources listed, uninterrupted."""
+    big = b.data["big"]
+    size = big["contentLength"]
+    site_big = os.path.join(b.site, "big")
+    source_manifest = os.path.join(site_big, "manifest.json")
+    path = "/" + big["url"]
+    os.makedirs(work, exist_ok=True)
+    binaries = [("packs", b.packs)] + ([("packs (compare)", b.packs_compare)] if b.packs_compare else [])
+    second = mirror(b, "second-b", site_big)
+    try:
         log("case 16b: the first mirror serves one changed byte at 70 %…")
         bad_root = os.path.join(b.tmp, "c16-bad")
         os.makedirs(bad_root, exist_ok=True)
@@ -191,32 +252,64 @@ def run(b):
         bad = mirror(b, "bad", bad_root)
         try:
             manifest = write_manifest(source_manifest, os.path.join(work, "corrupt.json"), [f"{bad.base}/", f"{second.base}/"])
-            past, doubled = [], []
-            for r in range(max(1, b.reps // 2)):
-                home = os.path.join(b.fresh(f"c16b-{r}"), "home")
-                before_bad, before_good = sent(bad, path), sent(second, path)
-                run_ = timed(b.packs_cmd(home, "fetch", manifest, "com.bench.big"), b.tmp)
-                if run_.code != 0:
-                    raise Failure(f"case 16b: exit {run_.code}\n{run_.err[-2000:]}")
-                verify = timed(b.packs_cmd(home, "verify"), b.tmp)
-                if verify.code != 0:
-                    raise Failure(f"case 16b: packs verify exited {verify.code}: the installed tree is not exact\n{verify.err}")
-                from_bad, from_good = sent(bad, path) - before_bad, sent(second, path) - before_good
-                past.append(from_bad - at)
-                doubled.append(from_bad + from_good - size)
-                log(f"  case 16b round {r}: {run_.wall:.2f} s; bad mirror sent {from_bad} B ({(from_bad - at) / KiB:.0f} KiB past the "
-                    f"bad byte), good {from_good} B; verify ok")
-                shutil.rmtree(os.path.dirname(home), ignore_errors=True)
-            b.report.rows.append(("16b", "corrupted first mirror (1 byte at 70 % of 1 GiB): bytes it sent past the bad byte "
-                                  "(1 MiB windows with several sources) / fetched twice; packs verify exact",
-                                  f"{median(past) / MiB:.2f} MiB / {median(doubled) / MiB:.2f} MiB", "", "", "",
-                                  "≤ 1 chunk", "pass" if median(past) <= 256 * KiB else "**FAIL**"))
+            # Two sources listed, the first good: every byte from it, checked as with any pack of several sources.
+            both_good = write_manifest(source_manifest, os.path.join(work, "two-listed.json"), [f"{second.base}/", f"{bad.base}/"])
+            stats = {name: {"past": [], "doubled": [], "client": [], "server": [], "walls": []} for name, _ in binaries}
+            for r in range(max(1, b.reps)):
+                for name, binary in (binaries if r % 2 == 0 else binaries[::-1]):
+                    home = os.path.join(b.fresh(f"c16b-{r}"), "home")
+                    before_bad, before_good = sent(bad, path), sent(second, path)
+                    run_, chunk = fetch_json(b, home, manifest, "com.bench.big", binary)
+                    if run_.code != 0:
+                        raise Failure(f"case 16b {name}: exit {run_.code}\n{run_.err[-2000:]}")
+                    verify = timed(b.packs_cmd(home, "verify", binary=binary), b.tmp)
+                    if verify.code != 0:
+                        raise Failure(f"case 16b {name}: packs verify exited {verify.code}: the installed tree is not exact\n{verify.err}")
+                    from_bad, from_good = sent(bad, path) - before_bad, sent(second, path) - before_good
+                    st = stats[name]
+                    st["past"].append(from_bad - at)
+                    st["doubled"].append(from_bad + from_good - size)
+                    # How far into the pack the bad mirror wrote: its last request's range start plus the bytes it sent.
+                    reached = reach(bad, path)
+                    if chunk:
+                        st["client"].append(chunk[2])
+                        st["server"].append(reached - chunk[1])
+                    shutil.rmtree(os.path.dirname(home), ignore_errors=True)
+                    where = (f"bad chunk {chunk[0]}..<{chunk[1]}, past its end: client {chunk[2] / KiB:.0f} KiB, server "
+                             f"{(reached - chunk[1]) / KiB:.0f} KiB" if chunk else "no chunk named")
+                    last = [l for l in bad.log_lines() if l.split(" ", 1)[0] == path][-1:]
+                    if last:
+                        where += f"; its last request: {last[0]}"
+                    log(f"  case 16b round {r} {name:<16} {run_.wall:.2f} s; bad mirror sent {from_bad} B ({(from_bad - at) / KiB:.0f} KiB "
+                        f"past the bad byte), good {from_good} B; {where}; verify ok")
+                    # Uninterrupted, two sources listed: the whole pack from the good one.
+                    home = os.path.join(b.fresh(f"c16b-t{r}"), "home")
+                    b.prepare(0, [os.path.join(site_big, big["url"])])
+                    run_ = timed(b.packs_cmd(home, "fetch", both_good, "com.bench.big", binary=binary), b.tmp)
+                    if run_.code != 0:
+                        raise Failure(f"case 16b two listed {name}: exit {run_.code}\n{run_.err[-2000:]}")
+                    st["walls"].append(run_.wall)
+                    log(f"  case 16b round {r} {name:<16} two sources listed, uninterrupted: {run_.wall:.2f} s  cpu {run_.cpu:.2f} s  "
+                        f"other cpu {run_.other:.2f} s")
+                    shutil.rmtree(os.path.dirname(home), ignore_errors=True)
+                    os.sync()
+            for name, _ in binaries:
+                st = stats[name]
+                past = median(st["past"])
+                client = ", ".join(f"{x / KiB:.0f}" for x in st["client"]) or "not named"
+                server = ", ".join(f"{x / KiB:.0f}" for x in st["server"]) or "—"
+                b.report.rows.append((f"16b {name}", "corrupted first mirror (1 byte at 70 % of 1 GiB): bytes it sent past the bad byte / "
+                                      f"fetched twice; past the bad chunk's end, client / server (KiB, each run): {client} / {server}; "
+                                      "packs verify exact",
+                                      f"{past / MiB:.2f} MiB / {median(st['doubled']) / MiB:.2f} MiB", "", "", "",
+                                      "≤ 1 chunk", "pass" if past <= 256 * KiB else "**FAIL**"))
+                b.report.rows.append((f"16b {name}", "  1 GiB with two sources listed, uninterrupted (median; each run: "
+                                      + ", ".join(f"{w:.2f}" for w in st["walls"]) + ")",
+                                      f"{median(st['walls']):.2f} s", "", "", "", "", ""))
         finally:
             bad.stop()
     finally:
         second.stop()
-
-    run_c(b, work)
 
 
 def run_c(b, work):

@@ -3,8 +3,9 @@ import Testing
 
 @testable import PackDelivery
 
-/// The download machine with several sources: a failing source hands over at once from the kept bytes, a round where
-/// every source failed counts as one attempt, a source that served wrong bytes is not asked again.
+/// The download machine with several sources: a failing source hands over at once from the kept bytes (after its own
+/// retries, for a 5xx), a round where every source failed counts as one attempt, a source that served wrong bytes is
+/// not asked again.
 @Suite(.timeLimit(.minutes(1))) struct SourceFailoverMachineTests {
     static let a = URL(string: "http://a.example/p.tar")!
     static let b = URL(string: "http://b.example/p.tar")!
@@ -31,7 +32,18 @@ import Testing
         _ = machine.start()
         _ = machine.transferFinished(token: 1, outcome: .failed(DownloadMachineTests.networkFailure, bytesOnDisk: 0))
         let down = TransferFailure(error: PackDeliveryError(.httpStatus, message: "HTTP 503", httpStatus: 503), retryable: true)
-        let actions = machine.transferFinished(token: 2, outcome: .failed(down, bytesOnDisk: 0), jitter: 0)
+        // A 5xx: b is asked again, its retries first (the round is not over while b has them).
+        var token = 2
+        for _ in 0..<machine.retryPolicy.sourceRetries {
+            guard case .scheduleRetry(let retry, _)? = machine.transferFinished(token: token, outcome: .failed(down, bytesOnDisk: 0)).first
+            else {
+                Issue.record("expected a retry of b")
+                return
+            }
+            #expect(machine.retryDue(token: retry) == [.startTransfer(token: retry, fromZero: false)] && machine.download.url == Self.b)
+            token = retry
+        }
+        let actions = machine.transferFinished(token: token, outcome: .failed(down, bytesOnDisk: 0), jitter: 0)
         guard case .scheduleRetry(let token, _)? = actions.first else {
             Issue.record("expected a retry after the round, got \(actions)")
             return
@@ -42,6 +54,41 @@ import Testing
         // The retry starts a new round at the first source.
         #expect(machine.retryDue(token: token) == [.startTransfer(token: token, fromZero: false)])
         #expect(machine.download.url == Self.a)
+    }
+
+    /// A 5xx is a source's passing trouble: the same source is asked again after the policy's backoff, its
+    /// ``DownloadMachine/RetryPolicy/sourceRetries`` times, from the kept bytes and without counting as a failed attempt
+    /// of the download; then the next source takes over at once.
+    @Test func a5xxRetriesItsSourceWithBackoffThenTheNextTakesOverFromTheKeptBytes() {
+        var machine = Self.machine()
+        _ = machine.start()
+        _ = machine.progress(token: 1, bytesOnDisk: 400, validator: "\"a1\"")
+        let down = TransferFailure(error: PackDeliveryError(.httpStatus, message: "HTTP 503", httpStatus: 503), retryable: true)
+        var token = 1
+        for retry in 1...machine.retryPolicy.sourceRetries {
+            let actions = machine.transferFinished(token: token, outcome: .failed(down, bytesOnDisk: 400), jitter: 0)
+            let delay = machine.retryPolicy.delay(attempt: retry, retryAfter: nil, jitter: 0)
+            #expect(actions == [.scheduleRetry(token: token + 1, after: delay)], "retry \(retry) of a, with backoff")
+            #expect(machine.download.url == Self.a && machine.download.retryDate != nil && machine.download.error?.httpStatus == 503)
+            token += 1
+            #expect(machine.retryDue(token: token) == [.startTransfer(token: token, fromZero: false)])
+            #expect(machine.download.url == Self.a && machine.validator == "\"a1\"", "the same source, its validator kept")
+        }
+        #expect(machine.attempt == 0, "a source's retries are not the download's failed attempts")
+        let actions = machine.transferFinished(token: token, outcome: .failed(down, bytesOnDisk: 400), jitter: 0)
+        #expect(actions == [.startTransfer(token: token + 1, fromZero: false)], "then b, at once")
+        #expect(machine.download.url == Self.b && machine.download.bytesReceived == 400)
+    }
+
+    /// A 5xx whose Retry-After is longer than the policy's longest delay: the next source at once, not a wait.
+    @Test func a5xxAskingToWaitLongerThanTheLongestDelayHandsOverAtOnce() {
+        var machine = Self.machine()
+        _ = machine.start()
+        let down = TransferFailure(
+            error: PackDeliveryError(.httpStatus, message: "HTTP 503", httpStatus: 503), retryable: true,
+            retryAfter: machine.retryPolicy.maxDelay + 1)
+        #expect(machine.transferFinished(token: 1, outcome: .failed(down, bytesOnDisk: 0)) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(machine.download.url == Self.b)
     }
 
     @Test func aSourceWhosePackDoesNotMatchIsNotAskedAgainAndTheNextFetchesFromZero() {

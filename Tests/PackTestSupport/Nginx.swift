@@ -115,6 +115,14 @@ public final class NginxServer: Sendable {
             .reduce(0) { $0 + $1.bodyBytes }
     }
 
+    /// How far into the file at `path` nginx wrote, by its last logged request for it: the first byte its `Range`
+    /// asked for (0 without one) plus its `$body_bytes_sent` (bytes written to the socket, read or not). Nil when none.
+    public func furthestByteSent(path: String) -> Int? {
+        guard let last = self.entries().last(where: { Self.uri($0.uri, matches: path) }) else { return nil }
+        let start = last.range.flatMap { $0.split(separator: "=").last?.split(separator: "-").first.flatMap { Int($0) } } ?? 0
+        return start + last.bodyBytes
+    }
+
     /// The logged requests, oldest first: URI, status and the `Range` header when there was one.
     public func requests() -> [(uri: String, status: Int, range: String?)] {
         self.entries().map { ($0.uri, $0.status, $0.range) }

@@ -1,7 +1,8 @@
 import Foundation
 
 extension LoadedManifest {
-    /// Reads a manifest from an http(s) URL, a `file://` URL or a local path.
+    /// Reads a manifest from an http(s) URL, a `file://` URL or a local path: a manifest.json, or a Metalink 4 file of one
+    /// pack (a path ending in `.meta4`; see the README's "Several sources per pack").
     ///
     /// - Parameters:
     ///   - location: a URL, or a path (relative paths start at the current directory).
@@ -39,12 +40,23 @@ extension LoadedManifest {
                 .absoluteURL
         }
         let data = try Self.read(url, options: options)
+        let place = url.redacted
+        if Metalink.names(url) {
+            // A Metalink file (`.meta4`) of one pack: it carries no signature of this kind, so it is never trusted.
+            guard publishers.isEmpty else {
+                throw PackDeliveryError(
+                    .untrustedManifest, message: "The Metalink file \(place) is not trusted: it cannot carry a publisher's signature.",
+                    hint: "Use a signed manifest.json, or read the Metalink file without trusted publishers.", subject: place)
+            }
+            var loaded = try LoadedManifest(manifest: try Metalink.manifest(data, from: url), baseURL: url)
+            loaded.source = url
+            return loaded
+        }
         guard !publishers.isEmpty else {
             var loaded = try self.decode(data, from: url)
             loaded.source = url
             return loaded
         }
-        let place = url.redacted
         let signatureURL = url.deletingLastPathComponent().appending(path: ManifestSignature.fileName(for: url.lastPathComponent))
         func refuse(_ why: String, hint: String) -> PackDeliveryError {
             PackDeliveryError(.untrustedManifest, message: "The manifest at \(place) is not trusted: \(why).", hint: hint, subject: place)

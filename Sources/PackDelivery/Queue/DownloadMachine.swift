@@ -25,6 +25,9 @@ struct DownloadMachine: Sendable, Hashable {
     struct RetryPolicy: Sendable, Hashable {
         /// Failed attempts in a row (without new bytes kept) before the download fails.
         var maxAttempts = 6
+        /// Retries of one source after a 5xx (a pack with several sources), with this policy's backoff, before the next
+        /// source is tried; they do not count as failed attempts of the download.
+        var sourceRetries = 2
         var baseDelay: TimeInterval = 0.5
         var maxDelay: TimeInterval = 30
         /// An active download whose bytes and phase progress do not move for this long is stopped and retried
@@ -49,8 +52,9 @@ struct DownloadMachine: Sendable, Hashable {
         case waiting
         /// A transfer runs (`active`, `downloading`); `error` is the previous attempt's, shown until bytes move.
         case transferring(token: Int, error: PackDeliveryError?)
-        /// Between attempts: the next starts at `until` (`active`, in the phase the failed attempt left).
-        case waitingToRetry(token: Int, until: Date, error: PackDeliveryError, phase: DownloadPhase)
+        /// Between attempts: the next starts at `until` (`active`, in the phase the failed attempt left). With `source`, a
+        /// retry of that source alone (a pack with several sources, after a 5xx from it); without, a new round over the sources.
+        case waitingToRetry(token: Int, until: Date, error: PackDeliveryError, phase: DownloadPhase, source: URL? = nil)
         /// The server refused or lost the pack's URL: the manifest is read again (`active`, `downloading`).
         case reloadingManifest(token: Int, after: PackDeliveryError)
         /// The installer runs (`active`; verifying, unpacking or installing). With `afterPrevious`, it starts once an
@@ -118,7 +122,7 @@ struct DownloadMachine: Sendable, Hashable {
         var phase: DownloadPhase? {
             switch self {
             case .transferring, .reloadingManifest: .downloading
-            case .waitingToRetry(_, _, _, let phase), .installing(_, let phase, _, _): phase
+            case .waitingToRetry(_, _, _, let phase, _), .installing(_, let phase, _, _): phase
             case .waiting, .paused, .failed, .finished, .cancelled: nil
             }
         }
@@ -126,7 +130,7 @@ struct DownloadMachine: Sendable, Hashable {
         var error: PackDeliveryError? {
             switch self {
             case .transferring(_, let error), .installing(_, _, _, let error), .paused(_, let error, _): error
-            case .waitingToRetry(_, _, let error, _), .reloadingManifest(_, let error), .failed(let error): error
+            case .waitingToRetry(_, _, let error, _, _), .reloadingManifest(_, let error), .failed(let error): error
             case .waiting, .finished, .cancelled: nil
             }
         }
@@ -191,6 +195,8 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var sourceFailures: [URL: PackDeliveryError] = [:]
     /// Sources that served bytes other than the pack's: never asked again while this machine lives (this run).
     private(set) var badSources: Set<URL> = []
+    /// Retries after a 5xx each source had in this round (``RetryPolicy/sourceRetries`` at most).
+    private(set) var sourceRetries: [URL: Int] = [:]
 
     init(
         download: Download, validator: String? = nil, retriedFromZero: Bool = false, archive: Archive = .partial,
@@ -233,7 +239,7 @@ struct DownloadMachine: Sendable, Hashable {
             download.pauseReason = reason
             download.timeRemaining = -1
             download.bytesPerSecond = nil
-        case .waitingToRetry(_, let until, _, _):
+        case .waitingToRetry(_, let until, _, _, _):
             download.retryDate = until
             download.timeRemaining = -1
             download.bytesPerSecond = nil
@@ -403,12 +409,16 @@ struct DownloadMachine: Sendable, Hashable {
 
     /// The backoff delay of a retry has passed.
     mutating func retryDue(token: Int, now: Date = Date()) -> [Action] {
-        guard case .waitingToRetry(token, _, let error, _) = self.stage else { return [] }
+        guard case .waitingToRetry(token, _, let error, _, let source) = self.stage else { return [] }
         self.lastMovement = now
         if self.verified { return self.beginInstall(phase: .unpacking, error: error) }
-        // A new round over the sources, from the first that did not serve wrong bytes.
-        self.sourceFailures = [:]
-        if let first = self.base.sources?.first(where: { !self.badSources.contains($0) }) { self.use(first) }
+        // A retry of one source goes on at it; otherwise a new round over the sources, from the first that did not
+        // serve wrong bytes.
+        if source == nil {
+            self.sourceFailures = [:]
+            self.sourceRetries = [:]
+            if let first = self.base.sources?.first(where: { !self.badSources.contains($0) }) { self.use(first) }
+        }
         return self.beginTransfer(error: error, fromZero: false)
     }
 
@@ -611,6 +621,7 @@ struct DownloadMachine: Sendable, Hashable {
         if failure.error.code == .insufficientStorage { return self.enterPaused(.insufficientStorage, error: failure.error) }
         if Self.isSourceFailure(failure.error), self.base.sources != nil {
             if failure.error.code == .checksumMismatch || failure.error.code == .lengthMismatch { self.badSources.insert(self.base.url) }
+            if let retry = self.retrySource(failure, bytes: bytes, jitter: jitter, now: now) { return retry }
             if let next = self.nextSource(after: failure.error) {
                 // Continue from the kept bytes at the next source, at once: it is another server, so no backoff.
                 if bytes > self.mostBytesKept { self.attempt = 0 }
@@ -675,11 +686,12 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     /// The transfer about to start (not yet handed to the engine) may begin at a better source instead (the fastest the
-    /// home measured): only before it kept any byte, and before any source failed in this round, so nothing is lost and
-    /// the failover order holds.
+    /// home measured): only before it kept any byte, and before any source failed or was retried after a 5xx in this
+    /// round, so nothing is lost and the failover order (and a source's retries) holds.
     mutating func preferSource(token: Int, _ source: URL) -> [Action] {
         guard case .transferring(token, let error) = self.stage, source != self.base.url, self.base.bytesReceived == 0,
-            self.sourceFailures.isEmpty, !self.badSources.contains(source), self.base.sources?.contains(source) == true
+            self.sourceFailures.isEmpty, self.sourceRetries.isEmpty, !self.badSources.contains(source),
+            self.base.sources?.contains(source) == true
         else { return [] }
         self.use(source)
         self.token += 1
@@ -708,6 +720,28 @@ struct DownloadMachine: Sendable, Hashable {
         case .badData: error.code == .lengthMismatch || error.code == .checksumMismatch
         case .usage, .io, .insufficientStorage, .cancelled: false
         }
+    }
+
+    /// A 5xx is the source's passing trouble (overloaded, restarting): it is asked again, after the policy's backoff, up to
+    /// ``RetryPolicy/sourceRetries`` times in a round, before the next source is tried; the bytes kept stay. Nil when the
+    /// failure is not a 5xx, the source's retries are used up, or the server asks to wait longer than the policy's delay
+    /// cap (another source is better than waiting). Other failures (no connection, 404/410, a stall, a trickle, wrong
+    /// bytes) move on at once.
+    private mutating func retrySource(_ failure: TransferFailure, bytes: Int64, jitter: Double, now: Date) -> [Action]? {
+        let source = self.base.url
+        let used = self.sourceRetries[source, default: 0]
+        guard failure.retryable, let status = failure.error.httpStatus, (500...599).contains(status),
+            used < self.retryPolicy.sourceRetries, (failure.retryAfter ?? 0) <= self.retryPolicy.maxDelay
+        else { return nil }
+        self.sourceRetries[source] = used + 1
+        if bytes > self.mostBytesKept { self.attempt = 0 }
+        self.mostBytesKept = max(self.mostBytesKept, bytes)
+        self.token += 1
+        let delay = self.retryPolicy.delay(attempt: used + 1, retryAfter: failure.retryAfter, jitter: jitter)
+        let phase = self.stage.phase ?? .downloading
+        self.stage = .waitingToRetry(
+            token: self.token, until: now.addingTimeInterval(delay), error: failure.error, phase: phase, source: source)
+        return [.scheduleRetry(token: self.token, after: delay)]
     }
 
     /// Records `error` as the current source's last, and returns the next source to try in this round: the first one

@@ -345,14 +345,24 @@ private final class DeltaRun {
     /// For a pack with several sources: the source in use served chunks that do not match the index. The chunks
     /// verified so far stay kept; the download marks the source bad and fetches the rest, these chunks first, from
     /// another. Nil for a pack with one source (the chunks are fetched once more from it).
-    private func wrongChunks(_ count: Int) -> TransferFailure? {
+    ///
+    /// - Parameters:
+    ///   - bytes: Where the chunk that did not match lies in the pack, when one is known.
+    ///   - past: How many bytes after that chunk had been received (handed to the sink) when the transfer ended.
+    private func wrongChunks(_ count: Int, bytes: Range<Int64>? = nil, past: Int64? = nil) -> TransferFailure? {
         let download = self.request.download
         guard download.sources != nil else { return nil }
+        var place = ""
+        if let bytes {
+            place = " (pack bytes \(bytes.lowerBound)..<\(bytes.upperBound)"
+            if let past { place += "; \(past) bytes after it received, unused" }
+            place += ")"
+        }
         return TransferFailure(
             error: PackDeliveryError(
                 .checksumMismatch,
                 message:
-                    "\(count == 1 ? "A chunk" : "\(count) chunks") of the pack \(download.contentIdentifier) from \(download.source) \(count == 1 ? "does" : "do") not match the SHA-256 its index gives.",
+                    "\(count == 1 ? "A chunk" : "\(count) chunks") of the pack \(download.contentIdentifier) from \(download.source)\(place) \(count == 1 ? "does" : "do") not match the SHA-256 its index gives.",
                 hint: "The chunks already checked are kept; the rest comes from another source.", subject: download.source),
             retryable: true, countsAlways: true)
     }
@@ -403,13 +413,13 @@ private final class DeltaRun {
                     range, assembly: assembly, chunks: plan.fetch, destinations: destinations, state: state,
                     endAtFirstBad: self.wrongChunks(1))
                 do {
-                    try self.fetch(range, into: sink)
+                    try self.fetch(range, into: sink, chunks: plan.fetch)
                 } catch {
                     // What was checked and written before the end still counts: a resume does not fetch it again.
                     try committer.wait()
-                    if let failure = sink.error {
+                    if sink.error != nil {
                         try? sink.commit()
-                        throw failure
+                        throw error
                     }
                     try sink.commit()
                     throw error
@@ -674,22 +684,34 @@ private final class DeltaRun {
         self.report(self.fetched, force: true)
     }
 
-    /// Fetches a first install's range into its sink, counting its bytes as they come.
-    private func fetch(_ range: ChunkPlan.Range, into sink: ChunkSink) throws {
+    /// Fetches a first install's range into its sink, counting its bytes as they come (and those the sink took, so that
+    /// the error of a chunk that does not match says how many bytes past it were received).
+    private func fetch(_ range: ChunkPlan.Range, into sink: ChunkSink, chunks: [PackIndex.Chunk]) throws {
         let base = self.fetched
         let reporter = self.reporter
+        let feed = SinkFeed(sink)
         do {
-            try self.fetch(range.start..<range.end, into: self.rangeFile(range.start, range.end), sink: sink) { bytes in
+            try self.fetch(range.start..<range.end, into: self.rangeFile(range.start, range.end), sink: feed) { bytes in
                 reporter.report(base + bytes, force: false)
             }
         } catch {
             sink.drain()
-            throw sink.error ?? error
+            throw self.sinkFailure(sink, received: range.start + feed.accepted, chunks: chunks) ?? error
         }
         sink.drain()
-        if let error = sink.error { throw error }
+        if let error = self.sinkFailure(sink, received: range.start + feed.accepted, chunks: chunks) { throw error }
         self.fetched = base + range.end - range.start
         self.report(self.fetched, force: true)
+    }
+
+    /// Why the sink ended its range, if it did: for a chunk that did not match (several sources), the error says which
+    /// bytes of the pack the chunk holds and how many bytes past its end the sink had taken when the transfer ended.
+    private func sinkFailure(_ sink: ChunkSink, received: Int64, chunks: [PackIndex.Chunk]) -> (any Error)? {
+        guard let error = sink.error else { return nil }
+        guard (error as? TransferFailure)?.error.code == .checksumMismatch, let number = sink.bad.last else { return error }
+        let chunk = chunks[number]
+        let end = chunk.offset + chunk.length
+        return self.wrongChunks(1, bytes: chunk.offset..<end, past: max(0, received - end)) ?? error
     }
 
     /// One range request through the engine. The first response's validator is kept, so that every later range (in
@@ -741,6 +763,27 @@ private final class DeltaRun {
     }
 
     private func report(_ bytes: Int64, force: Bool) { self.reporter.report(bytes, force: force) }
+}
+
+/// Hands a first install's range to its ``ChunkSink`` and counts the bytes the sink took.
+///
+/// It does not hold the transfer back further than the sink does (``ChunkSink/blocksInFlight`` writes): measured with
+/// case 16b (RESULTS.md), waiting for each write's check before taking the next changed neither the client's nor the
+/// server's count past a bad chunk (the server had written the rest of the 1 MiB range to the socket by then).
+private final class SinkFeed: TransferSink {
+    let sink: ChunkSink
+    private let taken = Atomic<Int64>(0)
+
+    init(_ sink: ChunkSink) { self.sink = sink }
+
+    /// The bytes the sink took so far.
+    var accepted: Int64 { self.taken.load(ordering: .acquiring) }
+
+    func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard self.sink.consume(bytes) else { return false }
+        self.taken.add(Int64(bytes.count), ordering: .releasing)
+        return true
+    }
 }
 
 /// Commits the ranges of a first install (``ChunkSink/commit()``: files synced, chunks recorded) on a worker of its
