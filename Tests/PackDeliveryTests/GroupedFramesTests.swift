@@ -243,7 +243,7 @@ struct GroupedFramesTests {
         #expect(try treeContents(installed) == (try ChunkDeltaTests.reference(site, Self.format, "grouped-update-bsdtar3")))
         #expect(try await queue.verify().allSatisfy(\.isIntact))
         // The repair's folder goes once the download has settled.
-        #expect(waitUntil(timeout: 10) { leftovers(home).isEmpty }, "nothing of the updates left: \(leftovers(home))")
+        #expect(leftoversAfterCleanup(home).isEmpty, "nothing of the updates left: \(leftovers(home))")
     }
 
     /// Version 2 published with two changed small files of one shared frame, then its index changed by `change`

@@ -33,6 +33,29 @@ import Testing
     }
 
     /// A loopback URL nothing listens on: connecting to it is refused.
+    /// Sets the manifest's mirrors to the nginx servers on these loopback ports, in order.
+    static func setMirrors(_ manifestURL: URL, _ ports: [Int]) throws {
+        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
+        edited.mirrors = ports.map { "http://127.0.0.1:\($0)/" }
+        try JSONEncoder().encode(edited).write(to: manifestURL)
+    }
+
+    /// An indexed tar pack of 20 MiB and more published in `site`, and in `copy` the same pack with one byte flipped at
+    /// `percent` of it (at `at`), beside the same index: what a mirror that serves a corrupted copy holds.
+    static func corruptedTarPack(_ label: String, percent: Int) throws -> (site: URL, copy: URL, at: Int) {
+        let content = try WriteOnceTests.content("\(label)-content", big: 20)
+        let site = try Fixtures.temporaryDirectory("\(label)-site")
+        try WriteOnceTests.publish(content, site: site, format: .tar)
+        let name = WriteOnceTests.packName(.tar)
+        let copy = try Fixtures.temporaryDirectory("\(label)-bad")
+        var bytes = try Data(contentsOf: site.appending(path: name))
+        let at = bytes.count * percent / 100
+        bytes[at] ^= 0xFF
+        try bytes.write(to: copy.appending(path: name))
+        try FileManager.default.copyItem(at: site.appending(path: name + ".index.json"), to: copy.appending(path: name + ".index.json"))
+        return (site, copy, at)
+    }
+
     static func closedPort() throws -> String {
         "http://127.0.0.1:\(try Fixtures.freePort())/"
     }
@@ -201,24 +224,15 @@ import Testing
     /// byte at 70% is caught at the window holding it: the chunks checked before it are kept, the rest comes from the
     /// good mirror, the corrupted one is not asked again, and the tree equals `bsdtar -xf` of the pack.
     @Test func aCorruptedMirrorIsCaughtByChunkAndTheRestComesFromAGoodOne() async throws {
-        let content = try WriteOnceTests.content("mirror-chunk-content", big: 20)
-        let site = try Fixtures.temporaryDirectory("mirror-chunk-site")
-        try WriteOnceTests.publish(content, site: site, format: .tar)
+        let (site, copy, at) = try Self.corruptedTarPack("mirror-chunk", percent: 70)
         let name = WriteOnceTests.packName(.tar)
-        let copy = try Fixtures.temporaryDirectory("mirror-chunk-bad")
-        var bytes = try Data(contentsOf: site.appending(path: name))
-        let at = bytes.count * 7 / 10
-        bytes[at] ^= 0xFF
-        try bytes.write(to: copy.appending(path: name))
-        try FileManager.default.copyItem(at: site.appending(path: name + ".index.json"), to: copy.appending(path: name + ".index.json"))
+        let packLength = try WriteOnceTests.length(site.appending(path: name))
         let corrupted = try NginxServer(root: copy)
         defer { corrupted.stop() }
         let good = try NginxServer(root: site)
         defer { good.stop() }
         let manifestURL = site.appending(path: "manifest.json")
-        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
-        edited.mirrors = ["http://127.0.0.1:\(corrupted.port)/", "http://127.0.0.1:\(good.port)/"]
-        try JSONEncoder().encode(edited).write(to: manifestURL)
+        try Self.setMirrors(manifestURL, [corrupted.port, good.port])
         let queue = try Self.queue("mirror-chunk-home")
         defer { queue.close() }
         let manifest = try await LoadedManifest.load(manifestURL.path)
@@ -231,10 +245,10 @@ import Testing
         let fromGood = good.bodyBytesSent(path: "/" + name)
         // Caught within two windows of the bad byte (the next range downloads while the previous one is checked).
         #expect(fromBad <= at + 2 * window, "the corrupted mirror sent \(fromBad) bytes; the bad one is at \(at)")
-        #expect(fromBad + fromGood <= bytes.count + 3 * window, "at most the windows around the bad byte fetched twice")
+        #expect(fromBad + fromGood <= packLength + 3 * window, "at most the windows around the bad byte fetched twice")
         // Checked chunk by chunk as the bytes arrive: the good mirror sends the rest from the bad chunk on (at most
         // 256 KiB, a chunk's largest, before the bad byte), not from the start of its range.
-        #expect(fromGood <= bytes.count - at + (256 << 10) + (16 << 10), "the good mirror sent more than the rest: \(fromGood)")
+        #expect(fromGood <= packLength - at + (256 << 10) + (16 << 10), "the good mirror sent more than the rest: \(fromGood)")
         let afterSwitch = corrupted.requests().filter { $0.uri == "/" + name }.count
         #expect(afterSwitch > 0 && good.requests().contains { $0.uri == "/" + name })
     }
@@ -245,24 +259,14 @@ import Testing
     /// more than the rest of its 1 MiB range. The corrupted mirror's own count (nginx's, socket buffers included) is
     /// printed beside it; it wrote no further than its range's end.
     @Test(arguments: [70, 62]) func theBadChunksPackBytesAndTheBytesReceivedPastItAreNamedInTheEvents(_ percent: Int) throws {
-        let content = try WriteOnceTests.content("mirror-named-content", big: 20)
-        let site = try Fixtures.temporaryDirectory("mirror-named-site")
-        try WriteOnceTests.publish(content, site: site, format: .tar)
+        let (site, copy, at) = try Self.corruptedTarPack("mirror-named", percent: percent)
         let name = WriteOnceTests.packName(.tar)
-        let copy = try Fixtures.temporaryDirectory("mirror-named-bad")
-        var bytes = try Data(contentsOf: site.appending(path: name))
-        let at = bytes.count * percent / 100
-        bytes[at] ^= 0xFF
-        try bytes.write(to: copy.appending(path: name))
-        try FileManager.default.copyItem(at: site.appending(path: name + ".index.json"), to: copy.appending(path: name + ".index.json"))
         let corrupted = try NginxServer(root: copy)
         defer { corrupted.stop() }
         let good = try NginxServer(root: site)
         defer { good.stop() }
         let manifestURL = site.appending(path: "manifest.json")
-        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
-        edited.mirrors = ["http://127.0.0.1:\(corrupted.port)/", "http://127.0.0.1:\(good.port)/"]
-        try JSONEncoder().encode(edited).write(to: manifestURL)
+        try Self.setMirrors(manifestURL, [corrupted.port, good.port])
         let home = try Fixtures.temporaryDirectory("mirror-named-home")
         let fetched = try CLI.run(home: home, ["--json", "fetch", manifestURL.path, WriteOnceTests.product])
         #expect(fetched.status == 0, "\(fetched.stderr)")
@@ -291,9 +295,7 @@ import Testing
         let fast = try NginxServer(root: site.folder)
         defer { fast.stop() }
         let manifestURL = site.folder.appending(path: "manifest.json")
-        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
-        edited.mirrors = ["http://127.0.0.1:\(slow.port)/", "http://127.0.0.1:\(fast.port)/"]
-        try JSONEncoder().encode(edited).write(to: manifestURL)
+        try Self.setMirrors(manifestURL, [slow.port, fast.port])
         let home = try Fixtures.temporaryDirectory("mirror-rank-home")
         let queue = try DownloadQueue(home: Home(folder: home), configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false))
         let manifest = try await LoadedManifest.load(manifestURL.path)
@@ -326,9 +328,7 @@ import Testing
         let fast = try NginxServer(root: site.folder)
         defer { fast.stop() }
         let manifestURL = site.folder.appending(path: "manifest.json")
-        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
-        edited.mirrors = ["http://127.0.0.1:\(slow.port)/", "http://127.0.0.1:\(fast.port)/"]
-        try JSONEncoder().encode(edited).write(to: manifestURL)
+        try Self.setMirrors(manifestURL, [slow.port, fast.port])
         let queue = try DownloadQueue(
             home: Home(folder: try Fixtures.temporaryDirectory("mirror-together-home")),
             configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false))
@@ -364,9 +364,7 @@ import Testing
         let slow = try NginxServer(root: site.folder, limitRate: 256 << 10)
         defer { slow.stop() }
         let manifestURL = site.folder.appending(path: "manifest.json")
-        var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
-        edited.mirrors = ["http://127.0.0.1:\(fast.port)/", "http://127.0.0.1:\(slow.port)/"]
-        try JSONEncoder().encode(edited).write(to: manifestURL)
+        try Self.setMirrors(manifestURL, [fast.port, slow.port])
         let queue = try DownloadQueue(
             home: Home(folder: try Fixtures.temporaryDirectory("mirror-move-home")),
             configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false))

@@ -441,15 +441,7 @@ import Testing
     /// The chunks a download's folder records as verified (`verified`: their numbers in the plan, 4 bytes each).
     static func verifiedChunks(_ home: URL, _ id: String) -> Set<Int> {
         let record = home.appending(path: "Caches/.packdelivery/downloads/\(id).delta/verified")
-        guard let data = try? Data(contentsOf: record) else { return [] }
-        let bytes = [UInt8](data)
-        var numbers = Set<Int>()
-        for start in stride(from: 0, to: bytes.count - bytes.count % 4, by: 4) {
-            var number = 0
-            for place in 0..<4 { number |= Int(bytes[start + place]) << (8 * place) }
-            numbers.insert(number)
-        }
-        return numbers
+        return (try? Data(contentsOf: record)).map(ChunkAssembly.recordedChunks) ?? []
     }
 
     /// Which of `verified` (numbers in the plan of a first install of the site's pack, as the client makes it) a request

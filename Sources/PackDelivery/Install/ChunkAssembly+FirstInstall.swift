@@ -75,13 +75,7 @@ extension ChunkAssembly {
         if stat(self.record.path, &info) == 0, lstat(self.tree.path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR,
             let data = try? Data(contentsOf: self.record)
         {
-            var verified = Set<Int>()
-            let bytes = [UInt8](data)
-            for start in stride(from: 0, to: bytes.count - bytes.count % 4, by: 4) {
-                let number = Int(bytes[start]) | Int(bytes[start + 1]) << 8 | Int(bytes[start + 2]) << 16 | Int(bytes[start + 3]) << 24
-                if number < plan.fetch.count { verified.insert(number) }
-            }
-            return verified
+            return Self.recordedChunks(data).filter { $0 < plan.fetch.count }
         }
         unlink(self.record.path)
         try Installer.removeTree(self.tree)
@@ -99,6 +93,16 @@ extension ChunkAssembly {
         try DeltaAssembly.writeDurably(Data(), to: self.record)
         try Durability.syncFolder(self.folder)
         return []
+    }
+
+    /// The chunk numbers a `verified` record holds: 4 bytes each, little-endian (a torn last entry is left out).
+    static func recordedChunks(_ data: Data) -> Set<Int> {
+        var numbers = Set<Int>()
+        let bytes = [UInt8](data)
+        for start in stride(from: 0, to: bytes.count - bytes.count % 4, by: 4) {
+            numbers.insert(Int(bytes[start]) | Int(bytes[start + 1]) << 8 | Int(bytes[start + 2]) << 16 | Int(bytes[start + 3]) << 24)
+        }
+        return numbers
     }
 
     /// Writes a verified chunk at its offsets into the tree's files (opened once per range, in `opened`).

@@ -85,6 +85,11 @@ extension DownloadQueue {
     /// - Throws: a database error; `queueClosed` after ``close()``.
     public func downloads(_ ids: [String]) throws(PackDeliveryError) -> [Download] {
         try self.requireOpen()
+        return try self.current(ids)
+    }
+
+    /// Each download of `ids` as the queue holds it, or as recorded when it is no longer queued; unknown ones left out.
+    private func current(_ ids: some Sequence<String>) throws(PackDeliveryError) -> [Download] {
         var downloads: [Download] = []
         for id in ids {
             if let live = self.driven({ $0.machine.download(id) }) {
@@ -202,17 +207,7 @@ extension DownloadQueue {
         var folders = asked.installed
         guard !asked.downloads.isEmpty else { return folders }
         let ids = Set(asked.downloads.values)
-        let read = { @Sendable () throws(PackDeliveryError) -> [Download] in
-            var downloads: [Download] = []
-            for id in ids {
-                if let live = self.driven({ $0.machine.download(id) }) {
-                    downloads.append(live)
-                } else if let stored = try self.store.downloadRecord(id)?.download {
-                    downloads.append(stored)
-                }
-            }
-            return downloads
-        }
+        let read = { @Sendable () throws(PackDeliveryError) -> [Download] in try self.current(ids) }
         let steps = try await Blocking.run { () throws(PackDeliveryError) in
             self.waitSteps(
                 self.events { event in
