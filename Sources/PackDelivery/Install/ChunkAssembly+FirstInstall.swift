@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Synchronization
 
@@ -105,14 +106,13 @@ extension ChunkAssembly {
         return numbers
     }
 
-    /// Writes a verified chunk at its offsets into the tree's files (opened once per range, in `opened`).
-    func write(
-        _ bytes: [UInt8], chunk number: Int, destinations: Destinations, opened: inout [Int: Int32],
-        directories: inout Set<String>
-    ) throws {
+    /// Writes a verified chunk at its offsets into the tree's files (opened once per commit batch, in `batch`).
+    func write(_ bytes: [UInt8], chunk number: Int, destinations: Destinations, batch: inout CommitBatch, directories: inout Set<String>)
+        throws
+    {
         for (entry, offset) in destinations[number] {
-            let fd = try opened[entry] ?? self.openFile(entry, directories: &directories)
-            opened[entry] = fd
+            let fd = try batch.files[entry] ?? self.openFile(entry, directories: &directories, folders: &batch.folders)
+            batch.files[entry] = fd
             let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
             if written != bytes.count {
                 throw DeltaAssembly.writeFailure(
@@ -121,20 +121,23 @@ extension ChunkAssembly {
         }
     }
 
-    /// Makes the chunks `numbers` count as written: the files that hold them (`opened`) are synced, then the chunks
-    /// are added to the record (synced), then the files are closed.
-    func commit(_ numbers: [Int], opened: [Int: Int32]) throws {
-        defer { for fd in opened.values { close(fd) } }
+    /// Makes a batch's chunks count as written: the files that hold them are synced, and the folders in which they
+    /// were opened (so that their names are durable), then the chunks are added to the record (synced); the files are
+    /// closed whatever happens.
+    func commit(_ batch: CommitBatch) throws {
+        defer { for fd in batch.files.values { close(fd) } }
         // Synced before counted: a chunk in the record is on disk in every file that holds it.
-        for (entry, fd) in opened where Durability.syncData(fd) != 0 {
+        for (entry, fd) in batch.files where Durability.syncData(fd) != 0 {
             throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
         }
-        if !numbers.isEmpty { try self.append(numbers) }
+        for folder in batch.folders { try Durability.syncFolder(URL(filePath: folder)) }
+        if !batch.numbers.isEmpty { try self.append(batch.numbers) }
     }
 
     /// Opens (creating it, and the folders above it, when missing) the file of entry `number` in the tree, never
-    /// through a symlink.
-    func openFile(_ number: Int, directories: inout Set<String>) throws -> Int32 {
+    /// through a symlink; adds the folder that holds it to `folders`, which the caller syncs before any of its chunks
+    /// counts as written (its name durable).
+    func openFile(_ number: Int, directories: inout Set<String>, folders: inout Set<String>) throws -> Int32 {
         let path = self.index.entries[number].path
         let components = try DeltaAssembly.components(path)
         try DeltaAssembly.makeDirectories(Array(components.dropLast()), in: self.tree, made: &directories)
@@ -155,8 +158,7 @@ extension ChunkAssembly {
                 .unsafeEntry, message: "The pack's index places a file at '\(PackDeliveryError.printable(path))', which is not a file.",
                 hint: "Nothing was installed; the pack's index is wrong.", subject: path)
         }
-        // Its name is durable before any of its chunks counts as written.
-        try Durability.syncFolder(target.deletingLastPathComponent())
+        folders.insert(target.deletingLastPathComponent().path)
         return fd
     }
 
@@ -188,12 +190,13 @@ extension ChunkAssembly {
     /// - Throws: `checksumMismatch` naming the first file whose size, or symlink whose target, is not the index's.
     func finish(_ plan: ChunkPlan) throws -> DeltaTree {
         var directories: Set<String> = [""]
+        var folders: Set<String> = []
         var files: [InstalledFile] = []
         var bytes: Int64 = 0
         for build in plan.build {
             if self.isCancelled() { throw DeltaAssembly.Stopped() }
             let entry = self.index.entries[build.number]
-            let fd = try self.openFile(build.number, directories: &directories)
+            let fd = try self.openFile(build.number, directories: &directories, folders: &folders)
             defer { close(fd) }
             var info = stat()
             guard fstat(fd, &info) == 0 else { throw Installer.fileError("inspect", self.tree.appending(path: entry.path).path, errno) }
@@ -212,6 +215,8 @@ extension ChunkAssembly {
             files.append(InstalledFile(path: entry.path, kind: .file, size: entry.size, sha256: digest))
             bytes += entry.size
         }
+        // The names of the files made here (empty ones) are durable, as those of the files written before.
+        for folder in folders { try Durability.syncFolder(URL(filePath: folder)) }
         for link in plan.links {
             let entry = self.index.entries[link.number]
             var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX) + 1)
@@ -241,29 +246,41 @@ extension ChunkAssembly {
     }
 }
 
-/// The shared state of a first install's ranges: the folders made so far. Used by one range's sink at a time.
+/// The shared state of a first install's requests: the folders made so far. Used by one request's sink at a time.
 final class FirstInstallState {
     var directories: Set<String> = [""]
 }
 
-/// Takes one range of a first install as it arrives (the pack's bytes `range.start..<range.end`, in order): each
-/// chunk's stored bytes are gathered, decoded as its storage says, checked against its SHA-256 and written into the
-/// tree's files; the bytes between chunks (tar headers, padding) are passed over. A chunk that does not match is
-/// noted in ``bad`` and nothing of it is written. What it wrote counts once ``commit()`` synced it and recorded it.
+/// Chunks of a first install written and not yet counted: the chunk numbers, the files that hold them (open, closed by
+/// ``ChunkAssembly/commit(_:)``) and the folders those files were opened in.
+struct CommitBatch: Sendable {
+    var numbers: [Int] = []
+    var files: [Int: Int32] = [:]
+    var folders: Set<String> = []
+}
+
+/// Takes one request of a first install as it arrives: the pack's bytes from its first window's start to its last
+/// window's end, in order (consecutive windows of ``ChunkPlan/windows(_:in:window:)``). Each chunk's stored bytes are
+/// gathered, decoded as its storage says, checked against its SHA-256 and written into the tree's files; the bytes
+/// between chunks (tar headers, padding) and between windows are passed over. A chunk that does not match is noted in
+/// ``bad`` and nothing of it is written. At each window's end the chunks written since the last one go to the
+/// ``SinkCommitter`` as a ``CommitBatch`` (synced and recorded on its worker), and the sink goes on with the next
+/// window: nothing waits for a window's end but the commit, which runs beside the transfer.
 ///
 /// The work runs on two queues of the sink's own, so that the transfer thread only copies the bytes and the two
 /// halves of the work, each about half a CPU second per GiB, run on two cores: `queue` gathers, decodes and checks
-/// each chunk (SHA-256); `writes` writes the checked chunks into the files, in order. At most ``blocksInFlight`` of
-/// the transfer's writes wait for `queue` (`consume` waits for room beyond that), and at most ``bytesToWrite`` of
-/// checked chunks (or one chunk) wait for `writes`. Read its results only after ``drain()``.
+/// each chunk (SHA-256); `writes` writes the checked chunks into the files, in order, and hands each window's batch to
+/// the committer. At most ``blocksInFlight`` of the transfer's writes wait for `queue` (`consume` waits for room beyond
+/// that), at most ``bytesToWrite`` of checked chunks (or one chunk) wait for `writes`, and at most
+/// ``SinkCommitter/batchesInFlight`` batches wait to be committed. Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes `position`, `next`, `stored`, `bad` and `checkError` while the transfer runs;
-    // `queue` hands each checked chunk to `writes`, a serial queue that alone changes `opened`, `good`, `writeError`
-    // and `state` while the transfer runs; `waiting` is changed only under `writeRoom`'s lock; `failed` is atomic.
-    // The run's thread reads the state, or hands the sink to a committer, only after `drain()` (a `queue.sync`, then
-    // a `writes.sync`) once the transfer reported `.finished`, and starts the next range's sink (which shares
-    // `state`) only after that.
+    // that alone runs `take` and changes `position`, `next`, `window`, `stored`, `frames`, `bad` and `checkError` while
+    // the transfer runs; `queue` hands each checked chunk, and each window's end, to `writes`, a serial queue that alone
+    // changes `batch`, `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own);
+    // `waiting` is changed only under `writeRoom`'s lock; `failed` is atomic. The run's thread reads the state only
+    // after `drain()` (a `queue.sync`, then a `writes.sync`) once the transfer reported `.finished`, and starts the
+    // next request's sink (which shares `state`) only after that.
     /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked, at most.
     static let blocksInFlight = 3
     /// The bytes of checked chunks waiting to be written, at most (one chunk may be larger).
@@ -279,45 +296,57 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     private let chunks: [PackIndex.Chunk]
     private let destinations: ChunkAssembly.Destinations
     private let state: FirstInstallState
-    /// The range's chunk numbers, by offset in the pack.
+    private let committer: SinkCommitter
+    /// The request's chunk numbers, by offset in the pack.
     private let order: [Int]
+    /// For each window, how many of `order`'s chunks lie in it and the windows before it.
+    private let ends: [Int]
     /// The pack offset of the next byte to arrive.
     private var position: Int64
     private var next = 0
+    /// The window that `order[next]` lies in (the windows before it were handed over).
+    private var window = 0
     /// The stored bytes of chunk `order[next]` gathered so far.
     private var stored: [UInt8] = []
     /// The shared frame last decompressed, for its slices.
     private var frames = ChunkAssembly.FrameCache()
-    private var opened: [Int: Int32] = [:]
-    /// The chunks written, and those that did not match.
-    private(set) var good: [Int] = []
+    /// What the window being written wrote (on `writes`).
+    private var batch = CommitBatch()
+    /// The chunks that did not match.
     private(set) var bad: [Int] = []
     /// Why the sink ended the transfer: a chunk that did not match (``endAtFirstBad``), or a write that failed.
     var error: (any Error)? { self.checkError ?? self.writeError }
     private var checkError: (any Error)?
     private var writeError: (any Error)?
-    private var committed = false
     /// What ends the transfer at the first chunk that does not match (a pack with several sources: the rest comes from
     /// another), or nil to note it in ``bad`` and go on (one source: it is fetched once more).
     private let endAtFirstBad: (any Error)?
 
+    /// - Parameter windows: consecutive windows, in the pack's order.
     init(
-        _ range: ChunkPlan.Range, assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: ChunkAssembly.Destinations,
-        state: FirstInstallState, endAtFirstBad: (any Error)? = nil
+        _ windows: [ChunkPlan.Range], assembly: ChunkAssembly, chunks: [PackIndex.Chunk], destinations: ChunkAssembly.Destinations,
+        state: FirstInstallState, committer: SinkCommitter, endAtFirstBad: (any Error)? = nil
     ) {
         self.endAtFirstBad = endAtFirstBad
         self.assembly = assembly
         self.chunks = chunks
         self.destinations = destinations
         self.state = state
-        self.order = range.chunks.sorted { chunks[$0].offset < chunks[$1].offset }
-        self.position = range.start
+        self.committer = committer
+        var order: [Int] = []
+        var ends: [Int] = []
+        for window in windows {
+            order += window.chunks.sorted { chunks[$0].offset < chunks[$1].offset }
+            ends.append(order.count)
+        }
+        (self.order, self.ends) = (order, ends)
+        self.position = windows.first?.start ?? 0
     }
 
-    deinit { if !self.committed { for fd in self.opened.values { close(fd) } } }
+    deinit { for fd in self.batch.files.values { close(fd) } }
 
     func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        guard !self.failed.load(ordering: .acquiring) else { return false }
+        guard !self.failed.load(ordering: .acquiring), !self.committer.failed else { return false }
         self.room.wait()
         let block = [UInt8](bytes)
         self.queue.async { [self] in
@@ -339,6 +368,10 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.writes.sync {}
     }
 
+    /// Hands what was written since the last window's end to the committer (after ``drain()``, once the transfer
+    /// ended, whole or not: what was checked and written before the end still counts).
+    func handOverRest() { self.writes.sync { self.handOver() } }
+
     private func take(_ bytes: UnsafeRawBufferPointer) throws {
         var rest = bytes[...]
         while !rest.isEmpty, self.next < self.order.count {
@@ -354,7 +387,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             guard self.position == chunk.offset + Int64(self.stored.count) else {
                 self.bad.append(number)
                 self.stored.removeAll(keepingCapacity: true)
-                self.next += 1
+                self.advance()
                 continue
             }
             let take = Int(min(Int64(rest.count), chunk.length - Int64(self.stored.count)))
@@ -365,13 +398,13 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             self.position += Int64(take)
             if Int64(self.stored.count) == chunk.length {
                 try self.place(number, chunk)
-                self.next += 1
+                self.advance()
                 // The other slices of a shared frame: the same stored bytes, cut from the frame decompressed once.
                 while self.next < self.order.count, self.chunks[self.order[self.next]].offset == chunk.offset,
                     self.chunks[self.order[self.next]].length == chunk.length, chunk.storage == .zstdFrameSlice
                 {
                     try self.place(self.order[self.next], self.chunks[self.order[self.next]])
-                    self.next += 1
+                    self.advance()
                 }
                 // A new buffer for the next chunk: this one's bytes may still be waiting to be written.
                 self.stored = []
@@ -380,9 +413,25 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.position += Int64(rest.count)
     }
 
+    /// On to the next chunk; at a window's end, the window's chunks are handed over once written.
+    private func advance() {
+        self.next += 1
+        while self.window < self.ends.count, self.next >= self.ends[self.window] {
+            self.window += 1
+            self.writes.async { [self] in self.handOver() }
+        }
+    }
+
+    /// Hands the chunks written since the last call to the committer (on `writes`).
+    private func handOver() {
+        let batch = self.batch
+        self.batch = CommitBatch()
+        self.committer.submit(batch)
+    }
+
     private func place(_ number: Int, _ chunk: PackIndex.Chunk) throws {
         guard let bytes = self.frames.decode(chunk, stored: { self.stored }),
-            ChunkAssembly.sha256(bytes) == chunk.sha256.lowercased()
+            ChunkAssembly.sha256(bytes) == ChunkPlan.lowercase(chunk.sha256)
         else {
             self.bad.append(number)
             if let endAtFirstBad = self.endAtFirstBad { throw endAtFirstBad }
@@ -405,8 +454,8 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             guard self.writeError == nil else { return }
             do {
                 try self.assembly.write(
-                    bytes, chunk: number, destinations: self.destinations, opened: &self.opened, directories: &self.state.directories)
-                self.good.append(number)
+                    bytes, chunk: number, destinations: self.destinations, batch: &self.batch, directories: &self.state.directories)
+                self.batch.numbers.append(number)
             } catch {
                 self.writeError = error
                 self.failed.store(true, ordering: .releasing)
@@ -414,13 +463,54 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         }
     }
 
-    /// The chunks of the range that never arrived whole (the transfer ended early).
+    /// The chunks of the request that never arrived whole (the transfer ended early).
     var missing: [Int] { Array(self.order[min(self.next, self.order.count)...]) }
+}
 
-    /// Syncs the files written and records the chunks written (``ChunkAssembly/commit(_:opened:)``); once.
-    func commit() throws {
-        guard !self.committed else { return }
-        self.committed = true
-        try self.assembly.commit(self.good, opened: self.opened)
+/// Commits the batches of a first install's sinks (``ChunkAssembly/commit(_:)``: files synced, chunks recorded), in
+/// order, on a worker of its own, while the transfer goes on. After a batch failed to commit, the later ones are not
+/// recorded (their files are closed), and the sinks end their transfers.
+final class SinkCommitter: @unchecked Sendable {
+    // Safe: `assembly` is a constant copy of a struct of constants (URLs, the index, a `Sendable` writer, and an
+    // `isCancelled` closure that only reads an atomic flag), used only by `commit`, on the serial `queue`; the sinks use
+    // their own copies on their own queues. `failure` is under a mutex, and the semaphore and queue are thread-safe.
+    /// The batches handed over and not committed yet, at most: the window being committed. The next window's batch waits
+    /// for it on the sink's `writes` queue, and with it the transfer, so that at most two windows (the one committing and
+    /// the one arriving) are lost to a kill, as with a request a window. The stall watchdog counts that wait: a commit of a
+    /// window, 16 MiB at most, that takes longer than the stall timeout is a disk too slow to install on.
+    static let batchesInFlight = 1
+    private let assembly: ChunkAssembly
+    private let queue = DispatchQueue(label: "PackDelivery.chunk-commit")
+    private let room = DispatchSemaphore(value: SinkCommitter.batchesInFlight)
+    private let failure = Mutex<(any Error)?>(nil)
+
+    init(_ assembly: ChunkAssembly) { self.assembly = assembly }
+
+    /// Whether a batch failed to commit.
+    var failed: Bool { self.failure.withLock { $0 != nil } }
+
+    /// Commits `batch` on the worker, after those handed over before it; waits while ``batchesInFlight`` wait.
+    func submit(_ batch: CommitBatch) {
+        guard !batch.numbers.isEmpty || !batch.files.isEmpty else { return }
+        self.room.wait()
+        self.queue.async { [self] in
+            defer { self.room.signal() }
+            guard !self.failed else {
+                for fd in batch.files.values { close(fd) }
+                return
+            }
+            do { try self.assembly.commit(batch) } catch { self.failure.withLock { $0 = $0 ?? error } }
+            // The window's buffers, freed on the sink's threads, are given back rather than kept in their heaps.
+            _ = clinux_malloc_trim(0)
+        }
     }
+
+    /// Waits for the batches handed over; throws what committing one threw (again at each call).
+    func wait() throws {
+        self.queue.sync {}
+        if let error = self.failure.withLock({ $0 }) { throw error }
+    }
+
+    /// Waits for the batches handed over, whatever their outcome.
+    func waitQuietly() { self.queue.sync {} }
 }

@@ -234,14 +234,16 @@ extension DownloadQueue {
                 DeltaTransfer.Request(
                     id: TransferID(download: download.id, token: token), download: download, index: index, install: nil,
                     installedFiles: [], folder: self.home.deltaURL(for: download), options: options,
-                    writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine))
+                    writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine,
+                    joinedWindow: self.configuration.joinedWindow))
         }
         guard let files = try? self.store.files(of: install) else { return nil }
         return DeltaTransfer(
             DeltaTransfer.Request(
                 id: TransferID(download: download.id, token: token), download: download, index: index, install: install,
                 installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
-                writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine))
+                writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine,
+                    joinedWindow: self.configuration.joinedWindow))
     }
 
     /// A fetch of the pack's index beside this transfer, for its files' digests, when ``IndexFetch/applies(to:)``

@@ -40,7 +40,16 @@ final class DeltaTransfer: Sendable {
         var maxEntries: Int
         /// Where the ranges are fetched.
         var engine: TransferEngine
+        /// The smallest window from which a first install's consecutive windows share one request (``joinedWindow``).
+        var joinedWindow: Int64 = DeltaTransfer.joinedWindow
     }
+
+    /// The windows from which consecutive windows of a first install share one request: the largest
+    /// (``ChunkPlan/window(packLength:)`` of a pack of 1 GiB or more). One request has no round trip, no empty pipe
+    /// and no wait for the sink to drain between windows, but the server may send the next windows' bytes into the
+    /// socket's buffers (a few MiB) ahead of the sink, and a pause or a kill loses them: past windows of 16 MiB that
+    /// stays under a window. Smaller windows keep a request each, so that a pause loses at most the windows in flight.
+    static let joinedWindow: Int64 = 16 << 20
 
     let request: Request
     private let stopped = Atomic<Bool>(false)
@@ -403,33 +412,35 @@ private final class DeltaRun {
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
         let state = FirstInstallState()
-        let committer = SinkCommitter()
-        // Never return while a range is being committed: a cancel removes the tree right after.
+        let committer = SinkCommitter(assembly)
+        // Never return while a batch is being committed: a cancel removes the tree right after.
         defer { committer.waitQuietly() }
+        // One request for consecutive windows (with one source, and windows of ``DeltaTransfer/joinedWindow``).
+        let joined = self.request.download.sources == nil && window >= self.request.joinedWindow
         while !missing.isEmpty {
-            for range in ChunkPlan.windows(missing, in: plan.fetch, window: window) {
+            var bad: [Int] = []
+            for request in Self.requests(ChunkPlan.windows(missing, in: plan.fetch, window: window), joined: joined) {
                 // With several sources, the first chunk that does not match ends the range: the rest comes from another.
                 let sink = ChunkSink(
-                    range, assembly: assembly, chunks: plan.fetch, destinations: destinations, state: state,
-                    endAtFirstBad: self.wrongChunks(1))
+                    request, assembly: assembly, chunks: plan.fetch, destinations: destinations, state: state,
+                    committer: committer, endAtFirstBad: self.wrongChunks(1))
                 do {
-                    try self.fetch(range, into: sink, chunks: plan.fetch)
+                    try self.fetch(request, into: sink, chunks: plan.fetch)
                 } catch {
                     // What was checked and written before the end still counts: a resume does not fetch it again.
-                    try committer.wait()
+                    sink.handOverRest()
                     if sink.error != nil {
-                        try? sink.commit()
+                        try? committer.wait()
                         throw error
                     }
-                    try sink.commit()
+                    try committer.wait()
                     throw error
                 }
-                // The next range downloads while this one is synced and recorded.
-                try committer.wait()
-                committer.start(sink)
+                // The next request downloads while this one's last window is synced and recorded.
+                sink.handOverRest()
+                bad += sink.bad
             }
             try committer.wait()
-            let bad = committer.takeBad()
             if let twice = bad.first(where: { refetched.contains($0) }) {
                 let number = destinations[twice].first?.entry
                 let path = number.map { self.index.entries[$0].path } ?? ""
@@ -684,24 +695,39 @@ private final class DeltaRun {
         self.report(self.fetched, force: true)
     }
 
-    /// Fetches a first install's range into its sink, counting its bytes as they come (and those the sink took, so that
-    /// the error of a chunk that does not match says how many bytes past it were received).
-    private func fetch(_ range: ChunkPlan.Range, into sink: ChunkSink, chunks: [PackIndex.Chunk]) throws {
+    /// Fetches a first install's request (consecutive windows) into its sink, counting its bytes as they come (and those
+    /// the sink took, so that the error of a chunk that does not match says how many bytes past it were received).
+    private func fetch(_ request: [ChunkPlan.Range], into sink: ChunkSink, chunks: [PackIndex.Chunk]) throws {
         let base = self.fetched
         let reporter = self.reporter
         let feed = SinkFeed(sink)
+        let (start, end) = (request[0].start, request[request.count - 1].end)
         do {
-            try self.fetch(range.start..<range.end, into: self.rangeFile(range.start, range.end), sink: feed) { bytes in
+            try self.fetch(start..<end, into: self.rangeFile(start, end), sink: feed) { bytes in
                 reporter.report(base + bytes, force: false)
             }
         } catch {
             sink.drain()
-            throw self.sinkFailure(sink, received: range.start + feed.accepted, chunks: chunks) ?? error
+            throw self.sinkFailure(sink, received: start + feed.accepted, chunks: chunks) ?? error
         }
         sink.drain()
-        if let error = self.sinkFailure(sink, received: range.start + feed.accepted, chunks: chunks) { throw error }
-        self.fetched = base + range.end - range.start
+        if let error = self.sinkFailure(sink, received: start + feed.accepted, chunks: chunks) { throw error }
+        self.fetched = base + end - start
         self.report(self.fetched, force: true)
+    }
+
+    /// The requests of a first install: consecutive windows (at most ``DeltaPlan/coalesceGap`` apart, as a first
+    /// install's are) share one request when `joined`; otherwise each window is a request of its own.
+    static func requests(_ windows: [ChunkPlan.Range], joined: Bool) -> [[ChunkPlan.Range]] {
+        var requests: [[ChunkPlan.Range]] = []
+        for window in windows {
+            if joined, let last = requests.last?.last, window.start >= last.end, window.start - last.end <= DeltaPlan.coalesceGap {
+                requests[requests.count - 1].append(window)
+            } else {
+                requests.append([window])
+            }
+        }
+        return requests
     }
 
     /// Why the sink ended its range, if it did: for a chunk that did not match (several sources), the error says which
@@ -783,46 +809,6 @@ private final class SinkFeed: TransferSink {
         guard self.sink.consume(bytes) else { return false }
         self.taken.add(Int64(bytes.count), ordering: .releasing)
         return true
-    }
-}
-
-/// Commits the ranges of a first install (``ChunkSink/commit()``: files synced, chunks recorded) on a worker of its
-/// own, one range at a time, while the next range downloads.
-private final class SinkCommitter: @unchecked Sendable {
-    // Safe: `start` hands the state to one worker and `wait` (or `waitQuietly`) takes it back; the run's thread
-    // calls `start` only after `wait`, and reads the state only after `wait`, so no two threads use it at once.
-    private var bad: [Int] = []
-    private var error: (any Error)?
-    private let group = DispatchGroup()
-
-    /// Commits the sink's range, on a worker; its chunks that did not match join ``takeBad()``.
-    func start(_ sink: ChunkSink) {
-        self.bad += sink.bad
-        self.group.enter()
-        DispatchQueue.global().async { [self] in
-            defer { self.group.leave() }
-            do { try sink.commit() } catch { self.error = error }
-            // The range's buffers, freed on the sink's threads, are given back rather than kept in their heaps.
-            _ = clinux_malloc_trim(0)
-        }
-    }
-
-    /// Waits for the range being committed; throws what committing it threw.
-    func wait() throws {
-        self.group.wait()
-        if let error = self.error {
-            self.error = nil
-            throw error
-        }
-    }
-
-    /// Waits for the range being committed, whatever its outcome.
-    func waitQuietly() { self.group.wait() }
-
-    /// The chunks that did not match, since the last call.
-    func takeBad() -> [Int] {
-        defer { self.bad = [] }
-        return self.bad
     }
 }
 
