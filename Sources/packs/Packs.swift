@@ -247,6 +247,11 @@ struct TransferFlags: ParsableArguments {
             configuration.credentials = { _ in flags.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? [] }
         }
         configuration.installHook = TestPausePoint.hook
+        // Test-only: `PACKS_TEST_JOINED_WINDOW=0` makes a small pack's first install take the path of a large one's
+        // (consecutive windows in one request), so that the kill tests cover it.
+        if let window = ProcessInfo.processInfo.environment["PACKS_TEST_JOINED_WINDOW"].flatMap(Int64.init) {
+            configuration.joinedWindow = window
+        }
         return configuration
     }
 }

@@ -187,6 +187,49 @@ import Testing
         #expect(leftoversAfterCleanup(home) == [])
     }
 
+    /// As above on the path of a pack of 1 GiB or more, whose windows share one request (`PACKS_TEST_JOINED_WINDOW=0`
+    /// makes this small pack's take it): one request before the kill, each window committed while the next arrives;
+    /// after the kill, `resume` asks for none of the chunks the record held at the kill, and the tree is `bsdtar -xf`
+    /// of the pack.
+    @Test(arguments: [PackFormat.tar, .tarZstd])
+    func killedMidInstallInOneRequestThenResumedFetchesNoVerifiedChunkTwice(format: PackFormat) throws {
+        let label = "writeonce-joined-\(format.rawValue)"
+        let content = try Self.content(label + "-content", big: 10)
+        let site = try Fixtures.temporaryDirectory(label + "-site")
+        try Self.publish(content, site: site, format: format)
+        let packLength = try Self.length(site.appending(path: Self.packName(format)))
+        let nginx = try NginxServer(root: site, limitRate: 4 << 20)
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory(label + "-home")
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let joined = ["PACKS_TEST_JOINED_WINDOW": "0"]
+        let killed = try runAndKill(home: home, ["fetch", manifestURL, Self.product], environment: joined) { event in
+            guard let received = (event["bytesReceived"] as? NSNumber)?.int64Value else { return false }
+            return received > Int64(packLength) / 2
+        }
+        #expect(killed, "killed mid-install")
+        let early = nginx.requests().filter { $0.uri.hasSuffix(Self.packName(format)) }
+        #expect(early.count == 1 && early.first?.range != nil, "one range request for every window: \(early)")
+        let downloads = home.appending(path: "Caches/.packdelivery/downloads")
+        let folder = try #require(
+            try FileManager.default.contentsOfDirectory(atPath: downloads.path).first { $0.hasSuffix(".delta") }, "the install's folder")
+        let verified = Self.verifiedChunks(home, String(folder.dropLast(".delta".count)))
+        #expect(!verified.isEmpty, "windows committed while the request ran")
+
+        let resume = try CLI.run(home: home, ["resume"], environment: joined)
+        #expect(resume.status == 0, "\(resume.stderr)")
+        let late = nginx.requests().filter { $0.uri.hasSuffix(Self.packName(format)) }.dropFirst(early.count)
+        #expect(late.count == 1, "the resume fetched the rest in one request: \(late)")
+        let again = try Self.verifiedChunksAskedAgain(verified, site: site, format: format, ranges: late.map(\.range))
+        #expect(again.isEmpty, "verified chunks asked for again after the resume: \(again.prefix(5)) of \(verified.count)")
+        let total = nginx.bodyBytesSent(path: "/" + Self.packName(format))
+        print("write once in one request, killed and resumed: \(total) bytes in all, pack \(packLength)")
+        #expect(total <= packLength + packLength / 4, "the pack sent about once: \(total) of \(packLength)")
+        let installed = home.appending(path: "Caches/\(Self.product)")
+        #expect(try treeContents(installed) == (try Self.reference(site, format, label + "-bsdtar")), "byte for byte")
+        #expect(leftoversAfterCleanup(home) == [])
+    }
+
     /// A power cut mid-install (ext4 shut down without flushing its log), then a reboot and `packs resume`: the store
     /// opens, the install completes byte for byte, and it continues from the chunks recorded before the cut rather than
     /// from the pack's start.
@@ -449,14 +492,21 @@ import Testing
     static func verifiedChunksAskedAgain(_ verified: Set<Int>, site: URL, format: PackFormat, requests: [FaultServer.Request]) throws
         -> [Int]
     {
+        try Self.verifiedChunksAskedAgain(
+            verified, site: site, format: format,
+            ranges: requests.filter { $0.file == Self.packName(format) && $0.method == "GET" }.map(\.range))
+    }
+
+    /// As above, from the `Range` headers of the requests for the pack (nil: the whole pack).
+    static func verifiedChunksAskedAgain(_ verified: Set<Int>, site: URL, format: PackFormat, ranges: [String?]) throws -> [Int] {
         let pack = site.appending(path: Self.packName(format))
         let index = try PackIndex.decode(
             Data(contentsOf: PackWriter.indexURL(for: pack)), maxEntries: 1 << 20, containers: Set(PackIndex.Container.allCases))
         let plan = try ChunkPlan.make(
             index: index, packLength: Int64(try Self.length(pack)), installed: [], damaged: [], local: [:], wholePack: true
         ).get()
-        let asked: [ClosedRange<Int64>] = requests.filter { $0.file == Self.packName(format) && $0.method == "GET" }.map { request in
-            guard let range = request.range, range.hasPrefix("bytes=") else { return 0...Int64.max }
+        let asked: [ClosedRange<Int64>] = ranges.map { range in
+            guard let range, range.hasPrefix("bytes=") else { return 0...Int64.max }
             let bounds = range.dropFirst(6).split(separator: "-", omittingEmptySubsequences: false)
             let start = bounds.count == 2 ? Int64(bounds[0]) ?? 0 : 0
             return start...(bounds.count == 2 ? Int64(bounds[1]) ?? Int64.max : Int64.max)

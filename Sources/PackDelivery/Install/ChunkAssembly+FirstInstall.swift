@@ -267,30 +267,29 @@ struct CommitBatch: Sendable {
 /// ``SinkCommitter`` as a ``CommitBatch`` (synced and recorded on its worker), and the sink goes on with the next
 /// window: nothing waits for a window's end but the commit, which runs beside the transfer.
 ///
-/// The work runs on two queues of the sink's own, so that the transfer thread only copies the bytes and the two
-/// halves of the work, each about half a CPU second per GiB, run on two cores: `queue` gathers, decodes and checks
-/// each chunk (SHA-256); `writes` writes the checked chunks into the files, in order, and hands each window's batch to
-/// the committer. At most ``blocksInFlight`` of the transfer's writes wait for `queue` (`consume` waits for room beyond
-/// that), at most ``bytesToWrite`` of checked chunks (or one chunk) wait for `writes`, and at most
-/// ``SinkCommitter/batchesInFlight`` batches wait to be committed. Read its results only after ``drain()``.
+/// The work is spread so that the transfer thread only copies the bytes: `queue` gathers each chunk's stored bytes
+/// (a copy) and hands them to a check (decoding and SHA-256, the most CPU of the install: a zstd frame's decoding and
+/// the hash) that runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the pack's
+/// order, writes them into the files and hands each window's batch to the committer. At most ``blocksInFlight`` of
+/// the transfer's writes wait for `queue` (`consume` waits for room beyond that), at most ``checksInFlight`` chunks
+/// are being checked or wait to be written, and at most ``SinkCommitter/batchesInFlight`` batches wait to be committed.
+/// Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes `position`, `next`, `window`, `stored`, `frames`, `bad` and `checkError` while
-    // the transfer runs; `queue` hands each checked chunk, and each window's end, to `writes`, a serial queue that alone
-    // changes `batch`, `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own);
-    // `waiting` is changed only under `writeRoom`'s lock; `failed` is atomic. The run's thread reads the state only
-    // after `drain()` (a `queue.sync`, then a `writes.sync`) once the transfer reported `.finished`, and starts the
-    // next request's sink (which shares `state`) only after that.
-    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be checked, at most.
+    // that alone runs `take` and changes `position`, `next`, `window` and `stored` while the transfer runs; each check
+    // runs on a thread of its own with its own bytes and result (``Check``), which `writes` reads only after the check
+    // ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `bad`, `checkError`,
+    // `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own); `failed` is atomic.
+    // The run's thread reads the state only after `drain()` (a `queue.sync`, then a `writes.sync`) once the transfer
+    // reported `.finished`, and starts the next request's sink (which shares `state`) only after that.
+    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be gathered, at most.
     static let blocksInFlight = 3
-    /// The bytes of checked chunks waiting to be written, at most (one chunk may be larger).
-    static let bytesToWrite = 512 << 10
+    /// The chunks (or shared frames) being checked or waiting to be written, at most.
+    static let checksInFlight = 4
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
     private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
     private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
-    private let writeRoom = NSCondition()
-    /// The bytes handed to `writes` and not written yet (under `writeRoom`).
-    private var waiting = 0
+    private let checking = DispatchSemaphore(value: ChunkSink.checksInFlight)
     private let failed = Atomic<Bool>(false)
     private let assembly: ChunkAssembly
     private let chunks: [PackIndex.Chunk]
@@ -308,8 +307,6 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     private var window = 0
     /// The stored bytes of chunk `order[next]` gathered so far.
     private var stored: [UInt8] = []
-    /// The shared frame last decompressed, for its slices.
-    private var frames = ChunkAssembly.FrameCache()
     /// What the window being written wrote (on `writes`).
     private var batch = CommitBatch()
     /// The chunks that did not match.
@@ -352,12 +349,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.queue.async { [self] in
             defer { self.room.signal() }
             guard !self.failed.load(ordering: .acquiring) else { return }
-            do {
-                try block.withUnsafeBytes { try self.take($0) }
-            } catch {
-                self.checkError = error
-                self.failed.store(true, ordering: .releasing)
-            }
+            block.withUnsafeBytes { self.take($0) }
         }
         return true
     }
@@ -372,7 +364,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// ended, whole or not: what was checked and written before the end still counts).
     func handOverRest() { self.writes.sync { self.handOver() } }
 
-    private func take(_ bytes: UnsafeRawBufferPointer) throws {
+    private func take(_ bytes: UnsafeRawBufferPointer) {
         var rest = bytes[...]
         while !rest.isEmpty, self.next < self.order.count {
             let number = self.order[self.next]
@@ -385,28 +377,28 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             }
             // A chunk that starts before the bytes arriving (an index with overlapping chunks) cannot be read here.
             guard self.position == chunk.offset + Int64(self.stored.count) else {
-                self.bad.append(number)
+                self.check([number], stored: nil)
                 self.stored.removeAll(keepingCapacity: true)
                 self.advance()
                 continue
             }
             let take = Int(min(Int64(rest.count), chunk.length - Int64(self.stored.count)))
-            // A new buffer for each chunk: the last one's bytes may still be waiting to be written.
+            // A new buffer for each chunk: the last one's bytes are being checked.
             if self.stored.isEmpty { self.stored.reserveCapacity(Int(min(chunk.length, 4 << 20))) }
             self.stored.append(contentsOf: UnsafeRawBufferPointer(rebasing: rest.prefix(take)))
             rest = rest.dropFirst(take)
             self.position += Int64(take)
             if Int64(self.stored.count) == chunk.length {
-                try self.place(number, chunk)
-                self.advance()
                 // The other slices of a shared frame: the same stored bytes, cut from the frame decompressed once.
-                while self.next < self.order.count, self.chunks[self.order[self.next]].offset == chunk.offset,
-                    self.chunks[self.order[self.next]].length == chunk.length, chunk.storage == .zstdFrameSlice
+                var numbers = [number]
+                while self.next + numbers.count < self.order.count, chunk.storage == .zstdFrameSlice,
+                    self.chunks[self.order[self.next + numbers.count]].offset == chunk.offset,
+                    self.chunks[self.order[self.next + numbers.count]].length == chunk.length
                 {
-                    try self.place(self.order[self.next], self.chunks[self.order[self.next]])
-                    self.advance()
+                    numbers.append(self.order[self.next + numbers.count])
                 }
-                // A new buffer for the next chunk: this one's bytes may still be waiting to be written.
+                self.check(numbers, stored: self.stored)
+                for _ in numbers { self.advance() }
                 self.stored = []
             }
         }
@@ -429,36 +421,56 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.committer.submit(batch)
     }
 
-    private func place(_ number: Int, _ chunk: PackIndex.Chunk) throws {
-        guard let bytes = self.frames.decode(chunk, stored: { self.stored }),
-            ChunkAssembly.sha256(bytes) == ChunkPlan.lowercase(chunk.sha256)
-        else {
-            self.bad.append(number)
-            if let endAtFirstBad = self.endAtFirstBad { throw endAtFirstBad }
-            return
-        }
-        // Waits while the chunks handed over and not written yet hold more than `bytesToWrite` (one is always let through).
-        self.writeRoom.lock()
-        while self.waiting > 0, self.waiting + bytes.count > Self.bytesToWrite { self.writeRoom.wait() }
-        self.waiting += bytes.count
-        self.writeRoom.unlock()
-        self.writes.async { [self] in
-            defer {
-                self.writeRoom.lock()
-                self.waiting -= bytes.count
-                self.writeRoom.signal()
-                self.writeRoom.unlock()
+    /// What one check found: each chunk's decoded bytes, or nil for one that does not match. Written by its check
+    /// alone, and read by `writes` only after the check ended.
+    private final class Check: @unchecked Sendable {
+        // Safe: `results` is set once by the check, which then signals `done`; it is read only after `done.wait()`
+        // returned, which orders the two.
+        var results: [(number: Int, bytes: [UInt8]?)] = []
+        let done = DispatchSemaphore(value: 0)
+    }
+
+    /// Checks the chunks `numbers` (one, or the slices of one shared frame) from their stored bytes (nil: they could
+    /// not be gathered) on another thread, and has `writes` write those that match, in the order they were handed in.
+    private func check(_ numbers: [Int], stored: [UInt8]?) {
+        self.checking.wait()
+        let check = Check()
+        let chunks = self.chunks
+        DispatchQueue.global().async {
+            defer { check.done.signal() }
+            var frames = ChunkAssembly.FrameCache()
+            check.results = numbers.map { number in
+                let chunk = chunks[number]
+                guard let stored, let bytes = frames.decode(chunk, stored: { stored }),
+                    ChunkAssembly.sha256(bytes) == ChunkPlan.lowercase(chunk.sha256)
+                else { return (number, nil) }
+                return (number, bytes)
             }
-            // After a write failed, nothing more is written; after a chunk that did not match, the chunks checked
-            // before it still are (they count: a resume does not fetch them again).
-            guard self.writeError == nil else { return }
-            do {
-                try self.assembly.write(
-                    bytes, chunk: number, destinations: self.destinations, batch: &self.batch, directories: &self.state.directories)
-                self.batch.numbers.append(number)
-            } catch {
-                self.writeError = error
-                self.failed.store(true, ordering: .releasing)
+        }
+        self.writes.async { [self] in
+            defer { self.checking.signal() }
+            check.done.wait()
+            for (number, bytes) in check.results {
+                // After a write failed, or a chunk that did not match ended the transfer, nothing more is written; after
+                // a chunk that did not match otherwise, the chunks checked after it still are (a resume does not fetch
+                // them again).
+                guard self.writeError == nil, self.checkError == nil else { return }
+                guard let bytes else {
+                    self.bad.append(number)
+                    if let endAtFirstBad = self.endAtFirstBad {
+                        self.checkError = endAtFirstBad
+                        self.failed.store(true, ordering: .releasing)
+                    }
+                    continue
+                }
+                do {
+                    try self.assembly.write(
+                        bytes, chunk: number, destinations: self.destinations, batch: &self.batch, directories: &self.state.directories)
+                    self.batch.numbers.append(number)
+                } catch {
+                    self.writeError = error
+                    self.failed.store(true, ordering: .releasing)
+                }
             }
         }
     }

@@ -243,7 +243,7 @@ extension DownloadQueue {
                 id: TransferID(download: download.id, token: token), download: download, index: index, install: install,
                 installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
                 writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine,
-                    joinedWindow: self.configuration.joinedWindow))
+                joinedWindow: self.configuration.joinedWindow))
     }
 
     /// A fetch of the pack's index beside this transfer, for its files' digests, when ``IndexFetch/applies(to:)``

@@ -6,13 +6,14 @@ import Synchronization
 /// - Returns: the exit status and whether an event matched.
 @discardableResult
 func runWatching(
-    home: URL, _ arguments: [String], deadline: TimeInterval = 90,
+    home: URL, _ arguments: [String], deadline: TimeInterval = 90, environment: [String: String] = [:],
     when predicate: @escaping @Sendable ([String: Any]) -> Bool,
     do action: @escaping @Sendable (Int32) -> Void
 ) throws -> (status: Int32, matched: Bool) {
     let process = Process()
     process.executableURL = URL(filePath: CLI.binary)
     process.arguments = ["--home", home.path, "--json"] + arguments
+    if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
     let pipe = Pipe()
     process.standardOutput = pipe
     process.standardError = FileHandle.nullDevice
@@ -46,10 +47,12 @@ func runWatching(
 /// Runs `packs --json …` and SIGKILLs it as soon as an event matches.
 /// - Returns: whether the kill happened on a matching event.
 @discardableResult
-func runAndKill(home: URL, _ arguments: [String], deadline: TimeInterval = 60, when predicate: @escaping @Sendable ([String: Any]) -> Bool)
-    throws -> Bool
-{
-    try runWatching(home: home, arguments, deadline: deadline, when: predicate) { pid in kill(pid, SIGKILL) }.matched
+func runAndKill(
+    home: URL, _ arguments: [String], deadline: TimeInterval = 60, environment: [String: String] = [:],
+    when predicate: @escaping @Sendable ([String: Any]) -> Bool
+) throws -> Bool {
+    try runWatching(home: home, arguments, deadline: deadline, environment: environment, when: predicate) { pid in kill(pid, SIGKILL) }
+        .matched
 }
 
 /// Waits until a file grows to at least `bytes`, then returns true; false after `timeout`.

@@ -28,8 +28,10 @@ enum CLI {
     }
 
     /// Runs `packs --home HOME ARGS…`.
-    static func run(home: URL, _ arguments: [String], timeout: TimeInterval = 120) throws -> Result {
-        let result = try Fixtures.run(self.binary, ["--home", home.path] + arguments, timeout: timeout)
+    static func run(home: URL, _ arguments: [String], timeout: TimeInterval = 120, environment: [String: String] = [:]) throws -> Result {
+        let result = try Fixtures.run(
+            self.binary, ["--home", home.path] + arguments,
+            environment: environment.isEmpty ? nil : ProcessInfo.processInfo.environment.merging(environment) { $1 }, timeout: timeout)
         return Result(status: result.status, stdout: result.stdout, stderr: result.stderr)
     }
 
