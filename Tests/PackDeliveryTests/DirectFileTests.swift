@@ -221,8 +221,23 @@ struct DirectFileTests {
         #expect(
             plain.count == 2 && fixture.writer.plainBytes < 2 * DirectFile.alignment,
             "only the two ends went through the page cache: \(plain)")
-        let sizes = Set(writes.filter(\.direct).dropLast().map(\.count))
-        #expect(sizes == [1 << 20], "whole staging buffers, but the last: \(sizes)")
+        let sizes = writes.filter(\.direct).dropLast().map(\.count)
+        #expect(sizes == sizes.sorted() && sizes.last == 1 << 20, "a growing staging buffer, then 1 MiB ones: \(sizes)")
+        #expect(fixture.writer.directBytes > fixture.expected.count - (2 << 20), "all but the last buffer's tail and the head")
+    }
+
+    /// A small file holds a staging buffer about its size, not 1 MiB: the sink may hold many files open at once.
+    @Test func aSmallFileHoldsASmallBuffer() throws {
+        let folder = try Fixtures.temporaryDirectory("directfile-small")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let fixture = try DirectFileFixture(folder: folder)
+        try fixture.write(10_000, from: 1, at: 0)
+        #expect(fixture.file.stagingCapacity == 12_288)
+        try fixture.write(30_000, from: 2, at: 10_000)
+        // The first buffer filled (12,288 bytes written out); the next fits the other 27,712 bytes, rounded to a block.
+        #expect(fixture.file.stagingCapacity == 28_672)
+        try fixture.file.flush()
+        #expect(try fixture.onDisk() == fixture.expected)
     }
 
     /// Memory already 4096-aligned, at an aligned offset, is written without going through the staging buffer.
