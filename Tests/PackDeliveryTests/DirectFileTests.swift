@@ -226,6 +226,48 @@ struct DirectFileTests {
         #expect(fixture.writer.directBytes > fixture.expected.count - (2 << 20), "all but the last buffer's tail and the head")
     }
 
+    /// As the first install writes: ranges of one file, their ends unaligned, each through its own `DirectFile`,
+    /// written, flushed and synced at the same time on several threads.
+    @Test func rangesOfOneFileWrittenAtOnceLeaveExactlyTheBytesWritten() throws {
+        let folder = try Fixtures.temporaryDirectory("directfile-ranges")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let url = folder.appending(path: "file")
+        close(open(url.path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600))
+        let size = 24 << 20 + 777
+        var random = SplitMix(state: 99)
+        let content = [UInt8](unsafeUninitializedCapacity: size) { buffer, count in
+            let raw = UnsafeMutableRawBufferPointer(buffer)
+            for word in 0..<(size / 8) { raw.storeBytes(of: random.next(), toByteOffset: word * 8, as: UInt64.self) }
+            for byte in (size / 8 * 8)..<size { raw[byte] = 0x5a }
+            count = size
+        }
+        let bounds = [0, 5_000_001, 11_111_111, 17_000_003, size]
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: bounds.count - 1) { range in
+            do {
+                let fd = open(url.path, O_RDWR | O_CLOEXEC | O_NOFOLLOW)
+                guard fd >= 0 else { throw FixtureError("open: errno \(errno)") }
+                let file = DirectFile(fd: fd, file: url, writer: SystemFileWriter())
+                defer { file.close() }
+                var pieces = SplitMix(state: UInt64(range))
+                var offset = bounds[range]
+                while offset < bounds[range + 1] {
+                    let count = min(bounds[range + 1] - offset, Int.random(in: (64 << 10)...(1 << 20), using: &pieces))
+                    try content.withUnsafeBytes {
+                        try file.write(UnsafeRawBufferPointer(rebasing: $0[offset..<offset + count]), at: Int64(offset))
+                    }
+                    offset += count
+                }
+                try file.flush()
+                guard fdatasync(file.fd) == 0 else { throw FixtureError("fdatasync: errno \(errno)") }
+            } catch {
+                failures.withLock { $0.append("range \(range): \(error)") }
+            }
+        }
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        #expect(try Data(contentsOf: url) == Data(content))
+    }
+
     /// A small file holds a staging buffer about its size, not 1 MiB: the sink may hold many files open at once.
     @Test func aSmallFileHoldsASmallBuffer() throws {
         let folder = try Fixtures.temporaryDirectory("directfile-small")

@@ -35,8 +35,8 @@ final class DirectFile {
     let fd: Int32
     /// The largest staging buffer: a multiple of ``alignment``, and the size of most direct writes.
     let stagingBytes: Int
-    /// The size of the staging buffer now (allocated or next): the first fits the run's first write, each next one
-    /// is twice the last, up to ``stagingBytes``; so a small file holds a small buffer.
+    /// The size of the last staging buffer allocated: the first fits the first write staged, each next one is at
+    /// least twice the last, up to ``stagingBytes``; so a small file holds a small buffer.
     private(set) var stagingCapacity = 0
     /// The descriptor opened with `O_DIRECT`, or -1 when every byte goes through ``fd``.
     private(set) var directFD: Int32
