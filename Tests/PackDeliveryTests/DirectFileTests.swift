@@ -19,14 +19,15 @@ struct RecordedWrite: Sendable {
 /// bytes (a short write up to the limit when `short`, else -1 with ENOSPC).
 final class RecordingWriter: FileWriting {
     let refuseDirect: Bool
-    let limit: Int?
+    /// The bytes it writes in all before the disk is full (`Int.max`: never); a test may raise it (space freed).
+    let limit: Atomic<Int>
     let short: Bool
     let writes = Mutex<[RecordedWrite]>([])
     let written = Atomic<Int>(0)
 
     init(refuseDirect: Bool = false, limit: Int? = nil, short: Bool = false) {
         self.refuseDirect = refuseDirect
-        self.limit = limit
+        self.limit = Atomic(limit ?? Int.max)
         self.short = short
     }
 
@@ -43,7 +44,7 @@ final class RecordingWriter: FileWriting {
             return -1
         }
         var count = count
-        if let limit {
+        if case let limit = self.limit.load(ordering: .relaxed), limit < Int.max {
             let room = max(0, limit - self.written.load(ordering: .relaxed))
             if count > room {
                 // A direct write can only be cut at a block boundary.
@@ -342,6 +343,22 @@ struct DirectFileTests {
             #expect(error?.code == .insufficientStorage, "limit \(limit), short \(short): \(String(describing: error))")
             #expect(fixture.writer.recorded.last?.direct == !plainLast)
         }
+    }
+
+    /// A write that failed leaves what was given before it staged: once there is room, `flush()` puts it in the file.
+    @Test func afterAFailedWriteFlushPutsTheStagedBytesInTheFile() throws {
+        let folder = try Fixtures.temporaryDirectory("directfile-retry")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let fixture = try DirectFileFixture(folder: folder, writer: RecordingWriter(limit: 2 << 20))
+        try fixture.write(1 << 20, from: 1, at: 0)
+        try fixture.write(1 << 20, from: 2, at: 1 << 20)
+        // Fills the staging buffer (1 MiB, from offset 2 MiB) and fails to write it out: the disk is full.
+        let error = #expect(throws: PackDeliveryError.self) { try fixture.write(1 << 20, from: 3, at: 2 << 20) }
+        #expect(error?.code == .insufficientStorage)
+        #expect(try fixture.onDisk() == Array(fixture.expected[..<(2 << 20)]), "the first 2 MiB are in the file")
+        fixture.writer.limit.store(Int.max, ordering: .relaxed)
+        try fixture.file.flush()
+        #expect(try fixture.onDisk() == fixture.expected, "the staged MiB too, once there is room")
     }
 
     @Test(.enabled(if: Tmpfs.available, tmpfsSkipped)) func aFullTmpfsReportsInsufficientStorage() throws {

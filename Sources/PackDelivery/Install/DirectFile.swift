@@ -93,8 +93,9 @@ final class DirectFile {
     /// - Parameters:
     ///   - bytes: the bytes; copied or written before this returns.
     ///   - offset: where in the file they go.
-    /// - Throws: `PackDeliveryError` (`insufficientStorage` for ENOSPC, EDQUOT or a short write) when a write fails;
-    ///   the file then holds some of the bytes given so far and should be given up on.
+    /// - Throws: `PackDeliveryError` (`insufficientStorage` for ENOSPC, EDQUOT or a short write) when a write fails.
+    ///   The bytes of earlier calls are then in the file or still staged (a later ``flush()`` tries them again), and
+    ///   some of this call's may be too.
     func write(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
         guard let base = bytes.baseAddress, bytes.count > 0 else { return }
         if self.runStart >= 0, offset == self.runStart + Int64(self.staged), self.directFD >= 0 {
