@@ -182,6 +182,10 @@ struct DirectFileTests {
 
     @Test(.enabled(if: Tmpfs.available, tmpfsSkipped)) func randomPatternsOnATmpfsLeaveExactlyTheBytesWritten() throws {
         let disk = try Tmpfs(megabytes: 256)
+        defer {
+            disk.unmount()
+            try? FileManager.default.removeItem(at: disk.folder)
+        }
         let writes = try Self.runPatterns(in: disk.folder, seeds: 100..<106)
         Self.expectAligned(writes)
     }
@@ -363,6 +367,10 @@ struct DirectFileTests {
 
     @Test(.enabled(if: Tmpfs.available, tmpfsSkipped)) func aFullTmpfsReportsInsufficientStorage() throws {
         let disk = try Tmpfs(megabytes: 4)
+        defer {
+            disk.unmount()
+            try? FileManager.default.removeItem(at: disk.folder)
+        }
         let fixture = try DirectFileFixture(folder: disk.folder, writer: RecordingWriter())
         let error = #expect(throws: PackDeliveryError.self) {
             for piece in 0..<8 { try fixture.write(1 << 20, from: 5 + piece, at: Int64(piece) << 20) }
