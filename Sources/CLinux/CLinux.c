@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include "CLinux.h"
 
+int clinux_o_direct(void) { return O_DIRECT; }
+
 int clinux_rename_exchange(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_EXCHANGE); }
 int clinux_rename_noreplace(const char *from, const char *to) { return renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE); }
 #include <unistd.h>

@@ -18,6 +18,8 @@ int clinux_m_arena_max(void);
 /// malloc_trim(pad) from <malloc.h>: gives the free memory of the heaps back to the system. Returns 1 if any was.
 int clinux_malloc_trim(unsigned long pad);
 int clinux_reflink(int dest, int src);
+/// O_DIRECT from <fcntl.h> (it needs _GNU_SOURCE, and its value differs between architectures).
+int clinux_o_direct(void);
 // setxattr: to mark folders as not for backup (user.xdg.robots.backup).
 #include <sys/xattr.h>
 #endif

@@ -1,0 +1,3 @@
+#define _GNU_SOURCE
+#include <fcntl.h>
+int clinux_o_direct(void) { return O_DIRECT; }

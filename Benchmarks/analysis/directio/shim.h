@@ -1,0 +1,1 @@
+int clinux_o_direct(void);
