@@ -106,29 +106,36 @@ extension ChunkAssembly {
         return numbers
     }
 
-    /// Writes a verified chunk at its offsets into the tree's files (opened once per commit batch, in `batch`).
+    /// Writes a verified chunk at its offsets into the tree's files (opened once per commit batch, in `batch`): long runs
+    /// of a file go to the device with `O_DIRECT` (``DirectFile``), past the page cache, whose writes cost most of a
+    /// core per GiB here.
     func write(_ bytes: [UInt8], chunk number: Int, destinations: Destinations, batch: inout CommitBatch, directories: inout Set<String>)
         throws
     {
         for (entry, offset) in destinations[number] {
-            let fd = try batch.files[entry] ?? self.openFile(entry, directories: &directories, folders: &batch.folders)
-            batch.files[entry] = fd
-            let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
-            if written != bytes.count {
-                throw DeltaAssembly.writeFailure(
-                    written, file: self.tree.appending(path: self.index.entries[entry].path), needed: Int64(bytes.count))
+            let file: DirectFile
+            if let open = batch.files[entry] {
+                file = open
+            } else {
+                let fd = try self.openFile(entry, directories: &directories, folders: &batch.folders)
+                file = DirectFile(fd: fd, file: self.tree.appending(path: self.index.entries[entry].path), writer: self.writer)
+                batch.files[entry] = file
             }
+            try bytes.withUnsafeBytes { try file.write($0, at: offset) }
         }
     }
 
-    /// Makes a batch's chunks count as written: the files that hold them are synced, and the folders in which they
-    /// were opened (so that their names are durable), then the chunks are added to the record (synced); the files are
-    /// closed whatever happens.
+    /// Makes a batch's chunks count as written: the files that hold them are flushed and synced, and the folders in
+    /// which they were opened (so that their names are durable), then the chunks are added to the record (synced); the
+    /// files are closed whatever happens.
     func commit(_ batch: CommitBatch) throws {
-        defer { for fd in batch.files.values { close(fd) } }
+        defer { for file in batch.files.values { file.close() } }
         // Synced before counted: a chunk in the record is on disk in every file that holds it.
-        for (entry, fd) in batch.files where Durability.syncData(fd) != 0 {
-            throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
+        for (entry, file) in batch.files {
+            try file.flush()
+            if Durability.syncData(file.fd) != 0 {
+                throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
+            }
         }
         for folder in batch.folders { try Durability.syncFolder(URL(filePath: folder)) }
         if !batch.numbers.isEmpty { try self.append(batch.numbers) }
@@ -251,11 +258,14 @@ final class FirstInstallState {
     var directories: Set<String> = [""]
 }
 
-/// Chunks of a first install written and not yet counted: the chunk numbers, the files that hold them (open, closed by
-/// ``ChunkAssembly/commit(_:)``) and the folders those files were opened in.
-struct CommitBatch: Sendable {
+/// Chunks of a first install written and not yet counted: the chunk numbers, the files that hold them (open, flushed
+/// and closed by ``ChunkAssembly/commit(_:)``) and the folders those files were opened in.
+struct CommitBatch: @unchecked Sendable {
+    // Safe: the files (``DirectFile``, used from one thread at a time) are written only by the sink's `writes` queue
+    // while the batch is being filled; that queue hands the batch over and never touches those files again, and the
+    // committer alone then flushes, syncs and closes them (the dispatch of the batch to its queue orders the two).
     var numbers: [Int] = []
-    var files: [Int: Int32] = [:]
+    var files: [Int: DirectFile] = [:]
     var folders: Set<String> = []
 }
 
@@ -340,7 +350,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.position = windows.first?.start ?? 0
     }
 
-    deinit { for fd in self.batch.files.values { close(fd) } }
+    deinit { for file in self.batch.files.values { file.close() } }
 
     func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !self.failed.load(ordering: .acquiring), !self.committer.failed else { return false }
@@ -508,7 +518,7 @@ final class SinkCommitter: @unchecked Sendable {
         self.queue.async { [self] in
             defer { self.room.signal() }
             guard !self.failed else {
-                for fd in batch.files.values { close(fd) }
+                for file in batch.files.values { file.close() }
                 return
             }
             do { try self.assembly.commit(batch) } catch { self.failure.withLock { $0 = $0 ?? error } }
