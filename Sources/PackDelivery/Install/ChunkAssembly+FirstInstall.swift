@@ -279,14 +279,14 @@ struct CommitBatch: @unchecked Sendable {
 ///
 /// The work is spread so that the transfer thread only copies the bytes: `queue` gathers each chunk's stored bytes
 /// (a copy) and hands them to a check (decoding and SHA-256, the most CPU of the install: a zstd frame's decoding and
-/// the hash) that runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the pack's
+/// the hash) of about ``checkBytes`` of chunks at a time, that runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the pack's
 /// order, writes them into the files and hands each window's batch to the committer. At most ``blocksInFlight`` of
 /// the transfer's writes wait for `queue` (`consume` waits for room beyond that), at most ``checksInFlight`` chunks
 /// are being checked or wait to be written, and at most ``SinkCommitter/batchesInFlight`` batches wait to be committed.
 /// Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes `position`, `next`, `window` and `stored` while the transfer runs; each check
+    // that alone runs `take` and changes `position`, `next`, `window`, `stored` and `gathered` while the transfer runs; each check
     // runs on a thread of its own with its own bytes and result (``Check``), which `writes` reads only after the check
     // ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `bad`, `checkError`,
     // `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own); `failed` is atomic.
@@ -294,8 +294,12 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     // reported `.finished`, and starts the next request's sink (which shares `state`) only after that.
     /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be gathered, at most.
     static let blocksInFlight = 3
-    /// The chunks (or shared frames) being checked or waiting to be written, at most.
-    static let checksInFlight = 4
+    /// The checks (each of ``checkBytes`` or so of chunks) running or waiting to be written, at most.
+    static let checksInFlight = 3
+    /// The stored bytes of the chunks one check takes, about: enough that handing them from thread to thread (a wake-up
+    /// each) costs little against checking them (a check a chunk, about 25,000 a GiB, spent a fifth of the CPU in
+    /// futex wake-ups), few enough that the checks in flight hold little memory.
+    static let checkBytes = 256 << 10
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
     private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
     private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
@@ -317,6 +321,10 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     private var window = 0
     /// The stored bytes of chunk `order[next]` gathered so far.
     private var stored: [UInt8] = []
+    /// The chunks gathered for the next check: each chunk (or the slices of one shared frame) with its stored bytes
+    /// (nil: they could not be gathered), and their size.
+    private var gathered: [(numbers: [Int], stored: [UInt8]?)] = []
+    private var gatheredBytes = 0
     /// What the window being written wrote (on `writes`).
     private var batch = CommitBatch()
     /// The chunks that did not match.
@@ -366,7 +374,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
 
     /// Waits until every byte handed over is checked and written (or the sink failed).
     func drain() {
-        self.queue.sync {}
+        self.queue.sync { self.check() }
         self.writes.sync {}
     }
 
@@ -387,7 +395,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             }
             // A chunk that starts before the bytes arriving (an index with overlapping chunks) cannot be read here.
             guard self.position == chunk.offset + Int64(self.stored.count) else {
-                self.check([number], stored: nil)
+                self.gathered.append(([number], nil))
                 self.stored.removeAll(keepingCapacity: true)
                 self.advance()
                 continue
@@ -407,7 +415,9 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
                 {
                     numbers.append(self.order[self.next + numbers.count])
                 }
-                self.check(numbers, stored: self.stored)
+                self.gathered.append((numbers, self.stored))
+                self.gatheredBytes += self.stored.count
+                if self.gatheredBytes >= Self.checkBytes { self.check() }
                 for _ in numbers { self.advance() }
                 self.stored = []
             }
@@ -415,11 +425,12 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.position += Int64(rest.count)
     }
 
-    /// On to the next chunk; at a window's end, the window's chunks are handed over once written.
+    /// On to the next chunk; at a window's end, the window's chunks are checked, and handed over once written.
     private func advance() {
         self.next += 1
         while self.window < self.ends.count, self.next >= self.ends[self.window] {
             self.window += 1
+            self.check()
             self.writes.async { [self] in self.handOver() }
         }
     }
@@ -440,21 +451,29 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         let done = DispatchSemaphore(value: 0)
     }
 
-    /// Checks the chunks `numbers` (one, or the slices of one shared frame) from their stored bytes (nil: they could
-    /// not be gathered) on another thread, and has `writes` write those that match, in the order they were handed in.
-    private func check(_ numbers: [Int], stored: [UInt8]?) {
+    /// Checks the chunks gathered (each chunk, or the slices of one shared frame, from its stored bytes) on another
+    /// thread, and has `writes` write those that match, in the order they arrived.
+    private func check() {
+        guard !self.gathered.isEmpty else { return }
+        let gathered = self.gathered
+        (self.gathered, self.gatheredBytes) = ([], 0)
         self.checking.wait()
         let check = Check()
         let chunks = self.chunks
         DispatchQueue.global().async {
             defer { check.done.signal() }
-            var frames = ChunkAssembly.FrameCache()
-            check.results = numbers.map { number in
-                let chunk = chunks[number]
-                guard let stored, let bytes = frames.decode(chunk, stored: { stored }),
-                    ChunkAssembly.sha256(bytes) == ChunkPlan.lowercase(chunk.sha256)
-                else { return (number, nil) }
-                return (number, bytes)
+            for (numbers, stored) in gathered {
+                var frames = ChunkAssembly.FrameCache()
+                for number in numbers {
+                    let chunk = chunks[number]
+                    guard let stored, let bytes = frames.decode(chunk, stored: { stored }),
+                        ChunkAssembly.sha256(bytes) == ChunkPlan.lowercase(chunk.sha256)
+                    else {
+                        check.results.append((number, nil))
+                        continue
+                    }
+                    check.results.append((number, bytes))
+                }
             }
         }
         self.writes.async { [self] in
