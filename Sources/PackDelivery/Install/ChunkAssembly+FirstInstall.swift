@@ -106,36 +106,45 @@ extension ChunkAssembly {
         return numbers
     }
 
-    /// Writes a verified chunk at its offsets into the tree's files (opened once per commit batch, in `batch`): long runs
-    /// of a file go to the device with `O_DIRECT` (``DirectFile``), past the page cache, whose writes cost most of a
-    /// core per GiB here.
-    func write(_ bytes: [UInt8], chunk number: Int, destinations: Destinations, batch: inout CommitBatch, directories: inout Set<String>)
-        throws
-    {
+    /// The staging buffer of a file being written (``DirectFile``): direct writes of 512 KiB, half the default, as the
+    /// install's peak RSS has little room (measured: the same time as 1 MiB).
+    static let stagingBytes = 512 << 10
+
+    /// Writes a verified chunk at its offsets into the tree's files (opened once, kept in `files`; the folders they are
+    /// opened in added to `folders`): long runs of a file go to the device with `O_DIRECT` (``DirectFile``), past the
+    /// page cache, whose writes cost most of a core per GiB here.
+    /// - Returns: the entry number of the last file written.
+    @discardableResult
+    func write(
+        _ bytes: [UInt8], chunk number: Int, destinations: Destinations, files: inout [Int: DirectFile], folders: inout Set<String>,
+        directories: inout Set<String>
+    ) throws -> Int? {
+        var last: Int?
         for (entry, offset) in destinations[number] {
             let file: DirectFile
-            if let open = batch.files[entry] {
+            if let open = files[entry] {
                 file = open
             } else {
-                let fd = try self.openFile(entry, directories: &directories, folders: &batch.folders)
-                file = DirectFile(fd: fd, file: self.tree.appending(path: self.index.entries[entry].path), writer: self.writer)
-                batch.files[entry] = file
+                let fd = try self.openFile(entry, directories: &directories, folders: &folders)
+                file = DirectFile(
+                    fd: fd, file: self.tree.appending(path: self.index.entries[entry].path), writer: self.writer,
+                    stagingBytes: Self.stagingBytes)
+                files[entry] = file
             }
             try bytes.withUnsafeBytes { try file.write($0, at: offset) }
+            last = entry
         }
+        return last
     }
 
-    /// Makes a batch's chunks count as written: the files that hold them are flushed and synced, and the folders in
-    /// which they were opened (so that their names are durable), then the chunks are added to the record (synced); the
-    /// files are closed whatever happens.
+    /// Makes a batch's chunks count as written: the files that hold them are synced, and the folders in which they were
+    /// opened (so that their names are durable), then the chunks are added to the record (synced); the batch's
+    /// descriptors are closed whatever happens.
     func commit(_ batch: CommitBatch) throws {
-        defer { for file in batch.files.values { file.close() } }
+        defer { for fd in batch.files.values { close(fd) } }
         // Synced before counted: a chunk in the record is on disk in every file that holds it.
-        for (entry, file) in batch.files {
-            try file.flush()
-            if Durability.syncData(file.fd) != 0 {
-                throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
-            }
+        for (entry, fd) in batch.files where Durability.syncData(fd) != 0 {
+            throw PackDeliveryError.io("sync", path: self.tree.appending(path: self.index.entries[entry].path).path, errno: errno)
         }
         for folder in batch.folders { try Durability.syncFolder(URL(filePath: folder)) }
         if !batch.numbers.isEmpty { try self.append(batch.numbers) }
@@ -258,14 +267,11 @@ final class FirstInstallState {
     var directories: Set<String> = [""]
 }
 
-/// Chunks of a first install written and not yet counted: the chunk numbers, the files that hold them (open, flushed
-/// and closed by ``ChunkAssembly/commit(_:)``) and the folders those files were opened in.
-struct CommitBatch: @unchecked Sendable {
-    // Safe: the files (``DirectFile``, used from one thread at a time) are written only by the sink's `writes` queue
-    // while the batch is being filled; that queue hands the batch over and never touches those files again, and the
-    // committer alone then flushes, syncs and closes them (the dispatch of the batch to its queue orders the two).
+/// Chunks of a first install written and not yet counted: the chunk numbers, the files that hold them (a descriptor
+/// of each, flushed, closed by ``ChunkAssembly/commit(_:)``) and the folders those files were opened in.
+struct CommitBatch: Sendable {
     var numbers: [Int] = []
-    var files: [Int: DirectFile] = [:]
+    var files: [Int: Int32] = [:]
     var folders: Set<String> = []
 }
 
@@ -288,14 +294,14 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
     // that alone runs `take` and changes `position`, `next`, `window`, `stored` and `gathered` while the transfer runs; each check
     // runs on a thread of its own with its own bytes and result (``Check``), which `writes` reads only after the check
-    // ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `bad`, `checkError`,
+    // ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `files`, `lastFile`, `bad`, `checkError`,
     // `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own); `failed` is atomic.
     // The run's thread reads the state only after `drain()` (a `queue.sync`, then a `writes.sync`) once the transfer
     // reported `.finished`, and starts the next request's sink (which shares `state`) only after that.
     /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be gathered, at most.
-    static let blocksInFlight = 3
+    static let blocksInFlight = 2
     /// The checks (each of ``checkBytes`` or so of chunks) running or waiting to be written, at most.
-    static let checksInFlight = 3
+    static let checksInFlight = 2
     /// The stored bytes of the chunks one check takes, about: enough that handing them from thread to thread (a wake-up
     /// each) costs little against checking them (a check a chunk, about 25,000 a GiB, spent a fifth of the CPU in
     /// futex wake-ups), few enough that the checks in flight hold little memory.
@@ -325,8 +331,12 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// (nil: they could not be gathered), and their size.
     private var gathered: [(numbers: [Int], stored: [UInt8]?)] = []
     private var gatheredBytes = 0
-    /// What the window being written wrote (on `writes`).
+    /// What the window being written wrote (on `writes`): its chunks and the folders of the files it opened.
     private var batch = CommitBatch()
+    /// The files open for writing (on `writes`): at a window's end every one is flushed and handed over (a descriptor
+    /// of its own), and only the one written last stays open, as the next window most likely goes on with it.
+    private var files: [Int: DirectFile] = [:]
+    private var lastFile: Int?
     /// The chunks that did not match.
     private(set) var bad: [Int] = []
     /// Why the sink ended the transfer: a chunk that did not match (``endAtFirstBad``), or a write that failed.
@@ -358,7 +368,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.position = windows.first?.start ?? 0
     }
 
-    deinit { for file in self.batch.files.values { file.close() } }
+    deinit { for file in self.files.values { file.close() } }
 
     func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !self.failed.load(ordering: .acquiring), !self.committer.failed else { return false }
@@ -435,10 +445,30 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         }
     }
 
-    /// Hands the chunks written since the last call to the committer (on `writes`).
+    /// Hands the chunks written since the last call to the committer (on `writes`), their files flushed (staged bytes
+    /// written into them). When a flush fails, nothing is handed over: a resume fetches those chunks again.
     private func handOver() {
-        let batch = self.batch
+        var batch = self.batch
         self.batch = CommitBatch()
+        do {
+            for (entry, file) in self.files {
+                try file.flush()
+                let copy = dup(file.fd)
+                guard copy >= 0 else {
+                    throw PackDeliveryError.io("duplicate the descriptor of", path: self.assembly.tree.path, errno: errno)
+                }
+                batch.files[entry] = copy
+            }
+        } catch {
+            for fd in batch.files.values { close(fd) }
+            if self.writeError == nil { self.writeError = error }
+            self.failed.store(true, ordering: .releasing)
+            return
+        }
+        for (entry, file) in self.files where entry != self.lastFile {
+            file.close()
+            self.files[entry] = nil
+        }
         self.committer.submit(batch)
     }
 
@@ -493,8 +523,10 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
                     continue
                 }
                 do {
-                    try self.assembly.write(
-                        bytes, chunk: number, destinations: self.destinations, batch: &self.batch, directories: &self.state.directories)
+                    self.lastFile =
+                        try self.assembly.write(
+                            bytes, chunk: number, destinations: self.destinations, files: &self.files, folders: &self.batch.folders,
+                            directories: &self.state.directories) ?? self.lastFile
                     self.batch.numbers.append(number)
                 } catch {
                     self.writeError = error
@@ -537,7 +569,7 @@ final class SinkCommitter: @unchecked Sendable {
         self.queue.async { [self] in
             defer { self.room.signal() }
             guard !self.failed else {
-                for file in batch.files.values { file.close() }
+                for fd in batch.files.values { close(fd) }
                 return
             }
             do { try self.assembly.commit(batch) } catch { self.failure.withLock { $0 = $0 ?? error } }
