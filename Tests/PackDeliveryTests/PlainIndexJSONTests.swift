@@ -227,4 +227,70 @@ struct PlainIndexJSONTests {
         }
         #expect(refused == cases.count - 1, "every hostile index is refused")
     }
+
+    /// The count of objects as ``PackIndex/objectCount(_:entriesAfter:totalAfter:)`` made it byte by byte before its
+    /// strings were skipped with memchr.
+    static func objectCountByteByByte(_ data: Data, entriesAfter shallowLimit: Int, totalAfter totalLimit: Int) -> (Int, Int) {
+        var (shallow, total, depth) = (0, 0, 0)
+        var (inString, escaped) = (false, false)
+        for byte in data {
+            if inString {
+                if escaped {
+                    escaped = false
+                } else if byte == UInt8(ascii: "\\") {
+                    escaped = true
+                } else if byte == UInt8(ascii: "\"") {
+                    inString = false
+                }
+            } else if byte == UInt8(ascii: "\"") {
+                inString = true
+            } else if byte == UInt8(ascii: "{") {
+                total += 1
+                if depth == 2 { shallow += 1 }
+                depth += 1
+                if total > totalLimit || shallow > shallowLimit { break }
+            } else if byte == UInt8(ascii: "[") {
+                depth += 1
+            } else if byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]") {
+                depth -= 1
+            }
+        }
+        return (shallow, total)
+    }
+
+    @Test("Objects are counted outside strings as byte by byte: escaped quotes, runs of backslashes, braces in strings")
+    func objectsCountedAsBefore() throws {
+        var texts = [
+            #"{"entries":[{"path":"a{b}","x":"\"{"},{"p":"\\"},{"q":"\\\"{"}]}"#, #"{"a":"\\\\"}{"#, #"{"a":"{{{"#, #""\"#,
+            #"{"entries":[{},{},{"c":[{},{}]}]}"#, "", #"""#, #"{"a":"\u0022{"}"#,
+        ]
+        var random = SplitMix(state: 29)
+        let alphabet = Array(#"{}[]"\ a:,"#.utf8)
+        for _ in 0..<2_000 {
+            texts.append(
+                String(
+                    decoding: (0..<Int.random(in: 0..<60, using: &random)).map { _ in alphabet.randomElement(using: &random)! },
+                    as: UTF8.self))
+        }
+        for text in texts {
+            for (entries, all) in [(100, 100), (1, 3), (0, 0), (2, 1)] {
+                let counted = PackIndex.objectCount(Data(text.utf8), entriesAfter: entries, totalAfter: all)
+                let expected = Self.objectCountByteByByte(Data(text.utf8), entriesAfter: entries, totalAfter: all)
+                #expect(counted.shallow == expected.0 && counted.total == expected.1, "\(text) (\(entries), \(all))")
+            }
+        }
+    }
+
+    /// A seeded generator (SplitMix64): the same texts at every run.
+    struct SplitMix: RandomNumberGenerator {
+        var state: UInt64
+
+        mutating func next() -> UInt64 {
+            self.state &+= 0x9E37_79B9_7F4A_7C15
+            var z = self.state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
 }

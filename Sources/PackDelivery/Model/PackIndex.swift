@@ -572,9 +572,17 @@ extension PackIndex {
     }
 
     static func isDigest(_ text: String) -> Bool {
-        // Over the string's bytes in place when it has them (a native string does): 27,000 digests for a 1 GiB pack.
-        text.utf8.withContiguousStorageIfAvailable { $0.count == 64 && $0.allSatisfy(LoadedManifest.isASCIIHexDigit) }
-            ?? (text.utf8.count == 64 && text.utf8.allSatisfy(LoadedManifest.isASCIIHexDigit))
+        // Over the string's bytes in place when it has them (a native string does), with a test of two comparisons
+        // per byte: 25,000 chunk digests of a 1 GiB pack's index took 58 million instructions through the UTF-8 view.
+        text.utf8.withContiguousStorageIfAvailable { $0.count == 64 && $0.allSatisfy(Self.isHexDigit) }
+            ?? (text.utf8.count == 64 && text.utf8.allSatisfy(Self.isHexDigit))
+    }
+
+    /// Whether `byte` is an ASCII hex digit (as ``LoadedManifest/isASCIIHexDigit(_:)``): 0-9, or a-f in either case
+    /// (setting the bit 0x20 lowers A-F and leaves no other byte in a-f).
+    @inline(__always)
+    private static func isHexDigit(_ byte: UInt8) -> Bool {
+        byte &- UInt8(ascii: "0") < 10 || (byte | 0x20) &- UInt8(ascii: "a") < 6
     }
 
     /// The number of JSON objects in `data` (its `{` outside strings), counted without parsing, up to one more
@@ -588,19 +596,14 @@ extension PackIndex {
     static func objectCount(_ data: Data, entriesAfter shallowLimit: Int, totalAfter totalLimit: Int) -> (shallow: Int, total: Int) {
         data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> (shallow: Int, total: Int) in
             var (shallow, total, depth) = (0, 0, 0)
-            var inString = false
-            var escaped = false
-            for byte in bytes {
-                if inString {
-                    if escaped {
-                        escaped = false
-                    } else if byte == UInt8(ascii: "\\") {
-                        escaped = true
-                    } else if byte == UInt8(ascii: "\"") {
-                        inString = false
-                    }
-                } else if byte == UInt8(ascii: "\"") {
-                    inString = true
+            var at = 0
+            while at < bytes.count {
+                let byte = bytes[at]
+                at += 1
+                if byte == UInt8(ascii: "\"") {
+                    // A string ends at the first quote after an even run of backslashes (each pair one escaped
+                    // backslash), found with memchr: most of an index's bytes are its strings' (the digests).
+                    at = Self.stringEnd(bytes, after: at)
                 } else if byte == UInt8(ascii: "{") {
                     total += 1
                     if depth == 2 { shallow += 1 }
@@ -614,6 +617,21 @@ extension PackIndex {
             }
             return (shallow, total)
         }
+    }
+
+    /// Where the bytes after a string's closing quote start, for a string whose bytes start at `start`; the end of
+    /// `bytes` when the string is not closed.
+    private static func stringEnd(_ bytes: UnsafeRawBufferPointer, after start: Int) -> Int {
+        guard let base = bytes.baseAddress else { return bytes.count }
+        var at = start
+        while at < bytes.count, let found = memchr(base + at, Int32(UInt8(ascii: "\"")), bytes.count - at) {
+            let quote = base.distance(to: UnsafeRawPointer(found))
+            var backslashes = 0
+            while quote - backslashes - 1 >= start, bytes[quote - backslashes - 1] == UInt8(ascii: "\\") { backslashes += 1 }
+            if backslashes % 2 == 0 { return quote + 1 }
+            at = quote + 1
+        }
+        return bytes.count
     }
 }
 
