@@ -104,10 +104,12 @@ struct DeltaPlan: Sendable, Hashable {
         }
         for number in plan.fetch.sorted(by: { index.entries[$0].offset < index.entries[$1].offset }) {
             let entry = index.entries[number]
-            if var last = plan.ranges.last, entry.offset >= last.end, entry.offset - last.end <= Self.coalesceGap {
-                last.end = max(last.end, entry.offset + entry.length)
-                last.entries.append(number)
-                plan.ranges[plan.ranges.count - 1] = last
+            // In place: a copy of the last range would copy its list of entries at each append.
+            if let last = plan.ranges.indices.last, entry.offset >= plan.ranges[last].end,
+                entry.offset - plan.ranges[last].end <= Self.coalesceGap
+            {
+                plan.ranges[last].end = max(plan.ranges[last].end, entry.offset + entry.length)
+                plan.ranges[last].entries.append(number)
             } else {
                 plan.ranges.append(Range(start: entry.offset, end: entry.offset + entry.length, entries: [number]))
             }

@@ -663,10 +663,10 @@ private final class DeltaRun {
         var ranges: [DeltaPlan.Range] = []
         for number in numbers.sorted(by: { index.entries[$0].offset < index.entries[$1].offset }) {
             let entry = index.entries[number]
-            if var last = ranges.last, entry.offset >= last.end, entry.offset - last.end <= DeltaPlan.coalesceGap {
-                last.end = max(last.end, entry.offset + entry.length)
-                last.entries.append(number)
-                ranges[ranges.count - 1] = last
+            // In place: a copy of the last range would copy its list of entries at each append.
+            if let last = ranges.indices.last, entry.offset >= ranges[last].end, entry.offset - ranges[last].end <= DeltaPlan.coalesceGap {
+                ranges[last].end = max(ranges[last].end, entry.offset + entry.length)
+                ranges[last].entries.append(number)
             } else {
                 ranges.append(DeltaPlan.Range(start: entry.offset, end: entry.offset + entry.length, entries: [number]))
             }
