@@ -15,13 +15,21 @@ struct FormatTwoTests {
     static let packName = "pack.tar.zst"
     static let fixtures = URL(filePath: #filePath).deletingLastPathComponent().appending(path: "Fixtures/FormatTwo")
 
-    /// Puts version `version` of the fixtures (pack, index and the manifest the old `packs manifest` wrote) in `site`,
-    /// replacing what is there.
-    static func publishFixture(_ version: Int, site: URL) throws {
-        for name in [Self.packName, Self.packName + ".index.json", "manifest.json"] {
-            let target = site.appending(path: name)
+    /// Puts the fixture `name` (`v1`, `v2` or `big`: pack, index and the manifest the old `packs manifest` wrote) in
+    /// `site`, replacing what is there. The big pack (18.6 MB, over the 16 MiB from which a first install writes each
+    /// chunk once) is checked in xz-compressed.
+    static func publishFixture(_ name: String, site: URL) throws {
+        let folder = Self.fixtures.appending(path: name)
+        for file in [Self.packName, Self.packName + ".index.json", "manifest.json"] {
+            let target = site.appending(path: file)
             try? FileManager.default.removeItem(at: target)
-            try FileManager.default.copyItem(at: Self.fixtures.appending(path: "v\(version)/\(name)"), to: target)
+            if FileManager.default.fileExists(atPath: folder.appending(path: file).path) {
+                try FileManager.default.copyItem(at: folder.appending(path: file), to: target)
+            } else {
+                let xz = try Fixtures.run(
+                    "/bin/sh", ["-c", "xz -dc '\(folder.appending(path: file + ".xz").path)' > '\(target.path)'"], timeout: 60)
+                #expect(xz.status == 0, "xz -d: \(xz.stderr)")
+            }
         }
     }
 
@@ -129,13 +137,13 @@ struct FormatTwoTests {
     }
 
     /// Version `version` of the fixtures, installed whole from nginx at a fresh site.
-    static func installedFixture(_ label: String, version: Int = 1) async throws -> (site: URL, nginx: NginxServer, home: URL) {
+    static func installedFixture(_ label: String, _ name: String = "v1") async throws -> (site: URL, nginx: NginxServer, home: URL) {
         let site = try Fixtures.temporaryDirectory(label + "-site")
-        try Self.publishFixture(version, site: site)
+        try Self.publishFixture(name, site: site)
         let nginx = try NginxServer(root: site)
         let home = try Fixtures.temporaryDirectory(label + "-home")
         let first = try await Self.fetch(nginx, home: home)
-        #expect(first.state == .finished && first.delta == nil, "version \(version) installs whole: \(first.error?.description ?? "")")
+        #expect(first.state == .finished && first.delta == nil, "\(name) installs whole: \(first.error?.description ?? "")")
         return (site, nginx, home)
     }
 
@@ -151,12 +159,12 @@ struct FormatTwoTests {
 
     @Test("The fixtures are what the previous writer wrote: format 2, one zstd frame per chunk, no slices")
     func theFixturesAreFormatTwo() throws {
-        for version in [1, 2] {
-            let site = try Fixtures.temporaryDirectory("format2-fixtures-v\(version)")
-            try Self.publishFixture(version, site: site)
+        for name in ["v1", "v2", "big"] {
+            let site = try Fixtures.temporaryDirectory("format2-fixtures-\(name)")
+            try Self.publishFixture(name, site: site)
             let index = try Self.index(site)
             let chunks = index.entries.flatMap { $0.chunks ?? [] }
-            #expect(index.format == 2 && index.container == .tarZstd, "v\(version): format \(index.format)")
+            #expect(index.format == 2 && index.container == .tarZstd, "\(name): format \(index.format)")
             #expect(!chunks.isEmpty && chunks.allSatisfy { $0.storage == .zstdFrame && $0.frameSize == nil && $0.frameOffset == nil })
             #expect(index.pack?.length == Int64(try Self.packLength(site)), "the index describes the checked-in pack")
             let kinds = Set(index.entries.map(\.kind))
@@ -164,18 +172,26 @@ struct FormatTwoTests {
         }
     }
 
-    @Test("A first install of a format 2 tar.zst is bsdtar -xf of the pack, fetched once, and verifies clean")
-    func firstInstallOfAFormatTwoPack() async throws {
-        let (site, nginx, home) = try await Self.installedFixture("format2-first")
+    /// The small pack is fetched whole and unpacked as it streams; the big one (over 16 MiB) is fetched in ranges and
+    /// each chunk written once into the new version's files.
+    @Test(
+        "A first install of a format 2 tar.zst is bsdtar -xf of the pack, fetched once, and verifies clean",
+        arguments: ["v1", "big"])
+    func firstInstallOfAFormatTwoPack(name: String) async throws {
+        let (site, nginx, home) = try await Self.installedFixture("format2-first-\(name)", name)
         defer { nginx.stop() }
         let installed = Self.installedTree(home)
-        let reference = try Self.reference(site, "format2-first-bsdtar")
+        let reference = try Self.reference(site, "format2-first-\(name)-bsdtar")
         #expect(try Self.tree(installed) == reference, "the installed tree is bsdtar's")
         #expect(reference["Contents/deep/emptydir"] == "folder" && reference["Contents/small/link"] == "symlink to ../run.sh")
         let served = Self.served(nginx)
         let length = try Self.packLength(site)
-        print("format 2 first install: \(served) bytes served of a \(length) byte pack")
+        let requests = nginx.requests().filter { $0.uri.hasSuffix(Self.packName) }
+        print("format 2 first install of \(name): \(served) bytes served of a \(length) byte pack in \(requests.count) requests")
         #expect(served <= length, "each byte of the pack sent at most once: \(served) of \(length)")
+        if Int64(length) >= IndexDigests.minimumPackLength {
+            #expect(requests.allSatisfy { $0.range != nil && $0.status == 206 }, "only ranges of the pack, chunk by chunk: \(requests)")
+        }
         let queue = try WriteOnceTests.queue(home)
         defer { queue.close() }
         let verify = try await queue.verify()
@@ -190,7 +206,7 @@ struct FormatTwoTests {
         let (site, nginx, home) = try await Self.installedFixture("format2-update")
         defer { nginx.stop() }
         let old = try Self.index(site)
-        try Self.publishFixture(2, site: site)
+        try Self.publishFixture("v2", site: site)
         let before = Self.served(nginx)
         let update = try await Self.fetch(nginx, home: home)
         #expect(update.state == .finished, "\(update.error?.description ?? "")")
@@ -221,7 +237,7 @@ struct FormatTwoTests {
         let label = direction.hasPrefix("format 2") ? "format2-to-3" : "format3-to-2"
         let site = try Fixtures.temporaryDirectory(label + "-site")
         let upward = direction.hasPrefix("format 2")
-        if upward { try Self.publishFixture(1, site: site) } else { try Self.publishToday(1, site: site, label: label + "-v1tree") }
+        if upward { try Self.publishFixture("v1", site: site) } else { try Self.publishToday(1, site: site, label: label + "-v1tree") }
         let nginx = try NginxServer(root: site)
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory(label + "-home")
@@ -229,7 +245,7 @@ struct FormatTwoTests {
         #expect(first.state == .finished && first.delta == nil, "version 1 installs whole: \(first.error?.description ?? "")")
         let old = try Self.index(site)
         #expect(old.format == (upward ? 2 : 3))
-        if upward { try Self.publishToday(2, site: site, label: label + "-v2tree") } else { try Self.publishFixture(2, site: site) }
+        if upward { try Self.publishToday(2, site: site, label: label + "-v2tree") } else { try Self.publishFixture("v2", site: site) }
         let new = try Self.index(site)
         #expect(new.format == (upward ? 3 : 2), "today's writer groups the small files: format \(new.format)")
 
@@ -292,29 +308,41 @@ struct FormatTwoTests {
         #expect(leftoversAfterCleanup(home) == [], "nothing of the repair left")
     }
 
-    /// `packs fetch` SIGKILLed a third of the way through a first install of the format 2 pack (nginx at 16 KiB/s), then
-    /// `packs resume`: the tree is bsdtar's, verify is clean, and the resume does not fetch the whole pack again.
+    /// `packs fetch` SIGKILLed halfway through a first install of the big format 2 pack (each chunk written once, nginx at
+    /// 8 MiB/s), then `packs resume`: no range completed before the kill is asked for again, at most the two ranges in
+    /// flight are sent twice, the tree is bsdtar's and verify is clean.
     @Test func killedMidInstallOfAFormatTwoPackThenResumed() throws {
         let site = try Fixtures.temporaryDirectory("format2-kill-site")
-        try Self.publishFixture(1, site: site)
+        try Self.publishFixture("big", site: site)
         let length = try Self.packLength(site)
-        let nginx = try NginxServer(root: site, limitRate: 16 << 10)
+        let nginx = try NginxServer(root: site, limitRate: 8 << 20)
         defer { nginx.stop() }
         let home = try Fixtures.temporaryDirectory("format2-kill-home")
         let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
         let killed = try runAndKill(home: home, ["fetch", manifestURL, Self.product]) { event in
             guard let received = (event["bytesReceived"] as? NSNumber)?.int64Value else { return false }
-            return received > Int64(length) / 3
+            return received > Int64(length) / 2
         }
         #expect(killed, "killed mid-install")
         #expect(!FileManager.default.fileExists(atPath: Self.installedTree(home).path), "killed before the install ended")
         let beforeKill = Self.served(nginx)
+        let early = nginx.requests().filter { $0.uri.hasSuffix(Self.packName) && $0.range != nil }
+        let completed = early.dropLast(2).compactMap { $0.range.flatMap(WriteOnceTests.bounds) }
+        #expect(completed.count >= 2, "ranges completed before the kill: \(early)")
+        #expect(beforeKill < length, "killed before the end: \(beforeKill) of \(length)")
+
         let resume = try CLI.run(home: home, ["resume"])
         #expect(resume.status == 0, "\(resume.stderr)")
         let total = Self.served(nginx)
+        let late = nginx.requests().filter { $0.uri.hasSuffix(Self.packName) && $0.range != nil }.dropFirst(early.count)
+            .compactMap { $0.range.flatMap(WriteOnceTests.bounds) }
+        #expect(!late.isEmpty, "the resume fetched the rest")
+        for range in late {
+            #expect(!completed.contains { $0.overlaps(range) }, "\(range) asks again for bytes completed before the kill: \(completed)")
+        }
+        let window = Int(ChunkPlan.window(packLength: Int64(length)))
         print("format 2 pack killed and resumed: \(beforeKill) bytes before the kill, \(total) in all, pack \(length)")
-        #expect(total > beforeKill, "the resume fetched the rest")
-        #expect(total - beforeKill < length, "the resume did not fetch the whole pack again: \(total - beforeKill) of \(length)")
+        #expect(total <= length + 2 * window, "at most the two ranges in flight again: \(total) of \(length)")
         #expect(try Self.tree(Self.installedTree(home)) == (try Self.reference(site, "format2-kill-bsdtar")), "byte for byte")
         let verify = try CLI.run(home: home, ["verify"])
         #expect(verify.status == 0, "packs verify: \(verify.stdout) \(verify.stderr)")

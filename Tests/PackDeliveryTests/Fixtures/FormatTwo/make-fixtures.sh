@@ -12,4 +12,9 @@ for v in 1 2; do
     "$packs" pack "$trees/v$v" --product com.example.formattwo --version "$v" --output "$here/v$v/pack.tar.zst"
     "$packs" manifest "$here/v$v"
 done
+# Over 16 MiB, kept xz-compressed (its files share one random block); the tests unpack it with xz -d.
+rm -rf "$here/big" && mkdir -p "$here/big"
+"$packs" pack "$trees/big" --product com.example.formattwo --version 1 --output "$here/big/pack.tar.zst"
+"$packs" manifest "$here/big"
+xz -9e "$here/big/pack.tar.zst"
 rm -rf "$trees"

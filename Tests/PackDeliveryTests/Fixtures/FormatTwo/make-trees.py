@@ -37,5 +37,15 @@ def tree(root, version):
     os.makedirs(f"{c}/deep/emptydir", exist_ok=True)
     os.symlink("../run.sh", f"{c}/small/link")
 
+def big(root):
+    """Version 1 and 280 files of 64 KiB of one random block after a line naming the file: a pack over 16 MiB (the
+    least a first install writes once from chunks) that xz makes small again, the block being the same."""
+    tree(root, 1)
+    rng = random.Random(5)
+    block = bytes(rng.randrange(256) for _ in range(64 << 10))
+    for n in range(280):
+        write(f"{root}/Contents/data/f{n:03}.bin", f"file {n:04}\n".encode() + block)
+
 for v in (1, 2):
     tree(os.path.join(sys.argv[1], f"v{v}"), v)
+big(os.path.join(sys.argv[1], "big"))
