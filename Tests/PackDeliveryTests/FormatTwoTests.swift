@@ -5,7 +5,7 @@ import Testing
 @testable import PackDelivery
 
 /// Packs written by the previous writer (index format 2: every chunk its own zstd frame, no shared frames), as
-/// publishers have them on their servers: the tar.zst, its index and manifest of two versions, checked in under
+/// publishers have them on their servers: the tar.zst, its index and manifest of two small versions and a big one, in
 /// `Fixtures/FormatTwo` (see its README for the commit and commands that made them). Served by nginx, which counts the
 /// bytes it sends; installed, updated (to format 2 and to today's format 3, and from format 3 back to format 2),
 /// repaired and resumed after a kill over real libcurl and libarchive; trees compared with `bsdtar -xf` of the pack.
@@ -45,6 +45,22 @@ struct FormatTwoTests {
             folder: tree, to: site.appending(path: Self.packName), format: .tarZstd,
             contentInfo: (productIdentifier: Self.product, contentVersion: "\(version)"))
         try ManifestBuilder.write(folder: site)
+    }
+
+    /// Replaces the site's index by its JSON, uncompressed, and names that in the manifest.
+    static func plainIndex(_ site: URL) throws {
+        let url = site.appending(path: Self.packName + ".index.json")
+        let json = try PackIndex.json(Data(contentsOf: url))
+        #expect(json.first == UInt8(ascii: "{"), "plain JSON")
+        try json.write(to: url)
+        let manifestURL = site.appending(path: "manifest.json")
+        var manifest = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: manifestURL)) as? [String: Any])
+        var products = try #require(manifest["products"] as? [[String: Any]])
+        var contents = try #require(products[0]["contents"] as? [[String: Any]])
+        contents[0]["index"] = ["url": Self.packName + ".index.json", "length": json.count, "sha256": ChunkedPackTests.sha256(json)]
+        products[0]["contents"] = contents
+        manifest["products"] = products
+        try JSONSerialization.data(withJSONObject: manifest, options: [.sortedKeys]).write(to: manifestURL)
     }
 
     static func index(_ site: URL) throws -> PackIndex {
@@ -201,12 +217,18 @@ struct FormatTwoTests {
         #expect(leftoversAfterCleanup(home) == [], "nothing left in staging or downloads")
     }
 
-    @Test("An update from format 2 version 1 to format 2 version 2 fetches only the new chunks' frames")
-    func updateFormatTwoToFormatTwo() async throws {
-        let (site, nginx, home) = try await Self.installedFixture("format2-update")
+    /// Version 2's index as it is, and as plain JSON (as indexes were written before they were zstd-compressed: the
+    /// same JSON, the manifest naming its length and SHA-256).
+    @Test(
+        "An update from format 2 version 1 to format 2 version 2 fetches only the new chunks' frames",
+        arguments: ["zstd index", "plain JSON index"])
+    func updateFormatTwoToFormatTwo(index: String) async throws {
+        let label = index == "zstd index" ? "format2-update" : "format2-update-plain"
+        let (site, nginx, home) = try await Self.installedFixture(label)
         defer { nginx.stop() }
         let old = try Self.index(site)
         try Self.publishFixture("v2", site: site)
+        if index == "plain JSON index" { try Self.plainIndex(site) }
         let before = Self.served(nginx)
         let update = try await Self.fetch(nginx, home: home)
         #expect(update.state == .finished, "\(update.error?.description ?? "")")
@@ -222,7 +244,7 @@ struct FormatTwoTests {
         #expect(served * 2 < length, "less than half the pack: \(served) of \(length)")
         #expect(delta.chunksFetched == counts.fetched && delta.chunksReused == counts.reused && counts.reused > 0, "\(delta), \(counts)")
         let installed = try #require(update.contentURL)
-        #expect(try Self.tree(installed) == (try Self.reference(site, "format2-update-bsdtar2")), "version 2, byte for byte")
+        #expect(try Self.tree(installed) == (try Self.reference(site, label + "-bsdtar2")), "version 2, byte for byte")
         #expect(try await Self.verifiedIntact(home), "verify is clean")
         #expect(leftoversAfterCleanup(home) == [], "nothing of the update left")
     }
