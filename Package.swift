@@ -119,7 +119,9 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 // app.test(.router) for the server's middleware, without sockets.
                 .product(name: "HummingbirdTesting", package: "hummingbird", condition: tools),
-            ]
+            ],
+            // Packs of earlier writers, read from the source tree by the tests that replay them.
+            exclude: ["Fixtures"]
         ),
     ],
     swiftLanguageModes: [.v6]
