@@ -10,7 +10,7 @@ import Foundation
 /// not stay in the page cache, so reading them back soon after goes to the device.
 ///
 /// Contiguous writes are gathered in one aligned staging buffer and written out each time it fills; a write that does
-/// not continue the staged run first puts that run into the file. The buffer is allocated at a run's first write,
+/// not continue the staged run first puts that run into the file. The buffer is mapped at a run's first write,
 /// sized to it, doubled each time it fills up to ``stagingBytes`` (1 MiB), and freed by ``flush()``: at most 1 MiB
 /// per `DirectFile`, and about its size for a small file. Memory that is already 4096-aligned is written without
 /// the copy.
@@ -118,16 +118,14 @@ final class DirectFile {
     /// - Throws: `PackDeliveryError` when a write fails.
     func flush() throws {
         try self.putRun()
-        self.staging?.deallocate()
-        self.staging = nil
+        self.freeStaging()
     }
 
     /// Closes both descriptors and frees the staging buffer; staged bytes not yet flushed are dropped.
     func close() {
         guard !self.isClosed else { return }
         self.isClosed = true
-        self.staging?.deallocate()
-        self.staging = nil
+        self.freeStaging()
         self.runStart = -1
         if self.directFD >= 0 { Glibc.close(self.directFD) }
         self.directFD = -1
@@ -155,7 +153,12 @@ final class DirectFile {
                 done += whole
                 continue
             }
-            let staging = self.staging ?? self.allocateStaging(for: left)
+            guard let staging = self.staging ?? self.allocateStaging(for: left) else {
+                // No memory for it: the file goes on without O_DIRECT.
+                Glibc.close(self.directFD)
+                self.directFD = -1
+                continue
+            }
             let taken = min(left, self.stagingCapacity - self.staged)
             (staging + self.staged).copyMemory(from: source, byteCount: taken)
             self.staged += taken
@@ -166,8 +169,7 @@ final class DirectFile {
                 self.staged = 0
                 if self.stagingCapacity < self.stagingBytes {
                     // Outgrown: the next one (allocated when more bytes come) is twice as large.
-                    staging.deallocate()
-                    self.staging = nil
+                    self.freeStaging()
                 }
             }
         }
@@ -205,13 +207,26 @@ final class DirectFile {
         if written != count { throw DeltaAssembly.writeFailure(written, file: self.file, needed: Int64(count)) }
     }
 
-    /// Allocates the staging buffer: twice the last one, at least `count` rounded up to a block, at most
-    /// ``stagingBytes``.
-    private func allocateStaging(for count: Int) -> UnsafeMutableRawPointer {
+    /// Maps the staging buffer: twice the last one, at least `count` rounded up to a block, at most ``stagingBytes``;
+    /// nil when there is no memory for it.
+    ///
+    /// Mapped rather than taken from the heap (whose threshold for mapping rises past 1 MiB once one such block is
+    /// freed): its pages go back to the system when it is unmapped, and buffers of growing sizes leave no holes in
+    /// the heap. Measured on the 1 GiB first install with its sink wired to `DirectFile` (Benchmarks/analysis/directio,
+    /// 4 runs alternated): peak RSS 67.6–70.0 MB with heap buffers, 65.4–68.1 MB mapped, main 64.3–65.2 MB.
+    private func allocateStaging(for count: Int) -> UnsafeMutableRawPointer? {
         let blocks = (count + Self.alignment - 1) / Self.alignment * Self.alignment
-        self.stagingCapacity = min(self.stagingBytes, max(2 * self.stagingCapacity, blocks))
-        let staging = UnsafeMutableRawPointer.allocate(byteCount: self.stagingCapacity, alignment: Self.alignment)
+        let capacity = min(self.stagingBytes, max(2 * self.stagingCapacity, blocks))
+        guard let staging = mmap(nil, capacity, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+            staging != UnsafeMutableRawPointer(bitPattern: -1)
+        else { return nil }
+        self.stagingCapacity = capacity
         self.staging = staging
         return staging
+    }
+
+    private func freeStaging() {
+        if let staging = self.staging { munmap(staging, self.stagingCapacity) }
+        self.staging = nil
     }
 }
