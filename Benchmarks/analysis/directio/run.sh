@@ -22,6 +22,5 @@ for i in 1 2 3; do
   /usr/bin/time -f "dd-direct wall %e user %U sys %S" dd if=/dev/zero of="$F" bs=1M count=1024 oflag=direct conv=fsync status=none; rm -f "$F"
   /usr/bin/time -f "dd-fsync wall %e user %U sys %S" dd if=/dev/zero of="$F" bs=1M count=1024 conv=fsync status=none; rm -f "$F"
 done
-# wiring-experiment.patch: how the first install's sink was wired to DirectFile to measure it end to end (not
-# merged; the sink is being rewritten): ChunkAssembly.write/commit take [Int: DirectFile], drain() flushes them on
-# the writes queue, commit flushes again (a no-op then), syncs `fd` and closes. Measured with /work/lab/run1.sh.
+# The first install's sink writes through DirectFile (ChunkAssembly.write; flushed at each window's end): measured
+# end to end by Benchmarks/run --only 1,10.
