@@ -284,17 +284,18 @@ struct CommitBatch: Sendable {
 /// window: nothing waits for a window's end but the commit, which runs beside the transfer.
 ///
 /// The work is spread so that the transfer thread only copies the bytes: `queue` gathers each chunk's stored bytes
-/// (a copy) and hands them to a check (decoding and SHA-256, the most CPU of the install: a zstd frame's decoding and
-/// the hash) of about ``checkBytes`` of chunks at a time, that runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the pack's
-/// order, writes them into the files and hands each window's batch to the committer. At most ``blocksInFlight`` of
-/// the transfer's writes wait for `queue` (`consume` waits for room beyond that), at most ``checksInFlight`` chunks
-/// are being checked or wait to be written, and at most ``SinkCommitter/batchesInFlight`` batches wait to be committed.
+/// (a copy) and hands about ``checkBytes`` of chunks at a time to a check (decoding and SHA-256, the most CPU of the
+/// install), which runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the pack's
+/// order, writes them into the files (``DirectFile``) and hands each window's batch to the committer. At most
+/// ``blocksInFlight`` of the transfer's writes wait for `queue` (`consume` waits for room beyond that), at most
+/// ``checksInFlight`` checks run or wait to be written, and at most ``SinkCommitter/batchesInFlight`` batches wait to
+/// be committed.
 /// Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
     // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes `position`, `next`, `window`, `stored` and `gathered` while the transfer runs; each check
-    // runs on a thread of its own with its own bytes and result (``Check``), which `writes` reads only after the check
-    // ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `files`, `lastFile`, `bad`, `checkError`,
+    // that alone runs `take` and changes `position`, `next`, `window`, `stored` and `gathered` while the transfer runs;
+    // each check runs on a thread of its own with its own bytes and result (``Check``), which `writes` reads only after
+    // the check ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `files`, `lastFile`, `bad`, `checkError`,
     // `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own); `failed` is atomic.
     // The run's thread reads the state only after `drain()` (a `queue.sync`, then a `writes.sync`) once the transfer
     // reported `.finished`, and starts the next request's sink (which shares `state`) only after that.
