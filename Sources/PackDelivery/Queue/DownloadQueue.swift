@@ -73,7 +73,7 @@ public final class DownloadQueue: Sendable {
         public var meteredLimit: Int64 = QueueMachine.defaultMeteredLimit
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
-        /// The smallest window (``ChunkPlan/window(packLength:)``, 16 MiB for a pack of 1 GiB or more) from which a first
+        /// The smallest window (``ChunkPlan/window(packLength:)``, 4 MiB for a pack of 256 MiB or more) from which a first
         /// install's consecutive windows share one range request; test-only, so that a small pack takes that path too.
         @_spi(Testing) public var joinedWindow: Int64 = DeltaTransfer.joinedWindow
 
