@@ -306,7 +306,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// The stored bytes of the chunks one check takes, about: enough that handing them from thread to thread (a wake-up
     /// each) costs little against checking them (a check a chunk, about 25,000 a GiB, spent a fifth of the CPU in
     /// futex wake-ups), few enough that the checks in flight hold little memory.
-    static let checkBytes = 128 << 10
+    static let checkBytes = 256 << 10
     private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
     private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
     private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
