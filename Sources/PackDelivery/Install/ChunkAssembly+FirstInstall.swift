@@ -283,33 +283,28 @@ struct CommitBatch: Sendable {
 /// ``SinkCommitter`` as a ``CommitBatch`` (synced and recorded on its worker), and the sink goes on with the next
 /// window: nothing waits for a window's end but the commit, which runs beside the transfer.
 ///
-/// The work is spread so that the transfer thread only copies the bytes: `queue` gathers each chunk's stored bytes
-/// (a copy) and hands about ``checkBytes`` of chunks at a time to a check (decoding and SHA-256, the most CPU of the
-/// install), which runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the pack's
-/// order, writes them into the files (``DirectFile``) and hands each window's batch to the committer. At most
-/// ``blocksInFlight`` of the transfer's writes wait for `queue` (`consume` waits for room beyond that), at most
-/// ``checksInFlight`` checks run or wait to be written, and at most ``SinkCommitter/batchesInFlight`` batches wait to
-/// be committed.
-/// Read its results only after ``drain()``.
+/// The work is spread over the cores: the transfer thread gathers each chunk's stored bytes (one copy, from the
+/// transfer's buffer) and hands about ``checkBytes`` of chunks at a time to a check (decoding and SHA-256, the most CPU
+/// of the install), which runs on any core, up to ``checksInFlight`` at once; `writes` takes the checked chunks in the
+/// pack's order, writes them into the files (``DirectFile``) and hands each window's batch to the committer. At most
+/// ``checksInFlight`` checks run or wait to be written (`consume` waits for room beyond that), and at most
+/// ``SinkCommitter/batchesInFlight`` batches wait to be committed. Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
-    // Safe: `consume` runs on the transfer thread and only copies the bytes and hands them to `queue`, a serial queue
-    // that alone runs `take` and changes `position`, `next`, `window`, `stored` and `gathered` while the transfer runs;
-    // each check runs on a thread of its own with its own bytes and result (``Check``), which `writes` reads only after
-    // the check ended (its semaphore). `writes`, a serial queue, alone changes `batch`, `files`, `lastFile`, `bad`, `checkError`,
-    // `writeError` and `state` (and hands batches to the committer, a `Sendable` type of its own); `failed` is atomic.
-    // The run's thread reads the state only after `drain()` (a `queue.sync`, then a `writes.sync`) once the transfer
-    // reported `.finished`, and starts the next request's sink (which shares `state`) only after that.
-    /// The transfer's writes (up to ``CurlTransfer/writeSize`` each) waiting to be gathered, at most.
-    static let blocksInFlight = 2
+    // Safe: `consume` runs on the transfer thread, one call at a time, and alone runs `take` and changes `position`,
+    // `next`, `window`, `stored` and `gathered` while the transfer runs (then `drain`, on the run's thread once the
+    // transfer reported `.finished`: the engine's report orders the two); each check runs on a thread of its own with
+    // its own bytes and result (``Check``), which `writes` reads only after the check ended (its semaphore). `writes`, a
+    // serial queue, alone changes `batch`, `files`, `lastFile`, `bad`, `checkError`, `writeError` and `state` (and
+    // hands batches to the committer, a `Sendable` type of its own); `failed` is atomic. The run's thread reads the
+    // state only after `drain()` (the last check handed over, then a `writes.sync`), and starts the next request's sink
+    // (which shares `state`) only after that.
     /// The checks (each of ``checkBytes`` or so of chunks) running or waiting to be written, at most.
     static let checksInFlight = 2
     /// The stored bytes of the chunks one check takes, about: enough that handing them from thread to thread (a wake-up
     /// each) costs little against checking them (a check a chunk, about 25,000 a GiB, spent a fifth of the CPU in
     /// futex wake-ups), few enough that the checks in flight hold little memory.
     static let checkBytes = 256 << 10
-    private let queue = DispatchQueue(label: "PackDelivery.chunk-sink")
     private let writes = DispatchQueue(label: "PackDelivery.chunk-sink.write")
-    private let room = DispatchSemaphore(value: ChunkSink.blocksInFlight)
     private let checking = DispatchSemaphore(value: ChunkSink.checksInFlight)
     private let failed = Atomic<Bool>(false)
     private let assembly: ChunkAssembly
@@ -373,19 +368,13 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
 
     func consume(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard !self.failed.load(ordering: .acquiring), !self.committer.failed else { return false }
-        self.room.wait()
-        let block = [UInt8](bytes)
-        self.queue.async { [self] in
-            defer { self.room.signal() }
-            guard !self.failed.load(ordering: .acquiring) else { return }
-            block.withUnsafeBytes { self.take($0) }
-        }
+        self.take(bytes)
         return true
     }
 
     /// Waits until every byte handed over is checked and written (or the sink failed).
     func drain() {
-        self.queue.sync { self.check() }
+        self.check()
         self.writes.sync {}
     }
 

@@ -794,7 +794,7 @@ private final class DeltaRun {
 
 /// Hands a first install's range to its ``ChunkSink`` and counts the bytes the sink took.
 ///
-/// It does not hold the transfer back further than the sink does (``ChunkSink/blocksInFlight`` writes): measured with
+/// It does not hold the transfer back further than the sink does (``ChunkSink/checksInFlight`` checks): measured with
 /// case 16b (RESULTS.md), waiting for each write's check before taking the next changed neither the client's nor the
 /// server's count past a bad chunk (the server had written the rest of the 1 MiB range to the socket by then).
 private final class SinkFeed: TransferSink {
