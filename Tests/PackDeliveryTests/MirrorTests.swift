@@ -32,7 +32,6 @@ import Testing
         return (folder, data)
     }
 
-    /// A loopback URL nothing listens on: connecting to it is refused.
     /// Sets the manifest's mirrors to the nginx servers on these loopback ports, in order.
     static func setMirrors(_ manifestURL: URL, _ ports: [Int]) throws {
         var edited = try JSONDecoder().decode(Manifest.self, from: Data(contentsOf: manifestURL))
@@ -56,6 +55,7 @@ import Testing
         return (site, copy, at)
     }
 
+    /// A loopback URL nothing listens on: connecting to it is refused.
     static func closedPort() throws -> String {
         "http://127.0.0.1:\(try Fixtures.freePort())/"
     }

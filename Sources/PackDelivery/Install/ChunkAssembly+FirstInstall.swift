@@ -110,13 +110,12 @@ extension ChunkAssembly {
     /// install's peak RSS has little room (measured: the same time as 1 MiB).
     static let stagingBytes = 512 << 10
 
-    /// Writes a verified chunk at its offsets into the tree's files (opened once, kept in `files`; the folders they are
-    /// opened in added to `folders`): long runs of a file go to the device with `O_DIRECT` (``DirectFile``), past the
+    /// Writes a verified chunk at its offsets into the tree's files (opened once, kept in `files`; the files written, and
+    /// the folders they are opened in, noted in `batch`): long runs of a file go to the device with `O_DIRECT` (``DirectFile``), past the
     /// page cache, whose writes cost most of a core per GiB here.
     /// - Returns: the entry number of the last file written.
-    @discardableResult
     func write(
-        _ bytes: [UInt8], chunk number: Int, destinations: Destinations, files: inout [Int: DirectFile], folders: inout Set<String>,
+        _ bytes: [UInt8], chunk number: Int, destinations: Destinations, files: inout [Int: DirectFile], batch: inout CommitBatch,
         directories: inout Set<String>
     ) throws -> Int? {
         var last: Int?
@@ -125,13 +124,14 @@ extension ChunkAssembly {
             if let open = files[entry] {
                 file = open
             } else {
-                let fd = try self.openFile(entry, directories: &directories, folders: &folders)
+                let fd = try self.openFile(entry, directories: &directories, folders: &batch.folders)
                 file = DirectFile(
                     fd: fd, file: self.tree.appending(path: self.index.entries[entry].path), writer: self.writer,
                     stagingBytes: Self.stagingBytes)
                 files[entry] = file
             }
             try bytes.withUnsafeBytes { try file.write($0, at: offset) }
+            batch.written.insert(entry)
             last = entry
         }
         return last
@@ -273,6 +273,8 @@ struct CommitBatch: Sendable {
     var numbers: [Int] = []
     var files: [Int: Int32] = [:]
     var folders: Set<String> = []
+    /// The entries of the files written in the window (their descriptors go in `files` when it is handed over).
+    var written: Set<Int> = []
 }
 
 /// Takes one request of a first install as it arrives: the pack's bytes from its first window's start to its last
@@ -327,10 +329,11 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
     /// (nil: they could not be gathered), and their size.
     private var gathered: [(numbers: [Int], stored: [UInt8]?)] = []
     private var gatheredBytes = 0
-    /// What the window being written wrote (on `writes`): its chunks and the folders of the files it opened.
+    /// What the window being written wrote (on `writes`): its chunks, its files and the folders of those it opened.
     private var batch = CommitBatch()
-    /// The files open for writing (on `writes`): at a window's end every one is flushed and handed over (a descriptor
-    /// of its own), and only the one written last stays open, as the next window most likely goes on with it.
+    /// The files open for writing (on `writes`): at a window's end each one written in it is flushed and handed over
+    /// (a descriptor of its own), and only the one written last stays open, as the next window most likely goes on
+    /// with it.
     private var files: [Int: DirectFile] = [:]
     private var lastFile: Int?
     /// The chunks that did not match.
@@ -441,7 +444,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         var batch = self.batch
         self.batch = CommitBatch()
         do {
-            for (entry, file) in self.files {
+            for (entry, file) in self.files where batch.written.contains(entry) {
                 try file.flush()
                 let copy = dup(file.fd)
                 guard copy >= 0 else {
@@ -515,7 +518,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
                 do {
                     self.lastFile =
                         try self.assembly.write(
-                            bytes, chunk: number, destinations: self.destinations, files: &self.files, folders: &self.batch.folders,
+                            bytes, chunk: number, destinations: self.destinations, files: &self.files, batch: &self.batch,
                             directories: &self.state.directories) ?? self.lastFile
                     self.batch.numbers.append(number)
                 } catch {
@@ -525,9 +528,6 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
             }
         }
     }
-
-    /// The chunks of the request that never arrived whole (the transfer ended early).
-    var missing: [Int] { Array(self.order[min(self.next, self.order.count)...]) }
 }
 
 /// Commits the batches of a first install's sinks (``ChunkAssembly/commit(_:)``: files synced, chunks recorded), in
