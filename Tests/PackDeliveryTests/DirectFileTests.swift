@@ -101,14 +101,14 @@ final class DirectFileFixture {
     deinit { self.pool.deallocate() }
 
     /// Writes `count` bytes of the pool, from `source`, at `offset`, and the same into the expected content.
-    func write(_ count: Int, from source: Int, at offset: Int64) throws {
+    func write(_ count: Int, from source: Int, at offset: Int64, aside: Bool = false) throws {
         let bytes = UnsafeRawBufferPointer(rebasing: self.pool[source..<source + count])
         let end = Int(offset) + count
         if self.expected.count < end { self.expected += [UInt8](repeating: 0, count: end - self.expected.count) }
         self.expected.withUnsafeMutableBytes {
             $0.baseAddress!.advanced(by: Int(offset)).copyMemory(from: bytes.baseAddress!, byteCount: count)
         }
-        try self.file.write(bytes, at: offset)
+        if aside { try self.file.writeAside(bytes, at: offset) } else { try self.file.write(bytes, at: offset) }
     }
 
     /// The file's bytes on disk, read back through its path.
@@ -299,6 +299,39 @@ struct DirectFileTests {
         let writes = fixture.writer.recorded
         #expect(writes.first.map { $0.direct && $0.count == 3 << 20 } == true, "one direct write of the whole 3 MiB: \(writes)")
         #expect(fixture.writer.plainBytes == 5, "\(writes)")
+    }
+
+    /// Copies of a chunk written aside, between the pieces of a run and around them (as a first install writes a chunk
+    /// that repeats): the run goes on through `O_DIRECT` in whole staging buffers as if they were not there, the copies
+    /// go through the page cache, and the file holds every byte, including where a copy shares a block with the run's
+    /// edge or lands on the bytes staged (which then go through the run).
+    @Test func copiesWrittenAsideLeaveTheRunWhole() throws {
+        let folder = try Fixtures.temporaryDirectory("directfile-aside")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let fixture = try DirectFileFixture(folder: folder, stagingBytes: 64 << 10)
+        // The run: 2 MiB + 100 in pieces of 70,001 bytes, from offset 0; copies of 30,000 bytes after its end (the holes
+        // the run then skips), and one at the file's far end.
+        let runEnd: Int64 = 2 << 20 + 100
+        var copies: [Int64] = [runEnd + 5, runEnd + 40_000, runEnd + 200_001, 9 << 20 + 3]
+        var offset: Int64 = 0
+        while offset < runEnd {
+            let count = Int(min(70_001, runEnd - offset))
+            try fixture.write(count, from: Int(offset % (1 << 20)) + 1, at: offset)
+            offset += Int64(count)
+            if let copy = copies.popLast() { try fixture.write(30_000, from: 123, at: copy, aside: true) }
+        }
+        let runWrites = fixture.writer.recorded.filter(\.direct)
+        #expect(runWrites.count == Int(runEnd) / (64 << 10), "the run's direct writes are whole buffers: \(runWrites)")
+        #expect(runWrites.allSatisfy { $0.count == 64 << 10 && $0.offset % Int64(64 << 10) == 0 }, "\(runWrites)")
+        // Bytes given aside over the staged ones (a rewrite) go through the run, and stay.
+        try fixture.write(2000, from: 77, at: runEnd - 3000, aside: true)
+        // The file's bytes go on in the gaps between the copies.
+        try fixture.write(5, from: 5, at: runEnd)
+        try fixture.write(9995, from: 9, at: runEnd + 30_005)
+        try fixture.write(130_001, from: 11, at: runEnd + 70_000)
+        try fixture.file.flush()
+        #expect(try fixture.onDisk() == fixture.expected)
+        #expect(fixture.writer.plainBytes >= 4 * 30_000, "the copies went through the page cache")
     }
 
     @Test func flushingInTheMiddleOfARunThenContinuingKeepsEveryByte() throws {

@@ -111,6 +111,22 @@ final class DirectFile {
         try self.append(base + head, bytes.count - head)
     }
 
+    /// Writes `bytes` at `offset` through ``fd`` (the page cache) now, and leaves the staged run as it is: for bytes away
+    /// from the run that would otherwise end it (a copy of a chunk the file holds elsewhere too). Bytes that overlap the
+    /// staged run's go through ``write(_:at:)``.
+    ///
+    /// Mixing the two descriptors is safe: a direct write only ever covers whole blocks of bytes given to the run, so
+    /// no block holds bytes of both; a block shared by the run's unaligned end and bytes written aside is written
+    /// through ``fd`` both times.
+    func writeAside(_ bytes: UnsafeRawBufferPointer, at offset: Int64) throws {
+        guard let base = bytes.baseAddress, bytes.count > 0 else { return }
+        let end = offset + Int64(bytes.count)
+        if self.runStart >= 0, offset < self.runStart + Int64(self.staged), self.runStart < end {
+            return try self.write(bytes, at: offset)
+        }
+        try self.writePlain(base, bytes.count, at: offset)
+    }
+
     /// Puts every byte written so far into the file: the staged whole blocks through the `O_DIRECT` descriptor, the
     /// rest (less than a block) through ``fd``; frees the staging buffer. After it, `fdatasync(fd)` makes every byte
     /// written durable.

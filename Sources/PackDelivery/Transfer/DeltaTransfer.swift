@@ -443,7 +443,7 @@ private final class DeltaRun {
             }
             try committer.wait()
             if let twice = bad.first(where: { refetched.contains($0) }) {
-                let number = destinations[twice].first?.entry
+                let number = destinations.first(twice)?.entry
                 let path = number.map { self.index.entries[$0].path } ?? ""
                 throw PackDeliveryError(
                     .checksumMismatch,
