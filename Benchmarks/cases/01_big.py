@@ -113,6 +113,11 @@ def run(b):
     floor = max(median([r.wall for r in floor_runs["dd conv=fsync"]]), median([r.wall for r in st["curl -o file"]]))
     b.report.row(1, "1 GiB indexed tar, written once: ÷ the floor", walls["packs"],
                  "max(curl -o, dd conv=fsync)", floor, target=1.1)
+    # `dd`'s runs spread widely (0.5 s when the page cache and the device keep up, 1-2.6 s otherwise): the floor takes
+    # their median, as the issue does; the same ratio against the fastest run shows how much rests on that.
+    fastest = max(min(r.wall for r in floor_runs["dd conv=fsync"]), median([r.wall for r in st["curl -o file"]]))
+    b.report.row(1, "1 GiB indexed tar, written once: ÷ the floor with dd's fastest run", walls["packs"],
+                 "max(curl -o, fastest dd conv=fsync)", fastest)
     b.prepare(warm, served)
     peak = peak_extra_disk(b, manifest, "com.bench.big")
     b.report.row(1, "1 GiB indexed tar: peak extra disk ÷ unpacked size", peak / content[1], "unpacked size", 1.0,
