@@ -236,22 +236,7 @@ struct ChunkPlan: Sendable, Hashable {
     /// The ranges that fetch the chunks `numbers` of `fetch`: chunks less than ``DeltaPlan/coalesceGap`` apart share one,
     /// and slices of one shared frame (which give the same bytes) are fetched once.
     static func coalesce(_ numbers: [Int], in fetch: [PackIndex.Chunk]) -> [Range] {
-        var ranges: [Range] = []
-        for number in numbers.sorted(by: { fetch[$0].offset < fetch[$1].offset }) {
-            let chunk = fetch[number]
-            // The last range is changed in place: a copy of it would copy its list of chunks at each append (25,000 times
-            // for a 1 GiB pack fetched whole, 25 ms of a first install's start).
-            let last = ranges.indices.last
-            if let last, Self.within(chunk, ranges[last]) {
-                ranges[last].chunks.append(number)
-            } else if let last, chunk.offset >= ranges[last].end, chunk.offset - ranges[last].end <= DeltaPlan.coalesceGap {
-                ranges[last].end = max(ranges[last].end, chunk.offset + chunk.length)
-                ranges[last].chunks.append(number)
-            } else {
-                ranges.append(Range(start: chunk.offset, end: chunk.offset + chunk.length, chunks: [number]))
-            }
-        }
-        return ranges
+        Self.windows(numbers, in: fetch, window: .max)
     }
 
     /// The bytes of the pack that hold the chunks `numbers` of `fetch`: a shared frame counted once for its slices.
@@ -274,23 +259,23 @@ struct ChunkPlan: Sendable, Hashable {
     static func window(packLength: Int64) -> Int64 { min(16 << 20, max(1 << 20, packLength / 64)) }
 
     /// The ranges that fetch the chunks `numbers`, none longer than `window` (unless one chunk is).
+    /// ``coalesce(_:in:)`` is this without a limit.
     static func windows(_ numbers: [Int], in fetch: [PackIndex.Chunk], window: Int64) -> [Range] {
         var windows: [Range] = []
-        for range in Self.coalesce(numbers, in: fetch) {
-            for number in range.chunks {
-                let chunk = fetch[number]
-                // In place, as in `coalesce`.
-                let last = windows.indices.last
-                if let last, Self.within(chunk, windows[last]) {
-                    windows[last].chunks.append(number)
-                } else if let last, chunk.offset >= windows[last].end, chunk.offset - windows[last].end <= DeltaPlan.coalesceGap,
-                    chunk.offset + chunk.length - windows[last].start <= window
-                {
-                    windows[last].end = max(windows[last].end, chunk.offset + chunk.length)
-                    windows[last].chunks.append(number)
-                } else {
-                    windows.append(Range(start: chunk.offset, end: chunk.offset + chunk.length, chunks: [number]))
-                }
+        for number in numbers.sorted(by: { fetch[$0].offset < fetch[$1].offset }) {
+            let chunk = fetch[number]
+            // The last window is changed in place: a copy of it would copy its list of chunks at each append (25,000
+            // times for a 1 GiB pack fetched whole, 25 ms of a first install's start).
+            let last = windows.indices.last
+            if let last, Self.within(chunk, windows[last]) {
+                windows[last].chunks.append(number)
+            } else if let last, chunk.offset >= windows[last].end, chunk.offset - windows[last].end <= DeltaPlan.coalesceGap,
+                chunk.offset + chunk.length - windows[last].start <= window
+            {
+                windows[last].end = max(windows[last].end, chunk.offset + chunk.length)
+                windows[last].chunks.append(number)
+            } else {
+                windows.append(Range(start: chunk.offset, end: chunk.offset + chunk.length, chunks: [number]))
             }
         }
         return windows

@@ -102,20 +102,25 @@ struct DeltaPlan: Sendable, Hashable {
                 plan.fetch.append(number)
             }
         }
-        for number in plan.fetch.sorted(by: { index.entries[$0].offset < index.entries[$1].offset }) {
-            let entry = index.entries[number]
-            // In place: a copy of the last range would copy its list of entries at each append.
-            if let last = plan.ranges.indices.last, entry.offset >= plan.ranges[last].end,
-                entry.offset - plan.ranges[last].end <= Self.coalesceGap
-            {
-                plan.ranges[last].end = max(plan.ranges[last].end, entry.offset + entry.length)
-                plan.ranges[last].entries.append(number)
-            } else {
-                plan.ranges.append(Range(start: entry.offset, end: entry.offset + entry.length, entries: [number]))
-            }
-        }
+        plan.ranges = Self.coalesce(plan.fetch, in: index)
         if let refusal = Self.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
+    }
+
+    /// The ranges that fetch the entries `numbers` of `index`: entries less than ``coalesceGap`` apart share one.
+    static func coalesce(_ numbers: [Int], in index: PackIndex) -> [Range] {
+        var ranges: [Range] = []
+        for number in numbers.sorted(by: { index.entries[$0].offset < index.entries[$1].offset }) {
+            let entry = index.entries[number]
+            // In place: a copy of the last range would copy its list of entries at each append.
+            if let last = ranges.indices.last, entry.offset >= ranges[last].end, entry.offset - ranges[last].end <= Self.coalesceGap {
+                ranges[last].end = max(ranges[last].end, entry.offset + entry.length)
+                ranges[last].entries.append(number)
+            } else {
+                ranges.append(Range(start: entry.offset, end: entry.offset + entry.length, entries: [number]))
+            }
+        }
+        return ranges
     }
 
     /// The refusal of an update that would fetch more than ``maxShare`` of the pack (the whole pack is then cheaper).

@@ -246,7 +246,9 @@ private final class DeltaRun {
             var missing = plan.fetch.filter { !FileManager.default.fileExists(atPath: assembly.entryFile($0).path) }
             let kept =
                 plan.fetch.filter { !missing.contains($0) }.reduce(Int64(0)) { $0 + self.index.entries[$1].length }
-                + Self.coalesce(missing, in: self.index).reduce(Int64(0)) { $0 + min(Self.size(self.rangeFile($1)), $1.end - $1.start) }
+                + DeltaPlan.coalesce(missing, in: self.index).reduce(Int64(0)) {
+                    $0 + min(Self.size(self.rangeFile($1)), $1.end - $1.start)
+                }
             // The directory's bytes count as fetched: they were, in this attempt or an earlier one.
             self.total = plan.bytesToFetch + tail.bytes
             self.fetched = min(kept + tail.bytes, self.total)
@@ -262,10 +264,10 @@ private final class DeltaRun {
             var verified: [Int: InstalledFile] = [:]
             while true {
                 // Bytes of partial range files are counted in `fetched` already; each range adds what it fetches.
-                self.fetched -= Self.coalesce(missing, in: self.index).reduce(Int64(0)) {
+                self.fetched -= DeltaPlan.coalesce(missing, in: self.index).reduce(Int64(0)) {
                     $0 + min(Self.size(self.rangeFile($1)), $1.end - $1.start)
                 }
-                for range in Self.coalesce(missing, in: self.index) {
+                for range in DeltaPlan.coalesce(missing, in: self.index) {
                     try self.fetch(range)
                     try assembly.keep(range, from: self.rangeFile(range))
                 }
@@ -658,21 +660,6 @@ private final class DeltaRun {
         }
         guard let result else { throw Stop() }
         return result.crc
-    }
-
-    static func coalesce(_ numbers: [Int], in index: PackIndex) -> [DeltaPlan.Range] {
-        var ranges: [DeltaPlan.Range] = []
-        for number in numbers.sorted(by: { index.entries[$0].offset < index.entries[$1].offset }) {
-            let entry = index.entries[number]
-            // In place: a copy of the last range would copy its list of entries at each append.
-            if let last = ranges.indices.last, entry.offset >= ranges[last].end, entry.offset - ranges[last].end <= DeltaPlan.coalesceGap {
-                ranges[last].end = max(ranges[last].end, entry.offset + entry.length)
-                ranges[last].entries.append(number)
-            } else {
-                ranges.append(DeltaPlan.Range(start: entry.offset, end: entry.offset + entry.length, entries: [number]))
-            }
-        }
-        return ranges
     }
 
     // MARK: Fetch
