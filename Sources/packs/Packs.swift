@@ -246,12 +246,7 @@ struct TransferFlags: ParsableArguments {
             let flags = self
             configuration.credentials = { _ in flags.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? [] }
         }
-        configuration.installHook = TestPausePoint.hook
-        // Test-only: `PACKS_TEST_JOINED_WINDOW=0` makes a small pack's first install take the path of a large one's
-        // (consecutive windows in one request), so that the kill tests cover it.
-        if let window = ProcessInfo.processInfo.environment["PACKS_TEST_JOINED_WINDOW"].flatMap(Int64.init) {
-            configuration.joinedWindow = window
-        }
+        TestHooks.apply(to: &configuration)
         return configuration
     }
 }
@@ -259,24 +254,8 @@ struct TransferFlags: ParsableArguments {
 /// The configuration of commands that only look at the home (status, content, pause, …).
 func lookingConfiguration() -> DownloadQueue.Configuration {
     var configuration = DownloadQueue.Configuration(resumeInterruptedDownloads: false, resumeWhenSpaceReturns: false)
-    configuration.installHook = TestPausePoint.hook
+    TestHooks.apply(to: &configuration)
     return configuration
-}
-
-/// Test-only pause points for the power-cut tests: with `PACKS_TEST_PAUSE_AT=after-rename` (or
-/// `before-rename`, `mid-unpack`), an install that reaches the step prints `paused at STEP` on stderr
-/// and sleeps until the process is killed.
-enum TestPausePoint {
-    static let hook: (@Sendable (InstallStep) -> Void)? = {
-        guard let wanted = ProcessInfo.processInfo.environment["PACKS_TEST_PAUSE_AT"].flatMap(InstallStep.init(rawValue:)) else {
-            return nil
-        }
-        return { step in
-            guard step == wanted else { return }
-            printError("packs: paused at \(step.rawValue) (PACKS_TEST_PAUSE_AT)")
-            while true { sleep(60) }
-        }
-    }()
 }
 
 /// Standard output that survives a reader that went away (`packs fetch … | head -1`): a write that

@@ -245,4 +245,74 @@ import Testing
         let row = try #require(try store.read { db in try DownloadRecord.fetchOne(db) })
         #expect(row.error?.value == PackDeliveryError(.httpStatus, message: "The server said 404.", httpStatus: 404))
     }
+
+    /// Requests between processes are typed: each one written is read back as itself, the texts earlier versions
+    /// wrote are read as before, and a text this version does not know comes back as an error (the owner logs it)
+    /// instead of being dropped; either way the request is taken once.
+    @Test func requestsOfOtherProcessesAreReadBackTypedAndAnUnknownOneIsAnError() throws {
+        let folder = try Fixtures.temporaryDirectory("store-requests")
+        let store = try Store(url: folder.appending(path: "state.sqlite"))
+        defer { store.close() }
+        let owner = QueueOwner.new()
+        let download = Download(
+            id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
+            contentLength: 1000, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+            contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p.zip")!, sha256: Self.sha,
+            unpackedLength: nil, destination: .caches, bytesReceived: 0)
+        let transaction = Transaction(
+            id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+            downloads: [download])
+        try store.insert([transaction], owner: owner) { _ in "/work/downloads/d-1.pack" }
+        let all: [ControlRequest] = [.pause, .cancel, .resume, .allowMetered] + DownloadPriority.allCases.map { .priority($0) }
+        for request in all {
+            try store.setRequest(request, for: "d-1")
+            let taken = try store.takeRequests(owner: owner)
+            #expect(taken.count == 1 && taken.first?.id == "d-1")
+            #expect(try taken.first?.request.get() == request)
+            #expect(try store.takeRequests(owner: owner).isEmpty, "a request is taken once")
+        }
+        // The texts earlier versions wrote.
+        #expect(try ControlRequest(stored: "priority:prefetch") == .priority(.prefetch))
+        #expect(try ControlRequest(stored: "allowMetered") == .allowMetered)
+        // One a newer version might write.
+        try store.write { db in try db.execute(sql: "UPDATE downloads SET request = 'throttle:5' WHERE id = 'd-1'") }
+        let taken = try store.takeRequests(owner: owner)
+        #expect(taken.count == 1)
+        #expect(throws: PackDeliveryError.self) { try taken.first?.request.get() }
+        if case .failure(let error) = taken.first?.request { #expect(error.code == .database && error.message.contains("throttle:5")) }
+        #expect(try store.takeRequests(owner: owner).isEmpty)
+        // As JSON (Codable), a request is its stored text.
+        let json = try JSONEncoder().encode([ControlRequest.priority(.userInitiated)])
+        #expect(String(decoding: json, as: UTF8.self) == #"["priority:userInitiated"]"#)
+        #expect(throws: DecodingError.self) { try JSONDecoder().decode([ControlRequest].self, from: Data(#"["nope"]"#.utf8)) }
+    }
+
+    /// Each record's `Columns` names every column of its table, so a query never spells a column by hand.
+    @Test func columnsNameEveryColumnOfTheirTable() throws {
+        let folder = try Fixtures.temporaryDirectory("store-columns")
+        let store = try Store(url: folder.appending(path: "state.sqlite"))
+        defer { store.close() }
+        let tables = try store.read { db in
+            try ["transactions", "downloads", "installs", "installedFiles"].map { table in Set(try db.columns(in: table).map(\.name)) }
+        }
+        #expect(tables[0] == Set(TransactionRecord.Columns.allCases.map(\.name)))
+        #expect(tables[1] == Set(DownloadRecord.Columns.allCases.map(\.name)))
+        #expect(tables[2] == Set(InstallRecord.Columns.allCases.map(\.name)))
+        #expect(tables[3] == Set(InstalledFileRecord.Columns.allCases.map(\.name)))
+    }
+
+    /// The enum values the queries write into SQL are the ones the schema's partial index names, so SQLite still
+    /// uses the index for the downloads not settled (a catalog of 10,000 finished downloads is not scanned).
+    @Test func unsettledDownloadsAreFoundThroughThePartialIndex() throws {
+        let folder = try Fixtures.temporaryDirectory("store-unsettled")
+        let store = try Store(url: folder.appending(path: "state.sqlite"))
+        defer { store.close() }
+        let plan = try store.read { db in
+            try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN SELECT id FROM downloads WHERE \(DownloadRecord.unsettled)").map {
+                $0["detail"] as String
+            }
+        }
+        #expect(plan.contains { $0.contains("downloads_unsettled") }, "\(plan)")
+        #expect(DownloadRecord.unsettled == "state NOT IN ('finished', 'cancelled')")
+    }
 }

@@ -174,9 +174,9 @@ extension DownloadQueue {
             if self.driven({ $0.machine.machine(id) == nil }), try self.take([id]).isEmpty {
                 // Another live process runs it: ask that process (it acts within a second), and follow it.
                 if record.state == .paused || record.state == .failed {
-                    try self.store.setRequest("resume", for: id)
+                    try self.store.setRequest(.resume, for: id)
                 } else if priority < (record.priority ?? .essential) {
-                    try self.store.setRequest("priority:\(priority.rawValue)", for: id)
+                    try self.store.setRequest(.priority(priority), for: id)
                 }
                 continue
             }

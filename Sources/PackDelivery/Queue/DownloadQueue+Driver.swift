@@ -467,15 +467,9 @@ extension DownloadQueue {
         do {
             for (id, request) in try self.store.takeRequests(owner: self.owner) {
                 switch request {
-                case "pause": self.change { $0.handle(id, .pause(.user, nil)) }
-                case "cancel": self.change { $0.handle(id, .cancel) }
-                case "resume": self.change { $0.handle(id, .resume) }
-                case "allowMetered": self.change { $0.handle(id, .allowMetered) }
-                case let other where other.hasPrefix("priority:"):
-                    if let priority = DownloadPriority(rawValue: String(other.dropFirst("priority:".count))) {
-                        self.change { $0.handle(id, .setPriority(priority)) }
-                    }
-                default: break
+                case .success(let request): self.change { $0.handle(id, request.event) }
+                case .failure(let error):
+                    self.logger.error("ignored a request of another process", metadata: ["download": "\(id)", "error": "\(error.message)"])
                 }
             }
         } catch {
@@ -674,14 +668,14 @@ extension DownloadQueue {
         return finished
     }
 
-    /// Pause or cancel (`event`) downloads: those this queue runs at once; others are taken over when no
+    /// Pause or cancel (`request`) downloads: those this queue runs at once; others are taken over when no
     /// live process runs them, or asked of the process that does (through the store).
-    func control(_ ids: [String], request: String, event: QueueMachine.Event) throws(PackDeliveryError) {
+    func control(_ ids: [String], request: ControlRequest) throws(PackDeliveryError) {
         try self.requireOpen()
         try self.onDriver { () throws(PackDeliveryError) in
             for id in ids {
                 if self.driven({ $0.machine.machine(id) != nil }) {
-                    self.change { $0.handle(id, event) }
+                    self.change { $0.handle(id, request.event) }
                     continue
                 }
                 guard let record = try self.store.downloadRecord(id) else {
@@ -694,7 +688,7 @@ extension DownloadQueue {
                     try self.store.setRequest(request, for: id)
                     continue
                 }
-                self.change { $0.handle(id, event) }
+                self.change { $0.handle(id, request.event) }
             }
             self.save(includingProgress: false)
             if self.registry.withLock({ $0.closed }) {
@@ -713,7 +707,7 @@ extension DownloadQueue {
                 }
                 if !record.download.state.isSettled, try self.take([id]).isEmpty {
                     // Another process runs it: it resumes it within a second, as it pauses or cancels it.
-                    try self.store.setRequest("resume", for: id)
+                    try self.store.setRequest(.resume, for: id)
                 }
             }
         } else {

@@ -169,8 +169,8 @@ public final class DownloadQueue: Sendable {
         /// Where each running whole-pack transfer of a pack with several sources started: its origin, when, and the
         /// bytes kept then, to measure the source's throughput when it ends.
         var sourceStarts: [TransferID: (origin: String, at: Date, bytes: Int64)] = [:]
-        /// The source picked for a download whose transfer is being moved there before it started (it counts as in
-        /// flight there until that transfer starts), so that downloads starting together spread as picked.
+        /// The source picked for a download admitted and not yet started (it counts as in flight there until its
+        /// transfer starts, see ``DeliveryFacts/preferredSource``), so that downloads starting together spread as picked.
         var sourcePicks: [String: URL] = [:]
 
         /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
@@ -486,7 +486,7 @@ public final class DownloadQueue: Sendable {
     /// - Parameter ids: download ids; finished or cancelled ones are left alone.
     /// - Throws: `unknownDownload` for an unknown id.
     public func pause(_ ids: [String]) throws(PackDeliveryError) {
-        try self.control(ids, request: "pause", event: .pause(.user, nil))
+        try self.control(ids, request: .pause)
     }
 
     /// Cancels downloads: stops them and deletes their partial data and staging.
@@ -494,7 +494,7 @@ public final class DownloadQueue: Sendable {
     /// - Parameter ids: download ids; finished ones and a move into place in progress are left alone.
     /// - Throws: `unknownDownload` for an unknown id.
     public func cancel(_ ids: [String]) throws(PackDeliveryError) {
-        try self.control(ids, request: "cancel", event: .cancel)
+        try self.control(ids, request: .cancel)
     }
 
     /// Resumes paused or failed downloads (all of them when `ids` is nil); they continue from the bytes on disk.
@@ -542,7 +542,7 @@ public final class DownloadQueue: Sendable {
                     changed.append(id)
                 } else if try self.store.setPriority(priority, for: id) {
                     // Another process may run it: it takes the new priority within a second, as a pause.
-                    try self.store.setRequest("priority:\(priority.rawValue)", for: id)
+                    try self.store.setRequest(.priority(priority), for: id)
                 } else {
                     throw PackDeliveryError(
                         .unknownDownload, message: "There is no download '\(PackDeliveryError.printable(id))'.", subject: id)
@@ -571,7 +571,7 @@ public final class DownloadQueue: Sendable {
                     }
                     if record.state.isSettled { continue }
                     if try self.take([id]).isEmpty {
-                        try self.store.setRequest("allowMetered", for: id)
+                        try self.store.setRequest(.allowMetered, for: id)
                         continue
                     }
                 }

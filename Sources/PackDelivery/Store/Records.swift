@@ -18,10 +18,9 @@ struct TransactionRecord: Codable, FetchableRecord, PersistableRecord, Sendable 
     var finishedAt: Date?
     var autoFinish: Bool
 
-    enum Columns {
-        static let id = Column(CodingKeys.id)
-        static let finishedAt = Column(CodingKeys.finishedAt)
-        static let createdAt = Column(CodingKeys.createdAt)
+    /// Every column of the table, for the queries that name one (`StoreTests` checks they match the table).
+    enum Columns: String, ColumnExpression, CaseIterable {
+        case id, productIdentifier, kind, createdAt, finishedAt, autoFinish
     }
 }
 
@@ -57,7 +56,9 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     var retriedFromZero: Bool
     /// Whether the archive on disk is complete and matched its SHA-256 (so resuming only unpacks).
     var verified: Bool
-    /// A pause or cancel asked for by another process, for the process running the download.
+    /// A ``ControlRequest`` of another process, for the process running the download, as its stored text: read
+    /// as text so that a request this version does not know leaves the row readable (``Store/takeRequests(owner:)``
+    /// decodes and reports it).
     var request: String?
     /// The process (and queue in it) that runs the download; nil when none does. See ``QueueOwner``.
     var ownerPID: Int32?
@@ -78,13 +79,12 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     /// When the pack is delivered; NULL (rows from before delivery policies) is `essential`.
     var delivery: DeliveryPolicy?
 
-    enum Columns {
-        static let id = Column(CodingKeys.id)
-        static let transactionID = Column(CodingKeys.transactionID)
-        static let position = Column(CodingKeys.position)
-        static let state = Column(CodingKeys.state)
-        static let request = Column(CodingKeys.request)
-        static let ownerQueue = Column(CodingKeys.ownerQueue)
+    /// Every column of the table, for the queries that name one (`StoreTests` checks they match the table).
+    enum Columns: String, ColumnExpression, CaseIterable {
+        case id, transactionID, position, productIdentifier, contentIdentifier, contentVersion, contentLength, state
+        case phase, progress, pauseReason, contentURL, error, url, sha256, unpackedLength, destination, bytesReceived
+        case validator, partialPath, stagingInode, retriedFromZero, verified, request, ownerPID, ownerStart
+        case ownerQueue, indexReference, priority, sources, delivery
     }
 
     init(
@@ -244,11 +244,10 @@ struct InstallRecord: Codable, FetchableRecord, PersistableRecord, Sendable, Has
     /// until then, when its install time counts.
     var lastUsedAt: Date? = nil
 
-    enum Columns {
-        static let destination = Column(CodingKeys.destination)
-        static let productIdentifier = Column(CodingKeys.productIdentifier)
-        static let contentIdentifier = Column(CodingKeys.contentIdentifier)
-        static let installedAt = Column(CodingKeys.installedAt)
+    /// Every column of the table, for the queries that name one (`StoreTests` checks they match the table).
+    enum Columns: String, ColumnExpression, CaseIterable {
+        case destination, contentIdentifier, productIdentifier, contentVersion, contentURL, installedAt, downloadID
+        case fileCount, byteCount, lastUsedAt
     }
 
     var content: InstalledContent {
@@ -274,9 +273,9 @@ struct InstalledFileRecord: Codable, FetchableRecord, PersistableRecord, Sendabl
     /// The CRC-32 of the same bytes, for a zip pack's files (see ``InstalledFile/crc32``); nil when not known.
     var crc32: UInt32? = nil
 
-    enum Columns {
-        static let destination = Column(CodingKeys.destination)
-        static let contentIdentifier = Column(CodingKeys.contentIdentifier)
+    /// Every column of the table, for the queries that name one (`StoreTests` checks they match the table).
+    enum Columns: String, ColumnExpression, CaseIterable {
+        case destination, contentIdentifier, path, kind, size, sha256, crc32
     }
 }
 
@@ -290,4 +289,24 @@ struct TransactionAccessRecord: Codable, FetchableRecord, PersistableRecord, Sen
     var transactionID: String
     var manifestURL: String?
     var receipt: String?
+}
+
+/// An enum stored as its raw value, written into SQL text as a literal by the queries that must say a value as the
+/// schema does: SQLite uses the partial index `downloads_unsettled` only for a query whose WHERE says
+/// `state NOT IN ('finished', 'cancelled')` in so many words, which a bound argument does not.
+protocol SQLLiteral: RawRepresentable<String> {}
+
+extension SQLLiteral {
+    /// The raw value as a quoted SQL string literal.
+    var sqlLiteral: String { "'" + self.rawValue.replacingOccurrences(of: "'", with: "''") + "'" }
+}
+
+extension DownloadState: SQLLiteral {}
+extension DeliveryPolicy: SQLLiteral {}
+
+extension DownloadRecord {
+    /// SQL: the download is neither finished nor cancelled (the condition of the partial index `downloads_unsettled`).
+    static let unsettled = "state NOT IN (\(DownloadState.finished.sqlLiteral), \(DownloadState.cancelled.sqlLiteral))"
+    /// SQL: the download is essential (NULL, from before delivery policies, is), so its transaction waits for it.
+    static let holdsTransaction = "(downloads.delivery IS NULL OR downloads.delivery = \(DeliveryPolicy.essential.sqlLiteral))"
 }

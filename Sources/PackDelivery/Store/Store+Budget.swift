@@ -177,8 +177,8 @@ extension Store {
                     db,
                     sql: """
                         SELECT DISTINCT downloads.contentIdentifier FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                        WHERE transactions.finishedAt IS NULL AND downloads.state <> 'cancelled'
-                        AND (downloads.delivery IS NULL OR downloads.delivery = 'essential')
+                        WHERE transactions.finishedAt IS NULL AND downloads.state <> \(DownloadState.cancelled.sqlLiteral)
+                        AND \(DownloadRecord.holdsTransaction)
                         """))
             let priorities = Dictionary(
                 try Row.fetchAll(db, sql: "SELECT contentIdentifier, priority FROM preservationPriorities").map {

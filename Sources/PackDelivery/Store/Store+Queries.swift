@@ -133,8 +133,8 @@ extension Store {
                     db,
                     sql: """
                         SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                        WHERE (transactions.finishedAt IS NULL OR downloads.delivery = 'prefetch')
-                        AND downloads.state NOT IN ('finished', 'cancelled')
+                        WHERE (transactions.finishedAt IS NULL OR downloads.delivery = \(DeliveryPolicy.prefetch.sqlLiteral))
+                        AND downloads.\(DownloadRecord.unsettled)
                         """)
             }
             var claimed: [DownloadRecord] = []
@@ -174,15 +174,16 @@ extension Store {
             let statement = try db.cachedStatement(sql: DownloadRecord.saveSQL)
             for record in records {
                 let values = try record.databaseDictionary
-                var arguments = StatementArguments(DownloadRecord.ownColumns.map { values[$0] ?? .null })
+                var arguments = StatementArguments(DownloadRecord.ownColumns.map { values[$0.name] ?? .null })
                 arguments += [record.id, DownloadState.finished.rawValue]
                 try statement.execute(arguments: arguments)
             }
         }
     }
 
-    /// Pause or cancel requests that other processes left for this owner's downloads; taken (cleared) as they are read.
-    func takeRequests(owner: QueueOwner) throws(PackDeliveryError) -> [(id: String, request: String)] {
+    /// Requests that other processes left for this owner's downloads; taken (cleared) as they are read. Each is
+    /// decoded here: a text this version does not know comes back as the error that names it.
+    func takeRequests(owner: QueueOwner) throws(PackDeliveryError) -> [(id: String, request: Result<ControlRequest, PackDeliveryError>)] {
         // A read first: almost always there is nothing, and a read takes no write lock.
         let pending = try self.read { db in
             try Row.fetchAll(
@@ -194,7 +195,9 @@ extension Store {
         try self.write { db in
             for item in pending { try db.execute(sql: "UPDATE downloads SET request = NULL WHERE id = ?", arguments: [item.id]) }
         }
-        return pending
+        return pending.map { item in
+            (item.id, Result { () throws(PackDeliveryError) in try ControlRequest(stored: item.request) })
+        }
     }
 
     /// Records a download's priority; false when there is no such download.
@@ -205,14 +208,11 @@ extension Store {
         }
     }
 
-    func setRequest(_ request: String?, for id: String) throws(PackDeliveryError) {
+    func setRequest(_ request: ControlRequest?, for id: String) throws(PackDeliveryError) {
         try self.write { db in
             try db.execute(sql: "UPDATE downloads SET request = ? WHERE id = ?", arguments: [request, id])
         }
     }
-
-    /// SQL: the download is essential (NULL, from before delivery policies, is), so its transaction waits for it.
-    static let holdsTransaction = "(downloads.delivery IS NULL OR downloads.delivery = 'essential')"
 
     /// Marks transactions finished in one durable write; returns those that were open. Their prefetch and on-demand
     /// downloads not yet settled stay owned: they go on after the transaction.
@@ -226,7 +226,7 @@ extension Store {
                 )
                 try db.execute(
                     sql:
-                        "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count))) AND (\(Self.holdsTransaction) OR state IN ('finished', 'cancelled'))",
+                        "UPDATE downloads SET ownerPID = NULL, ownerStart = NULL, ownerQueue = NULL WHERE transactionID IN (\(databaseQuestionMarks(count: chunk.count))) AND (\(DownloadRecord.holdsTransaction) OR NOT (\(DownloadRecord.unsettled)))",
                     arguments: StatementArguments(chunk))
             }
         }
@@ -273,7 +273,7 @@ extension Store {
             try DownloadRecord.fetchOne(
                 db.cachedStatement(
                     sql: """
-                        SELECT * FROM downloads WHERE contentIdentifier = ? AND state NOT IN ('finished', 'cancelled')
+                        SELECT * FROM downloads WHERE contentIdentifier = ? AND \(DownloadRecord.unsettled)
                         ORDER BY rowid DESC LIMIT 1
                         """), arguments: [contentIdentifier])
         }
@@ -351,7 +351,7 @@ extension Store {
             // Installed again: no longer evicted.
             try db.cachedStatement(sql: "DELETE FROM evictions WHERE contentIdentifier = ?").execute(arguments: [install.contentIdentifier])
             for file in files { try file.insert(db) }
-            try download?.update(db, columns: DownloadRecord.ownColumns + ["stagingInode"])
+            try download?.update(db, columns: DownloadRecord.ownColumns + [.stagingInode])
         }
     }
 
@@ -362,7 +362,7 @@ extension Store {
                 db,
                 sql: """
                     SELECT downloads.* FROM downloads JOIN transactions ON transactions.id = downloads.transactionID
-                    WHERE downloads.state = 'finished' ORDER BY transactions.createdAt DESC
+                    WHERE downloads.state = \(DownloadState.finished.sqlLiteral) ORDER BY transactions.createdAt DESC
                     """)
             let wanted = productIdentifiers.map(Set.init)
             var seen = Set<String>()

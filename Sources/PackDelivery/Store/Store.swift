@@ -356,14 +356,13 @@ final class Store: Sendable {
 extension DownloadRecord {
     /// The columns the queue's driver saves: not `request` (other processes write it), not the owner, and not
     /// `stagingInode`, the journal of a move into place, which only the installer writes.
-    static let ownColumns: [String] = [
-        "state", "phase", "progress", "pauseReason", "contentURL", "error", "bytesReceived",
-        "validator", "partialPath", "retriedFromZero", "verified", "url", "sha256", "contentLength", "unpackedLength",
-        "priority",
+    static let ownColumns: [Columns] = [
+        .state, .phase, .progress, .pauseReason, .contentURL, .error, .bytesReceived, .validator, .partialPath, .retriedFromZero,
+        .verified, .url, .sha256, .contentLength, .unpackedLength, .priority,
     ]
 
     /// Saves ``ownColumns`` of one row (arguments: those columns, then the id and the finished state), unless the
     /// row is finished: a finished row is written once, with its install (``Store/commitInstall(_:files:download:)``).
     static let saveSQL =
-        "UPDATE downloads SET " + ownColumns.map { "\"\($0)\" = ?" }.joined(separator: ", ") + " WHERE id = ? AND state <> ?"
+        "UPDATE downloads SET " + ownColumns.map { "\"\($0.name)\" = ?" }.joined(separator: ", ") + " WHERE id = ? AND state <> ?"
 }
