@@ -268,7 +268,9 @@ import Testing
                 #expect(from.successors.contains(to), "\(event.name) took \(sample.name) to \(to), which its table does not list")
                 for action in actions {
                     switch action {
-                    case .startTransfer(let token, _), .scheduleRetry(let token, _), .install(let token), .reloadManifest(let token):
+                    case .startTransfer(let order):
+                        #expect(order.token == machine.token, "\(event.name) in \(sample.name) started \(action) with an old token")
+                    case .scheduleRetry(let token, _), .install(let token), .reloadManifest(let token):
                         #expect(token == machine.token, "\(event.name) in \(sample.name) started \(action) with an old token")
                     case .stopTransfer, .stopInstall, .deleteFiles: break
                     }

@@ -22,7 +22,7 @@ import Testing
         _ = machine.start()
         _ = machine.progress(token: 1, bytesOnDisk: 400, validator: "\"a1\"")
         let actions = machine.transferFinished(token: 1, outcome: .failed(DownloadMachineTests.networkFailure, bytesOnDisk: 400))
-        #expect(actions == [.startTransfer(token: 2, fromZero: false)], "no backoff, no restart from zero")
+        #expect(actions.brief == [.startTransfer(token: 2, fromZero: false)], "no backoff, no restart from zero")
         #expect(machine.download.url == Self.b && machine.download.source == "b.example/p.tar" && machine.validator == nil)
         #expect(machine.download.bytesReceived == 400)
     }
@@ -40,7 +40,8 @@ import Testing
                 Issue.record("expected a retry of b")
                 return
             }
-            #expect(machine.retryDue(token: retry) == [.startTransfer(token: retry, fromZero: false)] && machine.download.url == Self.b)
+            #expect(
+                machine.retryDue(token: retry).brief == [.startTransfer(token: retry, fromZero: false)] && machine.download.url == Self.b)
             token = retry
         }
         let actions = machine.transferFinished(token: token, outcome: .failed(down, bytesOnDisk: 0), jitter: 0)
@@ -52,7 +53,7 @@ import Testing
         #expect(message.contains("a.example/p.tar: reset") && message.contains("b.example/p.tar: HTTP 503"), "\(message)")
         #expect(machine.download.error?.code == .httpStatus && machine.download.error?.httpStatus == 503)
         // The retry starts a new round at the first source.
-        #expect(machine.retryDue(token: token) == [.startTransfer(token: token, fromZero: false)])
+        #expect(machine.retryDue(token: token).brief == [.startTransfer(token: token, fromZero: false)])
         #expect(machine.download.url == Self.a)
     }
 
@@ -71,12 +72,12 @@ import Testing
             #expect(actions == [.scheduleRetry(token: token + 1, after: delay)], "retry \(retry) of a, with backoff")
             #expect(machine.download.url == Self.a && machine.download.retryDate != nil && machine.download.error?.httpStatus == 503)
             token += 1
-            #expect(machine.retryDue(token: token) == [.startTransfer(token: token, fromZero: false)])
+            #expect(machine.retryDue(token: token).brief == [.startTransfer(token: token, fromZero: false)])
             #expect(machine.download.url == Self.a && machine.validator == "\"a1\"", "the same source, its validator kept")
         }
         #expect(machine.attempt == 0, "a source's retries are not the download's failed attempts")
         let actions = machine.transferFinished(token: token, outcome: .failed(down, bytesOnDisk: 400), jitter: 0)
-        #expect(actions == [.startTransfer(token: token + 1, fromZero: false)], "then b, at once")
+        #expect(actions.brief == [.startTransfer(token: token + 1, fromZero: false)], "then b, at once")
         #expect(machine.download.url == Self.b && machine.download.bytesReceived == 400)
     }
 
@@ -87,7 +88,8 @@ import Testing
         let down = TransferFailure(
             error: PackDeliveryError(.httpStatus, message: "HTTP 503", httpStatus: 503), retryable: true,
             retryAfter: machine.retryPolicy.maxDelay + 1)
-        #expect(machine.transferFinished(token: 1, outcome: .failed(down, bytesOnDisk: 0)) == [.startTransfer(token: 2, fromZero: false)])
+        #expect(
+            machine.transferFinished(token: 1, outcome: .failed(down, bytesOnDisk: 0)).brief == [.startTransfer(token: 2, fromZero: false)])
         #expect(machine.download.url == Self.b)
     }
 
@@ -96,7 +98,7 @@ import Testing
         _ = machine.start()
         let actions = machine.transferFinished(
             token: 1, outcome: .completed(sha256: String(repeating: "cd", count: 32), length: 1000, resumedFrom: 0))
-        #expect(actions == [.deleteFiles(staging: true), .startTransfer(token: 2, fromZero: true)])
+        #expect(actions.brief == [.deleteFiles(staging: true), .startTransfer(token: 2, fromZero: true)])
         #expect(machine.download.url == Self.b && machine.badSources == [Self.a])
         // The good source fails later: the bad one is not tried again, so every source is done.
         let after = machine.transferFinished(token: 2, outcome: .failed(DownloadMachineTests.networkFailure, bytesOnDisk: 0))

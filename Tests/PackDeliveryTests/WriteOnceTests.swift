@@ -586,21 +586,30 @@ import Testing
         #expect(leftoversAfterCleanup(home) == [])
     }
 
-    /// The space asked for before a first install that writes each byte once is its unpacked size and the margin.
+    /// The space asked for before a first install that writes each byte once is its unpacked size and the margin; the
+    /// same pack with delta updates off (so fetched whole) asks for the pack and its content.
     @Test func theSpaceAskedForIsTheUnpackedSizeAndTheMargin() {
+        let packLength: Int64 = 16 << 20
         for writesOnce in [false, true] {
             var queue = QueueMachine(concurrency: 1, spaceMargin: 100)
-            let download = Download(
+            var download = Download(
                 id: "d-0", transactionID: "t-0", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
-                contentLength: 1000, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil, contentURL: nil,
-                error: nil, url: URL(string: "http://127.0.0.1/p.tar")!, sha256: String(repeating: "ab", count: 32),
+                contentLength: packLength, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
+                contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p.tar")!, sha256: String(repeating: "ab", count: 32),
                 unpackedLength: 5000, destination: .caches, bytesReceived: 0)
+            download.index = Manifest.IndexReference(
+                url: "http://127.0.0.1/p.tar.index", sha256: String(repeating: "cd", count: 32), length: 10)
             _ = queue.own(DownloadMachine(download: download), position: 0)
-            let actions = queue.admit("d-0", available: 5100, path: "/home", writesOnce: writesOnce)
+            let facts = DeliveryFacts(deltaUpdates: writesOnce)
+            let actions = queue.admit("d-0", facts: facts, available: 5100, path: "/home")
             if writesOnce {
-                #expect(actions.contains(.run(id: "d-0", .startTransfer(token: 1, fromZero: false))), "5000 + 100 fit")
+                let started = actions.compactMap { action -> TransferOrder? in
+                    if case .run("d-0", .startTransfer(let order)) = action { return order }
+                    return nil
+                }
+                #expect(started.map(\.plan) == [.writeOnce], "5000 + 100 fit: \(actions)")
             } else {
-                #expect(queue.download("d-0")?.error?.neededBytes == 6100, "the pack and its content")
+                #expect(queue.download("d-0")?.error?.neededBytes == packLength + 5100, "the pack and its content")
             }
         }
     }

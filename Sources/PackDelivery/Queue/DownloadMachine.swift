@@ -7,8 +7,9 @@ import Foundation
 /// of an earlier attempt) carry an older token and change nothing.
 struct DownloadMachine: Sendable, Hashable {
     enum Action: Sendable, Hashable {
-        /// Start a transfer into the partial file (from byte 0 when `fromZero`).
-        case startTransfer(token: Int, fromZero: Bool)
+        /// Start a transfer: the order says how the pack is delivered (``DeliveryPlan``), from which source, and with
+        /// which validator.
+        case startTransfer(TransferOrder)
         case stopTransfer(token: Int)
         case scheduleRetry(token: Int, after: TimeInterval)
         /// Unpack the verified archive and move it into place.
@@ -197,6 +198,8 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var badSources: Set<URL> = []
     /// Retries after a 5xx each source had in this round (``RetryPolicy/sourceRetries`` at most).
     private(set) var sourceRetries: [URL: Int] = [:]
+    /// What the driver gathered when the queue last admitted the download: its transfers' plans are decided from them.
+    private(set) var facts = DeliveryFacts.none
 
     init(
         download: Download, validator: String? = nil, retriedFromZero: Bool = false, archive: Archive = .partial,
@@ -268,16 +271,31 @@ struct DownloadMachine: Sendable, Hashable {
 
     // MARK: Events
 
-    /// The scheduler gives the download a slot: waiting → active.
-    mutating func start(now: Date = Date()) -> [Action] {
+    /// The scheduler gives the download a slot: waiting → active. Its transfers are planned from `facts`; a pack with
+    /// several sources whose first bytes are still to come starts at the source they prefer (the fastest measured,
+    /// or one never measured, as a probe).
+    mutating func start(facts: DeliveryFacts = .none, now: Date = Date()) -> [Action] {
         guard case .waiting = self.stage else { return [] }
+        self.facts = facts
         self.token += 1
         self.rate = RateEstimator()
         self.attempt = 0
         self.lastMovement = now
         self.sourceFailures = [:]
         if self.verified { return self.beginInstall(phase: .unpacking, error: nil) }
+        if let preferred = facts.preferredSource, self.base.bytesReceived == 0, self.sourceRetries.isEmpty,
+            !self.badSources.contains(preferred), self.base.sources?.contains(preferred) == true
+        {
+            self.use(preferred)
+        }
         return self.beginTransfer(error: nil, fromZero: false)
+    }
+
+    /// How a transfer that starts now with `facts` delivers the pack.
+    func plan(with facts: DeliveryFacts, fromZero: Bool = false) -> DeliveryPlan {
+        var download = self.base
+        download.index = download.indexAtSource
+        return DeliveryPlan.decide(for: download, facts: facts, deltaRefused: self.deltaRefused, fromZero: fromZero)
     }
 
     /// Bytes known good on disk, from the running transfer.
@@ -685,19 +703,6 @@ struct DownloadMachine: Sendable, Hashable {
         }
     }
 
-    /// The transfer about to start (not yet handed to the engine) may begin at a better source instead (the fastest the
-    /// home measured): only before it kept any byte, and before any source failed or was retried after a 5xx in this
-    /// round, so nothing is lost and the failover order (and a source's retries) holds.
-    mutating func preferSource(token: Int, _ source: URL) -> [Action] {
-        guard case .transferring(token, let error) = self.stage, source != self.base.url, self.base.bytesReceived == 0,
-            self.sourceFailures.isEmpty, self.sourceRetries.isEmpty, !self.badSources.contains(source),
-            self.base.sources?.contains(source) == true
-        else { return [] }
-        self.use(source)
-        self.token += 1
-        return self.beginTransfer(error: error, fromZero: false)
-    }
-
     /// The running transfer is much slower than another source measured: it stops, and goes on from the kept bytes at
     /// `source` (aria2's feedback: a slow source counts as failed for this round). Nothing happens for stale tokens, a
     /// source that served wrong bytes, or one the pack does not list.
@@ -788,7 +793,10 @@ struct DownloadMachine: Sendable, Hashable {
         self.base.timeRemaining = -1
         self.base.bytesPerSecond = nil
         self.stage = .transferring(token: self.token, error: error)
-        return [.startTransfer(token: self.token, fromZero: fromZero)]
+        let order = TransferOrder(
+            token: self.token, plan: self.plan(with: self.facts, fromZero: fromZero), source: self.base.url,
+            validator: self.validator, credentialsRefused: self.credentialsRefused)
+        return [.startTransfer(order)]
     }
 
     /// Unpacks the verified archive, unless a stopped install still owns the staging folder: then once it returns.

@@ -33,14 +33,16 @@ extension DownloadQueue {
             case .measureSpace(let id, let destination):
                 let folder = self.home.workFolder(for: destination)
                 var available = SpaceCheck.available(at: folder)
-                let download = self.driven { $0.machine.download(id) }
-                if let download {
+                var facts = DeliveryFacts.none
+                if let machine = self.driven({ $0.machine.machine(id) }) {
+                    facts = self.facts(of: machine.download)
                     // Room first: evict cached packs to keep the budget, or to fit on a full disk (before pausing for space).
-                    let needed = self.driven { $0.machine.needed(download) }
-                    available = self.makeRoom(for: download, needed: needed, available: available, folder: folder)
+                    let needed = self.driven { $0.machine.needed(machine.download, writesOnce: machine.plan(with: facts).writesOnce) }
+                    available = self.makeRoom(for: machine.download, needed: needed, available: available, folder: folder)
                 }
-                let writesOnce = download.map { self.writesOnce($0) } ?? false
-                work += self.driven { $0.machine.admit(id, available: available, path: folder.path, writesOnce: writesOnce) }
+                work += self.driven { $0.machine.admit(id, facts: facts, available: available, path: folder.path) }
+                // A source picked for a download that did not start (paused for space or the network) is in flight nowhere.
+                if self.driven({ $0.machine.download(id)?.state != .active }) { self.driven { _ = $0.sourcePicks.removeValue(forKey: id) } }
             case .notify(let id):
                 if let download = self.driven({ $0.machine.download(id) }) { self.emit(.downloadUpdated(download)) }
             case .priorityChanged(let id):
@@ -61,54 +63,8 @@ extension DownloadQueue {
         guard let machine = self.driven({ $0.machine.machine(id) }) else { return [] }
         let download = machine.download
         switch action {
-        case .startTransfer(let token, let fromZero):
-            var download = download
-            download.index = download.indexAtSource
-            let archive = self.home.archiveURL(for: download)
-            if fromZero { self.discard(archive) }
-            var options = self.configuration.transfer
-            let access = self.recordedAccess(download.transactionID)
-            if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
-                options.headers += self.credentialHeaders(
-                    for: download, url: download.url, refused: machine.credentialsRefused, receipt: access?.receipt)
-            }
-            if let sources = download.sources {
-                // Start where the ranking picks: a source never measured gets one transfer at a time (a probe), the
-                // others go to the fastest measured (SourceRanking.pick), counting the transfers in flight at each.
-                let best = self.driven { state -> URL? in
-                    if state.ranking == nil { state.ranking = SourceRanking((try? self.store.sourceStats()) ?? []) }
-                    if let picked = state.sourcePicks.removeValue(forKey: id) { return picked }
-                    var inFlight: [String: Int] = [:]
-                    for start in state.sourceStarts.values { inFlight[start.origin, default: 0] += 1 }
-                    for picked in state.sourcePicks.values { inFlight[Download.origin(picked), default: 0] += 1 }
-                    return state.ranking?.pick(sources, inFlight: inFlight, now: Date())
-                }
-                if let best, best != download.url, download.bytesReceived == 0, !fromZero {
-                    self.driven { $0.sourcePicks[id] = best }
-                    let actions = self.driven { $0.machine.handle(id, .preferSource(token: token, best)) }
-                    if !actions.isEmpty { return actions }
-                    self.driven { _ = $0.sourcePicks.removeValue(forKey: id) }
-                }
-                self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(download.source)"])
-                let start = (origin: Download.origin(download.url), at: Date(), bytes: fromZero ? 0 : download.bytesReceived)
-                self.driven { $0.sourceStarts[TransferID(download: id, token: token)] = start }
-            }
-            if !fromZero, !machine.deltaRefused, let delta = self.deltaTransfer(for: download, token: token, options: options) {
-                self.driven { $0.updateWork(id) { $0.delta = delta } }
-                delta.start { [weak self] event in
-                    guard let self else { return }
-                    self.driver.async { self.handle(event) }
-                }
-                return []
-            }
-            // The index, beside the pack: its files' digests, so that the unpack hashes none of them.
-            let index = self.startIndexFetch(for: download, token: token, options: options)
-            let request = TransferRequest(
-                id: TransferID(download: id, token: token), url: download.url, file: archive,
-                expectedLength: download.contentLength, validator: machine.validator,
-                fromZero: fromZero, options: options, writer: self.configuration.writer,
-                stream: self.startStream(for: download, token: token, hashFiles: index == nil))
-            self.engineBox.withLock { $0 }?.start(request)
+        case .startTransfer(let order):
+            self.startTransfer(order, of: download)
         case .stopTransfer(let token):
             let transfer = TransferID(download: id, token: token)
             if let delta = self.driven({ $0.work[id]?.delta }), delta.request.id == transfer { delta.stop() }
@@ -205,45 +161,101 @@ extension DownloadQueue {
         return .success(installed.contentURL)
     }
 
-    /// Whether this download's transfer will be a first install that writes each byte once (``Download/writesOnce``,
-    /// delta updates on, no version installed in its destination, no whole-pack bytes kept).
-    private func writesOnce(_ download: Download) -> Bool {
-        guard self.configuration.deltaUpdates, download.writesOnce else { return false }
+    /// What the machines decide a download's delivery from (``DeliveryFacts``): the whole-pack bytes on disk, the
+    /// version installed in its destination, the configuration, and the source the ranking picks for a pack with
+    /// several (counting the transfers in flight at each origin, and the picks not yet started).
+    private func facts(of download: Download) -> DeliveryFacts {
         var info = stat()
-        if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return false }
-        guard let installs = try? self.store.installs(contentIdentifier: download.contentIdentifier) else { return false }
-        return !installs.contains { $0.destination == download.destination && $0.productIdentifier == download.productIdentifier }
+        let archiveBytes = stat(self.home.archiveURL(for: download).path, &info) == 0 ? Int64(info.st_size) : 0
+        var deltaUpdates = self.configuration.deltaUpdates
+        var installed: InstallRecord?
+        do {
+            installed = try self.store.installs(contentIdentifier: download.contentIdentifier).first {
+                $0.destination == download.destination && $0.productIdentifier == download.productIdentifier
+            }
+        } catch {
+            // Not knowing what is installed, only the whole pack is safe.
+            deltaUpdates = false
+        }
+        var preferred: URL?
+        if let sources = download.sources, download.bytesReceived == 0 {
+            preferred = self.driven { state -> URL? in
+                if state.ranking == nil { state.ranking = SourceRanking((try? self.store.sourceStats()) ?? []) }
+                var inFlight: [String: Int] = [:]
+                for start in state.sourceStarts.values { inFlight[start.origin, default: 0] += 1 }
+                for picked in state.sourcePicks.values { inFlight[Download.origin(picked), default: 0] += 1 }
+                let best = state.ranking?.pick(sources, inFlight: inFlight, now: Date())
+                state.sourcePicks[download.id] = best
+                return best
+            }
+        }
+        return DeliveryFacts(
+            archiveBytes: archiveBytes, installed: installed, deltaUpdates: deltaUpdates,
+            preferredSource: preferred)
     }
 
-    /// A delta update for this download, when one may work: the manifest indexes the pack, a version of it is
-    /// installed in the same destination (another version, or this one damaged: a repair), and no whole-pack bytes
-    /// are kept. Nil means: fetch the whole pack.
-    private func deltaTransfer(for download: Download, token: Int, options: TransferOptions) -> DeltaTransfer? {
-        guard self.configuration.deltaUpdates, let index = download.index, let engine = self.engineBox.withLock({ $0 }) else { return nil }
-        var info = stat()
-        if stat(self.home.archiveURL(for: download).path, &info) == 0, info.st_size > 0 { return nil }
-        guard let installs = try? self.store.installs(contentIdentifier: download.contentIdentifier) else { return nil }
-        guard
-            let install = installs.first(where: {
-                $0.destination == download.destination && $0.productIdentifier == download.productIdentifier
-            })
-        else {
-            // A first install of an indexed tar or tar.zst pack: each chunk written once, into the new version's files.
-            guard download.writesOnce else { return nil }
-            return DeltaTransfer(
-                DeltaTransfer.Request(
-                    id: TransferID(download: download.id, token: token), download: download, index: index, install: nil,
-                    installedFiles: [], folder: self.home.deltaURL(for: download), options: options,
-                    writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine,
-                    joinedWindow: self.configuration.joinedWindow))
+    /// Runs a transfer order: the plan says which transfer, the order where from; nothing here decides.
+    private func startTransfer(_ order: TransferOrder, of machineDownload: Download) {
+        let id = machineDownload.id
+        var download = machineDownload
+        download.url = order.source
+        download.index = download.indexAtSource
+        let archive = self.home.archiveURL(for: download)
+        if case .wholePack(fromZero: true) = order.plan { self.discard(archive) }
+        var options = self.configuration.transfer
+        let access = self.recordedAccess(download.transactionID)
+        if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
+            options.headers += self.credentialHeaders(
+                for: download, url: download.url, refused: order.credentialsRefused, receipt: access?.receipt)
         }
-        guard let files = try? self.store.files(of: install) else { return nil }
-        return DeltaTransfer(
+        if download.sources != nil {
+            self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(download.source)"])
+            let fromZero = order.plan == .wholePack(fromZero: true)
+            let start = (origin: Download.origin(download.url), at: Date(), bytes: fromZero ? 0 : download.bytesReceived)
+            self.driven { state in
+                state.sourcePicks[id] = nil
+                state.sourceStarts[TransferID(download: id, token: order.token)] = start
+            }
+        }
+        let transfer = TransferID(download: id, token: order.token)
+        switch order.plan {
+        case .delta(let installed):
+            // The installed version's files, as recorded: a delta reuses them. Unreadable, the update is refused as
+            // any other (an event, in order), and the machine fetches the whole pack.
+            guard let files = try? self.store.files(of: installed) else {
+                let refusal = Download.DeltaFallback(.installedFilesChanged, "the installed files' records could not be read")
+                self.driver.async { self.handle(.finished(id: transfer, outcome: .deltaRefused(refusal))) }
+                return
+            }
+            self.startDelta(for: download, transfer: transfer, install: installed, files: files, options: options)
+        case .writeOnce:
+            self.startDelta(for: download, transfer: transfer, install: nil, files: [], options: options)
+        case .wholePack(let fromZero):
+            // The index, beside the pack: its files' digests, so that the unpack hashes none of them.
+            let index = self.startIndexFetch(for: download, token: order.token, options: options)
+            let request = TransferRequest(
+                id: transfer, url: download.url, file: archive, expectedLength: download.contentLength, validator: order.validator,
+                fromZero: fromZero, options: options, writer: self.configuration.writer,
+                stream: self.startStream(for: download, token: order.token, hashFiles: index == nil))
+            self.engineBox.withLock { $0 }?.start(request)
+        }
+    }
+
+    /// Starts a delta update from `install` (nil: a first install that writes each chunk once).
+    private func startDelta(
+        for download: Download, transfer: TransferID, install: InstallRecord?, files: [InstalledFileRecord], options: TransferOptions
+    ) {
+        guard let index = download.index, let engine = self.engineBox.withLock({ $0 }) else { return }
+        let delta = DeltaTransfer(
             DeltaTransfer.Request(
-                id: TransferID(download: download.id, token: token), download: download, index: index, install: install,
-                installedFiles: files, folder: self.home.deltaURL(for: download), options: options,
-                writer: self.configuration.writer, maxEntries: self.installer.limits.maxEntries, engine: engine,
-                joinedWindow: self.configuration.joinedWindow))
+                id: transfer, download: download, index: index, install: install, installedFiles: files,
+                folder: self.home.deltaURL(for: download), options: options, writer: self.configuration.writer,
+                maxEntries: self.installer.limits.maxEntries, engine: engine, joinedWindow: self.configuration.joinedWindow))
+        self.driven { $0.updateWork(download.id) { $0.delta = delta } }
+        delta.start { [weak self] event in
+            guard let self else { return }
+            self.driver.async { self.handle(event) }
+        }
     }
 
     /// A fetch of the pack's index beside this transfer, for its files' digests, when ``IndexFetch/applies(to:)``

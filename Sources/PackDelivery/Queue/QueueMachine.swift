@@ -12,7 +12,8 @@ struct QueueMachine: Sendable {
     enum Action: Sendable, Hashable {
         /// Run a download's own action.
         case run(id: String, DownloadMachine.Action)
-        /// Measure the free space for a download about to start, then call ``admit(_:available:path:writesOnce:now:)``.
+        /// Gather the facts of a download about to start (``DeliveryFacts``) and measure the free space where it goes,
+        /// then call ``admit(_:facts:available:path:now:)``.
         case measureSpace(id: String, destination: Destination)
         /// Report the download as it is now.
         case notify(id: String)
@@ -31,8 +32,6 @@ struct QueueMachine: Sendable {
         case transferFinished(token: Int, outcome: TransferOutcome)
         /// A delta update planned what it fetches and reuses.
         case deltaPlanned(token: Int, delta: Download.Delta)
-        /// The transfer just started may begin at this source instead, the fastest measured.
-        case preferSource(token: Int, URL)
         /// The running transfer is much slower than this source measured: move it there from the kept bytes.
         case moveSource(token: Int, URL, because: PackDeliveryError)
         case retryDue(token: Int)
@@ -93,8 +92,6 @@ struct QueueMachine: Sendable {
     private(set) var metered = false
     /// On a metered connection, packs larger than this wait for an unmetered one (unless exempt, see ``waitsForUnmetered(_:)``).
     let meteredLimit: Int64
-    /// Downloads admitted as first installs that write each byte once (see ``admit(_:available:path:writesOnce:now:)``).
-    private var writesOnce: Set<String> = []
     private var nextSequence = 0
     let concurrency: Int
     /// Headroom kept free beyond what a pack needs.
@@ -153,8 +150,6 @@ struct QueueMachine: Sendable {
             case .deltaPlanned(let token, let delta):
                 machine.deltaPlanned(token: token, delta: delta, now: now)
                 return []
-            case .preferSource(let token, let source):
-                return machine.preferSource(token: token, source)
             case .moveSource(let token, let source, let error):
                 return machine.moveSource(token: token, to: source, because: error)
             case .retryDue(let token):
@@ -185,12 +180,10 @@ struct QueueMachine: Sendable {
         }
     }
 
-    /// The free space measured for a download about to start: it starts when the rest of its pack and
-    /// its unpacked content fit with the margin, and otherwise pauses for space saying how much is needed.
-    /// - Parameter writesOnce: the download is a first install that writes each byte once (no archive kept): it
-    ///   needs its unpacked size and the margin, not the pack's bytes too.
-    mutating func admit(_ id: String, available: Int64?, path: String, writesOnce: Bool = false, now: Date = Date()) -> [Action] {
-        if writesOnce { self.writesOnce.insert(id) } else { self.writesOnce.remove(id) }
+    /// The facts gathered and the free space measured for a download about to start: it starts when the rest of its
+    /// pack and its unpacked content fit with the margin (a first install that writes each byte once keeps no archive:
+    /// its unpacked content and the margin), and otherwise pauses for space saying how much is needed.
+    mutating func admit(_ id: String, facts: DeliveryFacts = .none, available: Int64?, path: String, now: Date = Date()) -> [Action] {
         guard let entry = self.entries[id], entry.machine.state == .waiting, self.running.contains(id) else {
             self.running.remove(id)
             var actions: [Action] = []
@@ -200,13 +193,13 @@ struct QueueMachine: Sendable {
         if self.waitsForUnmetered(entry.machine.download) {
             return self.update(id) { $0.pause(.waitingForUnmeteredNetwork) }
         }
-        let needed = self.needed(entry.machine.download)
+        let needed = self.needed(entry.machine.download, writesOnce: entry.machine.plan(with: facts).writesOnce)
         if let available, needed > available {
             return self.update(id) {
                 $0.pause(.insufficientStorage, error: .insufficientStorage(path: path, needed: needed, available: available))
             }
         }
-        return self.update(id) { $0.start(now: now) }
+        return self.update(id) { $0.start(facts: facts, now: now) }
     }
 
     /// Twice a second: the watchdog over active downloads; with `available` (every few seconds, when
@@ -222,8 +215,9 @@ struct QueueMachine: Sendable {
         }
         if let available {
             for id in self.pausedForSpace {
-                guard let download = self.entries[id]?.machine.download, let free = available[download.destination] else { continue }
-                if free.map({ self.needed(download) <= $0 }) ?? true {
+                guard let machine = self.entries[id]?.machine, let free = available[machine.download.destination] else { continue }
+                let needed = self.needed(machine.download, writesOnce: machine.plan(with: machine.facts).writesOnce)
+                if free.map({ needed <= $0 }) ?? true {
                     actions += self.update(id) { $0.spaceReturned() }
                 }
             }
@@ -294,7 +288,6 @@ struct QueueMachine: Sendable {
         self.pausedForSpace.remove(id)
         self.pausedForNetwork.remove(id)
         self.allowedOnMetered.remove(id)
-        self.writesOnce.remove(id)
         if self.entries.isEmpty {
             // A dictionary keeps its capacity when emptied: after a catalog of 10,000, that is ≈ 10 MB held for nothing.
             self.entries = [:]
@@ -306,10 +299,11 @@ struct QueueMachine: Sendable {
     func machine(_ id: String) -> DownloadMachine? { self.entries[id]?.machine }
 
     /// Bytes still to download, plus the unpacked size, plus the margin; never overflows.
-    func needed(_ download: Download) -> Int64 {
+    /// - Parameter writesOnce: the download is a first install that writes each byte once (``DeliveryPlan/writeOnce``):
+    ///   it keeps no archive, so it needs its files and the margin only.
+    func needed(_ download: Download, writesOnce: Bool) -> Int64 {
         let unpacked = max(0, download.unpackedLength ?? download.contentLength)
-        // A first install that writes each byte once keeps no archive: its files and the margin.
-        let remaining = self.writesOnce.contains(download.id) ? 0 : max(0, download.contentLength &- download.bytesReceived)
+        let remaining = writesOnce ? 0 : max(0, download.contentLength &- download.bytesReceived)
         let (sum, overflow1) = remaining.addingReportingOverflow(unpacked)
         let (total, overflow2) = sum.addingReportingOverflow(self.spaceMargin)
         return overflow1 || overflow2 ? .max : total
