@@ -6,6 +6,18 @@ import Foundation
 extension UnpackRun {
     // MARK: Files
 
+    /// What the blocks of one file left behind: its logical end (holes included), the end of the last bytes written,
+    /// how far the hash follows the bytes in order, and the digest ``UnpackRun/digests`` makes of them.
+    struct WrittenFile {
+        var fileEnd: Int64 = 0
+        var dataEnd: Int64 = 0
+        /// The hash covers [0, hashedEnd); holes hash as zeros.
+        var hashedEnd: Int64 = 0
+        /// Blocks arrived in order, so the hash needs no second read.
+        var inOrder: Bool
+        var digest: Int
+    }
+
     func writeFile(
         _ archiveEntry: OpaquePointer, _ components: [[UInt8]], key: [UInt8], mode: mode_t, entry: String,
         progress: (Int64) -> Void, isCancelled: () -> Bool
@@ -19,12 +31,19 @@ extension UnpackRun {
         self.nodes[key] = .file
         var closed = false
         defer { if !closed { close(fd) } }
+        var written = WrittenFile(inOrder: self.hashFiles, digest: self.hashFiles ? self.digests.begin() : 0)
+        try self.writeBlocks(fd, into: &written, components, entry: entry, progress: progress)
+        try self.record(fd, archiveEntry, written, key: key, components, entry: entry)
+        try self.setModeAndTime(fd, archiveEntry, mode: mode, components, entry: entry)
+        closed = true
+        if close(fd) != 0 { throw self.failure("write", components, errno: errno, entry: entry) }
+    }
 
-        var fileEnd: Int64 = 0  // logical end so far, holes included
-        var dataEnd: Int64 = 0  // end of the last bytes actually written
-        let digest = self.hashFiles ? self.digests.begin() : 0
-        var hashedEnd: Int64 = 0  // the hash covers [0, hashedEnd); holes hash as zeros
-        var inOrder = self.hashFiles  // blocks arrived in order, so the hash needs no second read
+    /// Writes the entry's data blocks at their offsets, charging each (and the hole it opens) to the byte limit
+    /// before writing it, and hashing the blocks that arrive in order.
+    private func writeBlocks(
+        _ fd: Int32, into written: inout WrittenFile, _ components: [[UInt8]], entry: String, progress: (Int64) -> Void
+    ) throws(PackDeliveryError) {
         var writebackStart: Int64 = 0  // bytes before this were handed to the kernel's writeback
         while true {
             if !self.source.checkBounds() { throw self.source.error(entry) }
@@ -43,35 +62,42 @@ extension UnpackRun {
             // Charge the data plus any hole it opens, before writing, so a bomb stops at the limit.
             let (end, overflow) = offset.addingReportingOverflow(Int64(size))
             guard !overflow else { throw PackDeliveryError.corruptArchive("a block lies beyond any file size", entry: entry) }
-            let charge = Int64(size) + max(0, offset - fileEnd)
+            let charge = Int64(size) + max(0, offset - written.fileEnd)
             if charge > self.maxBytes - self.bytes {
                 throw PackDeliveryError.unpackLimitExceeded("bytes", limit: self.limits.maxBytes, entry: entry)
             }
             if size > 0, let buffer {
                 try self.writeAll(fd, buffer, size, at: offset, components, entry: entry)
-                dataEnd = max(dataEnd, end)
-                if dataEnd - writebackStart >= Unpacker.writebackStep {
+                written.dataEnd = max(written.dataEnd, end)
+                if written.dataEnd - writebackStart >= Unpacker.writebackStep {
                     // Start writing this stretch out now, while the unpack goes on: the fsync before the rename
                     // then waits for the tail only. 1 GiB pack of 4 files on ext4: "installing" 1.9 → 0.4 s, the
                     // whole fetch 5.0 → 4.7 s (median of 3, file://); the disk, not the CPU, is then the limit.
-                    _ = clinux_start_writeback(fd, writebackStart, dataEnd - writebackStart)
-                    writebackStart = dataEnd
+                    _ = clinux_start_writeback(fd, writebackStart, written.dataEnd - writebackStart)
+                    writebackStart = written.dataEnd
                 }
-                if inOrder, offset >= hashedEnd {
-                    self.digests.addZeros(offset - hashedEnd)
+                if written.inOrder, offset >= written.hashedEnd {
+                    self.digests.addZeros(offset - written.hashedEnd)
                     self.digests.add(UnsafeRawBufferPointer(start: buffer, count: size))
-                    hashedEnd = end
+                    written.hashedEnd = end
                 } else {
-                    inOrder = false
+                    written.inOrder = false
                 }
             }
-            fileEnd = max(fileEnd, end)
+            written.fileEnd = max(written.fileEnd, end)
             self.bytes += charge
             if self.bytes - self.lastProgress >= Unpacker.progressInterval {
                 self.lastProgress = self.bytes
                 progress(self.bytes)
             }
         }
+    }
+
+    /// Gives the file its full size (a sparse file may end in a hole) and records its size and digest.
+    private func record(
+        _ fd: Int32, _ archiveEntry: OpaquePointer, _ written: WrittenFile, key: [UInt8], _ components: [[UInt8]], entry: String
+    ) throws(PackDeliveryError) {
+        var fileEnd = written.fileEnd
         // A sparse file that ends in a hole: libarchive reports no block for it, only the size.
         if archive_entry_sparse_count(archiveEntry) > 0, archive_entry_size_is_set(archiveEntry) != 0 {
             let size = Int64(archive_entry_size(archiveEntry))
@@ -83,18 +109,18 @@ extension UnpackRun {
                 fileEnd = size
             }
         }
-        if fileEnd > dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {
+        if fileEnd > written.dataEnd, ftruncate(fd, off_t(fileEnd)) != 0 {
             throw self.failure("extend", components, errno: errno, entry: entry)
         }
         if self.streaming, self.zipEntries != nil, fileEnd < Int64(unpackPathMax) { self.zipSymlinkAllowance += fileEnd }
         if !self.hashFiles {
             // The pack's index gives the digest (IndexDigests), once the unpack's sizes are held to it.
             self.records[key] = (.file, fileEnd, "")
-        } else if inOrder {
-            self.digests.addZeros(fileEnd - hashedEnd)
+        } else if written.inOrder {
+            self.digests.addZeros(fileEnd - written.hashedEnd)
             self.digests.end()
             self.records[key] = (.file, fileEnd, "")
-            self.pendingDigests[key] = digest
+            self.pendingDigests[key] = written.digest
         } else {
             // Blocks out of order (rare sparse layouts): hash what was written, once, here.
             let hasher = self.entryHasher
@@ -104,9 +130,6 @@ extension UnpackRun {
             }
             self.records[key] = (.file, fileEnd, hasher.hexDigest())
         }
-        try self.setModeAndTime(fd, archiveEntry, mode: mode, components, entry: entry)
-        closed = true
-        if close(fd) != 0 { throw self.failure("write", components, errno: errno, entry: entry) }
     }
 
     func setModeAndTime(_ fd: Int32, _ archiveEntry: OpaquePointer, mode: mode_t, _ components: [[UInt8]], entry: String)
