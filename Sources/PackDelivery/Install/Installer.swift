@@ -78,98 +78,51 @@ struct Installer: Sendable {
     /// Extended attributes that name the product an install folder belongs to.
     static let productAttribute = "user.packdelivery.product"
 
+    /// What a download's transfer left for its install.
+    enum Source {
+        /// The new version's tree, built by a delta update or a first install written chunk by chunk (each entry
+        /// already checked): moved into place as it is.
+        case built(DeltaTree)
+        /// The verified archive. `recheck`: hash it first (its verification was recorded by an earlier process, and a
+        /// crash may have damaged it since). `streamed`: the unpack that ran while it downloaded, when one did: its
+        /// folder is taken instead of unpacking again (unless `recheck`, or it failed for a reason that is not the
+        /// pack's). `index`: the fetch of the pack's index that ran beside its transfer, when one did: the files are
+        /// recorded with the SHA-256 it gives (``IndexDigests``), once their paths, kinds and sizes are held to it.
+        case archive(recheck: Bool, streamed: StreamedUnpack?, index: IndexFetch?)
+    }
+
     /// Runs check, unpack, sync and move for one download.
-    /// - Parameter recheck: hash the archive first (its verification was recorded by an earlier process,
-    ///   and a crash may have damaged it since).
+    /// - Parameter source: what its transfer left: a tree it built, or the archive.
     /// - Returns: what was installed, for the driver to record.
-    /// - Parameter streamed: the unpack that ran while the pack downloaded, when one did: its folder is taken
-    ///   instead of unpacking again (unless `recheck`, or it failed for a reason that is not the pack's).
-    /// - Parameter delta: the new version a delta update built (each entry already checked): moved into place
-    ///   instead of an unpacked archive.
-    /// - Parameter index: the fetch of the pack's index that ran beside its transfer, when one did: the files are
-    ///   recorded with the SHA-256 it gives (``IndexDigests``), once their paths, kinds and sizes are held to it.
     func install(
-        _ download: Download, recheck: Bool, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag,
-        streamed: StreamedUnpack? = nil, delta: DeltaTree? = nil, index: IndexFetch? = nil
+        _ download: Download, from source: Source, progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag
     ) throws(PackDeliveryError) -> InstalledPack {
         let archive = self.home.archiveURL(for: download)
         let staging = self.home.stagingURL(for: download)
-        let target = self.home.contentURL(for: download)
         try self.checkOwnership(download)
         try Self.removeTree(staging)
-        if recheck { streamed?.discard() }
+        if case .archive(true, let streamed?, _) = source { streamed.discard() }
         do throws(PackDeliveryError) {
-            var info = stat()
-            var summary: UnpackSummary?
-            if let delta {
-                if rename(delta.folder.path, staging.path) != 0 { throw Self.fileError("move the updated pack to", staging.path, errno) }
-                summary = delta.summary
+            var summary: UnpackSummary
+            switch source {
+            case .built(let tree):
+                if rename(tree.folder.path, staging.path) != 0 { throw Self.fileError("move the updated pack to", staging.path, errno) }
+                summary = tree.summary
+                progress(.unpacking, 0)
+            case .archive(let recheck, let streamed, let index):
+                summary = try self.unpacked(
+                    download, archive: archive, staging: staging, recheck: recheck, streamed: streamed, index: index,
+                    progress: progress, cancel: cancel)
             }
-            guard summary != nil || stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
-            let packLength = Int64(info.st_size)
-            let expected = Double(download.unpackedLength ?? max(packLength, 1))
-            progress(.unpacking, 0)
-            switch summary != nil
-                ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) })
-            {
-            case .unpacked(let unpacked, let folder)? where unpacked.zipEntries == nil:
-                // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
-                if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
-                summary = unpacked
-            case .unpacked(let unpacked, let folder)?:
-                // A zip, unpacked while downloading by its local headers: its central directory has the last word.
-                defer { try? Self.removeTree(folder) }
-                // A directory that cannot be followed: the unpack of the whole archive below settles it.
-                guard let listing = try ZipDirectories.listing(archive) else { break }
-                try ZipDirectories.check(listing)
-                if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
-                do throws(PackDeliveryError) {
-                    let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
-                    summary = try Unpacker.adopt(
-                        archive: archive, listing: listing, streamed: (folder, unpacked), into: staging,
-                        limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries),
-                        isCancelled: { cancel.isCancelled })
-                } catch {
-                    // Whatever it was, the unpack of the whole archive below settles it (and reports it, if it is the pack's).
-                    if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
-                }
-            case .failed(let error)? where StreamedUnpack.isHostile(error):
-                throw error
-            case .failed, nil:
-                if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
-            }
-            if summary == nil {
-                // The index was fetched with the pack: its digests spare hashing the files here too.
-                var indexed = false
-                if !recheck, case .digests? = index?.wait(cancel: cancel) { indexed = true }
-                summary = try self.unpack(
-                    download, archive: archive, staging: staging, length: packLength, recheck: recheck,
-                    progress: progress, cancel: cancel, hashFiles: !indexed)
-            }
-            guard var summary else { throw PackDeliveryError(.internalError, message: "No unpack summary.") }
             if !summary.filesHashed {
+                var index: IndexFetch?
+                if case .archive(_, _, let fetched) = source { index = fetched }
                 summary.files = try Self.digests(of: summary, in: staging, index: index, pack: download.contentIdentifier, cancel: cancel)
             }
-            if summary.entries == 0, download.unpackedLength != 0 {
-                throw PackDeliveryError(
-                    .emptyPack,
-                    message: "The pack \(download.contentIdentifier) holds no files at all, and the manifest does not say it is empty.",
-                    hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: download.redactedURL)
-            }
-            try Self.checkContentInfo(in: staging, for: download)
-            if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
-            progress(.installing, 0)
-            Self.setAttribute(Self.productAttribute, download.productIdentifier, on: staging)
-            try Durability.syncTree(staging, files: summary.files, directories: summary.directories)
-            // The journal of the move: after a crash, the inode tells whether the rename below happened.
-            guard stat(staging.path, &info) == 0 else { throw Self.fileError("inspect", staging.path, errno) }
-            let inode = Int64(info.st_ino)
-            try self.store.journalMove(downloadID: download.id, stagingInode: inode)
-            self.hook?(.beforeRename)
-            return try self.moveIntoPlace(download, staging: staging, target: target, files: summary.files)
+            return try self.place(download, summary: summary, staging: staging, progress: progress, cancel: cancel)
         } catch {
             try? Self.removeTree(staging)
-            if delta == nil,
+            if case .archive = source,
                 error.code == .corruptArchive || error.code == .unsafeEntry || error.code == .emptyPack || error.code == .indexMismatch,
                 (try? SHA256Hasher.hexDigest(ofFile: archive)) != download.sha256.lowercased()
             {
@@ -188,6 +141,75 @@ struct Installer: Sendable {
             }
             throw error
         }
+    }
+
+    /// The verified archive's tree in `staging`: the unpack that ran while it downloaded, taken when it can be (a zip's
+    /// held to its central directory), else the archive unpacked now.
+    private func unpacked(
+        _ download: Download, archive: URL, staging: URL, recheck: Bool, streamed: StreamedUnpack?, index: IndexFetch?,
+        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag
+    ) throws(PackDeliveryError) -> UnpackSummary {
+        var info = stat()
+        guard stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
+        let packLength = Int64(info.st_size)
+        let expected = Double(download.unpackedLength ?? max(packLength, 1))
+        progress(.unpacking, 0)
+        switch recheck ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
+        case .unpacked(let unpacked, let folder)? where unpacked.zipEntries == nil:
+            // Unpacked while downloading, from the bytes whose SHA-256 has just matched.
+            if rename(folder.path, staging.path) != 0 { throw Self.fileError("move the unpacked pack to", staging.path, errno) }
+            return unpacked
+        case .unpacked(let unpacked, let folder)?:
+            // A zip, unpacked while downloading by its local headers: its central directory has the last word.
+            defer { try? Self.removeTree(folder) }
+            // A directory that cannot be followed: the unpack of the whole archive below settles it.
+            guard let listing = try ZipDirectories.listing(archive) else { break }
+            try ZipDirectories.check(listing)
+            if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
+            do throws(PackDeliveryError) {
+                let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
+                return try Unpacker.adopt(
+                    archive: archive, listing: listing, streamed: (folder, unpacked), into: staging,
+                    limits: UnpackLimits(maxBytes: limit, maxEntries: self.limits.maxEntries), isCancelled: { cancel.isCancelled })
+            } catch {
+                // Whatever it was, the unpack of the whole archive below settles it (and reports it, if it is the pack's).
+                if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+            }
+        case .failed(let error)? where StreamedUnpack.isHostile(error):
+            throw error
+        case .failed, nil:
+            if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+        }
+        // The index was fetched with the pack: its digests spare hashing the files here too.
+        var indexed = false
+        if !recheck, case .digests? = index?.wait(cancel: cancel) { indexed = true }
+        return try self.unpack(
+            download, archive: archive, staging: staging, length: packLength, recheck: recheck, progress: progress, cancel: cancel,
+            hashFiles: !indexed)
+    }
+
+    /// Checks the tree in `staging`, makes it durable, journals the move and moves it into place.
+    private func place(
+        _ download: Download, summary: UnpackSummary, staging: URL, progress: @escaping (DownloadPhase, Double) -> Void,
+        cancel: CancelFlag
+    ) throws(PackDeliveryError) -> InstalledPack {
+        if summary.entries == 0, download.unpackedLength != 0 {
+            throw PackDeliveryError(
+                .emptyPack,
+                message: "The pack \(download.contentIdentifier) holds no files at all, and the manifest does not say it is empty.",
+                hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: download.redactedURL)
+        }
+        try Self.checkContentInfo(in: staging, for: download)
+        if cancel.isCancelled { throw PackDeliveryError.stopped("The install was stopped.") }
+        progress(.installing, 0)
+        Self.setAttribute(Self.productAttribute, download.productIdentifier, on: staging)
+        try Durability.syncTree(staging, files: summary.files, directories: summary.directories)
+        // The journal of the move: after a crash, the inode tells whether the rename below happened.
+        var info = stat()
+        guard stat(staging.path, &info) == 0 else { throw Self.fileError("inspect", staging.path, errno) }
+        try self.store.journalMove(downloadID: download.id, stagingInode: Int64(info.st_ino))
+        self.hook?(.beforeRename)
+        return try self.moveIntoPlace(download, staging: staging, target: self.home.contentURL(for: download), files: summary.files)
     }
 
     /// The unpacked files with their SHA-256, for an unpack that did not hash them: from the pack's index, held to

@@ -84,9 +84,13 @@ extension DownloadQueue {
                     return (work.stream, work.delta, work.index)
                 }
             }
-            let delta = built?.tree.withLock { $0 }
+            let source: Installer.Source =
+                if let tree = built?.tree.withLock({ $0 }) {
+                    .built(tree)
+                } else {
+                    .archive(recheck: machine.recheckArchive, streamed: streamed, index: index)
+                }
             let installer = self.installer
-            let recheck = machine.recheckArchive
             DispatchQueue.global().async { [weak self] in
                 let progress: (DownloadPhase, Double) -> Void = { phase, fraction in
                     guard let self else { return }
@@ -94,10 +98,7 @@ extension DownloadQueue {
                 }
                 let result: Result<InstalledPack, PackDeliveryError>
                 do throws(PackDeliveryError) {
-                    result = .success(
-                        try installer.install(
-                            download, recheck: recheck, progress: progress, cancel: flag, streamed: streamed, delta: delta,
-                            index: index))
+                    result = .success(try installer.install(download, from: source, progress: progress, cancel: flag))
                 } catch { result = .failure(error) }
                 guard let self else { return }
                 // The durable commit (a WAL sync) runs here, on the install's thread, not on the driver: the driver
