@@ -220,7 +220,7 @@ public enum PackServer {
     ///   - configuration: What to serve and where.
     ///   - logger: Receives one info line per request and the server's own messages.
     /// - Returns: The running server; its `port` is the real port when the configuration asked for 0.
-    /// - Throws: When the folder does not exist or the address cannot be bound.
+    /// - Throws: When the folder does not exist, a port is outside 0–65535 or the address cannot be bound.
     public static func start(_ configuration: PackServerConfiguration, logger: Logger) async throws -> RunningPackServer {
         let ready = ReadySignal()
         let metricsReady = ReadySignal()
@@ -255,7 +255,7 @@ public enum PackServer {
     ///   - configuration: What to serve and where.
     ///   - logger: Receives one info line per request and the server's own messages.
     ///   - onReady: Called once with the real port as soon as the server listens.
-    /// - Throws: When the folder does not exist or the address cannot be bound.
+    /// - Throws: When the folder does not exist, a port is outside 0–65535 or the address cannot be bound.
     public static func run(
         _ configuration: PackServerConfiguration,
         logger: Logger,
@@ -271,7 +271,7 @@ public enum PackServer {
     ///   - logger: Receives one info line per request and the server's own messages.
     ///   - onListening: Called once with the real port and the metrics listener's (when
     ///     ``PackServerConfiguration/metricsAddress`` is set) as soon as both listen.
-    /// - Throws: When the folder does not exist or an address cannot be bound.
+    /// - Throws: When the folder does not exist, a port is outside 0–65535 or an address cannot be bound.
     public static func run(
         _ configuration: PackServerConfiguration,
         logger: Logger,

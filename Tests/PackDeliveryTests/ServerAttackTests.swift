@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import PackServer
 import PackTestSupport
 import Testing
@@ -502,6 +503,12 @@ struct ServerAttackTests {
             #expect(result.status == 64, "\(arguments): exit \(result.status), \(result.stdout) \(result.stderr)")
             #expect(result.stdout.isEmpty, "\(arguments) listened: \(result.stdout)")
         }
+        // The library refuses them too, before listening.
+        var configuration = PackServerConfiguration(directory: root, port: 70000)
+        await #expect(throws: PackServerError.self) { _ = try await PackServer.start(configuration, logger: Logger(label: "test")) }
+        configuration.port = 0
+        configuration.metricsAddress = .init(host: "127.0.0.1", port: 65536)
+        await #expect(throws: PackServerError.self) { _ = try await PackServer.start(configuration, logger: Logger(label: "test")) }
     }
 
     @Test("Connection: close gets one answer, then the server closes; a request pipelined after it is not answered")
