@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import PackDelivery
 import PackFuzzHarness
 import PackTestSupport
@@ -214,6 +215,29 @@ import Testing
         #expect(result.stderr.contains("source="), "the sources are logged: \(result.stderr)")
     }
 
+    /// Item 14, the library's own logs (an app's log handler, not the CLI's): the source a download fetches from is
+    /// logged escaped, whatever host its percent-encoding decodes to.
+    @Test func theLibraryLogsSourcesEscaped() async throws {
+        let site = try TestSite.random("library-log-host", size: 4096)
+        let nginx = try NginxServer(root: site.folder)
+        defer { nginx.stop() }
+        try site.editManifest { $0.mirrors = ["http://m%1B%5D0;T%07%C2%9B%E2%80%AE.invalid/", "http://127.0.0.1:\(nginx.port)/"] }
+        let lines = LogLines()
+        var logger = Logger(label: "round-four") { _ in EveryValueLogHandler(lines: lines) }
+        logger.logLevel = .debug
+        let queue = try DownloadQueue(
+            home: Home(folder: try Fixtures.temporaryDirectory("library-log-home")),
+            configuration: DownloadQueue.Configuration(resumeWhenSpaceReturns: false, maxAttempts: 2, maxRetryDelay: 0.1), logger: logger)
+        let manifest = try await LoadedManifest.load(site.manifestURL.path)
+        let id = try #require(try await queue.add(product: "com.example.big", from: manifest).downloads.first?.id)
+        let download = try await queue.settled(downloadID: id)
+        await queue.close()
+        #expect(download.state == .finished, "\(download.error?.description ?? "")")
+        let logged = lines.all.joined(separator: "\n")
+        #expect(logged.contains("source="), "the sources are logged: \(logged)")
+        Self.expectClean(logged, "the library's log")
+    }
+
     /// Item 16: a bidirectional override in a product id, printed by `fetch`, `content`, `gc --dry-run`, and as JSON;
     /// an isolate in an error line.
     @Test func productIdsWithBidiControlsAreEscaped() throws {
@@ -285,5 +309,23 @@ import Testing
         Self.expectClean(log, "the request log")
         #expect(log.contains(#"range=bytes=0-9\x9B2J 200"#), "U+009B escaped, on the fast path: \(log)")
         #expect(log.contains(#"range=\x9Bx 404"#), "U+009B escaped, through the router: \(log)")
+    }
+}
+
+/// Keeps every log line with its metadata, as `message key=value…`.
+struct EveryValueLogHandler: LogHandler {
+    let lines: LogLines
+    var metadata: Logger.Metadata = [:]
+    var metadataProvider: Logger.MetadataProvider?
+    var logLevel: Logger.Level = .debug
+
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { self.metadata[key] }
+        set { self.metadata[key] = newValue }
+    }
+
+    func log(event: LogEvent) {
+        let values = (event.metadata ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+        self.lines.append(([event.message.description] + values).joined(separator: " "))
     }
 }
