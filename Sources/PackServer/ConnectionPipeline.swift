@@ -52,4 +52,18 @@ enum ConnectionPipeline {
         }
         return handlers
     }
+
+    /// A new set of handlers for one connection of the metrics listener: its own connection limit (the idlest
+    /// closed for a new one), and the request and idle timeouts. Nothing else: it sends a few KiB of text and no
+    /// files.
+    static func metricsHandlers(
+        limits: PackServerConfiguration.Limits, limiter: ConnectionLimiter, logger: Logger
+    ) -> [any RemovableChannelHandler] {
+        let idleMark = IdleMark()
+        return [
+            ConnectionLimitHandler(limiter: limiter, idleMark: idleMark, logger: logger),
+            RequestTimeoutHandler(
+                requestTimeout: limits.requestTimeout, idleTimeout: limits.idleTimeout, idleMark: idleMark, logger: logger),
+        ]
+    }
 }

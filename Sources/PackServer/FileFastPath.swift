@@ -37,7 +37,7 @@ struct FileFastPath: Sendable {
         else { return nil }
         let target = String(path.prefix { $0 != "?" })
         // Never a file: the router answers it, before any credential is asked for.
-        if target == HealthMiddleware<PackRequestContext>.path { return nil }
+        if HealthMiddleware<PackRequestContext>.isHealthPath(target) { return nil }
         var credential: String?
         if let authorizer = self.authorizer {
             guard let resource = self.index.resource(forRequestTarget: target) else { return nil }

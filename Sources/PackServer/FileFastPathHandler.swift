@@ -3,6 +3,7 @@ import HTTPTypes
 import Logging
 import NIOCore
 import NIOHTTPTypes
+import PackDelivery
 
 /// Answers a plain GET or HEAD of a file itself, on the event loop, when the router has nothing in
 /// flight on the connection (so that answers stay in order); which requests, and their answers, are
@@ -104,7 +105,8 @@ extension FileFastPathHandler {
     private func requestLog(_ answer: FileFastPath.Answer, to head: HTTPRequest) -> ((Result<Void, any Error>) -> Void)? {
         let logger = self.fastPath.logger
         guard logger.logLevel <= .info else { return nil }
-        let request = "\(head.method) \(answer.target) range=\(head.headerFields.value(.range) ?? "-") \(answer.response.status.code)"
+        let range = head.headerFields.value(.range).map(PackDeliveryError.printable) ?? "-"
+        let request = "\(head.method) \(PackDeliveryError.printable(answer.target)) range=\(range) \(answer.response.status.code)"
         let count = answer.response.range.count
         let who = answer.credential.map { " " + $0 } ?? ""
         return { result in

@@ -37,6 +37,11 @@ public struct PackServerConfiguration: Sendable {
         /// `app.test(.router)`): bytes read and handed over at a time, and the most a connection
         /// holds in flight.
         public var readChunkSize: Int
+        /// The most connections the metrics listener (``PackServerConfiguration/metricsAddress``) keeps open at once:
+        /// its own share of the descriptors, which it never exceeds and which the content port's derived limit leaves
+        /// out. At the limit a new one closes the one idle longest, as on the content port; the metrics listener
+        /// has the same request and idle timeouts. A scraper needs one or two.
+        public var metricsMaxConnections: Int = 16
 
         /// Creates limits.
         ///
@@ -63,12 +68,14 @@ public struct PackServerConfiguration: Sendable {
             self.readChunkSize = readChunkSize
         }
 
-        /// ``maxConnections``, or the share of the descriptor limit when it is `nil`.
-        var effectiveMaxConnections: Int {
+        /// ``maxConnections``, or the share of the descriptor limit when it is `nil`: what is left after the 32 kept
+        /// for the server and, with a metrics listener, its ``metricsMaxConnections``.
+        func effectiveMaxConnections(metrics: Bool) -> Int {
             if let maxConnections { return max(1, maxConnections) }
             var limit = rlimit()
             guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur != rlim_t.max else { return 4096 }
-            return max(1, (Int(clamping: limit.rlim_cur) - 32) / 2)
+            let metricsShare = metrics ? max(1, self.metricsMaxConnections) : 0
+            return max(1, (Int(clamping: limit.rlim_cur) - 32 - metricsShare) / 2)
         }
     }
 
@@ -213,7 +220,7 @@ public enum PackServer {
     ///   - configuration: What to serve and where.
     ///   - logger: Receives one info line per request and the server's own messages.
     /// - Returns: The running server; its `port` is the real port when the configuration asked for 0.
-    /// - Throws: When the folder does not exist or the address cannot be bound.
+    /// - Throws: When the folder does not exist, a port is outside 0–65535 or the address cannot be bound.
     public static func start(_ configuration: PackServerConfiguration, logger: Logger) async throws -> RunningPackServer {
         let ready = ReadySignal()
         let metricsReady = ReadySignal()
@@ -248,7 +255,7 @@ public enum PackServer {
     ///   - configuration: What to serve and where.
     ///   - logger: Receives one info line per request and the server's own messages.
     ///   - onReady: Called once with the real port as soon as the server listens.
-    /// - Throws: When the folder does not exist or the address cannot be bound.
+    /// - Throws: When the folder does not exist, a port is outside 0–65535 or the address cannot be bound.
     public static func run(
         _ configuration: PackServerConfiguration,
         logger: Logger,
@@ -264,7 +271,7 @@ public enum PackServer {
     ///   - logger: Receives one info line per request and the server's own messages.
     ///   - onListening: Called once with the real port and the metrics listener's (when
     ///     ``PackServerConfiguration/metricsAddress`` is set) as soon as both listen.
-    /// - Throws: When the folder does not exist or an address cannot be bound.
+    /// - Throws: When the folder does not exist, a port is outside 0–65535 or an address cannot be bound.
     public static func run(
         _ configuration: PackServerConfiguration,
         logger: Logger,
@@ -344,8 +351,12 @@ public enum PackServer {
         ready: ReadySignal,
         metricsReady: ReadySignal
     ) throws -> ServiceGroup {
+        // A port out of range would be taken modulo 65536 by the socket layer (70000 listens on 4464).
+        for port in [configuration.port] + (configuration.metricsAddress.map { [$0.port] } ?? []) where !(0...65535).contains(port) {
+            throw PackServerError.portOutOfRange(port)
+        }
         let limits = configuration.limits
-        let limiter = ConnectionLimiter(maximum: limits.effectiveMaxConnections)
+        let limiter = ConnectionLimiter(maximum: limits.effectiveMaxConnections(metrics: configuration.metricsAddress != nil))
         let metrics = configuration.metricsAddress.map { _ in ServerMetrics(limiter: limiter) }
         let router = try Self.makeRouter(configuration, logger: logger, metrics: metrics)
         let fastPath: FileFastPath? =
@@ -379,7 +390,7 @@ public enum PackServer {
 
         var services: [any Service] = [application]
         if let metrics, let address = configuration.metricsAddress {
-            services.append(Self.metricsApplication(metrics, address: address, logger: logger, ready: metricsReady))
+            services.append(Self.metricsApplication(metrics, address: address, limits: limits, logger: logger, ready: metricsReady))
         }
         var groupConfiguration = ServiceGroupConfiguration(
             services: services,
@@ -395,12 +406,18 @@ public enum PackServer {
 extension PackServer {
     /// The metrics listener: `GET /metrics` answers the Prometheus text format (0.0.4) of ``ServerMetrics``,
     /// with the gauges read at that moment; `GET /healthz` answers as on the content port.
+    ///
+    /// Its connections have a limit of their own (``PackServerConfiguration/Limits/metricsMaxConnections``, the
+    /// idlest closed for a new one) and the content port's request, idle and send timeouts, so that clients holding
+    /// it open cannot take the descriptors the content port needs.
     private static func metricsApplication(
         _ metrics: ServerMetrics,
         address: PackServerConfiguration.MetricsAddress,
+        limits: PackServerConfiguration.Limits,
         logger: Logger,
         ready: ReadySignal
     ) -> some Service {
+        let limiter = ConnectionLimiter(maximum: limits.metricsMaxConnections)
         let router = Router()
         router.add(middleware: HealthMiddleware<BasicRequestContext>())
         router.get("/metrics") { _, _ in
@@ -412,6 +429,10 @@ extension PackServer {
         }
         return Application(
             router: router,
+            server: .http1(
+                configuration: HTTP1Channel.Configuration(
+                    additionalChannelHandlers: ConnectionPipeline.metricsHandlers(limits: limits, limiter: limiter, logger: logger))
+            ),
             configuration: ApplicationConfiguration(address: .hostname(address.host, port: address.port), serverName: "packs"),
             onServerRunning: { channel in ready.succeed(channel.localAddress?.port ?? address.port) },
             logger: logger
@@ -425,6 +446,7 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
         case directoryNotFound(String)
         case stoppedBeforeListening
         case authOnlyWithoutCredential
+        case portOutOfRange(Int)
     }
 
     private let code: Code
@@ -435,6 +457,8 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
     public static var stoppedBeforeListening: Self { Self(code: .stoppedBeforeListening) }
     /// `.authOnly` mode needs a token or an authorizer to decide with.
     public static var authOnlyWithoutCredential: Self { Self(code: .authOnlyWithoutCredential) }
+    /// A port of the configuration is outside 0–65535.
+    public static func portOutOfRange(_ port: Int) -> Self { Self(code: .portOutOfRange(port)) }
 
     public var description: String {
         switch self.code {
@@ -444,6 +468,8 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
             return "The server stopped before it started listening."
         case .authOnlyWithoutCredential:
             return "The auth-only gate needs a token or an authorizer to decide with."
+        case .portOutOfRange(let port):
+            return "The port \(port) is not a port: ports run from 0 (any free one) to 65535."
         }
     }
 }

@@ -1,9 +1,11 @@
 import Hummingbird
 import Logging
+import PackDelivery
 import Synchronization
 
 /// Logs one info line per request once its body has been written (or has failed):
-/// method, path (never the query, which may carry credentials), `Range` header, status and the body
+/// method, path (never the query, which may carry credentials), `Range` header (both as
+/// ``PackDeliveryError/printable(_:)`` shows them: a raw ESC or U+009B from a client does not reach a terminal), status and the body
 /// bytes handed to the connection (for a failed sendfile body: those counted before it failed, 0), then
 /// who presented the credential when the authorizer said (`receipt=<id> subject=<subject>`, never the token).
 struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
@@ -33,7 +35,7 @@ struct RequestLogMiddleware<Context: RequestContext>: RouterMiddleware {
 
     private static func log(_ request: Request, status: Int, bytes: Int, credential: String?, failure: (any Error)?, logger: Logger) {
         let line: Logger.Message =
-            "\(request.method) \(request.uri.path) range=\(request.headers[.range] ?? "-") \(status) \(bytes) bytes\(credential.map { " " + $0 } ?? "")"
+            "\(request.method) \(PackDeliveryError.printable(request.uri.path)) range=\(request.headers[.range].map(PackDeliveryError.printable) ?? "-") \(status) \(bytes) bytes\(credential.map { " " + $0 } ?? "")"
         if let failure {
             logger.info(line, metadata: ["error": "\(failure)"])
         } else {

@@ -13,7 +13,8 @@ import Foundation
 /// would accept a file under a sibling `café` (NFD). What cannot be resolved (a symbolic link
 /// chain whose real path is longer than `PATH_MAX`, a loop, a permission error) is refused, never
 /// handed to someone else to open. Dotfiles and dot-folders (`.git/`, `.env`) are refused unless
-/// ``allowsDotfiles`` is set, both in the request and in the resolved path (a link to one).
+/// ``allowsDotfiles`` is set, both in the request and in the resolved path (a link to one); a file `healthz` at the
+/// root (the health check's path) never is.
 struct ServedFolder: Sendable {
     /// The root as given to the file system (absolute, symbolic links resolved).
     let rootPath: String
@@ -88,6 +89,8 @@ struct ServedFolder: Sendable {
         if !self.allowsDotfiles, components.dropFirst(self.rootComponents.count).contains(where: { $0.first == UInt8(ascii: ".") }) {
             return .refused
         }
+        // `/healthz` is the health check's, whatever leads to it (`/%68ealthz`, `//healthz`, a link to it).
+        if components.count == self.rootComponents.count + 1, components.last == Self.healthz { return .refused }
         var info = Glibc.stat()
         guard Self.statPath(resolved, &info) else { return .refused }
         switch info.st_mode & S_IFMT {
@@ -114,6 +117,9 @@ struct ServedFolder: Sendable {
             return .refused
         }
     }
+
+    /// The root file never served: its name is the health check's path.
+    private static let healthz = Array("healthz".utf8)
 
     // MARK: - Bytes
 

@@ -53,7 +53,7 @@ final class ServerMetrics: Sendable {
 
         /// The route of a request path (without its query) in a server of `mode`.
         static func of(path: String, mode: PackServerConfiguration.Mode) -> Route {
-            if path == HealthMiddleware<PackRequestContext>.path { return .healthz }
+            if HealthMiddleware<PackRequestContext>.isHealthPath(path) { return .healthz }
             if mode == .authOnly { return .authGate }
             return path == "/manifest.json" || path == "/manifest.json.sig" ? .catalog : .file
         }

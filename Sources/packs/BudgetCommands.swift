@@ -51,7 +51,7 @@ extension Packs {
                         printJSON(EvictedJSON(content, event: self.dryRun ? "wouldEvict" : "evicted"))
                     } else if !self.global.quiet {
                         printLine(
-                            "\(self.dryRun ? "would evict" : "evicted")  \(content.productIdentifier)  \(content.contentIdentifier) \(content.contentVersion)  \(ByteFormat.string(content.byteCount))"
+                            "\(self.dryRun ? "would evict" : "evicted")  \(PackDeliveryError.printable(content.productIdentifier))  \(PackDeliveryError.printable(content.contentIdentifier)) \(PackDeliveryError.printable(content.contentVersion))  \(ByteFormat.string(content.byteCount))"
                         )
                     }
                 }

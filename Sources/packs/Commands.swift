@@ -218,7 +218,7 @@ extension Packs {
                 }
                 for content in evicted {
                     printLine(
-                        "evicted  \(content.productIdentifier)  \(content.contentIdentifier) \(content.contentVersion)  \(ByteFormat.string(content.byteCount))  (fetch it again to use it)"
+                        "evicted  \(PackDeliveryError.printable(content.productIdentifier))  \(PackDeliveryError.printable(content.contentIdentifier)) \(PackDeliveryError.printable(content.contentVersion))  \(ByteFormat.string(content.byteCount))  (fetch it again to use it)"
                     )
                 }
                 if transactions.isEmpty {
@@ -227,13 +227,13 @@ extension Packs {
                 }
                 for transaction in transactions {
                     printLine(
-                        "\(transaction.id)  \(transaction.productIdentifier)  \(transaction.kind.rawValue)\(transaction.isFinishable ? "  (finishable)" : "")"
+                        "\(transaction.id)  \(PackDeliveryError.printable(transaction.productIdentifier))  \(transaction.kind.rawValue)\(transaction.isFinishable ? "  (finishable)" : "")"
                     )
                     for download in transaction.downloads {
                         var line = "  \(download.id)  \(download.state.rawValue)"
                         if let reason = download.pauseReason { line += " (\(reason.rawValue))" }
                         line +=
-                            "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(download.contentIdentifier) \(download.contentVersion)"
+                            "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion))"
                         if let error = download.error { line += "  — \(error.message)" }
                         printLine(line)
                     }
@@ -322,7 +322,9 @@ extension Packs {
                 if ranking.isEmpty { printLine("No source measured yet.") }
                 for (rank, stats) in ranking.enumerated() {
                     let rate = stats.bytesPerSecond.map { String(format: "%.2f MB/s", $0 / 1_000_000) } ?? "no throughput yet"
-                    printLine("\(rank + 1). \(stats.origin)  \(rate), \(String(format: "%.1f", stats.failures)) recent failures")
+                    printLine(
+                        "\(rank + 1). \(PackDeliveryError.printable(stats.origin))  \(rate), \(String(format: "%.1f", stats.failures)) recent failures"
+                    )
                 }
             }
         }
@@ -383,10 +385,12 @@ extension Packs {
                         object.evicted = true
                         printJSON(object)
                     } else if self.product == nil {
-                        printLine("\(content.productIdentifier)\t\(content.contentVersion)\t(evicted)")
+                        printLine(
+                            "\(PackDeliveryError.printable(content.productIdentifier))\t\(PackDeliveryError.printable(content.contentVersion))\t(evicted)"
+                        )
                     } else if !self.global.quiet {
                         printError(
-                            "packs: \(content.contentIdentifier) of \(PackDeliveryError.printable(content.productIdentifier)) was evicted from the caches; fetch the product again to use it."
+                            "packs: \(PackDeliveryError.printable(content.contentIdentifier)) of \(PackDeliveryError.printable(content.productIdentifier)) was evicted from the caches; fetch the product again to use it."
                         )
                     }
                 }
@@ -419,7 +423,7 @@ extension Packs {
                         printLine(content.contentURL.path)
                     } else {
                         printLine(
-                            "\(content.productIdentifier)\t\(content.contentVersion)\t\(content.contentURL.path)\(missing.last == content ? "\t(missing)" : "")"
+                            "\(PackDeliveryError.printable(content.productIdentifier))\t\(PackDeliveryError.printable(content.contentVersion))\t\(content.contentURL.path)\(missing.last == content ? "\t(missing)" : "")"
                         )
                     }
                 }
@@ -488,7 +492,8 @@ extension Packs {
                 return
             }
             for result in results {
-                let name = "\(result.content.productIdentifier) \(result.content.contentIdentifier) \(result.content.contentVersion)"
+                let name =
+                    "\(PackDeliveryError.printable(result.content.productIdentifier)) \(PackDeliveryError.printable(result.content.contentIdentifier)) \(PackDeliveryError.printable(result.content.contentVersion))"
                 if result.folderMissing {
                     printLine("damaged \(name): the folder \(result.content.contentURL.path) is missing")
                 } else if result.damage.isEmpty {
@@ -499,12 +504,12 @@ extension Packs {
                     }
                 } else {
                     printLine("damaged \(name): \(result.damage.count) file\(result.damage.count == 1 ? "" : "s")")
-                    for damage in result.damage { printLine("  \(damage.problem.rawValue)  \(damage.path)") }
+                    for damage in result.damage { printLine("  \(damage.problem.rawValue)  \(PackDeliveryError.printable(damage.path))") }
                 }
             }
             if final, let bad = results.first(where: { !$0.isIntact }) {
                 printError(
-                    "packs: Installed content is damaged (\(results.filter { !$0.isIntact }.count) of \(results.count) packs). Run packs verify --repair \(bad.content.productIdentifier) to deliver it again."
+                    "packs: Installed content is damaged (\(results.filter { !$0.isIntact }.count) of \(results.count) packs). Run packs verify --repair \(PackDeliveryError.printable(bad.content.productIdentifier)) to deliver it again."
                 )
             }
         }
@@ -522,7 +527,7 @@ extension Packs {
                 defer { queue.close() }
                 if try queue.deleteContent(forProductID: self.product) == 0 {
                     throw PackDeliveryError(
-                        .notInstalled, message: "Nothing is installed for \(self.product).",
+                        .notInstalled, message: "Nothing is installed for \(PackDeliveryError.printable(self.product)).",
                         hint: "See packs content for what is installed.", subject: self.product)
                 }
             }

@@ -70,7 +70,7 @@ enum ExitStatus {
         case .unknownTransaction, .unknownDownload:
             return "See packs status for the open ones."
         case .notInstalled:
-            return "Fetch it with packs fetch MANIFEST \(error.subject ?? "PRODUCT_ID")."
+            return "Fetch it with packs fetch MANIFEST \(error.subject.map(PackDeliveryError.printable) ?? "PRODUCT_ID")."
         case .invalidManifest:
             return download == nil ? "Check that it is a manifest.json (packs manifest DIR writes one)." : nil
         case .unauthorized:
@@ -90,7 +90,7 @@ enum ExitStatus {
             return
                 "Nothing was installed. If you trust the pack, fetch it with --max-expansion-ratio N or --max-entries N, or publish its unpackedLength in the manifest."
         case .contentDamaged:
-            return "Run packs verify --repair \(error.subject ?? "PRODUCT_ID") to deliver it again."
+            return "Run packs verify --repair \(error.subject.map(PackDeliveryError.printable) ?? "PRODUCT_ID") to deliver it again."
         case .databaseCorrupt:
             return error.hint
         case .tooManyOpenFiles:
@@ -105,7 +105,10 @@ enum ExitStatus {
     static func line(for error: PackDeliveryError, download: Download? = nil) -> String {
         let hint = Self.hint(for: error, download: download) ?? error.hint
         let message = error.message
-        let prefix = download.map { "\($0.id) (\($0.contentIdentifier)) \($0.state == .paused ? "paused" : "failed"): " } ?? ""
+        let prefix =
+            download.map {
+                "\($0.id) (\(PackDeliveryError.printable($0.contentIdentifier))) \($0.state == .paused ? "paused" : "failed"): "
+            } ?? ""
         return "packs: " + prefix + (hint.map { "\(message) \($0)" } ?? message)
     }
 }

@@ -15,7 +15,25 @@ enum JSONOutput {
         encoder.dateEncodingStrategy = .iso8601
         // Encoding fails only for a progress or time that is not a finite number.
         guard let data = try? encoder.encode(value) else { return "{}" }
-        return String(decoding: data, as: UTF8.self)
+        return Self.asciiControls(String(decoding: data, as: UTF8.self))
+    }
+
+    /// JSON with every character ``PackDeliveryError/printable(_:)`` escapes written as a `\uXXXX` escape: the
+    /// encoder escapes C0 controls, but leaves DEL, C1 controls (a raw U+009B is a CSI), bidirectional controls and
+    /// U+2028/U+2029 raw, and `--json` lines reach terminals too. Outside strings JSON is ASCII, so only strings
+    /// change, and they decode to the same text.
+    static func asciiControls(_ json: String) -> String {
+        guard json.unicodeScalars.contains(where: PackDeliveryError.needsEscape) else { return json }
+        var result = ""
+        for scalar in json.unicodeScalars {
+            if PackDeliveryError.needsEscape(scalar) {
+                let hex = String(scalar.value, radix: 16, uppercase: true)
+                result += "\\u" + String(repeating: "0", count: max(0, 4 - hex.count)) + hex
+            } else {
+                result.unicodeScalars.append(scalar)
+            }
+        }
+        return result
     }
 }
 

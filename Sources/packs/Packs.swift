@@ -98,7 +98,7 @@ struct GlobalOptions: ParsableArguments {
 
     var logger: Logger? {
         guard self.verbose else { return nil }
-        var logger = Logger(label: "packs", factory: { StreamLogHandler.standardError(label: $0) })
+        var logger = Logger(label: "packs", factory: { SafeLogHandler(label: $0) })
         logger.logLevel = .debug
         return logger
     }
@@ -279,9 +279,9 @@ enum Output {
 
 func printLine(_ line: String) {
     guard !Output.broken.load(ordering: .relaxed) else { return }
-    Output.write(line + "\n")
+    Output.write(SafeOutput.line(line) + "\n")
 }
 
 func printError(_ line: String) {
-    Output.write(line + "\n", to: STDERR_FILENO)
+    Output.write(SafeOutput.line(line) + "\n", to: STDERR_FILENO)
 }

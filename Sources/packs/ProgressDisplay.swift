@@ -78,7 +78,7 @@ final class ProgressDisplay {
         case .plain, .terminal:
             guard last else { return }
             if total == 1, let transaction = transactions.first {
-                printLine("finished transaction \(transaction.id) (\(transaction.productIdentifier))")
+                printLine("finished transaction \(transaction.id) (\(PackDeliveryError.printable(transaction.productIdentifier)))")
             } else {
                 printLine("finished \(total) transactions")
             }
@@ -117,7 +117,7 @@ final class ProgressDisplay {
         let percent = String(format: "%3d%%", Int((download.progress * 100).rounded(.down)))
         let total = download.delta?.bytesToFetch ?? download.contentLength
         var line =
-            "\(download.contentIdentifier) \(download.contentVersion) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(total))"
+            "\(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion)) [\(bar)] \(percent) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(total))"
         if download.delta != nil { line += " (delta)" }
         if download.timeRemaining > 0 {
             let speed = Double(total - download.bytesReceived) / download.timeRemaining
@@ -138,21 +138,22 @@ final class ProgressDisplay {
                 download.delta.map { Self.deltaSummary($0, of: download) }
                 ?? ByteFormat.string(download.contentLength)
             return
-                "\(paint("installed", "32")) \(download.contentIdentifier) \(download.contentVersion) (\(how)) → \(download.contentURL?.path ?? "?")"
+                "\(paint("installed", "32")) \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion)) (\(how)) → \(download.contentURL.map { PackDeliveryError.printable($0.path) } ?? "?")"
         case .failed:
             return
-                "\(paint("failed", "31")) \(download.contentIdentifier) \(download.id): \(download.error?.description ?? "unknown error")"
+                "\(paint("failed", "31")) \(PackDeliveryError.printable(download.contentIdentifier)) \(download.id): \(download.error?.description ?? "unknown error")"
         case .paused:
             return
-                "\(paint("paused", "33")) \(download.contentIdentifier) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+                "\(paint("paused", "33")) \(PackDeliveryError.printable(download.contentIdentifier)) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
         case .cancelled:
-            return "cancelled \(download.contentIdentifier) \(download.id)"
+            return "cancelled \(PackDeliveryError.printable(download.contentIdentifier)) \(download.id)"
         case .waiting:
-            return "waiting \(download.contentIdentifier) \(download.contentVersion) \(download.id)"
+            return
+                "waiting \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion)) \(download.id)"
         case .active:
             let wait = Self.retryWait(download).map { " — \($0)" } ?? ""
             return
-                "\(download.phase?.rawValue ?? "active") \(download.contentIdentifier) \(download.contentVersion) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))\(wait)"
+                "\(download.phase?.rawValue ?? "active") \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion)) \(download.id) \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))\(wait)"
         }
     }
 

@@ -149,12 +149,12 @@ struct RunSession {
             }
             if paused.pauseReason == .waitingForUnmeteredNetwork {
                 printError(
-                    "packs: \(paused.id) (\(paused.contentIdentifier), \(paused.contentLength) bytes) waits for an unmetered connection, its bytes kept. Run packs resume --allow-metered \(paused.id) to fetch it now, or packs resume \(paused.id) once the connection is not metered."
+                    "packs: \(paused.id) (\(PackDeliveryError.printable(paused.contentIdentifier)), \(paused.contentLength) bytes) waits for an unmetered connection, its bytes kept. Run packs resume --allow-metered \(paused.id) to fetch it now, or packs resume \(paused.id) once the connection is not metered."
                 )
                 return ExitStatus.resumable
             }
             printError(
-                "packs: \(paused.id) (\(paused.contentIdentifier)) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it."
+                "packs: \(paused.id) (\(PackDeliveryError.printable(paused.contentIdentifier))) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it."
             )
             return ExitStatus.resumable
         }

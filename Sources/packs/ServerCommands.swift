@@ -66,6 +66,8 @@ extension Packs {
                 throw ValidationError("\(name) must be a number of seconds between 0 and 86400.")
             }
             if let maxConnections, maxConnections < 1 { throw ValidationError("--max-connections must be at least 1.") }
+            // NIO would take the port modulo 65536 (70000 listens on 4464).
+            if !(0...65535).contains(self.port) { throw ValidationError("--port takes a port from 0 to 65535 (0 picks a free one).") }
             if let metricsAddress, Self.parseAddress(metricsAddress) == nil {
                 throw ValidationError("--metrics-address takes HOST:PORT, e.g. 127.0.0.1:9464 or [::1]:9464.")
             }
@@ -112,7 +114,7 @@ extension Packs {
                         hint: "Give --token-file FILE or set PACKS_TOKEN."))
             }
             Self.raiseDescriptorLimit()
-            var logger = Logger(label: "packs.serve", factory: { StreamLogHandler.standardError(label: $0) })
+            var logger = Logger(label: "packs.serve", factory: { SafeLogHandler(label: $0) })
             logger.logLevel = self.quiet ? .error : .info
             let limits = PackServerConfiguration.Limits(
                 requestTimeout: .milliseconds(Int64(self.requestTimeout * 1000)),
@@ -284,18 +286,24 @@ extension Packs {
             if self.sign == nil, self.manifestVersion != nil || self.expires != nil || self.scope != nil {
                 throw ValidationError("--manifest-version, --expires and --scope apply to a signed manifest: add --sign KEY.")
             }
-            if let expires, Self.seconds(expires) == nil { throw ValidationError("--expires takes a duration like 30d, 12h or 90m.") }
+            if let expires, Self.seconds(expires) == nil {
+                throw ValidationError("--expires takes a duration like 30d, 12h or 90m, of at most 36500d.")
+            }
             if let manifestVersion, manifestVersion < 1 { throw ValidationError("--manifest-version takes a whole number from 1.") }
         }
 
+        /// A duration (`30d`, `12h`, `90m`) in seconds: above 0 and at most ``Receipt/maxLifetime`` (100 years), else
+        /// nil (`inf`, `nan` and `1e300h` included).
         static func seconds(_ text: String) -> TimeInterval? {
-            guard let unit = text.last, let count = Double(text.dropLast()), count > 0 else { return nil }
+            guard let unit = text.last, let count = Double(text.dropLast()), count > 0, count.isFinite else { return nil }
+            let seconds: TimeInterval
             switch unit {
-            case "d": return count * 86_400
-            case "h": return count * 3_600
-            case "m": return count * 60
+            case "d": seconds = count * 86_400
+            case "h": seconds = count * 3_600
+            case "m": seconds = count * 60
             default: return nil
             }
+            return seconds <= PackDelivery.Receipt.maxLifetime ? seconds : nil
         }
 
         func run() async throws {

@@ -124,7 +124,9 @@ extension Packs {
 
         func validate() throws {
             if self.product.isEmpty { throw ValidationError("Name at least one --product.") }
-            if MakeManifest.seconds(self.expires) == nil { throw ValidationError("--expires takes a duration like 30d, 12h or 90m.") }
+            if MakeManifest.seconds(self.expires) == nil {
+                throw ValidationError("--expires takes a duration like 30d, 12h or 90m, of at most 36500d.")
+            }
         }
 
         func run() async throws {

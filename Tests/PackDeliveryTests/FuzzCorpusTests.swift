@@ -33,6 +33,7 @@ struct FuzzCorpusTests {
     static let packInputs = Self.inputs("corpus/pack", "crashers/inspect", "crashers/unpack")
     static let receiptHeaderInputs = Self.inputs("corpus/receipt-header", "crashers/receipt-header")
     static let receiptClaimsInputs = Self.inputs("corpus/receipt-claims", "crashers/receipt-claims")
+    static let printableInputs = Self.inputs("corpus/printable", "crashers/printable")
 
     /// The most one input may take; the fuzzers' `-timeout`.
     static let deadline: Duration = .seconds(10)
@@ -90,6 +91,7 @@ struct FuzzCorpusTests {
         }
         #expect(Self.receiptHeaderInputs.contains("corpus/receipt-header/hostile-crit.json"))
         #expect(Self.receiptClaimsInputs.contains("corpus/receipt-claims/hostile-products-twice.json"))
+        #expect(Self.printableInputs.contains("corpus/printable/valid-osc-title.txt"))
     }
 
     @Test(arguments: Self.manifestInputs)
@@ -125,11 +127,18 @@ struct FuzzCorpusTests {
         Self.expect(Self.withDeadline { FuzzHarness.receiptClaims(data) }, input, "receipt claims checking", refusesHostile: true)
     }
 
+    /// A text from outside, escaped for a terminal: no control or bidirectional control left raw, and it reads back.
+    @Test(arguments: Self.printableInputs)
+    func printable(_ input: String) throws {
+        let data = try Self.data(input)
+        Self.expect(Self.withDeadline { FuzzHarness.printable(data) }, input, "escaping for a terminal", refusesHostile: false)
+    }
+
     /// A saved leak (`leak-*`) replayed 1,000 times must not grow the heap.
     @Test(
         arguments: Self.inputs(
             "crashers/manifest", "crashers/inspect", "crashers/unpack", "crashers/index", "crashers/receipt-header",
-            "crashers/receipt-claims"
+            "crashers/receipt-claims", "crashers/printable"
         )
         .filter { $0.contains("/leak-") })
     func savedLeak(_ input: String) throws {
@@ -142,6 +151,7 @@ struct FuzzCorpusTests {
             case "inspect": FuzzHarness.inspect(data)
             case "receipt-header": FuzzHarness.receiptHeader(data)
             case "receipt-claims": FuzzHarness.receiptClaims(data)
+            case "printable": FuzzHarness.printable(data)
             default: FuzzHarness.unpack(data)
             }
         }

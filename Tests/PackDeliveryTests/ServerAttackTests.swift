@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import PackServer
 import PackTestSupport
 import Testing
@@ -429,6 +430,85 @@ struct ServerAttackTests {
         let scraped = try await MetricsTests.scrape(metricsPort)
         #expect(scraped.samples["packs_http_connections_refused_total"] == 1, "\(scraped.text)")
         #expect(scraped.samples["packs_http_connections_closed_idle_total"] == 2, "\(scraped.text)")
+    }
+
+    // MARK: Issue 43, items 11, 21 and 22
+
+    @Test("issue 43 item 11: 150 idle connections on the metrics port under a 96-descriptor limit leave the content port serving")
+    func idleMetricsConnectionsDoNotStarveTheContentPort() async throws {
+        let root = try packFolder("attack-metrics-idle")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let server = try PackServeProcess(
+            binary: CLI.binary, [root.path, "--metrics-address", "127.0.0.1:0", "--request-timeout", "2", "--idle-timeout", "2"],
+            descriptorLimit: 96)
+        defer { server.stop() }
+        let metricsPort = try #require(server.metricsPort, "packs serve did not print where its metrics are")
+        let held = try await onThread { () -> [RawConnection] in
+            // One that scraped and waits for its next request (the idle timeout), and 150 that send nothing.
+            let scraper = try RawConnection(port: metricsPort, timeout: 5)
+            scraper.send("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            _ = Self.readResponse(scraper)
+            return [scraper] + (try (0..<150).map { _ in try RawConnection(port: metricsPort, timeout: 5) })
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        let served = try await curl(server.baseURL.appendingPathComponent("pack.bin").absoluteString, ["--max-time", "3"])
+        #expect(served.status == 200, "the content port was starved: \(served.stderr)\n\(server.log)")
+        #expect(server.openDescriptors < 96, "descriptors: \(server.openDescriptors)")
+        // Every held connection is closed by the server: the oldest to make room, the rest by the timeouts.
+        let allClosed = await eventually(timeout: 8) { held.allSatisfy(\.isClosedByPeer) }
+        #expect(allClosed, "\(held.filter { !$0.isClosedByPeer }.count) metrics connections still open after 8 s")
+        #expect(held[0].isClosedByPeer, "the idle scraper was closed after the idle timeout")
+        let scraped = try await MetricsTests.scrape(metricsPort)
+        #expect(scraped.text.contains("packs_http_requests_total"), "the metrics port still answers: \(scraped.text)")
+        #expect(server.isRunning)
+    }
+
+    @Test("issue 43 item 21: /%68ealthz, /healthz/ and //healthz with a valid token answer the health check, never a root file healthz")
+    func healthzIsNeverAFile() async throws {
+        let root = try packFolder("attack-healthz")
+        defer { try? FileManager.default.removeItem(at: root) }
+        try Data("SECRET-FILE\n".utf8).write(to: root.appendingPathComponent("healthz"))
+        try FileManager.default.createSymbolicLink(atPath: root.appendingPathComponent("alias").path, withDestinationPath: "healthz")
+        let server = try PackServeProcess(binary: CLI.binary, [root.path, "--token", "t0ken"])
+        defer { server.stop() }
+        let port = server.port
+        let paths = ["/healthz", "/%68ealthz", "/healthz/", "//healthz", "/%2Fhealthz", "/healthz//", "/alias"]
+        let answers = try await onThread { () -> [String: String] in
+            var answers: [String: String] = [:]
+            for path in paths {
+                let connection = try RawConnection(port: port, timeout: 5)
+                connection.send("GET \(path) HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer t0ken\r\nConnection: close\r\n\r\n")
+                let text = String(decoding: connection.readToEnd().bytes, as: UTF8.self)
+                answers[path] = statusLine(Array(text.utf8)) + " " + (text.components(separatedBy: "\r\n\r\n").dropFirst().first ?? "")
+            }
+            return answers
+        }
+        for path in paths {
+            let answer = answers[path] ?? ""
+            #expect(!answer.contains("SECRET"), "\(path) served the file: \(answer)")
+            if path != "/alias" { #expect(answer == "HTTP/1.1 200 OK ok\n", "\(path): \(answer)") }
+        }
+        #expect(answers["/alias"]?.hasPrefix("HTTP/1.1 404") == true, "a link to it is not served: \(answers["/alias"] ?? "")")
+    }
+
+    @Test("issue 43 item 22: a port outside 0-65535 is a usage error, for --port and --metrics-address alike")
+    func portsOutOfRangeAreUsageErrors() async throws {
+        let root = try packFolder("attack-ports")
+        defer { try? FileManager.default.removeItem(at: root) }
+        for arguments in [
+            ["--port", "70000"], ["--port", "65536"], ["--port", "-1"], ["--port", "0", "--metrics-address", "127.0.0.1:70000"],
+            ["--port", "0", "--metrics-address", "127.0.0.1:-5"],
+        ] {
+            let result = try await Fixtures.runAsync(CLI.binary, ["serve", root.path] + arguments, timeout: 10)
+            #expect(result.status == 64, "\(arguments): exit \(result.status), \(result.stdout) \(result.stderr)")
+            #expect(result.stdout.isEmpty, "\(arguments) listened: \(result.stdout)")
+        }
+        // The library refuses them too, before listening.
+        var configuration = PackServerConfiguration(directory: root, port: 70000)
+        await #expect(throws: PackServerError.self) { _ = try await PackServer.start(configuration, logger: Logger(label: "test")) }
+        configuration.port = 0
+        configuration.metricsAddress = .init(host: "127.0.0.1", port: 65536)
+        await #expect(throws: PackServerError.self) { _ = try await PackServer.start(configuration, logger: Logger(label: "test")) }
     }
 
     @Test("Connection: close gets one answer, then the server closes; a request pipelined after it is not answered")

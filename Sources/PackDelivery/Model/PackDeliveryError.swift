@@ -232,6 +232,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
     }
 
     /// Messages are one line: library texts (libarchive's, servers') may end in or hold line breaks and control characters.
+    /// Bidirectional controls that a message took from outside raw are escaped as ``printable(_:)`` escapes them.
     static func oneLine(_ text: String) -> String {
         var result = ""
         result.unicodeScalars.reserveCapacity(text.unicodeScalars.count)
@@ -240,6 +241,9 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
             if scalar.properties.generalCategory == .control || scalar == "\u{2028}" || scalar == "\u{2029}" {
                 if !lastWasSpace { result.unicodeScalars.append(" ") }
                 lastWasSpace = true
+            } else if Self.needsEscape(scalar) {
+                result += Self.printable(String(scalar))
+                lastWasSpace = false
             } else {
                 result.unicodeScalars.append(scalar)
                 lastWasSpace = scalar == " "
@@ -401,25 +405,61 @@ extension PackDeliveryError {
     /// A download stopped on request.
     static func stopped(_ what: String) -> Self { .init(.cancelled, message: what) }
 
-    /// A text from outside (an identifier, a server's words) made safe to print: control characters, line
-    /// separators and bidirectional overrides are shown as escapes (`\x1B`), so it cannot move the cursor,
-    /// set a terminal's title or forge lines.
+    /// A text from outside (an identifier, a file name from a pack, a host, a server's words) made safe to print or
+    /// log: every character that a terminal or a log viewer would act on instead of showing is shown as an escape.
+    ///
+    /// Escaped: C0 controls (U+0000–U+001F, line breaks and tabs too), DEL (U+007F) and C1 controls (U+0080–U+009F,
+    /// a raw U+009B is a CSI) as `\x1B`; the bidirectional controls (U+061C, U+200E–U+200F, U+202A–U+202E,
+    /// U+2066–U+2069) and the line and paragraph separators (U+2028, U+2029) as `\u{202E}`; and the backslash itself
+    /// as `\\`, so that the result can be read back: two different texts never print alike.
+    /// So a printed text cannot move the cursor, set a terminal's title, reorder what follows it or forge a line.
+    ///
+    /// This is the one escape of the package: the CLI, the server's request log and the library's messages use it.
     ///
     /// - Parameter text: the text to show.
     /// - Returns: the text with those characters escaped.
     public static func printable(_ text: String) -> String {
+        Self.printable(text, keeping: [], escapingBackslash: true)
+    }
+
+    /// ``printable(_:)`` with some characters kept and, for a text that may already hold escapes of its own
+    /// (a whole line about to be written), the backslash left as it is.
+    ///
+    /// - Parameters:
+    ///   - text: the text to show.
+    ///   - kept: characters shown as they are (a line's own tabs and line breaks).
+    ///   - escapingBackslash: whether `\` is shown as `\\`.
+    /// - Returns: the text with the other characters escaped.
+    package static func printable(_ text: String, keeping kept: Set<Unicode.Scalar>, escapingBackslash: Bool) -> String {
+        // Printable ASCII, the common case (a request log line, an identifier), is returned as it is.
+        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7F && ($0 != UInt8(ascii: "\\") || !escapingBackslash) }) { return text }
         var result = ""
+        result.unicodeScalars.reserveCapacity(text.unicodeScalars.count)
         for scalar in text.unicodeScalars {
-            if scalar.properties.generalCategory == .control
-                || scalar.properties.generalCategory == .format && scalar.value >= 0x202A && scalar.value <= 0x202E
-                || scalar == "\u{2028}" || scalar == "\u{2029}"
-            {
-                result += scalar.value <= 0xFF ? String(format: "\\x%02X", scalar.value) : String(format: "\\u{%X}", scalar.value)
-            } else {
+            if scalar == "\\" && escapingBackslash {
+                result += "\\\\"
+            } else if !Self.needsEscape(scalar) || kept.contains(scalar) {
                 result.unicodeScalars.append(scalar)
+            } else if scalar.value <= 0xFF {
+                result += "\\x" + Self.hex(scalar.value, digits: 2)
+            } else {
+                result += "\\u{" + Self.hex(scalar.value, digits: 4) + "}"
             }
         }
         return result
+    }
+
+    /// Whether ``printable(_:)`` escapes a character (the backslash aside).
+    package static func needsEscape(_ scalar: Unicode.Scalar) -> Bool {
+        switch scalar.value {
+        case 0x00...0x1F, 0x7F...0x9F, 0x061C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069, 0x2028, 0x2029: true
+        default: false
+        }
+    }
+
+    private static func hex(_ value: UInt32, digits: Int) -> String {
+        let text = String(value, radix: 16, uppercase: true)
+        return String(repeating: "0", count: max(0, digits - text.count)) + text
     }
 }
 

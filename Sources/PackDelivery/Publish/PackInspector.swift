@@ -177,8 +177,8 @@ public enum ManifestBuilder {
     ///   - mirrors: base URLs the packs are also served from (``Manifest/mirrors``), tried in this order before the
     ///     manifest's own URL; nil or empty for none.
     /// - Returns: the manifest written.
-    /// - Throws: what ``build(folder:)`` throws; `invalidArgument` for an unusable scope; `io` when a file cannot be
-    ///   written.
+    /// - Throws: what ``build(folder:)`` throws; `invalidArgument` for an unusable scope; `invalidManifest` when no
+    ///   version is given and the manifest it replaces has the largest one; `io` when a file cannot be written.
     @discardableResult
     public static func write(
         folder: URL, signing key: PublisherSigningKey?, version: Int? = nil, expires: Date? = nil, scope: String? = nil,
@@ -232,7 +232,15 @@ public enum ManifestBuilder {
         let target = folder.appending(path: "manifest.json")
         if key != nil {
             let previous = (try? Data(contentsOf: target)).flatMap { try? JSONDecoder().decode(Manifest.self, from: $0) }
-            manifest.version = version ?? ((previous?.version ?? 0) + 1)
+            let (next, overflow) = (previous?.version ?? 0).addingReportingOverflow(1)
+            if version == nil, overflow {
+                throw PackDeliveryError(
+                    .invalidManifest,
+                    message:
+                        "The manifest.json it replaces has version \(previous?.version ?? 0), the largest there is: no later version can follow it.",
+                    hint: "Sign it in a new scope or with a new publisher key, whose versions start again at 1.", subject: target.path)
+            }
+            manifest.version = version ?? next
             manifest.expires = expires.map { $0.formatted(.iso8601) }
             let scope =
                 scope ?? previous?.scope

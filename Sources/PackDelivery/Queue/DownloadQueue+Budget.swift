@@ -207,7 +207,10 @@ extension DownloadQueue {
         guard let record else { return nil }
         self.logger.info(
             "evicted a cached pack",
-            metadata: ["content": "\(record.contentIdentifier)", "product": "\(record.productIdentifier)", "bytes": "\(record.byteCount)"])
+            metadata: [
+                "content": "\(PackDeliveryError.printable(record.contentIdentifier))",
+                "product": "\(PackDeliveryError.printable(record.productIdentifier))", "bytes": "\(record.byteCount)",
+            ])
         self.emit(.evicted(record.content))
         return record.content
     }
@@ -222,7 +225,9 @@ extension DownloadQueue {
             do {
                 let contentIdentifier = String(name[name.index(after: dot)...])
                 if let record = try self.store.recordEviction(destination: .caches, contentIdentifier: contentIdentifier, at: Date()) {
-                    self.logger.info("recorded an eviction a crash interrupted", metadata: ["content": "\(record.contentIdentifier)"])
+                    self.logger.info(
+                        "recorded an eviction a crash interrupted",
+                        metadata: ["content": "\(PackDeliveryError.printable(record.contentIdentifier))"])
                 }
             } catch {
                 // The store cannot be written (or another process holds an eviction open): leave it for later.

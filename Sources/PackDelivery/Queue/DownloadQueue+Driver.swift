@@ -210,7 +210,7 @@ extension DownloadQueue {
                 for: download, url: download.url, refused: order.credentialsRefused, receipt: access?.receipt)
         }
         if download.sources != nil {
-            self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(download.source)"])
+            self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(PackDeliveryError.printable(download.source))"])
             let fromZero = order.plan == .wholePack(fromZero: true)
             let start = (origin: Download.origin(download.url), at: Date(), bytes: fromZero ? 0 : download.bytesReceived)
             self.driven { state in
@@ -434,7 +434,8 @@ extension DownloadQueue {
         }
         do { try self.store.saveSourceStats(stats) } catch {
             self.logger.warning(
-                "cannot record a source's throughput", metadata: ["source": "\(start.origin)", "error": "\(error.message)"])
+                "cannot record a source's throughput",
+                metadata: ["source": "\(PackDeliveryError.printable(start.origin))", "error": "\(error.message)"])
         }
     }
 
@@ -465,7 +466,10 @@ extension DownloadQueue {
                 subject: download.source)
             self.logger.info(
                 "moving to a faster source",
-                metadata: ["download": "\(transferID.download)", "from": "\(download.source)", "to": "\(Download.sourceName(best))"])
+                metadata: [
+                    "download": "\(transferID.download)", "from": "\(PackDeliveryError.printable(download.source))",
+                    "to": "\(PackDeliveryError.printable(Download.sourceName(best)))",
+                ])
             self.change { $0.handle(transferID.download, .moveSource(token: transferID.token, best, because: error)) }
         }
     }

@@ -134,7 +134,7 @@ extension DownloadQueue {
         guard !damaged.isEmpty else { return }
         self.logger.warning(
             "installed content found damaged at launch; delivering it again",
-            metadata: ["content": "\(damaged.map(\.contentIdentifier))"])
+            metadata: ["content": "\(damaged.map { PackDeliveryError.printable($0.contentIdentifier) })"])
         _ = try self.redeliver(damaged)
     }
 
@@ -305,7 +305,7 @@ extension DownloadQueue {
             guard downloads.contains(where: { $0.state == .waiting }) else {
                 self.logger.error(
                     "cannot deliver damaged content again: the download that installed it is not recorded",
-                    metadata: ["product": "\(product)"])
+                    metadata: ["product": "\(PackDeliveryError.printable(product))"])
                 continue
             }
             transactions.append(

@@ -442,11 +442,21 @@ extension Store {
     }
 
     /// What the home measured of every source (``SourceStats``), in no order.
+    ///
+    /// The rows are only measurements: one that does not read as one (a text where a number belongs, written by
+    /// hand or by a damaged disk) is left out, and the source is measured again, instead of stopping every fetch.
+    /// GRDB's `row["column"]` would stop the process on such a value, so each is converted with `fromDatabaseValue`.
     func sourceStats() throws(PackDeliveryError) -> [SourceStats] {
         try self.read { db in
-            try Row.fetchAll(db, sql: "SELECT origin, bytesPerSecond, failures, updatedAt FROM sourceStats").map { row in
-                SourceStats(
-                    origin: row["origin"], bytesPerSecond: row["bytesPerSecond"], failures: row["failures"], updatedAt: row["updatedAt"])
+            try Row.fetchAll(db, sql: "SELECT origin, bytesPerSecond, failures, updatedAt FROM sourceStats").compactMap { row in
+                let rate: DatabaseValue = row["bytesPerSecond"]
+                guard let origin = String.fromDatabaseValue(row["origin"]),
+                    let failures = Double.fromDatabaseValue(row["failures"]), failures.isFinite, failures >= 0,
+                    let updatedAt = Date.fromDatabaseValue(row["updatedAt"])
+                else { return nil }
+                if rate.isNull { return SourceStats(origin: origin, bytesPerSecond: nil, failures: failures, updatedAt: updatedAt) }
+                guard let bytesPerSecond = Double.fromDatabaseValue(rate), bytesPerSecond.isFinite, bytesPerSecond >= 0 else { return nil }
+                return SourceStats(origin: origin, bytesPerSecond: bytesPerSecond, failures: failures, updatedAt: updatedAt)
             }
         }
     }

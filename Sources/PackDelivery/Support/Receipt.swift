@@ -54,6 +54,9 @@ public struct Receipt: Sendable, Hashable {
         var nbf: Int64
     }
 
+    /// The longest lifetime a receipt may be issued with: 100 years (36,500 days), in seconds.
+    public static let maxLifetime: TimeInterval = 36_500 * 86_400
+
     /// Makes and signs a receipt.
     ///
     /// - Parameters:
@@ -67,6 +70,11 @@ public struct Receipt: Sendable, Hashable {
         products: [String], subject: String, lifetime: TimeInterval, key: PublisherSigningKey,
         now: Date = Date()
     ) throws(PackDeliveryError) -> String {
+        guard lifetime > 0, lifetime <= Self.maxLifetime, now.timeIntervalSince1970.magnitude < 1e15 else {
+            throw PackDeliveryError(
+                .invalidArgument, message: "A receipt's lifetime must be above 0 and at most 100 years.",
+                hint: "Give a lifetime such as 30 days.")
+        }
         let issued = Int64(now.timeIntervalSince1970)
         let claims = Claims(
             products: products, sub: subject, jti: UUID().uuidString.lowercased(), iat: issued,
