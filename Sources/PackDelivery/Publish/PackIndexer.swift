@@ -81,43 +81,53 @@ enum PackIndexer {
                         path: path, kind: .symlink, size: Int64(target.count), sha256: hasher.hexDigest(), method: 0, offset: 0,
                         length: 0, mode: mode, target: String(validating: target, as: UTF8.self)))
             default:
-                // Where the data starts: in a plain tar, the parser's position once the headers are read.
-                let start = rawTar ? archive_filter_bytes(reader, 0) : 0
                 let isSparse = archive_entry_sparse_count(entry) > 0
                 sparse = sparse || isSparse
-                hasher.reset()
-                var size: Int64 = 0
-                var chunks: [PackIndex.Chunk] = []
-                func add(_ chunk: UnsafeRawBufferPointer) {
-                    chunkHasher.reset()
-                    chunkHasher.update(chunk)
-                    let offset = chunks.last.map { $0.offset + $0.length } ?? start
-                    chunks.append(
-                        .init(
-                            sha256: chunkHasher.hexDigest(), size: Int64(chunk.count), offset: offset, length: Int64(chunk.count),
-                            storage: .raw))
-                }
-                while true {
-                    let count = archive_read_data(reader, buffer.baseAddress, buffer.count)
-                    if count < 0 { throw source.error(path) }
-                    if count == 0 { break }
-                    let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
-                    hasher.update(bytes)
-                    stream.add(bytes, add)
-                    size += Int64(count)
-                }
-                stream.finish(add)
                 let chunked = (rawTar && !isSparse) || container == .zip
+                // Where the data starts: in a plain tar, the parser's position once the headers are read.
+                let start = rawTar ? archive_filter_bytes(reader, 0) : 0
                 entries.append(
-                    .init(
-                        path: path, kind: .file, size: size, sha256: hasher.hexDigest(), method: 0, offset: 0, length: 0,
-                        mode: mode == 0 ? 0o100644 : mode, chunks: chunked ? chunks : nil))
+                    try Self.file(
+                        path, mode: mode, start: start, chunked: chunked, source: source, stream: stream,
+                        hashers: (hasher, chunkHasher), buffer: buffer))
             }
         }
         if sparse { notes.append("\(name): its sparse files are indexed without chunks: their data is not one range of the tar.") }
         if let listing { entries = Self.placed(entries, in: listing, name: name, notes: &notes) }
         let chunking = entries.contains { $0.chunks?.isEmpty == false } ? PackIndex.Chunking(chunker) : nil
         return Result(index: PackIndex(container: container, pack: pack, chunking: chunking, entries: entries), notes: notes)
+    }
+
+    /// The index entry of the regular file whose header was just read: its size, SHA-256 and, when `chunked`, its
+    /// chunks (each a range of the pack from `start`), read from its data.
+    private static func file(
+        _ path: String, mode: Int, start: Int64, chunked: Bool, source: ArchiveReader, stream: ChunkStream,
+        hashers: (file: SHA256Hasher, chunk: SHA256Hasher), buffer: UnsafeMutableRawBufferPointer
+    ) throws(PackDeliveryError) -> PackIndex.Entry {
+        let (hasher, chunkHasher) = hashers
+        hasher.reset()
+        var size: Int64 = 0
+        var chunks: [PackIndex.Chunk] = []
+        func add(_ chunk: UnsafeRawBufferPointer) {
+            chunkHasher.reset()
+            chunkHasher.update(chunk)
+            let offset = chunks.last.map { $0.offset + $0.length } ?? start
+            chunks.append(
+                .init(sha256: chunkHasher.hexDigest(), size: Int64(chunk.count), offset: offset, length: Int64(chunk.count), storage: .raw))
+        }
+        while true {
+            let count = archive_read_data(source.reader, buffer.baseAddress, buffer.count)
+            if count < 0 { throw source.error(path) }
+            if count == 0 { break }
+            let bytes = UnsafeRawBufferPointer(rebasing: buffer[..<count])
+            hasher.update(bytes)
+            stream.add(bytes, add)
+            size += Int64(count)
+        }
+        stream.finish(add)
+        return .init(
+            path: path, kind: .file, size: size, sha256: hasher.hexDigest(), method: 0, offset: 0, length: 0,
+            mode: mode == 0 ? 0o100644 : mode, chunks: chunked ? chunks : nil)
     }
 
     /// A zip's entries, in the order of its central directory, with their ranges: a stored entry's chunks moved
