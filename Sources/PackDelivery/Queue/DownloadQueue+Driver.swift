@@ -71,6 +71,9 @@ extension DownloadQueue {
             if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
                 options.headers += self.credentialHeaders(
                     for: download, url: download.url, refused: machine.credentialsRefused, receipt: access?.receipt)
+            } else {
+                // The headers given that carry credentials follow the receipt's rule: none for a mirror of another origin.
+                options = options.withoutCredentials
             }
             if let sources = download.sources {
                 // Start where the ranking picks: a source never measured gets one transfer at a time (a probe), the
