@@ -33,6 +33,7 @@ struct FuzzCorpusTests {
     static let packInputs = Self.inputs("corpus/pack", "crashers/inspect", "crashers/unpack")
     static let receiptHeaderInputs = Self.inputs("corpus/receipt-header", "crashers/receipt-header")
     static let receiptClaimsInputs = Self.inputs("corpus/receipt-claims", "crashers/receipt-claims")
+    static let metalinkInputs = Self.inputs("corpus/metalink", "crashers/metalink")
 
     /// The most one input may take; the fuzzers' `-timeout`.
     static let deadline: Duration = .seconds(10)
@@ -90,6 +91,9 @@ struct FuzzCorpusTests {
         }
         #expect(Self.receiptHeaderInputs.contains("corpus/receipt-header/hostile-crit.json"))
         #expect(Self.receiptClaimsInputs.contains("corpus/receipt-claims/hostile-products-twice.json"))
+        for encoding in ["utf8", "utf8-bom", "utf16le-bom", "utf16be-bom", "utf32le-bom", "utf32be-no-bom", "ebcdic", "utf7"] {
+            #expect(Self.metalinkInputs.contains("corpus/metalink/hostile-dtd-\(encoding).meta4"), "a Metalink DTD in \(encoding)")
+        }
     }
 
     @Test(arguments: Self.manifestInputs)
@@ -125,11 +129,18 @@ struct FuzzCorpusTests {
         Self.expect(Self.withDeadline { FuzzHarness.receiptClaims(data) }, input, "receipt claims checking", refusesHostile: true)
     }
 
+    /// A Metalink file is refused (a DTD in any encoding, EBCDIC, a declaration the bytes belie) or read as it says.
+    @Test(arguments: Self.metalinkInputs)
+    func metalink(_ input: String) throws {
+        let data = try Self.data(input)
+        Self.expect(Self.withDeadline { FuzzHarness.metalink(data) }, input, "Metalink reading", refusesHostile: true)
+    }
+
     /// A saved leak (`leak-*`) replayed 1,000 times must not grow the heap.
     @Test(
         arguments: Self.inputs(
             "crashers/manifest", "crashers/inspect", "crashers/unpack", "crashers/index", "crashers/receipt-header",
-            "crashers/receipt-claims"
+            "crashers/receipt-claims", "crashers/metalink"
         )
         .filter { $0.contains("/leak-") })
     func savedLeak(_ input: String) throws {
@@ -142,6 +153,7 @@ struct FuzzCorpusTests {
             case "inspect": FuzzHarness.inspect(data)
             case "receipt-header": FuzzHarness.receiptHeader(data)
             case "receipt-claims": FuzzHarness.receiptClaims(data)
+            case "metalink": FuzzHarness.metalink(data)
             default: FuzzHarness.unpack(data)
             }
         }
