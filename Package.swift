@@ -131,7 +131,10 @@ let package = Package(
 // into .build-fuzz). They have no main of their own, only LLVMFuzzerTestOneInput: libFuzzer supplies main, so a
 // normal `swift build` or `swift test`, which links no libFuzzer, could not link them.
 if Context.environment["PACKS_FUZZ"] == "1" {
-    for name in ["FuzzManifest", "FuzzInspect", "FuzzUnpack", "FuzzIndex", "FuzzReceiptHeader", "FuzzReceiptClaims", "FuzzPrintable"] {
+    for name in [
+        "FuzzManifest", "FuzzInspect", "FuzzUnpack", "FuzzIndex", "FuzzReceiptHeader", "FuzzReceiptClaims", "FuzzPrintable",
+        "FuzzMetalink",
+    ] {
         package.targets.append(
             .executableTarget(
                 name: name,

@@ -109,6 +109,26 @@ public enum FuzzHarness {
         }
     }
 
+    /// A Metalink file read as `fetch` reads a `.meta4` manifest. Accepted, none of the ways libxml2 may read its
+    /// bytes (UTF-8, UTF-16 and UTF-32 in either byte order, after any byte order mark) shows a document type
+    /// declaration or an entity declaration, and it names a product.
+    public static func metalink(_ data: Data) -> Outcome {
+        let identifiers: [String]
+        do { identifiers = try FuzzEntry.metalink(data) } catch { return Outcome(error: error, problems: []) }
+        var problems: [String] = []
+        let encodings: [String.Encoding] = [.utf8, .utf16LittleEndian, .utf16BigEndian, .utf32LittleEndian, .utf32BigEndian]
+        for encoding in encodings {
+            for bom in [0, 2, 3, 4] where bom <= data.count {
+                guard let text = String(data: data.dropFirst(bom), encoding: encoding) else { continue }
+                for marker in ["<!DOCTYPE", "<!ENTITY"] where text.range(of: marker, options: .caseInsensitive) != nil {
+                    problems.append("accepted a Metalink file with \(marker) read as \(encoding)")
+                }
+            }
+        }
+        if identifiers.isEmpty { problems.append("accepted a Metalink file that names no product") }
+        return Outcome(error: nil, problems: problems)
+    }
+
     /// Signs `header.claims` (base64url) with ``receiptKey``, verifies it at ``receiptNow``, and checks the result
     /// with `promises`, given the receipt when accepted.
     private static func receipt(header: Data, claims: Data, promises: (Receipt?) -> [String]) -> Outcome {

@@ -547,6 +547,13 @@ func openQueue(_ global: GlobalOptions, _ configuration: DownloadQueue.Configura
             line +=
                 " \(recovery.foldersNotRecognised.count) folder\(recovery.foldersNotRecognised.count == 1 ? " was" : "s were") kept but not recognised: \(recovery.foldersNotRecognised.prefix(5).map(\.path).joined(separator: ", "))."
         }
+        if let kept = recovery.trustedPublishersRestored {
+            line +=
+                " Its trust was kept: \(kept) trusted publisher key\(kept == 1 ? "" : "s"), with the manifest versions and scopes accepted, read back from trust.json."
+        } else {
+            line +=
+                " Which publishers it trusted could not be read back (trust.json is missing or damaged): every manifest is refused until trust is set again (packs trust remove \(TrustedPublisherRecord.lostTrustID), then packs trust add PUBLISHER.pub)."
+        }
         line += " Open transactions were lost; fetch unfinished purchases again."
         printError(line)
     }

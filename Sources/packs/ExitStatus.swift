@@ -93,6 +93,9 @@ enum ExitStatus {
             return "Run packs verify --repair \(error.subject.map(PackDeliveryError.printable) ?? "PRODUCT_ID") to deliver it again."
         case .databaseCorrupt:
             return error.hint
+        case .unreadableTrustedKey:
+            let id = PackDeliveryError.printable(error.subject ?? "ID")
+            return "Run packs trust remove '\(id)', then packs trust add PUBLISHER.pub with the publisher's public key."
         case .tooManyOpenFiles:
             return
                 "The process ran out of file descriptors: raise the limit (ulimit -n) or lower --concurrency\(download.map { ", then run packs resume \($0.id)" } ?? "")."

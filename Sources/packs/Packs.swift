@@ -65,9 +65,9 @@ struct Packs: AsyncParsableCommand {
             }
         }
         guard !moved.isEmpty, index < arguments.count else { return arguments }
-        // `trust add`, `trust list`: the options belong to the nested command.
+        // `trust add`, `trust list`, `trust remove`: the options belong to the nested command.
         var command = [arguments[index]]
-        if arguments[index] == "trust", index + 1 < arguments.count, ["add", "list"].contains(arguments[index + 1]) {
+        if arguments[index] == "trust", index + 1 < arguments.count, ["add", "list", "remove"].contains(arguments[index + 1]) {
             command.append(arguments[index + 1])
         }
         return command + moved + arguments[(index + command.count)...]
@@ -174,6 +174,18 @@ struct TransferFlags: ParsableArguments {
     var headers: [String] = []
 
     @Option(
+        name: .customLong("secret-header"),
+        help: ArgumentHelp(
+            "A request header that carries a credential, e.g. 'X-Api-Key: …' (repeatable): sent as --header is, but only to the manifest's origin, as Authorization, Cookie and Proxy-Authorization headers and receipts always are.",
+            valueName: "name: value"))
+    var secretHeaders: [String] = []
+
+    /// The names of the --secret-header headers.
+    var secretHeaderNames: Set<String> {
+        Set(self.secretHeaders.map { $0.prefix { $0 != ":" }.trimmingCharacters(in: .whitespaces) })
+    }
+
+    @Option(
         help: ArgumentHelp(
             "A signed receipt (packs receipt) to present as 'Authorization: Bearer …': a file holding it, read again before each transfer so a renewed receipt is used, or the token itself. It is stored with the transaction, so a later resume needs no flag.",
             valueName: "file|token"))
@@ -217,18 +229,26 @@ struct TransferFlags: ParsableArguments {
         for header in self.headers where !header.contains(":") || header.hasPrefix(":") {
             throw ValidationError("--header '\(header)' is not of the form 'Name: value'.")
         }
+        // The value is a secret: never echoed.
+        for header in self.secretHeaders where !header.contains(":") || header.hasPrefix(":") {
+            throw ValidationError("A --secret-header is not of the form 'Name: value'.")
+        }
     }
 
     /// The options of the manifest request: the headers, with the receipt.
     var options: TransferOptions {
-        TransferOptions(
+        var options = TransferOptions(
             maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, lowSpeedTime: self.stallTimeout,
-            headers: self.headers + (self.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? []))
+            headers: self.headers + self.secretHeaders + (self.currentReceipt().map { ["Authorization: Bearer \($0)"] } ?? []))
+        options.secretHeaderNames = self.secretHeaderNames
+        return options
     }
 
     func configuration(resumeInterrupted: Bool = false) -> DownloadQueue.Configuration {
-        let packOptions = TransferOptions(
-            maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, lowSpeedTime: self.stallTimeout, headers: self.headers)
+        var packOptions = TransferOptions(
+            maxBytesPerSecond: self.maxRate?.bytes, stallTimeout: self.stallTimeout, lowSpeedTime: self.stallTimeout,
+            headers: self.headers + self.secretHeaders)
+        packOptions.secretHeaderNames = self.secretHeaderNames
         var configuration = DownloadQueue.Configuration(
             concurrency: self.concurrency, transfer: packOptions, resumeInterruptedDownloads: resumeInterrupted,
             resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,

@@ -68,7 +68,7 @@ extension Packs {
         static let configuration = CommandConfiguration(
             abstract: "Trust a manifest publisher for this home: every later fetch needs a manifest it signed.",
             discussion: "Example:\n  packs trust add publisher.pub",
-            subcommands: [Add.self, List.self])
+            subcommands: [Add.self, List.self, Remove.self])
 
         struct Add: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
@@ -97,7 +97,35 @@ extension Packs {
                 try await mapErrors { () async throws(PackDeliveryError) in
                     let queue = try openQueue(self.global, lookingConfiguration())
                     defer { queue.close() }
-                    for publisher in try queue.trustedPublishers() { printLine(publisher.id) }
+                    let records = try queue.trustedPublisherRecords()
+                    for record in records {
+                        printLine(PackDeliveryError.printable(record.id) + (record.key == nil ? " (unreadable)" : ""))
+                    }
+                    // An unreadable key fails the command, with the error every fetch now ends with.
+                    _ = try queue.trustedPublishers()
+                }
+            }
+        }
+
+        struct Remove: AsyncParsableCommand {
+            static let configuration = CommandConfiguration(
+                abstract: "Stop trusting a publisher key, named as packs trust list shows it (an unreadable one too).",
+                discussion: "Example:\n  packs trust remove 3f9a1c2e7b5d4a60")
+            @OptionGroup var global: GlobalOptions
+            @Argument(help: "The key's id, as packs trust list shows it.") var id: String
+
+            func run() async throws {
+                try await mapErrors { () async throws(PackDeliveryError) in
+                    let queue = try openQueue(self.global, lookingConfiguration())
+                    defer { queue.close() }
+                    guard try queue.untrust(id: self.id) else {
+                        throw PackDeliveryError(
+                            .invalidArgument, message: "This home trusts no publisher key '\(PackDeliveryError.printable(self.id))'.",
+                            hint: "See packs trust list.", subject: self.id)
+                    }
+                    if !self.global.quiet {
+                        printLine("no longer trusting the publisher key \(PackDeliveryError.printable(self.id))")
+                    }
                 }
             }
         }

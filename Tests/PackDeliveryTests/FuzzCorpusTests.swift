@@ -34,6 +34,7 @@ struct FuzzCorpusTests {
     static let receiptHeaderInputs = Self.inputs("corpus/receipt-header", "crashers/receipt-header")
     static let receiptClaimsInputs = Self.inputs("corpus/receipt-claims", "crashers/receipt-claims")
     static let printableInputs = Self.inputs("corpus/printable", "crashers/printable")
+    static let metalinkInputs = Self.inputs("corpus/metalink", "crashers/metalink")
 
     /// The most one input may take; the fuzzers' `-timeout`.
     static let deadline: Duration = .seconds(10)
@@ -92,6 +93,9 @@ struct FuzzCorpusTests {
         #expect(Self.receiptHeaderInputs.contains("corpus/receipt-header/hostile-crit.json"))
         #expect(Self.receiptClaimsInputs.contains("corpus/receipt-claims/hostile-products-twice.json"))
         #expect(Self.printableInputs.contains("corpus/printable/valid-osc-title.txt"))
+        for encoding in ["utf8", "utf8-bom", "utf16le-bom", "utf16be-bom", "utf32le-bom", "utf32be-no-bom", "ebcdic", "utf7"] {
+            #expect(Self.metalinkInputs.contains("corpus/metalink/hostile-dtd-\(encoding).meta4"), "a Metalink DTD in \(encoding)")
+        }
     }
 
     @Test(arguments: Self.manifestInputs)
@@ -134,11 +138,18 @@ struct FuzzCorpusTests {
         Self.expect(Self.withDeadline { FuzzHarness.printable(data) }, input, "escaping for a terminal", refusesHostile: false)
     }
 
+    /// A Metalink file is refused (a DTD in any encoding, EBCDIC, a declaration the bytes belie) or read as it says.
+    @Test(arguments: Self.metalinkInputs)
+    func metalink(_ input: String) throws {
+        let data = try Self.data(input)
+        Self.expect(Self.withDeadline { FuzzHarness.metalink(data) }, input, "Metalink reading", refusesHostile: true)
+    }
+
     /// A saved leak (`leak-*`) replayed 1,000 times must not grow the heap.
     @Test(
         arguments: Self.inputs(
             "crashers/manifest", "crashers/inspect", "crashers/unpack", "crashers/index", "crashers/receipt-header",
-            "crashers/receipt-claims", "crashers/printable"
+            "crashers/receipt-claims", "crashers/printable", "crashers/metalink"
         )
         .filter { $0.contains("/leak-") })
     func savedLeak(_ input: String) throws {
@@ -152,6 +163,7 @@ struct FuzzCorpusTests {
             case "receipt-header": FuzzHarness.receiptHeader(data)
             case "receipt-claims": FuzzHarness.receiptClaims(data)
             case "printable": FuzzHarness.printable(data)
+            case "metalink": FuzzHarness.metalink(data)
             default: FuzzHarness.unpack(data)
             }
         }

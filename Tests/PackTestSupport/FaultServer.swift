@@ -78,6 +78,8 @@ public final class FaultServer: Sendable {
         public let ifRange: String?
         /// The status sent.
         public let status: Int
+        /// Every request header, by lowercased name (repeated ones joined with ", ").
+        public let headers: [String: String]
         /// Body bytes written to the socket for this request.
         public internal(set) var bodyBytesSent: Int
 
@@ -588,7 +590,7 @@ final class FaultServerCore: Sendable {
                 FaultServer.Request(
                     method: request.method, path: path, fault: fault, file: file,
                     range: request.headers["range"], ifRange: request.headers["if-range"],
-                    status: status, bodyBytesSent: 0
+                    status: status, headers: request.headers, bodyBytesSent: 0
                 )
             )
             return state.requests.count - 1

@@ -33,8 +33,14 @@ enum Metalink {
                 .invalidManifest, message: "The Metalink file \(place) cannot be used: \(why).",
                 hint: "A .meta4 manifest describes one file with its size, a sha-256 hash and http(s) URLs.", subject: place)
         }
+        // The encoding is decided first, as libxml2 decides it; then the text in that encoding is checked.
         // Entities are never defined, so never expanded (no "billion laughs"), and no external one is fetched.
-        if data.range(of: Data("<!DOCTYPE".utf8)) != nil || data.range(of: Data("<!ENTITY".utf8)) != nil {
+        let text: String
+        switch MetalinkEncoding.decode(data) {
+        case .success(let decoded): text = decoded
+        case .failure(let problem): throw refuse(problem.why)
+        }
+        if text.range(of: "<!DOCTYPE", options: .caseInsensitive) != nil || text.range(of: "<!ENTITY", options: .caseInsensitive) != nil {
             throw refuse("it has a document type declaration, which a Metalink file does not need")
         }
         let reader = Reader()

@@ -54,6 +54,9 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public static let invalidManifest = Code("invalidManifest")
         /// The manifest's signature is missing or wrong, it expired, or it is older than one already accepted.
         public static let untrustedManifest = Code("untrustedManifest")
+        /// A publisher key the home trusts no longer reads as a key (see ``subject`` for its id): the home refuses every
+        /// manifest until the key is removed (``DownloadQueue/untrust(id:)``) and trusted again.
+        public static let unreadableTrustedKey = Code("unreadableTrustedKey")
         /// The content identifier is already installed for another product, or names a file the home uses.
         public static let contentIdentifierTaken = Code("contentIdentifierTaken")
 
@@ -122,7 +125,8 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public var kind: Kind {
             switch self {
             case .finishRefused, .unknownTransaction, .unknownDownload, .notInstalled, .queueClosed, .invalidArgument: .usage
-            case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .lengthMismatch, .checksumMismatch,
+            case .unknownProduct, .invalidManifest, .untrustedManifest, .unreadableTrustedKey, .contentIdentifierTaken, .lengthMismatch,
+                .checksumMismatch,
                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
                 .unsupportedURL, .contentDamaged, .indexMismatch:
                 .badData

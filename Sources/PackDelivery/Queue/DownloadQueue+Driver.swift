@@ -208,6 +208,9 @@ extension DownloadQueue {
         if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
             options.headers += self.credentialHeaders(
                 for: download, url: download.url, refused: order.credentialsRefused, receipt: access?.receipt)
+        } else {
+            // The headers given that carry credentials follow the receipt's rule: none for a mirror of another origin.
+            options = options.withoutCredentials
         }
         if download.sources != nil {
             self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(PackDeliveryError.printable(download.source))"])

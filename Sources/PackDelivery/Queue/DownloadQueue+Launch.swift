@@ -7,12 +7,18 @@ extension DownloadQueue {
     /// Opens the store; a damaged one is moved aside and a new one made (the installs are recorded again by ``rebuildInstalls()``).
     static func openStore(home: Home, busyTimeout: TimeInterval, logger: Logger) throws(PackDeliveryError) -> (Store, StoreRecovery?) {
         do {
-            return (try Store(url: home.databaseURL, busyTimeout: busyTimeout), nil)
+            let store = try Store(url: home.databaseURL, busyTimeout: busyTimeout)
+            store.ensureTrustFile()
+            return (store, nil)
         } catch  where error.code == .databaseCorrupt {
             let aside = try Store.quarantine(home.databaseURL)
             logger.error("the state database was damaged; moved aside and rebuilt", metadata: ["moved to": "\(aside.path)"])
             let store = try Store(url: home.databaseURL, busyTimeout: busyTimeout)
-            return (store, StoreRecovery(damagedDatabase: aside, installsRecovered: 0, foldersNotRecognised: []))
+            // The installed folders say nothing about trust: it is read back from trust.json, or every manifest is refused.
+            let trust = try store.restoreTrust(from: store.trustFileURL)
+            var recovery = StoreRecovery(damagedDatabase: aside, installsRecovered: 0, foldersNotRecognised: [])
+            if case .restored(let publishers) = trust { recovery.trustedPublishersRestored = publishers }
+            return (store, recovery)
         }
     }
 
@@ -356,59 +362,5 @@ extension DownloadQueue {
             }
         }
         return (count, unknown)
-    }
-}
-
-// Signed manifests: what this home trusts, and rollback protection.
-extension DownloadQueue {
-    /// The publishers this home trusts (added with ``trust(_:)``), besides any a caller passes itself.
-    public func trustedPublishers() throws(PackDeliveryError) -> [PublisherKey] {
-        try self.store.trustedPublishers().compactMap { try? PublisherKey(pem: $0) }
-    }
-
-    /// The publishers a home trusts, read without opening a queue (so a manifest can be checked before the
-    /// queue holds its files and threads); none for a home that has no state database yet.
-    public static func trustedPublishers(home: Home) throws(PackDeliveryError) -> [PublisherKey] {
-        guard FileManager.default.fileExists(atPath: home.databaseURL.path) else { return [] }
-        let store = try Store(url: home.databaseURL, busyTimeout: 15)
-        defer { store.close() }
-        return try store.trustedPublishers().compactMap { try? PublisherKey(pem: $0) }
-    }
-
-    /// Trusts a publisher for this home: manifests loaded with ``trustedPublishers()`` must then be signed.
-    public func trust(_ publisher: PublisherKey) throws(PackDeliveryError) {
-        try self.requireOpen()
-        try self.store.trust(id: publisher.id, pem: publisher.pem)
-    }
-
-    /// Refuses a rollback: a signed manifest whose version is lower than the last one this home accepted from
-    /// its publisher in its ``Manifest/scope`` (an old manifest replayed, pointing at old content), or equal to it
-    /// with other bytes (another manifest signed with the same version). Records its version and bytes otherwise.
-    ///
-    /// - Parameter manifest: a manifest loaded with ``LoadedManifest/load(_:options:trusting:now:)``; an unsigned
-    ///   one is accepted as it is.
-    /// - Throws: `untrustedManifest` for a rollback.
-    public func acceptManifest(_ manifest: LoadedManifest) throws(PackDeliveryError) {
-        try self.requireOpen()
-        guard let keyID = manifest.signedBy, let version = manifest.manifest.version else { return }
-        let scope = manifest.manifest.scope ?? ""
-        guard let conflict = try self.store.acceptManifest(version: version, scope: scope, sha256: manifest.sha256, keyID: keyID)
-        else { return }
-        let place = manifest.baseURL.redacted
-        let publisher = "the same publisher" + (scope.isEmpty ? "" : " for the scope \(PackDeliveryError.printable(scope))")
-        let (why, hint) =
-            switch conflict {
-            case .rollback(let last):
-                (
-                    "its version \(version) is lower than version \(last), already accepted from \(publisher) (a rollback)",
-                    "Nothing was downloaded; ask the publisher for the current manifest."
-                )
-            case .otherBytes:
-                (
-                    "its version \(version) was already accepted from \(publisher) with different content (a manifest changed without a new version, or a replaced one)",
-                    "Nothing was downloaded; the publisher must sign each changed manifest with a higher version."
-                )
-            }
-        throw PackDeliveryError(.untrustedManifest, message: "The manifest at \(place) is not trusted: \(why).", hint: hint, subject: place)
     }
 }

@@ -114,6 +114,10 @@ public final class DownloadQueue: Sendable {
         public var installsRecovered: Int
         /// Install folders kept as they are but not recorded again (no product could be read from them).
         public var foldersNotRecognised: [URL]
+        /// How many trusted publisher keys were read back (with the versions and scopes accepted from them) from
+        /// `trust.json`, kept beside the database; nil when it could not be read: then this home refuses every manifest
+        /// (`unreadableTrustedKey`) until the record standing for the lost trust is removed with ``untrust(id:)``.
+        public var trustedPublishersRestored: Int? = nil
     }
 
     /// Where this queue keeps its state and content.
@@ -261,9 +265,9 @@ public final class DownloadQueue: Sendable {
         do throws(PackDeliveryError) {
             if let recovery {
                 let (count, unknown) = try self.rebuildInstalls()
-                self.recovery.withLock {
-                    $0 = StoreRecovery(damagedDatabase: recovery.damagedDatabase, installsRecovered: count, foldersNotRecognised: unknown)
-                }
+                var rebuilt = recovery
+                (rebuilt.installsRecovered, rebuilt.foldersNotRecognised) = (count, unknown)
+                self.recovery.withLock { $0 = rebuilt }
             }
             try self.onDriver { () throws(PackDeliveryError) in try self.launch() }
         } catch {

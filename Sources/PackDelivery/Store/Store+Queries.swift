@@ -400,6 +400,7 @@ extension Store {
     func trust(id: String, pem: String) throws(PackDeliveryError) {
         try self.write(durable: true) { db in
             try db.execute(sql: "INSERT OR REPLACE INTO trustedPublishers (id, pem) VALUES (?, ?)", arguments: [id, pem])
+            try self.saveTrustFile(db)
         }
     }
 
@@ -409,6 +410,8 @@ extension Store {
         case rollback(last: Int)
         /// The same version was accepted before with other bytes.
         case otherBytes
+        /// Manifests of this publisher at this URL were accepted before in another scope (pinned on first use).
+        case otherScope(pinned: String)
     }
 
     /// Records a signed manifest as the newest of its publisher and scope, unless that would roll back: a lower
@@ -420,25 +423,38 @@ extension Store {
     ///   - scope: its scope, "" for none.
     ///   - sha256: the SHA-256 of its bytes, nil when unknown (then an equal version is refused).
     ///   - keyID: the publisher that signed it.
+    ///   - url: where it was read from, without credentials or query (``LoadedManifest/pinnedLocation``); its scope
+    ///     is pinned there on first use, and a manifest of the same publisher there in another scope is refused.
     /// - Returns: nil when it was recorded, else why not.
-    func acceptManifest(version: Int, scope: String, sha256: String?, keyID: String) throws(PackDeliveryError) -> ManifestMarkConflict? {
+    func acceptManifest(version: Int, scope: String, sha256: String?, keyID: String, url: String) throws(PackDeliveryError)
+        -> ManifestMarkConflict?
+    {
         try self.write(durable: true) { db -> ManifestMarkConflict? in
-            let row = try Row.fetchOne(
-                db, sql: "SELECT version, sha256 FROM manifestMarks WHERE keyID = ? AND scope = ?", arguments: [keyID, scope])
-            if let row {
-                let last: Int = row["version"]
-                let kept: String? = row["sha256"]
-                if last > version { return .rollback(last: last) }
-                if last == version {
-                    guard let sha256, kept == nil || kept == sha256 else { return .otherBytes }
-                    if kept != nil { return nil }
-                }
-            }
-            try db.execute(
-                sql: "INSERT OR REPLACE INTO manifestMarks (keyID, scope, version, sha256) VALUES (?, ?, ?, ?)",
-                arguments: [keyID, scope, version, sha256])
-            return nil
+            let conflict = try self.markManifest(version: version, scope: scope, sha256: sha256, keyID: keyID, url: url, in: db)
+            try self.saveTrustFile(db)
+            return conflict
         }
+    }
+
+    private func markManifest(version: Int, scope: String, sha256: String?, keyID: String, url: String, in db: Database) throws
+        -> ManifestMarkConflict?
+    {
+        if let pinned = try self.pinScope(scope, url: url, keyID: keyID, in: db) { return .otherScope(pinned: pinned) }
+        let row = try Row.fetchOne(
+            db, sql: "SELECT version, sha256 FROM manifestMarks WHERE keyID = ? AND scope = ?", arguments: [keyID, scope])
+        if let row {
+            let last: Int = row["version"]
+            let kept: String? = row["sha256"]
+            if last > version { return .rollback(last: last) }
+            if last == version {
+                guard let sha256, kept == nil || kept == sha256 else { return .otherBytes }
+                if kept != nil { return nil }
+            }
+        }
+        try db.execute(
+            sql: "INSERT OR REPLACE INTO manifestMarks (keyID, scope, version, sha256) VALUES (?, ?, ?, ?)",
+            arguments: [keyID, scope, version, sha256])
+        return nil
     }
 
     /// What the home measured of every source (``SourceStats``), in no order.

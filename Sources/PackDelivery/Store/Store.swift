@@ -274,6 +274,16 @@ final class Store: Sendable {
                 t.column("updatedAt", .datetime).notNull()
             }
         }
+        migrator.registerMigration("v12: the scope pinned for a publisher's signed manifests at each URL") { db in
+            // A replayed older manifest signed for another scope would count against another mark: the scope of a
+            // publisher's manifests at a URL is the one first accepted there.
+            try db.create(table: "manifestScopes") { t in
+                t.column("url", .text).notNull()
+                t.column("keyID", .text).notNull()
+                t.column("scope", .text).notNull()
+                t.primaryKey(["url", "keyID"])
+            }
+        }
         return migrator
     }
 

@@ -32,6 +32,17 @@ import Foundation
         return try Unpacker.unpack(archive: archive, into: staging, limits: limits).entries
     }
 
+    /// Reads a Metalink file as `fetch` reads a `.meta4` manifest (its encoding decided, a DTD refused, then parsed).
+    ///
+    /// - Parameter data: any bytes, as a `.meta4` file fetched from a server.
+    /// - Returns: the identifiers of the products (and packs) it describes.
+    /// - Throws: `invalidManifest` when it is refused.
+    public static func metalink(_ data: Data) throws(PackDeliveryError) -> [String] {
+        let url = URL(string: "https://packs.example.com/catalog/pack.meta4")!
+        let loaded = try LoadedManifest(manifest: try Metalink.manifest(data, from: url), baseURL: url)
+        return loaded.manifest.products.flatMap { [$0.productIdentifier] + $0.contents.map(\.contentIdentifier) }
+    }
+
     /// What an accepted index promises its reader and does not hold: every chunk inside the pack, no two
     /// overlapping, a file's chunks adding up to its size, a path that stays inside the folder. Empty when the index
     /// is refused or keeps its promises.

@@ -20,6 +20,10 @@ public struct TransferOptions: Sendable, Hashable {
     public var headers: [String]
     /// Whether TLS certificates are verified (on by default; turn off only for tests).
     public var verifyTLS: Bool
+    /// Names of ``headers`` that carry credentials besides `Authorization`, `Cookie` and `Proxy-Authorization`
+    /// (compared without case), for example `X-Api-Key`. Like a receipt, a credential header goes only to the sources
+    /// of the manifest's origin, never to a mirror elsewhere (unless the manifest says `credentialsToAllSources`).
+    public var secretHeaderNames: Set<String> = []
 
     /// Creates transfer options; the defaults suit production use.
     ///
@@ -47,6 +51,23 @@ public struct TransferOptions: Sendable, Hashable {
 }
 
 extension TransferOptions {
+    /// The header names that always carry credentials.
+    static let credentialHeaderNames: Set<String> = ["authorization", "cookie", "proxy-authorization"]
+
+    /// Whether a `Name: value` line of ``headers`` carries a credential (its name is one of
+    /// ``credentialHeaderNames`` or ``secretHeaderNames``).
+    func carriesCredential(_ line: String) -> Bool {
+        let name = line.prefix { $0 != ":" }.trimmingCharacters(in: .whitespaces).lowercased()
+        return Self.credentialHeaderNames.contains(name) || self.secretHeaderNames.contains { $0.lowercased() == name }
+    }
+
+    /// These options without the headers that carry credentials: for a source of another origin than the manifest's.
+    var withoutCredentials: TransferOptions {
+        var options = self
+        options.headers = self.headers.filter { !self.carriesCredential($0) }
+        return options
+    }
+
     /// The low-speed limit in force: below half of the rate limit, so a throttled transfer never trips it.
     var effectiveLowSpeedLimit: Int64 {
         guard let rate = self.maxBytesPerSecond else { return self.lowSpeedLimit }
