@@ -94,14 +94,16 @@ import Testing
     }
 
     /// Item 10: a valid tar.zst of 17 MiB (so installed chunk by chunk) with three chunks of 64 MiB, each a zstd frame
-    /// of a few KiB, installs byte for byte with a peak RSS at most 64 MiB above that of installing an ordinary pack of about the same length (before,
-    /// each check held every decoded chunk of its batch: hundreds of MiB).
-    @Test func chunksThatDecodeToFarMoreThanTheyAreStoredInstallInBoundedMemory() throws {
+    /// of a few KiB, installs byte for byte with a peak RSS at most 64 MiB above that of installing an ordinary pack
+    /// (before, each check held every decoded chunk of its batch: hundreds of MiB); so does a plain tar with the same
+    /// chunks, each stored as its 64 MiB.
+    @Test(arguments: [PackFormat.tarZstd, .tar])
+    func chunksThatDecodeToFarMoreThanTheyAreStoredInstallInBoundedMemory(format: PackFormat) throws {
         // The baseline: an ordinary first install of about 9 MiB (chunks of 32 KiB or so), through the same path.
         let ordinary = try Fixtures.temporaryDirectory("round4-rss-ordinary-site")
         try WriteOnceTests.publish(try WriteOnceTests.content("round4-rss-ordinary-content", big: 1), site: ordinary, format: .tarZstd)
         // Three files of 64 MiB, each one byte repeated: one chunk each with a chunker whose chunks are at least 16 MiB.
-        let content = try Fixtures.temporaryDirectory("round4-rss-content")
+        let content = try Fixtures.temporaryDirectory("round4-rss-content-\(format.rawValue)")
         let contents = content.appending(path: "Contents")
         try FileManager.default.createDirectory(at: contents, withIntermediateDirectories: true)
         for (number, byte) in [UInt8(0x41), 0x42, 0x43].enumerated() {
@@ -109,17 +111,19 @@ import Testing
         }
         // Random bytes, so that the pack is long enough (16 MiB) to be installed chunk by chunk, written once.
         try Fixtures.randomFile(at: contents.appending(path: "random.bin"), size: 17 << 20)
-        let site = try Fixtures.temporaryDirectory("round4-rss-site")
-        let pack = site.appending(path: WriteOnceTests.packName(.tarZstd))
+        let site = try Fixtures.temporaryDirectory("round4-rss-site-\(format.rawValue)")
+        let pack = site.appending(path: WriteOnceTests.packName(format))
         try PackWriter.write(
-            folder: content, to: pack, format: .tarZstd, contentInfo: (productIdentifier: Self.product, contentVersion: "1"),
+            folder: content, to: pack, format: format, contentInfo: (productIdentifier: Self.product, contentVersion: "1"),
             chunker: try #require(Chunker(minimum: 16 << 20, average: 16 << 20, maximum: 64 << 20)))
         try ManifestBuilder.write(folder: site)
         let index = try PackIndex.decode(
-            Data(contentsOf: site.appending(path: WriteOnceTests.packName(.tarZstd) + ".index.json")), maxEntries: 100,
-            containers: [.tarZstd])
+            Data(contentsOf: site.appending(path: WriteOnceTests.packName(format) + ".index.json")), maxEntries: 100,
+            containers: [.tar, .tarZstd])
         let chunks = index.entries.flatMap { $0.chunks ?? [] }
-        #expect(chunks.filter { $0.size == 64 << 20 && $0.length < 64 << 10 }.count == 3, "three 64 MiB chunks stored small: \(chunks)")
+        #expect(
+            chunks.filter { $0.size == 64 << 20 && (format == .tar || $0.length < 64 << 10) }.count == 3,
+            "three 64 MiB chunks (stored small in a tar.zst): \(chunks)")
         try? FileManager.default.removeItem(at: content)
         let nginx = try NginxServer(root: site)
         defer { nginx.stop() }
@@ -130,9 +134,9 @@ import Testing
         let baseline = try Self.peakRSS(
             home: baselineHome, ["fetch", ordinaryServer.baseURL.appending(path: "manifest.json").absoluteString, Self.product])
         #expect(baseline.status == 0)
-        let home = try Fixtures.temporaryDirectory("round4-rss-home")
+        let home = try Fixtures.temporaryDirectory("round4-rss-home-\(format.rawValue)")
         let large = try Self.peakRSS(home: home, ["fetch", nginx.baseURL.appending(path: "manifest.json").absoluteString, Self.product])
-        print("peak RSS: ordinary install \(baseline.bytes >> 20) MiB, 64 MiB chunks \(large.bytes >> 20) MiB")
+        print("peak RSS, \(format.rawValue): ordinary install \(baseline.bytes >> 20) MiB, 64 MiB chunks \(large.bytes >> 20) MiB")
         #expect(large.status == 0)
         #expect(large.bytes <= baseline.bytes + (64 << 20), "peak RSS \(large.bytes >> 20) MiB, baseline \(baseline.bytes >> 20) MiB")
         let installed = home.appending(path: "Caches/\(Self.product)/Contents")
@@ -142,6 +146,48 @@ import Testing
         }
         #expect(try CLI.run(home: home, ["verify", Self.product]).status == 0)
         #expect(nginx.requests().contains { $0.range != nil }, "installed chunk by chunk, by ranges: \(nginx.requests())")
+    }
+
+    /// Item 10, for an update: version 2 adds three files of 64 MiB, each one chunk stored as a frame of a few KiB;
+    /// the update fetches those chunks by range, keeps and assembles them with a peak RSS at most 32 MiB above that
+    /// of the version 1 install (a chunk held whole alone takes 64 MiB), and the tree is byte for byte.
+    @Test func anUpdateWhoseChunksDecodeToFarMoreThanTheyAreStoredStaysInBoundedMemory() throws {
+        let chunker = try #require(Chunker(minimum: 16 << 20, average: 16 << 20, maximum: 64 << 20))
+        let content = try Fixtures.temporaryDirectory("round4-rss-update-content")
+        let contents = content.appending(path: "Contents")
+        try FileManager.default.createDirectory(at: contents, withIntermediateDirectories: true)
+        try Fixtures.randomFile(at: contents.appending(path: "random.bin"), size: 1 << 20)
+        let site = try Fixtures.temporaryDirectory("round4-rss-update-site")
+        func publish(_ version: String) throws {
+            try PackWriter.write(
+                folder: content, to: site.appending(path: WriteOnceTests.packName(.tarZstd)), format: .tarZstd,
+                contentInfo: (productIdentifier: Self.product, contentVersion: version), chunker: chunker)
+            try ManifestBuilder.write(folder: site)
+        }
+        try publish("1")
+        let nginx = try NginxServer(root: site)
+        defer { nginx.stop() }
+        let manifestURL = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let home = try Fixtures.temporaryDirectory("round4-rss-update-home")
+        let first = try Self.peakRSS(home: home, ["fetch", manifestURL, Self.product])
+        #expect(first.status == 0)
+        for (number, byte) in [UInt8(0x41), 0x42, 0x43].enumerated() {
+            try Data(repeating: byte, count: 64 << 20).write(to: contents.appending(path: "f\(number).bin"))
+        }
+        try publish("2")
+        let before = nginx.requests().count
+        let update = try Self.peakRSS(home: home, ["fetch", manifestURL, Self.product])
+        print("peak RSS: version 1 \(first.bytes >> 20) MiB, the update to 64 MiB chunks \(update.bytes >> 20) MiB")
+        #expect(update.status == 0)
+        #expect(nginx.requests().dropFirst(before).contains { $0.range != nil }, "an update by ranges: \(nginx.requests())")
+        #expect(update.bytes <= first.bytes + (32 << 20), "peak RSS \(update.bytes >> 20) MiB, version 1 \(first.bytes >> 20) MiB")
+        let installed = home.appending(path: "Caches/\(Self.product)/Contents")
+        for (number, byte) in [UInt8(0x41), 0x42, 0x43].enumerated() {
+            let data = try Data(contentsOf: installed.appending(path: "f\(number).bin"))
+            #expect(data.count == 64 << 20 && data.allSatisfy { $0 == byte }, "f\(number).bin byte for byte")
+        }
+        try? FileManager.default.removeItem(at: content)
+        #expect(try CLI.run(home: home, ["verify", Self.product]).status == 0)
     }
 
     /// Item 12: a pack whose 272 sources (16 mirrors × 17 relative URLs) all lead to one silent server fails within a
