@@ -79,6 +79,10 @@ struct ChunkAssembly {
         var frames = FrameCache()
         for number in range.chunks {
             let chunk = chunks[number]
+            if StreamedChunk.isLarge(chunk), StreamedChunk.canStream(chunk.storage) {
+                if try !self.keepStreamed(chunk, in: input, from: range.start, file: file) { bad.append(number) }
+                continue
+            }
             guard let bytes = try Self.verifiedChunk(chunk, in: input, from: range.start, file: file, frames: &frames) else {
                 bad.append(number)
                 continue
@@ -88,6 +92,38 @@ struct ChunkAssembly {
         try Durability.syncFolder(self.folder)
         unlink(file.path)
         return bad
+    }
+
+    /// A large chunk (``StreamedChunk``) kept as the others, but decoded and hashed from the range's file a piece at a
+    /// time into its file (`.part`, synced, renamed once it matched): an index may declare chunks and frames of up to
+    /// 64 MiB, which are never all in memory (issue 43). A slice of a large frame decodes the frame on its own.
+    /// - Returns: whether it matched (else nothing is kept).
+    private func keepStreamed(_ chunk: PackIndex.Chunk, in input: Int32, from start: Int64, file: URL) throws -> Bool {
+        let target = self.chunkFile(chunk.sha256)
+        let part = target.path + ".part"
+        let fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw Installer.fileError("create", part, errno) }
+        defer { close(fd) }
+        let streamed = StreamedChunk([0], chunks: [chunk])
+        var stored = [UInt8](repeating: 0, count: Int(min(chunk.length, Int64(StreamedChunk.outputBytes))))
+        var done: Int64 = 0
+        while done < chunk.length {
+            if stored.count > chunk.length - done { stored.removeLast(stored.count - Int(chunk.length - done)) }
+            let count = stored.withUnsafeMutableBytes { pread(input, $0.baseAddress, $0.count, off_t(chunk.offset - start + done)) }
+            guard count == stored.count else { throw Installer.fileError("read", file.path, count < 0 ? errno : EIO) }
+            try streamed.feed(stored) { bytes, _, at in
+                let written = self.writer.pwrite(fd, bytes.baseAddress!, bytes.count, at)
+                if written != bytes.count { throw DeltaAssembly.writeFailure(written, file: target, needed: Int64(bytes.count)) }
+            }
+            done += Int64(count)
+        }
+        guard streamed.finish().first?.matched == true else {
+            unlink(part)
+            return false
+        }
+        guard Durability.syncData(fd) == 0 else { throw PackDeliveryError.io("sync the fetched chunk", path: part, errno: errno) }
+        guard rename(part, target.path) == 0 else { throw PackDeliveryError.io("keep the fetched chunk", path: part, errno: errno) }
+        return true
     }
 
     /// A chunk's bytes from a complete range's file (`input`, the pack's bytes from `start` on), decoded as its
@@ -265,8 +301,13 @@ struct ChunkAssembly {
         defer { close(fd) }
         let hasher = SHA256Hasher()
         var offset: Int64 = 0
+        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: Self.copyBytes, alignment: 16)
+        defer { buffer.deallocate() }
         for piece in build.pieces {
-            guard let bytes = self.bytes(of: piece, sources: &sources), Self.sha256(bytes) == piece.sha256 else {
+            guard
+                try self.copy(
+                    piece, into: fd, at: offset, target: (target, entry.size), hashing: hasher, buffer: buffer, sources: &sources)
+            else {
                 let source: String
                 switch piece.source {
                 case .local(let local):
@@ -281,10 +322,7 @@ struct ChunkAssembly {
                         message: "A chunk of \(PackDeliveryError.printable(entry.path)) could not be read back: \(source).",
                         hint: "It is tried again.", subject: entry.path))
             }
-            bytes.withUnsafeBytes { hasher.update($0) }
-            let written = bytes.withUnsafeBytes { self.writer.pwrite(fd, $0.baseAddress!, $0.count, offset) }
-            if written != bytes.count { throw DeltaAssembly.writeFailure(written, file: target, needed: entry.size - offset) }
-            offset += Int64(bytes.count)
+            offset += piece.size
         }
         let digest = hasher.hexDigest()
         guard offset == entry.size, digest == entry.sha256?.lowercased() else {
@@ -307,26 +345,51 @@ struct ChunkAssembly {
         TransferFailure(error: error, retryable: true, countsAlways: true)
     }
 
-    /// A piece's bytes, from an installed file or a kept chunk; nil when they cannot all be read.
-    private func bytes(of piece: ChunkPlan.Piece, sources: inout [String: Int32]) -> [UInt8]? {
-        var bytes = [UInt8](repeating: 0, count: Int(piece.size))
-        let count: Int
+    /// The bytes a piece is copied with at a time: a chunk may be up to 64 MiB, never all in memory (issue 43).
+    static let copyBytes = 1 << 20
+
+    /// Copies a piece, from an installed file or a kept chunk, to `offset` of the file `fd`, a block at a time, each
+    /// block hashed into `hashing` (the file's SHA-256) and the piece's own; false when they cannot all be read or do
+    /// not have the piece's SHA-256 (what was written is then not the piece's). `target` is the file and its size, for
+    /// the error of a write that fails.
+    private func copy(
+        _ piece: ChunkPlan.Piece, into fd: Int32, at offset: Int64, target: (file: URL, size: Int64), hashing: SHA256Hasher,
+        buffer: UnsafeMutableRawBufferPointer, sources: inout [String: Int32]
+    ) throws -> Bool {
+        let input: Int32
+        var start: Int64 = 0
+        var owned: Int32 = -1
+        defer { if owned >= 0 { close(owned) } }
         switch piece.source {
         case .local(let local):
             var fd = sources[local.path] ?? -1
             if fd < 0 {
                 fd = open(self.installed.appending(path: local.path).path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-                guard fd >= 0 else { return nil }
+                guard fd >= 0 else { return false }
                 sources[local.path] = fd
             }
-            count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, off_t(local.offset)) }
+            (input, start) = (fd, local.offset)
         case .fetched:
-            let fd = open(self.chunkFile(piece.sha256).path, O_RDONLY | O_CLOEXEC)
-            guard fd >= 0 else { return nil }
-            defer { close(fd) }
-            count = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+            owned = open(self.chunkFile(piece.sha256).path, O_RDONLY | O_CLOEXEC)
+            guard owned >= 0 else { return false }
+            input = owned
         }
-        return count == bytes.count ? bytes : nil
+        let own = SHA256Hasher()
+        var done: Int64 = 0
+        while done < piece.size {
+            let want = Int(min(Int64(buffer.count), piece.size - done))
+            let count = pread(input, buffer.baseAddress, want, off_t(start + done))
+            guard count == want else { return false }
+            let block = UnsafeRawBufferPointer(rebasing: buffer[..<count])
+            own.update(block)
+            hashing.update(block)
+            let written = self.writer.pwrite(fd, block.baseAddress!, count, offset + done)
+            if written != count {
+                throw DeltaAssembly.writeFailure(written, file: target.file, needed: target.size - offset - done)
+            }
+            done += Int64(count)
+        }
+        return own.hexDigest() == piece.sha256
     }
 
     /// Writes the plan's folders and symlinks as a tar, for the unpacker.

@@ -754,12 +754,31 @@ struct DownloadMachine: Sendable, Hashable {
     private mutating func nextSource(after error: PackDeliveryError) -> URL? {
         guard let sources = self.base.sources else { return nil }
         self.sourceFailures[self.base.url] = error
+        // A server that did not answer (no connection, silence, a trickle) would not answer at its other URLs either:
+        // they fail with it in this round, so that a silent origin costs one stall timeout, whatever number of URLs
+        // lead to it (issue 43: 272 URLs of one silent server took 329 s with a stall timeout of 1 s).
+        if Self.isOriginFailure(error) {
+            let origin = Download.origin(self.base.url)
+            for source in sources where self.sourceFailures[source] == nil && Download.origin(source) == origin {
+                self.sourceFailures[source] = error
+            }
+        }
         let start = (sources.firstIndex(of: self.base.url) ?? -1) + 1
         for offset in 0..<sources.count {
             let candidate = sources[(start + offset) % sources.count]
             if self.sourceFailures[candidate] == nil, !self.badSources.contains(candidate) { return candidate }
         }
         return nil
+    }
+
+    /// Whether an error says the source's server did not answer, rather than that it refused this one URL: no
+    /// connection, a timeout or stall, a trickle, a broken connection; never an HTTP status.
+    static func isOriginFailure(_ error: PackDeliveryError) -> Bool {
+        guard error.httpStatus == nil else { return false }
+        switch error.code {
+        case .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled: return true
+        default: return false
+        }
     }
 
     /// Moves the download to another source. A validator belongs to the source it came from (mirrors give their own
@@ -771,23 +790,43 @@ struct DownloadMachine: Sendable, Hashable {
         self.validator = nil
     }
 
-    /// The error after every source failed: the last one's code, status and hint, with each source's last error, briefly.
+    /// The error after every source failed: the last one's code, status and hint, with each distinct failure, briefly:
+    /// the sources of one origin that failed alike (the same code and status) once, with their number, and at most
+    /// ``listedFailures`` of them, so that the line stays short whatever number of sources a pack lists.
     private func allSourcesFailed(_ last: PackDeliveryError) -> PackDeliveryError {
         guard let sources = self.base.sources else { return last }
         var failures = self.sourceFailures
         failures[self.base.url] = last
-        let each = sources.compactMap { source -> String? in
-            guard let error = failures[source] else { return nil }
-            let message = error.message.count > 160 ? String(error.message.prefix(157)) + "…" : error.message
-            return "\(Download.sourceName(source)): \(message)"
+        var groups: [(key: String, source: URL, error: PackDeliveryError, count: Int)] = []
+        for source in sources {
+            guard let error = failures[source] else { continue }
+            let key = "\(Download.origin(source)) \(error.code) \(error.httpStatus ?? 0)"
+            if let at = groups.firstIndex(where: { $0.key == key }) {
+                groups[at].count += 1
+            } else {
+                groups.append((key, source, error, 1))
+            }
+        }
+        let count = groups.reduce(0) { $0 + $1.count }
+        var each = groups.prefix(Self.listedFailures).map { group -> String in
+            let message = group.error.message.count > 160 ? String(group.error.message.prefix(157)) + "…" : group.error.message
+            return "\(Download.sourceName(group.source)): \(message)" + (group.count > 1 ? " (×\(group.count))" : "")
+        }
+        if groups.count > Self.listedFailures {
+            let more = groups.dropFirst(Self.listedFailures).reduce(0) { $0 + $1.count }
+            each.append("and \(more) more sources, \(groups.count - Self.listedFailures) other failures")
         }
         let bytes = self.base.bytesReceived
         let kept = bytes > 0 ? " The \(bytes) bytes downloaded are kept." : ""
+        let counted = count == 1 ? "" : "\(count) sources: "
         return PackDeliveryError(
             last.code,
-            message: "Every source of \(self.base.contentIdentifier) failed (\(each.joined(separator: "; "))).\(kept)",
+            message: "Every source of \(self.base.contentIdentifier) failed (\(counted)\(each.joined(separator: "; "))).\(kept)",
             hint: last.hint, subject: last.subject, underlying: last.underlying, httpStatus: last.httpStatus)
     }
+
+    /// The distinct failures an error after every source failed names, at most.
+    static let listedFailures = 4
 
     private mutating func beginTransfer(error: PackDeliveryError?, fromZero: Bool) -> [Action] {
         self.base.timeRemaining = -1

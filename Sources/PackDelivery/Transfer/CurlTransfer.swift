@@ -45,6 +45,11 @@ final class CurlTransfer {
     private var serverSaid = Data()
     /// When a byte (header or body) last arrived; the transfer loop stops a transfer silent for the stall timeout.
     private(set) var lastActivity = Date()
+    /// Under a rate limit: when the body's first byte arrived, and the body bytes taken since (``pace(_:)``).
+    private var paceStart: Date?
+    private var paced: Int64 = 0
+    /// Until when the transfer is paused to keep to the rate limit; the engine unpauses it then (``resume()``).
+    private(set) var pausedUntil: Date?
 
     init(request: TransferRequest, onEvent: @escaping @Sendable (TransferEvent) -> Void) throws(PackDeliveryError) {
         self.request = request
@@ -152,6 +157,36 @@ final class CurlTransfer {
         self.onEvent(.progress(id: self.request.id, bytesOnDisk: self.offset, validator: self.validator))
     }
 
+    /// How long to wait before taking `count` more body bytes, so that the body arrives no faster than
+    /// ``TransferOptions/maxBytesPerSecond`` (but for a first burst of ``paceBurst(_:)``); nil to take them now.
+    ///
+    /// libcurl's own limit (`CURLOPT_MAX_RECV_SPEED_LARGE`, set too) is checked between its reads, and one read takes
+    /// whatever the socket holds, up to a second's worth: a body that arrives in one read (a first install's range of
+    /// 1 MiB, a pack smaller than its buffer) was never slowed (issue 43: 17 MiB in 0.4 s at `--max-rate 4M`).
+    private func pace(_ count: Int) -> TimeInterval? {
+        guard let rate = self.request.options.maxBytesPerSecond, rate > 0 else { return nil }
+        let now = Date()
+        let start = self.paceStart ?? now
+        self.paceStart = start
+        let allowed = Double(rate) * now.timeIntervalSince(start) + Double(Self.paceBurst(rate))
+        let wanted = Double(self.paced + Int64(count))
+        // A millisecond's slack: the wait that was computed has passed when the bytes come again.
+        if wanted > allowed + Double(rate) / 1000 { return (wanted - allowed) / Double(rate) }
+        self.paced += Int64(count)
+        return nil
+    }
+
+    /// The body bytes a rate-limited transfer takes at once before it is paced: an eighth of a second's worth, at
+    /// most libcurl's buffer under a limit (16 KiB).
+    static func paceBurst(_ rate: Int64) -> Int64 { min(16 << 10, max(1, rate / 8)) }
+
+    /// The pause for the rate limit is over (the engine unpauses the easy handle right after): a paused transfer was not
+    /// silent, so the stall timeout counts from now.
+    func resume() {
+        self.pausedUntil = nil
+        self.lastActivity = Date()
+    }
+
     /// Stops hashing (and unpacking): the transfer failed.
     func cancelHashing() {
         self.follower?.cancel()
@@ -191,6 +226,11 @@ final class CurlTransfer {
         }
         switch self.decision {
         case .append, .restartFromZero:
+            if let wait = self.pace(bytes.count) {
+                // libcurl hands these bytes again once the engine unpauses the transfer, at `pausedUntil`.
+                self.pausedUntil = Date().addingTimeInterval(wait)
+                return ccurl_writefunc_pause()
+            }
             return self.gather(bytes)
         case .reject:
             // Keep the start of an error body: what the server said goes into the message.

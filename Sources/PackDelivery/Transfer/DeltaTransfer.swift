@@ -399,8 +399,8 @@ private final class DeltaRun {
         let assembly = ChunkAssembly(
             folder: self.folder, index: self.index, installed: self.installedRoot, writer: self.request.writer,
             isCancelled: { [transfer] in transfer.isStopped })
-        let verified = try assembly.prepareTree(plan)
         let destinations = ChunkAssembly.destinations(plan)
+        let verified = try assembly.prepareTree(plan, destinations: destinations)
         // With several sources, windows of 1 MiB: a source that serves wrong bytes is caught within two windows of the
         // bad one (a window is checked while the next downloads), and one that dies leaves at most a window in flight.
         let window =

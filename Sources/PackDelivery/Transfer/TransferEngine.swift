@@ -135,15 +135,28 @@ private final class TransferLoop {
                 self.remove(easy)
                 self.complete(transfer, curlCode: result, stalled: false)
             }
+            // Transfers paused to keep to the rate limit go on when their pause is over; the poll wakes for the next.
+            var now = Date()
+            var wait = 1000.0
+            for (easy, transfer) in self.transfers {
+                guard let until = transfer.pausedUntil else { continue }
+                if until <= now {
+                    transfer.resume()
+                    // CURLPAUSE_CONT, a macro Swift does not import: 0.
+                    curl_easy_pause(easy, 0)
+                } else {
+                    wait = min(wait, until.timeIntervalSince(now) * 1000 + 1)
+                }
+            }
             // No byte at all (not even a header) for the stall timeout: stop it here; libcurl's low-speed
-            // limit only catches transfers that are slow on average.
-            let now = Date()
+            // limit only catches transfers that are slow on average. A transfer paused for the rate limit is not silent.
+            now = Date()
             for (easy, transfer) in self.transfers
-            where now.timeIntervalSince(transfer.lastActivity) > transfer.request.options.stallTimeout {
+            where transfer.pausedUntil == nil && now.timeIntervalSince(transfer.lastActivity) > transfer.request.options.stallTimeout {
                 self.remove(easy)
                 self.complete(transfer, curlCode: CURLE_OPERATION_TIMEDOUT, stalled: true)
             }
-            curl_multi_poll(self.multi, nil, 0, 1000, nil)
+            curl_multi_poll(self.multi, nil, 0, Int32(max(1, wait)), nil)
         }
     }
 
