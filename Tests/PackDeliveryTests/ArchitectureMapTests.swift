@@ -30,7 +30,14 @@ import Testing
             let enumerator = try #require(
                 FileManager.default.enumerator(at: Self.root.appending(path: top), includingPropertiesForKeys: nil))
             for case let url as URL in enumerator {
-                if url.hasDirectoryPath { folders.insert(url.lastPathComponent) }
+                // A folder by its name and by its path from each folder above it: `Delta/`, `Delivery/Delta/`.
+                if url.hasDirectoryPath {
+                    var components = url.standardizedFileURL.pathComponents.drop { $0 != top }.dropFirst()
+                    while !components.isEmpty {
+                        folders.insert(components.joined(separator: "/"))
+                        components = components.dropFirst()
+                    }
+                }
                 guard ["swift", "c", "h"].contains(url.pathExtension), !url.path.contains("/Fixtures/") else { continue }
                 files[url.deletingPathExtension().lastPathComponent] = url
                 text += try String(contentsOf: url, encoding: .utf8) + "\n"
@@ -105,5 +112,7 @@ import Testing
         #expect(!Self.problems(in: "Nowhere/", files: files, folders: folders, text: text).isEmpty)
         #expect(!Self.problems(in: "+Teleport", files: files, folders: folders, text: text).isEmpty)
         #expect(Self.problems(in: "Queue/", files: files, folders: folders, text: text).isEmpty)
+        #expect(Self.problems(in: "Delivery/Delta/", files: files, folders: folders, text: text).isEmpty)
+        #expect(!Self.problems(in: "Delivery/Nowhere/", files: files, folders: folders, text: text).isEmpty)
     }
 }

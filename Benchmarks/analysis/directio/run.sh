@@ -12,7 +12,7 @@ work=$(mktemp -d "${1:-/tmp}/PackDelivery-directio-XXXXXX")
 trap 'rm -rf "$work"' EXIT
 cp "$here"/{shim.h,module.modulemap} "$work"/
 clang -O2 -c "$here/shim.c" -o "$work/shim.o"
-swiftc -O -I "$work" "$here/main.swift" "$here/stubs.swift" "$root/Sources/PackDelivery/Install/DirectFile.swift" "$work/shim.o" -o "$work/bench"
+swiftc -O -I "$work" "$here/main.swift" "$here/stubs.swift" "$root/Sources/PackDelivery/Delivery/WriteOnce/DirectFile.swift" "$work/shim.o" -o "$work/bench"
 F=$work/F
 for i in 1 2 3; do
   "$work/bench" plain "$F"

@@ -151,7 +151,7 @@ struct TransferRequest: Sendable {
     var options: TransferOptions
     var writer: any FileWriting
     /// Unpacks the pack while it downloads; told how far the file is written.
-    var stream: StreamedUnpack? = nil
+    var stream: (any PartialFileFollower)? = nil
     /// Only these bytes of the file on the server (a delta update's range), with `expectedLength` their count. The
     /// validator is then not sent as If-Range but compared with the response's: a range never mixes two versions.
     var range: ByteRange? = nil
