@@ -218,7 +218,7 @@ import Testing
 
     /// Item 20: `--max-rate` holds for a write-once first install (its range requests; a pack of 16 MiB or more), and
     /// for a pack smaller than libcurl's buffer: about 17 MiB at 4 MiB/s takes 3 s or more (before: 0.4 s), a pack of
-    /// less than 16 KiB at 4 KiB/s 2 s or more (before: at once). A lower bound only: a behaviour, not a benchmark.
+    /// less than 16 KiB at 4 KiB/s 1.5 s or more (before: at once). A lower bound only: a behaviour, not a benchmark.
     @Test func maxRateHoldsForAWriteOnceInstallAndATinyPack() throws {
         let site = try Fixtures.temporaryDirectory("round4-rate-site")
         try WriteOnceTests.publish(try WriteOnceTests.content("round4-rate-content", big: 9), site: site, format: .tarZstd)
@@ -245,6 +245,8 @@ import Testing
         let tinyElapsed = Date().timeIntervalSince(started)
         #expect(small.status == 0, "\(small.stderr)")
         #expect(tinyLength < 16 << 10, "smaller than libcurl's buffer: \(tinyLength)")
-        #expect(tinyElapsed >= 2, "\(tinyLength) bytes at 4 KiB/s: \(tinyElapsed) s")
+        // 7 KiB at 4 KiB/s, less the first burst of an eighth of a second (512 bytes), is 1.6 s at least; before: at once.
+        // (A bound of 2 s leaned on the process's own start, and failed at 1.86 s in a full run.)
+        #expect(tinyElapsed >= 1.5, "\(tinyLength) bytes at 4 KiB/s: \(tinyElapsed) s")
     }
 }
