@@ -39,9 +39,13 @@ extension Packs {
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
                 if let loaded { try queue.acceptManifest(loaded) }
-                let ofProduct = try queue.contentIdentifiers(productIDs: [self.product], from: loaded)
-                try self.checkPacks(ofProduct)
-                let packs = self.packs.isEmpty ? ofProduct : self.packs
+                let packs: [String]
+                if self.packs.isEmpty {
+                    packs = try queue.contentIdentifiers(productIDs: [self.product], from: loaded)
+                } else {
+                    try self.checkPacks(queue, loaded)
+                    packs = self.packs
+                }
                 // Progress goes to stdout only on a terminal or with --json: `$(packs use …)` gets the folders alone.
                 var shown = self.global
                 if !shown.json, isatty(STDOUT_FILENO) != 1 { shown.quiet = true }
@@ -80,7 +84,15 @@ extension Packs {
 
         /// `use` takes packs of one product: any other argument (another product, a pack of another product, a typo)
         /// is refused before anything is fetched, so `use A B --manifest M` never buys B.
-        private func checkPacks(_ ofProduct: [String]) throws(PackDeliveryError) {
+        /// Without a manifest, a product nothing is recorded of is left to the fetch, which says its packs are not
+        /// installed and to pass the manifest (64); with one that does not list it, it is an unknown product (65).
+        private func checkPacks(_ queue: DownloadQueue, _ loaded: LoadedManifest?) throws(PackDeliveryError) {
+            let ofProduct: [String]
+            do {
+                ofProduct = try queue.contentIdentifiers(productIDs: [self.product], from: loaded)
+            } catch  where error.code == .unknownProduct && loaded == nil {
+                return
+            }
             let known = Set(ofProduct)
             guard let stranger = self.packs.first(where: { !known.contains($0) }) else { return }
             let listed = ofProduct.prefix(20).joined(separator: ", ") + (ofProduct.count > 20 ? ", …" : "")

@@ -23,6 +23,8 @@ import Testing
         #expect(other.stdout.isEmpty, "no folder printed: \(other.stdout)")
         let typo = try CLI.run(home: home, ["use", a, "com.example.nope", "--manifest", manifest])
         #expect(typo.status == 64 && typo.stderr.contains("'com.example.nope' is not a pack of"), "\(typo.status) \(typo.stderr)")
+        let unknown = try CLI.run(home: home, ["use", "com.example.none", b, "--manifest", manifest])
+        #expect(unknown.status == 65, "a product the manifest does not list, as fetch says it: \(unknown.status) \(unknown.stderr)")
         #expect(!nginx.requests().contains { $0.uri.hasSuffix(".tar") }, "no pack was fetched: \(nginx.requests())")
         let status = try CLI.run(home: home, ["--json", "status"])
         #expect(status.stdout.contains(#"{"transactions":[]}"#), "nothing was bought: \(status.stdout)")
