@@ -40,15 +40,19 @@ extension DownloadQueue {
     func withJoined(_ transactions: [Transaction], _ joined: [String: String]) throws(PackDeliveryError) -> [Transaction] {
         guard !joined.isEmpty else { return transactions }
         let ids = Set(joined.values).sorted()
-        let idle = try self.store.downloadRecords(transactionIDs: ids).filter { record in
-            !record.state.isSettled && !(record.owner?.isAlive ?? false) && (record.state.isRunning || record.pauseReason == .interrupted)
+        // On the driver (add calls this off it), as every take over is.
+        try self.onDriver { () throws(PackDeliveryError) in
+            let idle = try self.store.downloadRecords(transactionIDs: ids).filter { record in
+                !record.state.isSettled && !(record.owner?.isAlive ?? false)
+                    && (record.state.isRunning || record.pauseReason == .interrupted)
+            }
+            let taken = try self.take(idle.map(\.id))
+            for id in taken where self.driven({ $0.machine.download(id)?.state == .paused }) {
+                self.change { $0.handle(id, .resume) }
+            }
+            // Saved at once: another process that joins it reads it resumed, not paused as it was left.
+            if !taken.isEmpty { self.save(includingProgress: false) }
         }
-        let taken = try self.take(idle.map(\.id))
-        for id in taken where self.driven({ $0.machine.download(id)?.state == .paused }) {
-            self.change { $0.handle(id, .resume) }
-        }
-        // Saved at once: another process that joins it reads it resumed, not paused as it was left.
-        if !taken.isEmpty { self.save(includingProgress: false) }
         var open: [String: Transaction] = [:]
         for transaction in try self.liveTransactions(ids: ids) { open[transaction.id] = try self.asFollowed(transaction) }
         self.driven { state in
