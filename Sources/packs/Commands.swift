@@ -390,7 +390,7 @@ extension Packs {
                         )
                     } else if !self.global.quiet {
                         printError(
-                            "packs: \(PackDeliveryError.printable(content.contentIdentifier)) of \(PackDeliveryError.printable(content.productIdentifier)) was evicted from the caches; fetch the product again to use it."
+                            "packs: \(PackDeliveryError.printable(content.contentIdentifier)) of \(PackDeliveryError.printable(content.productIdentifier)) was evicted from the caches; packs use \(PackDeliveryError.printable(content.productIdentifier)) fetches it again."
                         )
                     }
                 }
@@ -402,7 +402,8 @@ extension Packs {
                                 ? "Nothing is installed for \(PackDeliveryError.printable($0))."
                                 : "The content of \(PackDeliveryError.printable($0)) was evicted from the caches."
                         } ?? "Nothing is installed.",
-                        hint: evicted.isEmpty ? nil : "Fetch the product again (packs fetch MANIFEST PRODUCT) to install it again.",
+                        hint: evicted.isEmpty
+                            ? nil : "packs use PRODUCT fetches it again, from what its eviction kept (no manifest needed).",
                         subject: self.product)
                 }
                 // Handing the folders out is a use: it orders evictions (least recently used first).

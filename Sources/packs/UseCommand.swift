@@ -23,7 +23,7 @@ extension Packs {
         @Argument(help: "The product.")
         var product: String
 
-        @Argument(help: "Content identifiers of its packs (default: all of them).")
+        @Argument(help: "Content identifiers of its packs (default: all of them); anything else is a usage error (exit 64).")
         var packs: [String] = []
 
         @Option(help: ArgumentHelp("The manifest to fetch from when no download of a pack is recorded.", valueName: "manifest"))
@@ -39,7 +39,13 @@ extension Packs {
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
                 if let loaded { try queue.acceptManifest(loaded) }
-                let packs = self.packs.isEmpty ? try queue.contentIdentifiers(productIDs: [self.product], from: loaded) : self.packs
+                let packs: [String]
+                if self.packs.isEmpty {
+                    packs = try queue.contentIdentifiers(productIDs: [self.product], from: loaded)
+                } else {
+                    try self.checkPacks(queue, loaded)
+                    packs = self.packs
+                }
                 // Progress goes to stdout only on a terminal or with --json: `$(packs use …)` gets the folders alone.
                 var shown = self.global
                 if !shown.json, isatty(STDOUT_FILENO) != 1 { shown.quiet = true }
@@ -74,6 +80,29 @@ extension Packs {
                 return 0
             }
             if code != 0 { throw ExitCode(code) }
+        }
+
+        /// `use` takes packs of one product: any other argument (another product, a pack of another product, a typo)
+        /// is refused before anything is fetched, so `use A B --manifest M` never buys B.
+        /// Without a manifest, a product nothing is recorded of is left to the fetch, which says its packs are not
+        /// installed and to pass the manifest (64); with one that does not list it, it is an unknown product (65).
+        private func checkPacks(_ queue: DownloadQueue, _ loaded: LoadedManifest?) throws(PackDeliveryError) {
+            let ofProduct: [String]
+            do {
+                ofProduct = try queue.contentIdentifiers(productIDs: [self.product], from: loaded)
+            } catch  where error.code == .unknownProduct && loaded == nil {
+                return
+            }
+            let known = Set(ofProduct)
+            guard let stranger = self.packs.first(where: { !known.contains($0) }) else { return }
+            let listed = ofProduct.prefix(20).joined(separator: ", ") + (ofProduct.count > 20 ? ", …" : "")
+            throw PackDeliveryError(
+                .invalidArgument,
+                message:
+                    "'\(PackDeliveryError.printable(stranger))' is not a pack of \(PackDeliveryError.printable(self.product)); packs use takes the packs of one product.",
+                hint:
+                    "Its packs are: \(PackDeliveryError.printable(listed)). Run packs use once per product (a product is bought with packs fetch MANIFEST PRODUCT).",
+                subject: stranger)
         }
     }
 }

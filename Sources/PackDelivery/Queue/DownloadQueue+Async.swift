@@ -263,8 +263,13 @@ extension DownloadQueue {
     /// ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFinished:)`` (and streams
     /// ``DownloadQueueEvent/restoreCompleted(_:)``); when one fails or pauses,
     /// ``DownloadQueueObserver/downloadQueue(_:restoreCompletedTransactionsFailedWithError:)``.
+    ///
+    /// One restore at a time, as StoreKit's payment queue has it: a call made while a restore of the same product's
+    /// packs runs (on this queue, or on another queue or process on the home) joins it. It returns the same
+    /// transactions, nothing is fetched twice, and a restore this queue runs ends with one completion, the one both
+    /// calls wait for.
     /// - Parameter productIDs: products to restore, or nil for every product with a finished download.
-    /// - Returns: the restore transactions (finishable at once when everything was intact).
+    /// - Returns: the restore transactions (finishable at once when everything was intact), or those joined.
     /// - Throws: a database error; `queueClosed` after ``close()``.
     @discardableResult
     public func restoreCompletedTransactions(productIDs: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
@@ -296,7 +301,13 @@ extension DownloadQueue {
                         id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
                         finishedAt: nil, autoFinish: true, downloads: downloads))
             }
-            if !transactions.isEmpty { try self.record(transactions) }
+            // A restore under way (this call's twin, on this queue or another process) is joined: its transactions
+            // are returned, and a restore this queue runs already ends with the one completion it reports.
+            if !transactions.isEmpty {
+                transactions = try self.withJoined(transactions, try self.record(transactions, joining: true, adoptingRestores: true))
+            }
+            let ids = Set(transactions.map(\.id))
+            if !ids.isEmpty, self.driven({ $0.restores.values.contains { ids.isSubset(of: $0.transactionIDs) } }) { return transactions }
             // Registered after the record succeeded (a failed record leaves no batch behind); on the driver, so no
             // download of the restore can settle in between.
             let pending = Set(transactions.flatMap(\.downloads).filter { $0.state.isRunning }.map(\.id))

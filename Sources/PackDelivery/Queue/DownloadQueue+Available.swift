@@ -6,7 +6,10 @@ extension DownloadQueue {
     ///
     /// An installed pack costs one indexed query and no request. A pack that is not installed is fetched by its
     /// download: an on-demand pack recorded by a purchase (``DeliveryPolicy/onDemand``), a prefetch pack on its way,
-    /// a paused or failed download; it is raised to `priority` (never lowered) and resumed. A pack no download was
+    /// a paused or failed download; it is raised to `priority` (never lowered) and resumed. A pack that was evicted
+    /// (``evictedContent(forProductID:)``) is fetched again on its own, as On-Demand Resources does for purged tags:
+    /// through a restore transaction made from the download that installed it (its URLs, SHA-256 and index) and its
+    /// transaction's manifest URL and receipt, unless `manifest` lists it. A pack no download was
     /// recorded for is bought from `manifest`: its product is added as a purchase (its essential and prefetch packs
     /// start as a purchase's do), then the pack is fetched. Progress is reported like any download's (events,
     /// observers), with a ``DownloadQueueEvent/priorityChanged(_:)`` when the priority was raised.
@@ -23,7 +26,7 @@ extension DownloadQueue {
     ///   - manifest: where to buy a pack no download was recorded for; nil: such a pack throws `notInstalled`.
     ///   - priority: how soon its download starts; ``DownloadPriority/userInitiated`` (ahead of everything) by default.
     /// - Returns: the installed folders (``Download/contentURL``), in the order of `contentIDs`.
-    /// - Throws: `notInstalled` for a pack that is neither installed nor recorded (and not in `manifest`); the
+    /// - Throws: `notInstalled` for a pack that is neither installed, evicted nor recorded (and not in `manifest`); the
     ///   download's error when it fails; `cancelled` when it is cancelled or the awaiting task is; `queueClosed`.
     public func ensureAvailable(
         contentIDs: [String], from manifest: LoadedManifest? = nil, priority: DownloadPriority = .userInitiated
@@ -149,8 +152,14 @@ extension DownloadQueue {
         for contentIDs: [String], from manifest: LoadedManifest?, priority: DownloadPriority
     ) throws(PackDeliveryError) -> Asked {
         var asked = Asked()
+        // Evicted packs with no open download (and not in `manifest`) are fetched again on their own, from what their
+        // eviction kept.
+        let listed = Set(manifest?.manifest.products.flatMap { $0.contents.map(\.contentIdentifier) } ?? [])
+        var open: [String: DownloadRecord] = [:]
+        for identifier in contentIDs { open[identifier] = try self.store.openDownload(contentIdentifier: identifier) }
+        let again = try self.refetchEvicted(contentIDs.filter { open[$0] == nil && !listed.contains($0) })
         for identifier in contentIDs {
-            var record = try self.store.openDownload(contentIdentifier: identifier)
+            var record = open[identifier] ?? again[identifier]
             if record == nil, let manifest,
                 let product = manifest.manifest.products.first(where: { $0.contents.contains { $0.contentIdentifier == identifier } })
             {

@@ -613,12 +613,23 @@ extension DownloadQueue {
     // MARK: Transactions on the driver
 
     /// Records new transactions (one durable write) and takes their waiting downloads.
-    func record(_ transactions: [Transaction], manifestURL: URL? = nil, receipt: String? = nil) throws(PackDeliveryError) {
+    /// - Parameters:
+    ///   - joining: leave out a transaction an open one already delivers (see
+    ///     ``Store/insert(_:owner:manifestURL:receipt:joining:adoptingRestores:partialPath:)``).
+    ///   - adoptingRestores: join a restore nobody runs too (``withJoined(_:_:)`` takes it over).
+    /// - Returns: the transactions left out, by id, with the id of the open one each joins.
+    @discardableResult
+    func record(
+        _ transactions: [Transaction], manifestURL: URL? = nil, receipt: String? = nil, joining: Bool = false,
+        adoptingRestores: Bool = false
+    ) throws(PackDeliveryError) -> [String: String] {
         try self.onDriver { () throws(PackDeliveryError) in
             try self.requireOpen()
-            try self.store.insert(transactions, owner: self.owner, manifestURL: manifestURL, receipt: receipt) {
-                self.home.archiveURL(for: $0).path
-            }
+            let joined = try self.store.insert(
+                transactions, owner: self.owner, manifestURL: manifestURL, receipt: receipt, joining: joining,
+                adoptingRestores: adoptingRestores
+            ) { self.home.archiveURL(for: $0).path }
+            let transactions = transactions.filter { joined[$0.id] == nil }
             for transaction in transactions { self.emit(.transactionUpdated(transaction)) }
             self.change { machine in
                 var actions: [QueueMachine.Action] = []
@@ -630,6 +641,7 @@ extension DownloadQueue {
                 }
                 return actions
             }
+            return joined
         }
     }
 

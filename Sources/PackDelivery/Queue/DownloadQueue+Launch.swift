@@ -319,7 +319,10 @@ extension DownloadQueue {
                     id: transactionID, productIdentifier: product, kind: .restored, createdAt: Date(),
                     finishedAt: nil, autoFinish: true, downloads: downloads))
         }
-        if !transactions.isEmpty { try self.record(transactions) }
+        // Another process's repair (or restore) of the same packs recorded since the look above is joined, not repeated.
+        if !transactions.isEmpty {
+            transactions = try self.withJoined(transactions, try self.record(transactions, joining: true, adoptingRestores: true))
+        }
         return reused.isEmpty ? transactions : (try self.liveTransactions(ids: reused.map(\.id))) + transactions
     }
 

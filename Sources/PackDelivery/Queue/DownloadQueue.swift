@@ -391,7 +391,7 @@ public final class DownloadQueue: Sendable {
         var joined: [Int: Transaction] = [:]
         for (position, product) in products.enumerated() {
             if let running = AddPlan.joined(product, destination: destination, force: force, open: open) {
-                joined[position] = running
+                joined[position] = try self.asFollowed(running)
                 if running.downloads.contains(where: { elsewhere.contains($0.id) }) {
                     self.driven { _ = $0.joinedElsewhere.insert(running.id) }
                 }
@@ -433,8 +433,13 @@ public final class DownloadQueue: Sendable {
             if let priority = content.preservationPriority { priorities[content.contentIdentifier] = priority }
         }
         try self.store.setPreservationPriorities(priorities)
-        if !transactions.isEmpty { try self.record(transactions, manifestURL: manifest.source, receipt: receipt) }
-        var recorded = transactions.makeIterator()
+        // Checked again under the store's write lock: a process that recorded the same delivery since is joined too.
+        var late: [String: String] = [:]
+        if !transactions.isEmpty {
+            late = try self.record(
+                transactions, manifestURL: manifest.source, receipt: receipt, joining: !force, adoptingRestores: kind == .restored)
+        }
+        var recorded = try self.withJoined(transactions, late).makeIterator()
         return products.indices.compactMap { joined[$0] ?? recorded.next() }
     }
 

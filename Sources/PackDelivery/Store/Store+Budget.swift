@@ -255,6 +255,20 @@ extension Store {
         }
     }
 
+    /// The downloads that installed these packs before they were evicted: what fetching them again needs (the pack's
+    /// URLs, SHA-256, length and index; its transaction keeps the manifest URL and receipt). Packs with no eviction,
+    /// or whose download is not recorded, are left out.
+    func evictedDownloads(contentIdentifiers: [String]) throws(PackDeliveryError) -> [DownloadRecord] {
+        try self.read { db in
+            let statement = try db.cachedStatement(
+                sql: """
+                    SELECT downloads.* FROM evictions JOIN downloads ON downloads.id = evictions.downloadID
+                    WHERE evictions.contentIdentifier = ? ORDER BY evictions.evictedAt DESC LIMIT 1
+                    """)
+            return try contentIdentifiers.compactMap { try DownloadRecord.fetchOne(statement, arguments: [$0]) }
+        }
+    }
+
     func evictions(productIdentifier: String? = nil) throws(PackDeliveryError) -> [EvictionRecord] {
         try self.read { db in
             var request = EvictionRecord.order(Column("productIdentifier"), Column("evictedAt"), Column("contentIdentifier"))

@@ -6,12 +6,25 @@ extension Store {
 
     /// Records new transactions with their downloads in one durable write, owned by `owner` where `owned` says so.
     /// `manifestURL` and `receipt`, when given, are recorded for each transaction (``TransactionAccessRecord``).
+    ///
+    /// With `joining`, a transaction that would deliver what an open one already delivers
+    /// (``openDelivery(like:adoptingRestores:in:)``, read under the write lock, so two processes adding it at once record
+    /// it once) is not recorded.
+    /// - Returns: the transactions not recorded, by id, with the id of the open one each joins.
+    @discardableResult
     func insert(
-        _ transactions: [Transaction], owner: QueueOwner, manifestURL: URL? = nil, receipt: String? = nil,
-        partialPath: (Download) -> String
-    ) throws(PackDeliveryError) {
+        _ transactions: [Transaction], owner: QueueOwner, manifestURL: URL? = nil, receipt: String? = nil, joining: Bool = false,
+        adoptingRestores: Bool = false, partialPath: (Download) -> String
+    ) throws(PackDeliveryError) -> [String: String] {
         try self.write(durable: true) { db in
+            var joined: [String: String] = [:]
             for transaction in transactions {
+                if joining, transaction.downloads.contains(where: \.state.isRunning),
+                    let open = try Self.openDelivery(like: transaction, adoptingRestores: adoptingRestores, in: db)
+                {
+                    joined[transaction.id] = open
+                    continue
+                }
                 try TransactionRecord(
                     id: transaction.id, productIdentifier: transaction.productIdentifier, kind: transaction.kind,
                     createdAt: transaction.createdAt, finishedAt: nil, autoFinish: transaction.autoFinish
@@ -31,7 +44,34 @@ extension Store {
                     try record.insert(db)
                 }
             }
+            return joined
         }
+    }
+
+    /// The open transaction delivering the packs `transaction` would (its product, the same content identifiers and
+    /// versions, into the same destination, none cancelled), with a download not yet settled that a live queue runs;
+    /// with `adoptingRestores`, also a restore nobody runs (its unsettled downloads left running by a dead process or
+    /// paused `interrupted`, as a launch's repair leaves them in a process that does not resume), to take over.
+    static func openDelivery(like transaction: Transaction, adoptingRestores: Bool, in db: Database) throws -> String? {
+        let wanted = Set(transaction.downloads.map { "\($0.contentIdentifier)\u{0}\($0.contentVersion)" })
+        let destinations = Set(transaction.downloads.map(\.destination))
+        let rows = try Row.fetchAll(
+            db, sql: "SELECT id, kind FROM transactions WHERE productIdentifier = ? AND finishedAt IS NULL ORDER BY createdAt, id",
+            arguments: [transaction.productIdentifier])
+        for row in rows {
+            let id: String = row["id"]
+            let downloads = try DownloadRecord.fetchAll(db, sql: "SELECT * FROM downloads WHERE transactionID = ?", arguments: [id])
+            guard downloads.allSatisfy({ destinations == [$0.destination] && $0.state != .cancelled }),
+                Set(downloads.map { "\($0.contentIdentifier)\u{0}\($0.contentVersion)" }) == wanted
+            else { continue }
+            let unsettled = downloads.filter { !$0.state.isSettled }
+            if unsettled.contains(where: { $0.owner?.isAlive ?? false }) { return id }
+            let idle = unsettled.allSatisfy {
+                ($0.owner.map { !$0.isAlive } ?? true) && ($0.state.isRunning || $0.pauseReason == .interrupted)
+            }
+            if adoptingRestores, (row["kind"] as String?) == TransactionKind.restored.rawValue, !unsettled.isEmpty, idle { return id }
+        }
+        return nil
     }
 
     /// Transactions with their downloads, oldest first, in two queries whatever their number.
