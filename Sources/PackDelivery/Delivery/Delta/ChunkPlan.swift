@@ -102,6 +102,32 @@ struct ChunkPlan: Sendable, Hashable {
         return wanted
     }
 
+    /// Why no update can be planned from `index` at all: installed files that changed since the install, an index
+    /// that does not describe a chunked tar of `packLength` bytes, or files larger in all than the manifest allows.
+    private static func refusal(index: PackIndex, packLength: Int64, unpackedLength: Int64?, damaged: [String]) -> DeltaRefusal? {
+        if let first = damaged.first {
+            return DeltaRefusal(
+                .installedFilesChanged,
+                "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
+            )
+        }
+        guard index.format >= 2, Self.containers.contains(index.container), let pack = index.pack, pack.length == packLength else {
+            return DeltaRefusal(.indexUnusable, "the pack's index does not describe a chunked tar pack of \(packLength) bytes")
+        }
+        var files: Int64 = 0
+        for entry in index.entries where entry.kind == .file {
+            // Each size is at most 2^50 (checked when decoded) and the sum stops past 2^50: it cannot overflow.
+            files += entry.size
+            if files > min(LoadedManifest.maxSize, unpackedLength ?? LoadedManifest.maxSize) {
+                return DeltaRefusal(
+                    .indexUnusable,
+                    "the pack's index gives its files more than \(unpackedLength.map { "the \($0) bytes the manifest allows" } ?? "2^50 bytes")"
+                )
+            }
+        }
+        return nil
+    }
+
     /// The plan, or why the whole pack is fetched instead.
     ///
     /// - Parameters:
@@ -116,27 +142,8 @@ struct ChunkPlan: Sendable, Hashable {
         index: PackIndex, packLength: Int64, unpackedLength: Int64? = nil, installed: [InstalledFileRecord], damaged: [String],
         local: [String: LocalChunk], wholePack: Bool = false
     ) -> Result<ChunkPlan, DeltaRefusal> {
-        if let first = damaged.first {
-            return .failure(
-                DeltaRefusal(
-                    .installedFilesChanged,
-                    "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
-                ))
-        }
-        guard index.format >= 2, Self.containers.contains(index.container), let pack = index.pack, pack.length == packLength else {
-            return .failure(DeltaRefusal(.indexUnusable, "the pack's index does not describe a chunked tar pack of \(packLength) bytes"))
-        }
-        var files: Int64 = 0
-        for entry in index.entries where entry.kind == .file {
-            // Each size is at most 2^50 (checked when decoded) and the sum stops past 2^50: it cannot overflow.
-            files += entry.size
-            if files > min(LoadedManifest.maxSize, unpackedLength ?? LoadedManifest.maxSize) {
-                return .failure(
-                    DeltaRefusal(
-                        .indexUnusable,
-                        "the pack's index gives its files more than \(unpackedLength.map { "the \($0) bytes the manifest allows" } ?? "2^50 bytes")"
-                    ))
-            }
+        if let refusal = Self.refusal(index: index, packLength: packLength, unpackedLength: unpackedLength, damaged: damaged) {
+            return .failure(refusal)
         }
         var byDigest: [String: InstalledFileRecord] = [:]
         var linksByDigest: [String: InstalledFileRecord] = [:]
