@@ -185,7 +185,8 @@ struct QueueMachine: Sendable {
     /// its unpacked content and the margin), and otherwise pauses for space saying how much is needed.
     mutating func admit(_ id: String, facts: DeliveryFacts = .none, available: Int64?, path: String, now: Date = Date()) -> [Action] {
         guard let entry = self.entries[id], entry.machine.state == .waiting, self.running.contains(id) else {
-            self.running.remove(id)
+            // A download already started (an admission asked twice) keeps the slot it holds.
+            if self.entries[id]?.machine.state != .active { self.running.remove(id) }
             var actions: [Action] = []
             self.schedule(into: &actions)
             return actions
@@ -293,6 +294,27 @@ struct QueueMachine: Sendable {
             self.entries = [:]
             self.changed = [:]
         }
+    }
+
+    /// What the derived sets say that the stages do not: ``running``, the downloads paused for space and those
+    /// paused for the network are kept beside the machines (so no decision scans the queue), and must always be
+    /// what the machines' stages make them. Empty when they agree; `QueueMachineTests` checks it after every event
+    /// of seeded random sequences.
+    func disagreements() -> [String] {
+        var found: [String] = []
+        func paused(_ reason: PauseReason) -> Set<String> {
+            Set(self.entries.filter { $0.value.machine.state == .paused && $0.value.machine.download.pauseReason == reason }.keys)
+        }
+        if self.pausedForSpace != paused(.insufficientStorage) { found.append("pausedForSpace \(self.pausedForSpace.sorted())") }
+        if self.pausedForNetwork != paused(.waitingForUnmeteredNetwork) {
+            found.append("pausedForNetwork \(self.pausedForNetwork.sorted())")
+        }
+        let active = Set(self.entries.filter { $0.value.machine.state == .active }.keys)
+        if !active.isSubset(of: self.running) { found.append("active but holding no slot: \(active.subtracting(self.running).sorted())") }
+        let holding = self.running.filter { self.entries[$0].map { $0.machine.state == .active || $0.machine.state == .waiting } != true }
+        if !holding.isEmpty { found.append("holding a slot, neither active nor waiting: \(holding.sorted())") }
+        if self.running.count > self.concurrency { found.append("\(self.running.count) slots of \(self.concurrency)") }
+        return found
     }
 
     func download(_ id: String) -> Download? { self.entries[id]?.machine.download }
