@@ -251,6 +251,40 @@ public struct LoadedManifest: Sendable {
     }
 
     /// The checks every manifest passes, decoded or built in memory.
+    /// What is wrong with one pack's entry of a manifest, as a phrase ("a contentLength of -1, outside 0…2^50 bytes"),
+    /// or nil.
+    private static func problem(of content: Manifest.Content) -> String? {
+        if let problem = Self.identifierProblem(content.contentIdentifier) {
+            "an unusable contentIdentifier: \(problem)"
+        } else if Self.reservedNames.contains(content.contentIdentifier.lowercased()) {
+            "a contentIdentifier that names a file PackDelivery keeps beside installed content"
+        } else if !(0...Self.maxSize).contains(content.contentLength) {
+            "a contentLength of \(content.contentLength), outside 0…2^50 bytes"
+        } else if let unpacked = content.unpackedLength, !(0...Self.maxSize).contains(unpacked) {
+            "an unpackedLength of \(unpacked), outside 0…2^50 bytes"
+        } else if content.sha256.utf8.count != 64 || !content.sha256.utf8.allSatisfy(Self.isASCIIHexDigit) {
+            "a sha256 that is not 64 hex digits (0-9, a-f)"
+        } else if let problem = Self.textProblem(content.contentVersion, maxBytes: 255) {
+            "a contentVersion with \(problem)"
+        } else if let problem = Self.textProblem(content.url, maxBytes: 8192) {
+            "a url with \(problem)"
+        } else if let index = content.index, !(0...Self.maxSize).contains(index.length) {
+            "an index length of \(index.length), outside 0…2^50 bytes"
+        } else if let index = content.index,
+            index.sha256.utf8.count != 64 || !index.sha256.utf8.allSatisfy(Self.isASCIIHexDigit)
+        {
+            "an index sha256 that is not 64 hex digits (0-9, a-f)"
+        } else if let index = content.index, let problem = Self.textProblem(index.url, maxBytes: 8192) {
+            "an index url with \(problem)"
+        } else if let urls = content.urls, urls.count > Self.maxSources {
+            "\(urls.count) urls, more than \(Self.maxSources)"
+        } else if let problem = content.urls?.lazy.compactMap({ Self.textProblem($0, maxBytes: 8192) }).first {
+            "a url in urls with \(problem)"
+        } else {
+            nil
+        }
+    }
+
     private static func check(_ manifest: Manifest, place: String) throws(PackDeliveryError) {
         if let scope = manifest.scope,
             let problem = scope.isEmpty ? "an empty scope" : Self.textProblem(scope, maxBytes: 255).map({ "a scope with \($0)" })
@@ -298,36 +332,7 @@ public struct LoadedManifest: Sendable {
             }
             for content in product.contents {
                 let contentID = PackDeliveryError.printable(content.contentIdentifier)
-                let problem: String? =
-                    if let problem = Self.identifierProblem(content.contentIdentifier) {
-                        "an unusable contentIdentifier: \(problem)"
-                    } else if Self.reservedNames.contains(content.contentIdentifier.lowercased()) {
-                        "a contentIdentifier that names a file PackDelivery keeps beside installed content"
-                    } else if !(0...Self.maxSize).contains(content.contentLength) {
-                        "a contentLength of \(content.contentLength), outside 0…2^50 bytes"
-                    } else if let unpacked = content.unpackedLength, !(0...Self.maxSize).contains(unpacked) {
-                        "an unpackedLength of \(unpacked), outside 0…2^50 bytes"
-                    } else if content.sha256.utf8.count != 64 || !content.sha256.utf8.allSatisfy(Self.isASCIIHexDigit) {
-                        "a sha256 that is not 64 hex digits (0-9, a-f)"
-                    } else if let problem = Self.textProblem(content.contentVersion, maxBytes: 255) {
-                        "a contentVersion with \(problem)"
-                    } else if let problem = Self.textProblem(content.url, maxBytes: 8192) {
-                        "a url with \(problem)"
-                    } else if let index = content.index, !(0...Self.maxSize).contains(index.length) {
-                        "an index length of \(index.length), outside 0…2^50 bytes"
-                    } else if let index = content.index,
-                        index.sha256.utf8.count != 64 || !index.sha256.utf8.allSatisfy(Self.isASCIIHexDigit)
-                    {
-                        "an index sha256 that is not 64 hex digits (0-9, a-f)"
-                    } else if let index = content.index, let problem = Self.textProblem(index.url, maxBytes: 8192) {
-                        "an index url with \(problem)"
-                    } else if let urls = content.urls, urls.count > Self.maxSources {
-                        "\(urls.count) urls, more than \(Self.maxSources)"
-                    } else if let problem = content.urls?.lazy.compactMap({ Self.textProblem($0, maxBytes: 8192) }).first {
-                        "a url in urls with \(problem)"
-                    } else {
-                        nil
-                    }
+                let problem = Self.problem(of: content)
                 if let problem {
                     throw PackDeliveryError(
                         .invalidManifest, message: "The manifest at \(place) gives \(productID)/\(contentID) \(problem).",
