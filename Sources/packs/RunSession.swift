@@ -126,23 +126,28 @@ struct RunSession {
         }
 
         display.runEnded(summary.end())
-        let leftOver = notFinished.values.sorted { $0.id < $1.id }
-        if interrupted.load(ordering: .relaxed) {
-            let paused = leftOver.filter { $0.state == .paused }.map(\.id)
+        return Self.exitStatus(left: notFinished.values.sorted { $0.id < $1.id }, interrupted: interrupted.load(ordering: .relaxed))
+    }
+
+    /// The run's exit status from the downloads it followed that did not finish, with their one line on stderr:
+    /// interrupted (75), the first failure's code, a pause's (resumable, or no permission), else 0.
+    private static func exitStatus(left: [Download], interrupted: Bool) -> Int32 {
+        if interrupted {
+            let paused = left.filter { $0.state == .paused }.map(\.id)
             let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
             printError(
                 "packs: Interrupted; the downloads are paused with their data kept. Run packs resume\(paused.isEmpty ? "" : " " + shown) to continue."
             )
             return ExitStatus.interrupted
         }
-        let failed = leftOver.filter { $0.state == .failed }
+        let failed = left.filter { $0.state == .failed }
         if let first = failed.first {
             let error = first.error ?? PackDeliveryError(.internalError, message: "The download \(first.id) failed for no recorded reason.")
             let more = failed.count > 1 ? " (and \(failed.count - 1) more failed downloads; see packs status)" : ""
             printError(ExitStatus.line(for: error, download: first) + more)
             return ExitStatus.code(for: error)
         }
-        if let paused = leftOver.first(where: { $0.state == .paused }) {
+        if let paused = left.first(where: { $0.state == .paused }) {
             if let error = paused.error {
                 printError(ExitStatus.line(for: error, download: paused))
                 return ExitStatus.code(for: error) == ExitStatus.noPermission ? ExitStatus.noPermission : ExitStatus.resumable
