@@ -103,36 +103,7 @@ final class CurlTransfer {
             throw error
         }
         do {
-            var extra: [String] = []
-            if offset > 0, request.range == nil, !request.url.isFileURL, let validator = request.validator {
-                extra.append("If-Range: \(validator)")
-            }
-            try self.easy.apply(request.options, extraHeaders: extra)
-            try self.easy.restrictProtocols(for: request.url, allowingFile: request.range == nil)
-            if let range = request.range {
-                try self.easy.set(CURLOPT_RANGE, string: "\(range.bytes.lowerBound + offset)-\(range.bytes.upperBound - 1)")
-            } else if offset > 0 {
-                try self.easy.set(CURLOPT_RANGE, string: "\(offset)-")
-            }
-            // A large buffer for throughput. Under a rate limit libcurl's default (16 KiB): measured here, with
-            // 128 KiB reads or more libcurl 7.88 overshot --max-rate by 2–3 times.
-            let buffer = request.options.maxBytesPerSecond == nil ? min(Int64(512 << 10), max(16 << 10, request.expectedLength)) : 16 << 10
-            try self.easy.set(CURLOPT_BUFFERSIZE, long: Int(buffer))
-            let user = Unmanaged.passUnretained(self).toOpaque()
-            try self.easy.set(CURLOPT_WRITEDATA, pointer: user)
-            try self.easy.set(CURLOPT_HEADERDATA, pointer: user)
-            try self.easy.set(
-                CURLOPT_WRITEFUNCTION,
-                callback: { pointer, size, count, user in
-                    Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
-                        .receiveBody(UnsafeRawBufferPointer(start: pointer, count: size * count))
-                })
-            try self.easy.set(
-                CURLOPT_HEADERFUNCTION,
-                callback: { pointer, size, count, user in
-                    Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
-                        .receiveHeader(UnsafeRawBufferPointer(start: pointer, count: size * count))
-                })
+            try self.configure(offset: offset)
         } catch {
             self.follower?.cancel()
             self.request.stream?.discard()
@@ -140,6 +111,42 @@ final class CurlTransfer {
             if fd >= 0 { close(fd) }
             throw error
         }
+    }
+
+    /// Sets the handle up for the request: its options and headers (If-Range when resuming), the range from `offset`,
+    /// the receive buffer, and the body and header callbacks into this transfer.
+    private func configure(offset: Int64) throws(PackDeliveryError) {
+        var extra: [String] = []
+        if offset > 0, self.request.range == nil, !self.request.url.isFileURL, let validator = self.request.validator {
+            extra.append("If-Range: \(validator)")
+        }
+        try self.easy.apply(self.request.options, extraHeaders: extra)
+        try self.easy.restrictProtocols(for: self.request.url, allowingFile: self.request.range == nil)
+        if let range = self.request.range {
+            try self.easy.set(CURLOPT_RANGE, string: "\(range.bytes.lowerBound + offset)-\(range.bytes.upperBound - 1)")
+        } else if offset > 0 {
+            try self.easy.set(CURLOPT_RANGE, string: "\(offset)-")
+        }
+        // A large buffer for throughput. Under a rate limit libcurl's default (16 KiB): measured here, with
+        // 128 KiB reads or more libcurl 7.88 overshot --max-rate by 2–3 times.
+        let buffer =
+            self.request.options.maxBytesPerSecond == nil ? min(Int64(512 << 10), max(16 << 10, self.request.expectedLength)) : 16 << 10
+        try self.easy.set(CURLOPT_BUFFERSIZE, long: Int(buffer))
+        let user = Unmanaged.passUnretained(self).toOpaque()
+        try self.easy.set(CURLOPT_WRITEDATA, pointer: user)
+        try self.easy.set(CURLOPT_HEADERDATA, pointer: user)
+        try self.easy.set(
+            CURLOPT_WRITEFUNCTION,
+            callback: { pointer, size, count, user in
+                Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
+                    .receiveBody(UnsafeRawBufferPointer(start: pointer, count: size * count))
+            })
+        try self.easy.set(
+            CURLOPT_HEADERFUNCTION,
+            callback: { pointer, size, count, user in
+                Unmanaged<CurlTransfer>.fromOpaque(user!).takeUnretainedValue()
+                    .receiveHeader(UnsafeRawBufferPointer(start: pointer, count: size * count))
+            })
     }
 
     deinit {
