@@ -334,6 +334,29 @@ public final class DownloadQueue: Sendable {
             force: force, start: start, receipt: receipt)[0]
     }
 
+    /// The manifest's products of these identifiers, in their order.
+    /// - Throws: `unknownProduct` naming the first identifier the manifest does not list, and what it lists.
+    private static func products(_ productIdentifiers: [String], in manifest: LoadedManifest) throws(PackDeliveryError)
+        -> [Manifest.Product]
+    {
+        var products: [Manifest.Product] = []
+        let index = Dictionary(manifest.manifest.products.map { ($0.productIdentifier, $0) }, uniquingKeysWith: { a, _ in a })
+        for identifier in productIdentifiers {
+            guard let product = index[identifier] else {
+                let known = manifest.manifest.products.prefix(20).map(\.productIdentifier).joined(separator: ", ")
+                throw PackDeliveryError(
+                    .unknownProduct,
+                    message: "The manifest at \(manifest.baseURL.redacted) has no product '\(PackDeliveryError.printable(identifier))'.",
+                    hint: known.isEmpty
+                        ? "The manifest lists no products."
+                        : "It lists: \(PackDeliveryError.printable(known))\(manifest.manifest.products.count > 20 ? ", …" : "").",
+                    subject: identifier)
+            }
+            products.append(product)
+        }
+        return products
+    }
+
     /// Records one transaction per product in one write and starts their downloads (unless `start` is false):
     /// the way to add a whole catalog.
     ///
@@ -359,21 +382,7 @@ public final class DownloadQueue: Sendable {
         start: Bool = true, receipt: String? = nil
     ) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()
-        var products: [Manifest.Product] = []
-        let index = Dictionary(manifest.manifest.products.map { ($0.productIdentifier, $0) }, uniquingKeysWith: { a, _ in a })
-        for identifier in productIdentifiers {
-            guard let product = index[identifier] else {
-                let known = manifest.manifest.products.prefix(20).map(\.productIdentifier).joined(separator: ", ")
-                throw PackDeliveryError(
-                    .unknownProduct,
-                    message: "The manifest at \(manifest.baseURL.redacted) has no product '\(PackDeliveryError.printable(identifier))'.",
-                    hint: known.isEmpty
-                        ? "The manifest lists no products."
-                        : "It lists: \(PackDeliveryError.printable(known))\(manifest.manifest.products.count > 20 ? ", …" : "").",
-                    subject: identifier)
-            }
-            products.append(product)
-        }
+        let products = try Self.products(productIdentifiers, in: manifest)
         // The facts (what is installed, which folders exist), then the decision (AddPlan), then the record.
         let wanted = Set(products.flatMap { $0.contents.map(\.contentIdentifier) })
         let byContent = Dictionary(
