@@ -110,35 +110,7 @@ final class DeltaRun {
             installed.removeAll { broken.contains($0.path) }
             damaged = []
         }
-        // The manifest's length is between 0 and 2^50 (checked when it was read); the fetch stops one byte past it.
-        guard self.request.index.length <= PackIndex.maxBytes else {
-            throw DeltaRefusal(
-                .indexUnusable,
-                "the pack's index is \(self.request.index.length) bytes, more than the \(PackIndex.maxBytes) an index may have")
-        }
-        // Beside the pack's other downloads (a file per attempt, as for a whole pack's index), removed once read.
-        let file = self.request.folder.deletingLastPathComponent().appending(path: "\(download.id).t\(self.request.id.token).index")
-        defer { unlink(file.path) }
-        let data: Data
-        do {
-            try self.transfer.fetchIndex(indexURL, length: self.request.index.length, into: file)
-            guard let read = try? Data(contentsOf: file) else {
-                throw PackDeliveryError.io("read the fetched index", path: file.path, errno: EIO)
-            }
-            data = read
-        } catch let failure as TransferFailure {
-            let error = failure.error
-            if error.kind == .network || error.code == .unauthorized || error.kind == .badData {
-                throw DeltaRefusal(.indexUnusable, "the pack's index could not be fetched (\(error.message))")
-            }
-            throw failure
-        }
-        let hasher = SHA256Hasher()
-        data.withUnsafeBytes { hasher.update($0) }
-        guard Int64(data.count) == self.request.index.length, hasher.hexDigest() == self.request.index.sha256.lowercased() else {
-            throw DeltaRefusal(.indexUnusable, "the pack's index does not match the SHA-256 and length the manifest gives")
-        }
-        let index = try PackIndex.decode(consume data, maxEntries: self.request.maxEntries, containers: ChunkPlan.containers.union([.zip]))
+        let index = try self.fetchIndex(indexURL)
         self.index = index
         guard index.container != .zip else {
             return .entries(
@@ -180,6 +152,42 @@ final class DeltaRun {
                 index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength, installed: installed,
                 damaged: [], local: local
             ).get())
+    }
+
+    /// The pack's index, fetched beside the pack's other downloads and held to the length and SHA-256 the manifest
+    /// gives. A network failure or a mismatch refuses the update (`indexUnusable`): the whole pack is fetched instead.
+    func fetchIndex(_ indexURL: URL) throws -> PackIndex {
+        let download = self.request.download
+        // The manifest's length is between 0 and 2^50 (checked when it was read); the fetch stops one byte past it.
+        guard self.request.index.length <= PackIndex.maxBytes else {
+            throw DeltaRefusal(
+                .indexUnusable,
+                "the pack's index is \(self.request.index.length) bytes, more than the \(PackIndex.maxBytes) an index may have")
+        }
+        // Beside the pack's other downloads (a file per attempt, as for a whole pack's index), removed once read.
+        let file = self.request.folder.deletingLastPathComponent().appending(path: "\(download.id).t\(self.request.id.token).index")
+        defer { unlink(file.path) }
+        let data: Data
+        do {
+            try self.transfer.fetchIndex(indexURL, length: self.request.index.length, into: file)
+            guard let read = try? Data(contentsOf: file) else {
+                throw PackDeliveryError.io("read the fetched index", path: file.path, errno: EIO)
+            }
+            data = read
+        } catch let failure as TransferFailure {
+            let error = failure.error
+            if error.kind == .network || error.code == .unauthorized || error.kind == .badData {
+                throw DeltaRefusal(.indexUnusable, "the pack's index could not be fetched (\(error.message))")
+            }
+            throw failure
+        }
+        let hasher = SHA256Hasher()
+        data.withUnsafeBytes { hasher.update($0) }
+        guard Int64(data.count) == self.request.index.length, hasher.hexDigest() == self.request.index.sha256.lowercased() else {
+            throw DeltaRefusal(.indexUnusable, "the pack's index does not match the SHA-256 and length the manifest gives")
+        }
+        let index = try PackIndex.decode(consume data, maxEntries: self.request.maxEntries, containers: ChunkPlan.containers.union([.zip]))
+        return index
     }
 
     /// The installed files (not in `excluding`) whose SHA-256 is no longer the one recorded at install.
