@@ -11,7 +11,8 @@ import Testing
     static let sha = String(repeating: "ab", count: 32)
 
     /// A store with one open transaction of one download, and that download's machine at the start of its install.
-    static func installing(_ label: String) throws -> (store: Store, machine: DownloadMachine) {
+    /// A new store holding one open transaction ("t-1") of one waiting download ("d-1"), owned by `owner`.
+    static func oneDownload(_ label: String, owner: QueueOwner = .new()) throws -> (store: Store, download: Download) {
         let folder = try Fixtures.temporaryDirectory(label)
         let store = try Store(url: folder.appending(path: "state.sqlite"))
         let download = Download(
@@ -22,7 +23,12 @@ import Testing
         let transaction = Transaction(
             id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
             downloads: [download])
-        try store.insert([transaction], owner: QueueOwner.new()) { _ in "/work/downloads/d-1.pack" }
+        try store.insert([transaction], owner: owner) { _ in "/work/downloads/d-1.pack" }
+        return (store, download)
+    }
+
+    static func installing(_ label: String) throws -> (store: Store, machine: DownloadMachine) {
+        let (store, download) = try Self.oneDownload(label)
         var machine = DownloadMachine(download: download)
         _ = machine.start()
         _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
@@ -250,19 +256,9 @@ import Testing
     /// wrote are read as before, and a text this version does not know comes back as an error (the owner logs it)
     /// instead of being dropped; either way the request is taken once.
     @Test func requestsOfOtherProcessesAreReadBackTypedAndAnUnknownOneIsAnError() throws {
-        let folder = try Fixtures.temporaryDirectory("store-requests")
-        let store = try Store(url: folder.appending(path: "state.sqlite"))
-        defer { store.close() }
         let owner = QueueOwner.new()
-        let download = Download(
-            id: "d-1", transactionID: "t-1", productIdentifier: "p", contentIdentifier: "p", contentVersion: "1",
-            contentLength: 1000, state: .waiting, phase: nil, progress: 0, timeRemaining: -1, pauseReason: nil,
-            contentURL: nil, error: nil, url: URL(string: "http://127.0.0.1/p.zip")!, sha256: Self.sha,
-            unpackedLength: nil, destination: .caches, bytesReceived: 0)
-        let transaction = Transaction(
-            id: "t-1", productIdentifier: "p", kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
-            downloads: [download])
-        try store.insert([transaction], owner: owner) { _ in "/work/downloads/d-1.pack" }
+        let (store, _) = try Self.oneDownload("store-requests", owner: owner)
+        defer { store.close() }
         let all: [ControlRequest] = [.pause, .cancel, .resume, .allowMetered] + DownloadPriority.allCases.map { .priority($0) }
         for request in all {
             try store.setRequest(request, for: "d-1")
