@@ -73,6 +73,41 @@ import Testing
         #expect(Self.orders(machine.start(facts: facts)).map(\.plan) == [.wholePack(fromZero: false)])
     }
 
+    /// A rule that needs a fact learned mid-transfer: the delta reports what it would fetch (`.deltaPlanned`) and waits;
+    /// the machine answers. Past 60% of the pack, the answer is a refusal, and the delta's end (`.deltaRefused`) starts
+    /// the whole pack, in one order; at or under it, the update goes on and its progress counts the delta's bytes.
+    @Test func aDeltaThatWouldFetchMoreThanSixtyPercentFetchesTheWholePack() {
+        func delta(_ bytes: Int64) -> Download.Delta {
+            Download.Delta(bytesToFetch: bytes, bytesReused: 0, entriesToFetch: 1, filesReused: 0, bytesKept: 0)
+        }
+        var facts = DeliveryFacts(deltaUpdates: true)
+        facts.installed = Self.installed
+        let pack = Self.indexedTar()
+        let length = pack.contentLength
+        #expect(DeliveryPlan.refusal(of: delta(length * 6 / 10), packLength: length) == nil, "60% exactly goes on")
+        #expect(DeliveryPlan.refusal(of: delta(length * 6 / 10 + 1), packLength: length)?.reason == .tooMuchChanged)
+
+        var going = DownloadMachine(download: pack)
+        _ = going.start(facts: facts)
+        #expect(going.deltaPlanned(token: 1, delta: delta(length / 2)) == [.answerDeltaPlan(token: 1, refusal: nil)])
+        #expect(going.download.delta?.bytesToFetch == length / 2 && going.download.deltaFallback == nil)
+
+        var machine = DownloadMachine(download: pack)
+        #expect(Self.orders(machine.start(facts: facts)).map(\.plan) == [.delta(from: Self.installed)])
+        let answer = machine.deltaPlanned(token: 1, delta: delta(length * 7 / 10))
+        guard case .answerDeltaPlan(1, let refusal?) = answer.first, answer.count == 1 else {
+            Issue.record("a refusal is answered to the delta: \(answer)")
+            return
+        }
+        #expect(refusal.reason == .tooMuchChanged && refusal.message.contains("\(length * 7 / 10) of the pack's \(length) bytes"))
+        #expect(machine.download.delta == nil, "a refused delta's numbers are not shown as the download's")
+        let whole = Self.orders(machine.transferFinished(token: 1, outcome: .deltaRefused(refusal)))
+        #expect(whole.map(\.plan) == [.wholePack(fromZero: false)] && whole.map(\.token) == [2])
+        #expect(machine.download.deltaFallback?.reason == .tooMuchChanged)
+        // A plan reported by a transfer already replaced changes nothing and gets no answer.
+        #expect(machine.deltaPlanned(token: 1, delta: delta(1)).isEmpty)
+    }
+
     /// The order carries what the transfer needs: the source, its validator, and whether fresh credentials are asked for.
     @Test func theOrderCarriesTheSourceAndItsValidator() {
         var machine = DownloadMachine(download: DownloadMachineTests.download())

@@ -179,10 +179,7 @@ import Testing
             ),
             (
                 "deltaPlanned",
-                {
-                    $0.deltaPlanned(token: token, delta: delta, now: now)
-                    return []
-                }
+                { $0.deltaPlanned(token: token, delta: delta, now: now) }
             ),
             (
                 "durable",
@@ -270,7 +267,7 @@ import Testing
                     switch action {
                     case .startTransfer(let order):
                         #expect(order.token == machine.token, "\(event.name) in \(sample.name) started \(action) with an old token")
-                    case .scheduleRetry(let token, _), .install(let token), .reloadManifest(let token):
+                    case .scheduleRetry(let token, _), .install(let token), .reloadManifest(let token), .answerDeltaPlan(let token, _):
                         #expect(token == machine.token, "\(event.name) in \(sample.name) started \(action) with an old token")
                     case .stopTransfer, .stopInstall, .deleteFiles: break
                     }

@@ -503,7 +503,7 @@ import Testing
         let index = try PackIndex.decode(
             Data(contentsOf: PackWriter.indexURL(for: pack)), maxEntries: 1 << 20, containers: Set(PackIndex.Container.allCases))
         let plan = try ChunkPlan.make(
-            index: index, packLength: Int64(try Self.length(pack)), installed: [], damaged: [], local: [:], wholePack: true
+            index: index, packLength: Int64(try Self.length(pack)), installed: [], damaged: [], local: [:]
         ).get()
         let asked: [ClosedRange<Int64>] = ranges.map { range in
             guard let range, range.hasPrefix("bytes=") else { return 0...Int64.max }

@@ -53,6 +53,24 @@ enum DeliveryPlan: Sendable, Hashable {
         return download.writesOnce ? .writeOnce : .wholePack(fromZero: false)
     }
 
+    /// A delta update that would fetch more than this share of the pack fetches the whole pack instead, in one request:
+    /// past it, the range requests cost more than the bytes they save.
+    static let maxDeltaShare = 0.6
+
+    /// Whether a delta update, now that it knows what it would fetch (``TransferEvent/deltaPlanned(id:delta:)``), goes on:
+    /// nil, or why the whole pack is fetched instead. The machine answers the transfer with it
+    /// (``DownloadMachine/Action/answerDeltaPlan(token:refusal:)``); the transfer decides nothing.
+    ///
+    /// - Parameters:
+    ///   - delta: what the update fetches and reuses.
+    ///   - packLength: the whole pack's length, from the manifest.
+    static func refusal(of delta: Download.Delta, packLength: Int64) -> Download.DeltaFallback? {
+        guard Double(delta.bytesToFetch) > Self.maxDeltaShare * Double(packLength) else { return nil }
+        return Download.DeltaFallback(
+            .tooMuchChanged,
+            "the update would fetch \(delta.bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxDeltaShare * 100))%)")
+    }
+
     /// The plan writes the new version's files directly and keeps no archive: the disk needs the unpacked bytes only.
     var writesOnce: Bool {
         if case .writeOnce = self { return true }

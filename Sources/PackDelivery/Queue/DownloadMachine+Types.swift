@@ -7,6 +7,9 @@ extension DownloadMachine {
         /// which validator.
         case startTransfer(TransferOrder)
         case stopTransfer(token: Int)
+        /// Tell a delta update that reported its plan whether it goes on (`refusal` nil) or ends refused, so that the
+        /// whole pack is fetched instead (``DeliveryPlan/refusal(of:packLength:)``).
+        case answerDeltaPlan(token: Int, refusal: Download.DeltaFallback?)
         case scheduleRetry(token: Int, after: TimeInterval)
         /// Unpack the verified archive and move it into place.
         case install(token: Int)

@@ -174,9 +174,14 @@ struct DownloadMachine: Sendable, Hashable {
         self.base.phaseProgress = min(0.99, Double(bytes) / Double(expected))
     }
 
-    /// A delta update knows what it fetches: progress counts those bytes from now on.
-    mutating func deltaPlanned(token: Int, delta: Download.Delta, now: Date = Date()) {
-        guard case .transferring(token, _) = self.stage else { return }
+    /// A delta update knows what it fetches, and waits for the answer: it goes on, and progress counts those bytes from
+    /// now on; or it is refused (``DeliveryPlan/refusal(of:packLength:)``) and ends with `.deltaRefused`, after which the
+    /// whole pack is fetched.
+    mutating func deltaPlanned(token: Int, delta: Download.Delta, now: Date = Date()) -> [Action] {
+        guard case .transferring(token, _) = self.stage else { return [] }
+        if let refusal = DeliveryPlan.refusal(of: delta, packLength: self.base.contentLength) {
+            return [.answerDeltaPlan(token: token, refusal: refusal)]
+        }
         self.lastMovement = now
         self.base.delta = delta
         self.base.deltaFallback = nil
@@ -185,6 +190,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.durableBytes = delta.bytesKept
         self.base.bytesReceived = delta.bytesKept
         self.base.progress = self.fraction(delta.bytesKept)
+        return [.answerDeltaPlan(token: token, refusal: nil)]
     }
 
     /// The hash thread synced the partial file up to `bytes`.

@@ -70,6 +70,8 @@ extension DownloadQueue {
             if let delta = self.driven({ $0.work[id]?.delta }), delta.request.id == transfer { delta.stop() }
             if let index = self.driven({ $0.work[id]?.index }), index.id.token == token { self.engineBox.withLock { $0 }?.stop(index.id) }
             self.engineBox.withLock { $0 }?.stop(transfer)
+        case .answerDeltaPlan(let token, let refusal):
+            if let delta = self.driven({ $0.work[id]?.delta }), delta.request.id.token == token { delta.answer(refusal) }
         case .scheduleRetry(let token, let delay):
             self.logger.info("retrying", metadata: ["download": "\(id)", "after": "\(delay)", "error": "\(download.error?.message ?? "")"])
             self.driver.asyncAfter(deadline: .now() + delay) { [weak self] in

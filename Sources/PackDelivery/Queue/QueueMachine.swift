@@ -148,8 +148,7 @@ struct QueueMachine: Sendable {
             case .transferFinished(let token, let outcome):
                 return machine.transferFinished(token: token, outcome: outcome, jitter: jitter, now: now)
             case .deltaPlanned(let token, let delta):
-                machine.deltaPlanned(token: token, delta: delta, now: now)
-                return []
+                return machine.deltaPlanned(token: token, delta: delta, now: now)
             case .moveSource(let token, let source, let error):
                 return machine.moveSource(token: token, to: source, because: error)
             case .retryDue(let token):

@@ -137,10 +137,9 @@ struct ChunkPlan: Sendable, Hashable {
     ///   - installed: the installed version's files that may be reused whole, as recorded.
     ///   - damaged: the installed files that do not look as recorded (an update is then refused, as ``DeltaPlan`` does).
     ///   - local: the chunks found in installed files, by SHA-256 (lowercase hex).
-    ///   - wholePack: a first install, which fetches every chunk: no share of the pack is too much.
     static func make(
         index: PackIndex, packLength: Int64, unpackedLength: Int64? = nil, installed: [InstalledFileRecord], damaged: [String],
-        local: [String: LocalChunk], wholePack: Bool = false
+        local: [String: LocalChunk]
     ) -> Result<ChunkPlan, DeltaRefusal> {
         if let refusal = Self.refusal(index: index, packLength: packLength, unpackedLength: unpackedLength, damaged: damaged) {
             return .failure(refusal)
@@ -214,7 +213,6 @@ struct ChunkPlan: Sendable, Hashable {
             }
         }
         plan.ranges = Self.coalesce(Array(plan.fetch.indices), in: plan.fetch)
-        if !wholePack, let refusal = DeltaPlan.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
     }
 

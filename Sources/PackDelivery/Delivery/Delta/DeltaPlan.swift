@@ -33,8 +33,6 @@ struct DeltaPlan: Sendable, Hashable {
 
     /// Entries closer than this are fetched in one range (a request costs about a round trip; 64 KiB on a fast link less).
     static let coalesceGap: Int64 = 64 << 10
-    /// A delta that would fetch more than this share of the pack fetches the whole pack instead.
-    static let maxShare = 0.6
 
     /// The plan, or why the whole pack is fetched instead (a sentence for events and `--verbose`).
     ///
@@ -103,7 +101,6 @@ struct DeltaPlan: Sendable, Hashable {
             }
         }
         plan.ranges = Self.coalesce(plan.fetch, in: index)
-        if let refusal = Self.tooMuch(plan.bytesToFetch, of: packLength) { return .failure(refusal) }
         return .success(plan)
     }
 
@@ -121,14 +118,6 @@ struct DeltaPlan: Sendable, Hashable {
             }
         }
         return ranges
-    }
-
-    /// The refusal of an update that would fetch more than ``maxShare`` of the pack (the whole pack is then cheaper).
-    static func tooMuch(_ bytesToFetch: Int64, of packLength: Int64) -> DeltaRefusal? {
-        guard Double(bytesToFetch) > Self.maxShare * Double(packLength) else { return nil }
-        return DeltaRefusal(
-            .tooMuchChanged,
-            "the update would fetch \(bytesToFetch) of the pack's \(packLength) bytes (more than \(Int(Self.maxShare * 100))%)")
     }
 }
 
@@ -222,6 +211,7 @@ extension DeltaPlan {
 struct DeltaRefusal: Error, Sendable, Hashable {
     var fallback: Download.DeltaFallback
     init(_ reason: Download.DeltaFallback.Reason, _ message: String) { self.fallback = Download.DeltaFallback(reason, message) }
+    init(_ fallback: Download.DeltaFallback) { self.fallback = fallback }
 }
 
 /// One zip entry as fetched (its local header, data and any data descriptor), made into a zip of its own by

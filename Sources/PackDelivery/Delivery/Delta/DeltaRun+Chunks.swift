@@ -29,6 +29,7 @@ extension DeltaRun {
                     bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.build.count,
                     filesReused: plan.reuse.count, bytesKept: kept, chunksFetched: plan.fetch.count,
                     chunksReused: plan.chunksReused + plan.chunksInFilesReused, bytesFetched: self.fetched)))
+        try self.awaitGoAhead()
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
         while !missing.isEmpty {

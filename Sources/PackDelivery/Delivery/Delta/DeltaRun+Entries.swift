@@ -32,6 +32,7 @@ extension DeltaRun {
                         bytesToFetch: self.total, bytesReused: plan.bytesReused, entriesToFetch: plan.fetch.count,
                         filesReused: plan.reuse.count, bytesKept: kept + (tail.kept ? tail.bytes : 0),
                         bytesFetched: self.fetched)))
+            try self.awaitGoAhead()
             self.report(self.fetched, force: true)
             var refetched = Set<Int>()
             var verified: [Int: InstalledFile] = [:]

@@ -129,7 +129,7 @@ final class DeltaRun {
             return .firstInstall(
                 try ChunkPlan.make(
                     index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength, installed: [],
-                    damaged: [], local: [:], wholePack: true
+                    damaged: [], local: [:]
                 ).get())
         }
         if let first = damaged.first {
@@ -204,6 +204,18 @@ final class DeltaRun {
     }
 
     /// Keeps the entries of an earlier attempt only when they came from the same index (the same new version).
+    /// Waits for the queue's answer to the plan just reported: a refusal (too much of the pack changed, say) ends the
+    /// update with its folder removed, and the whole pack is fetched instead. The rule is the machine's
+    /// (``DeliveryPlan/refusal(of:packLength:)``), not the update's.
+    func awaitGoAhead() throws {
+        do {
+            try self.transfer.awaitAnswer()
+        } catch let refusal as DeltaRefusal {
+            try? Installer.removeTree(self.folder)
+            throw refusal
+        }
+    }
+
     func prepareFolder() throws(PackDeliveryError) {
         let marker = self.folder.appending(path: "index.sha256")
         let wanted = self.request.index.sha256.lowercased()

@@ -59,6 +59,9 @@ final class DeltaTransfer: Sendable {
     private let done = DispatchSemaphore(value: 0)
     /// The tree built, once `.assembled` was reported.
     let tree = Mutex<DeltaTree?>(nil)
+    /// The queue's answer to `.deltaPlanned` (``answer(_:)``): nil until it comes, then go on (`.some(nil)`) or the refusal.
+    private let answered = Mutex<Download.DeltaFallback??>(nil)
+    private let answerArrived = DispatchSemaphore(value: 0)
 
     init(_ request: Request) { self.request = request }
 
@@ -78,7 +81,28 @@ final class DeltaTransfer: Sendable {
             self.stopped.store(true, ordering: .relaxed)
             return ranges.current
         }
+        self.answerArrived.signal()
         if let current { self.request.engine.stop(current) }
+    }
+
+    /// The queue's answer to the plan the update reported (``TransferEvent/deltaPlanned(id:delta:)``): go on (nil), or
+    /// end refused, for this reason, so that the whole pack is fetched instead. The update decides neither.
+    func answer(_ refusal: Download.DeltaFallback?) {
+        self.answered.withLock { $0 = .some(refusal) }
+        self.answerArrived.signal()
+    }
+
+    /// Waits for ``answer(_:)``.
+    /// - Throws: `DeltaRun.Stop` when the update is stopped first; `DeltaRefusal` when the answer is a refusal.
+    func awaitAnswer() throws {
+        while true {
+            if let answer = self.answered.withLock({ $0 }) {
+                if let refusal = answer { throw DeltaRefusal(refusal) }
+                return
+            }
+            if self.isStopped { throw DeltaRun.Stop() }
+            _ = self.answerArrived.wait(timeout: .now() + .milliseconds(100))
+        }
     }
 
     /// Stops and waits for the update to end (at close).
@@ -126,6 +150,7 @@ final class DeltaTransfer: Sendable {
             ranges.current = TransferID(download: self.request.id.download, token: self.request.id.token, part: ranges.made)
             return ranges.current
         }
+        self.answerArrived.signal()
         guard let id else { throw DeltaRun.Stop() }
         self.request.engine.start(
             TransferRequest(
