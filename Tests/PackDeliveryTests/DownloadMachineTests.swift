@@ -203,6 +203,41 @@ import Testing
         #expect(machine.state == .finished)
     }
 
+    /// The content in place is not yet a finished download: the machine orders the commit with the row to record (the
+    /// download as it is once finished), and finishes only when the commit returns; a commit that fails is the install's
+    /// failure. An install stopped by a pause that completed anyway is committed finished, as it is.
+    @Test func anInstallIsCommittedWithTheRowTheMachineGivesAndFinishesOnlyOnceRecorded() throws {
+        let pack = InstalledPack(
+            install: DeliveryPlanTests.installed, files: [], leftovers: [URL(filePath: "/c/.packdelivery/staging/d-1")])
+        var machine = DownloadMachine(download: Self.download(), validator: "\"v1\"")
+        _ = machine.start()
+        _ = machine.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
+        let order = machine.installed(token: 1, pack: pack)
+        guard case .commitInstall(1, let committed, let finished) = order.first, order.count == 1 else {
+            Issue.record("one commit order: \(order)")
+            return
+        }
+        #expect(committed == pack)
+        #expect(finished.state == .finished && finished.download.contentURL == pack.contentURL && finished.download.progress == 1)
+        #expect(finished.validator == "\"v1\"" && finished.download.bytesReceived == 1000)
+        #expect(machine.state == .active, "not finished before the commit returns")
+        var failing = machine
+        _ = failing.installFinished(token: 1, result: .failure(PackDeliveryError(.databaseBusy, message: "busy")))
+        #expect(failing.state == .active && failing.stage.kind == .waitingToRetry, "a commit that fails is retried as the install")
+        #expect(machine.installFinished(token: 1, result: .success(pack.contentURL)) == [] && machine.state == .finished)
+
+        var paused = DownloadMachine(download: Self.download())
+        _ = paused.start()
+        _ = paused.transferFinished(token: 1, outcome: .completed(sha256: Self.sha, length: 1000, resumedFrom: 0))
+        _ = paused.installProgress(token: 1, phase: .unpacking, fraction: 0.5)
+        #expect(paused.pause(.user) == [.stopInstall])
+        guard case .commitInstall(1, _, let late)? = paused.installed(token: 1, pack: pack).first else {
+            Issue.record("a stopped install that completed is committed")
+            return
+        }
+        #expect(late.state == .finished, "it completed before the stop reached it")
+    }
+
     @Test func aDeltaInstallWaitingForAStoppedOneStartsWhenItReturns() {
         var machine = DownloadMachine(download: Self.download())
         _ = machine.start()

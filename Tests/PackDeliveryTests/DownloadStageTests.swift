@@ -269,7 +269,7 @@ import Testing
                         #expect(order.token == machine.token, "\(event.name) in \(sample.name) started \(action) with an old token")
                     case .scheduleRetry(let token, _), .install(let token), .reloadManifest(let token), .answerDeltaPlan(let token, _):
                         #expect(token == machine.token, "\(event.name) in \(sample.name) started \(action) with an old token")
-                    case .stopTransfer, .stopInstall, .deleteFiles: break
+                    case .stopTransfer, .stopInstall, .deleteFiles, .commitInstall: break
                     }
                 }
                 // The public download agrees with the stage it is read from.

@@ -25,7 +25,7 @@ final class CancelFlag: Sendable {
 /// What an install put in place: the rows that record it, which the queue's driver commits with the download's
 /// final row (``Store/commitInstall(_:files:download:)``), and what it left behind, cleared once they are
 /// committed (``Installer/clearAway(_:)``).
-struct InstalledPack: Sendable {
+struct InstalledPack: Sendable, Hashable {
     var install: InstallRecord
     var files: [InstalledFileRecord]
     /// The staging folder (the old version, after a swap), the archive and the delta update's folder.

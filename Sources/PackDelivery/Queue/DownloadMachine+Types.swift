@@ -14,6 +14,9 @@ extension DownloadMachine {
         /// Unpack the verified archive and move it into place.
         case install(token: Int)
         case stopInstall
+        /// Record what the install put in place (`pack`), with `finished`: the download as it is once the install's
+        /// success is taken. The commit's result comes back as ``QueueMachine/Event/installFinished(token:result:)``.
+        case commitInstall(token: Int, pack: InstalledPack, finished: DownloadMachine)
         /// Delete the partial archive, and the staging folder unless an install that owns it is still running.
         case deleteFiles(staging: Bool)
         /// Read the manifest again from where the transaction's came from, and find this pack's URL in it
@@ -60,9 +63,9 @@ extension DownloadMachine {
         /// The installer runs (`active`; verifying, unpacking or installing). With `afterPrevious`, it starts once an
         /// earlier install, stopped by the watchdog and still owning the staging folder, has returned.
         case installing(token: Int, phase: DownloadPhase, afterPrevious: Bool, error: PackDeliveryError?)
-        /// Stopped, its bytes kept. `stopping` is the transfer the pause stopped while that transfer has not yet said how
-        /// many bytes it kept: the pause is reported once it has, so that the first `paused` update carries them.
-        case paused(PauseReason, error: PackDeliveryError?, stopping: Int?)
+        /// Stopped, its bytes kept. While the transfer the pause stopped has not said how many bytes it kept
+        /// (``DownloadMachine/stoppedTransfer``), the pause is not reported, so that the first `paused` update carries them.
+        case paused(PauseReason, error: PackDeliveryError?)
         case failed(PackDeliveryError)
         case finished(contentURL: URL?)
         case cancelled
@@ -129,7 +132,7 @@ extension DownloadMachine {
 
         var error: PackDeliveryError? {
             switch self {
-            case .transferring(_, let error), .installing(_, _, _, let error), .paused(_, let error, _): error
+            case .transferring(_, let error), .installing(_, _, _, let error), .paused(_, let error): error
             case .waitingToRetry(_, _, let error, _, _), .reloadingManifest(_, let error), .failed(let error): error
             case .waiting, .finished, .cancelled: nil
             }

@@ -31,7 +31,9 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var durableBytes: Int64
     /// When bytes or phase progress last moved (for the watchdog).
     private(set) var lastMovement = Date.distantPast
-    /// The token of a transfer stopped by a pause: its final byte count still counts, whatever the stage is by then.
+    /// The token of a transfer stopped by a pause that has not yet said how many bytes it kept: its final byte count
+    /// still counts, whatever the stage is by then, and a `paused` stage is not reported until it came (``reportable``).
+    /// Held here only, not in the stage: a resume before the stopped transfer ends leaves the stage but not this.
     private(set) var stoppedTransfer: Int?
     /// An install (which owns the staging folder) was started and has not returned. This is work in flight, not a
     /// stage: a download may be paused, cancelled or waiting to retry while a stopped install winds down.
@@ -63,7 +65,7 @@ struct DownloadMachine: Sendable, Hashable {
         switch download.state {
         // A download that was running when its machine was made (taken over) waits for a slot again.
         case .waiting, .active: self.stage = .waiting
-        case .paused: self.stage = .paused(download.pauseReason ?? .interrupted, error: download.error, stopping: nil)
+        case .paused: self.stage = .paused(download.pauseReason ?? .interrupted, error: download.error)
         case .failed:
             self.stage = .failed(download.error ?? PackDeliveryError(.stalled, message: "The download failed in an earlier process."))
         case .finished: self.stage = .finished(contentURL: download.contentURL)
@@ -85,7 +87,7 @@ struct DownloadMachine: Sendable, Hashable {
             download.contentURL = url
             download.timeRemaining = 0
             download.bytesPerSecond = nil
-        case .paused(let reason, _, _):
+        case .paused(let reason, _):
             download.pauseReason = reason
             download.timeRemaining = -1
             download.bytesPerSecond = nil
@@ -104,7 +106,7 @@ struct DownloadMachine: Sendable, Hashable {
     /// Whether the download, as it is now, may be reported: not while a pause waits to hear how many bytes the
     /// transfer it stopped kept (its first `paused` update must not under-report them).
     var reportable: Bool {
-        if case .paused(_, _, .some) = self.stage { return false }
+        if case .paused = self.stage, self.stoppedTransfer != nil { return false }
         return true
     }
     /// The archive is complete and matched its SHA-256.
@@ -207,10 +209,9 @@ struct DownloadMachine: Sendable, Hashable {
             // The transfer a pause stopped: its last bytes are kept, so say so.
             self.stoppedTransfer = nil
             self.keep(bytes)
-            self.pauseReported(stopping: token)
             return []
         }
-        if case .paused(let reason, let error, token) = self.stage {
+        if token == self.stoppedTransfer, case .paused = self.stage {
             // The transfer the pause stopped had ended on its own just before (the stop found nothing running): what it
             // kept is what its ending says, and the pause is reported now. The download stays paused.
             self.stoppedTransfer = nil
@@ -219,9 +220,10 @@ struct DownloadMachine: Sendable, Hashable {
             case .completed(_, let length, _): self.keep(length)
             case .stopped, .assembled, .deltaRefused: break
             }
-            self.stage = .paused(reason, error: error, stopping: nil)
             return []
         }
+        // The stopped transfer ended on its own after a resume: it says nothing more (its bytes are the next attempt's).
+        if token == self.stoppedTransfer { self.stoppedTransfer = nil }
         guard case .transferring(token, let previous) = self.stage else { return [] }
         self.lastMovement = now
         // The fresh credentials this transfer asked for (if it did) have been used: later requests do not ask again.
@@ -331,7 +333,17 @@ struct DownloadMachine: Sendable, Hashable {
         return true
     }
 
-    /// The installer is done: content in place (and recorded), or an error.
+    /// The installer put the content in place; nothing is recorded yet. The order to commit carries what it installed and
+    /// the row to record with it: this download as it is once the success is taken (whatever the stage: an install that
+    /// completed before a stop reached it is finished too). The stage moves when the commit returns
+    /// (``installFinished(token:result:now:)``), so what observers see finished is recorded.
+    func installed(token: Int, pack: InstalledPack, now: Date = Date()) -> [Action] {
+        var finished = self
+        _ = finished.installFinished(token: token, result: .success(pack.contentURL), now: now)
+        return [.commitInstall(token: token, pack: pack, finished: finished)]
+    }
+
+    /// The installer is done and its result recorded (the content in place), or an error.
     mutating func installFinished(token: Int, result: Result<URL, PackDeliveryError>, now: Date = Date()) -> [Action] {
         let outstanding = self.installOutstanding
         self.installOutstanding = false
@@ -399,11 +411,11 @@ struct DownloadMachine: Sendable, Hashable {
         case .waiting, .reloadingManifest: stop = []
         case .transferring(let token, _):
             self.stoppedTransfer = token
-            return [.stopTransfer(token: token)] + self.enterPaused(reason, error: error, stopping: token)
+            return [.stopTransfer(token: token)] + self.enterPaused(reason, error: error)
         case .installing(_, .installing, _, _): return []
         case .installing, .waitingToRetry: stop = self.stopOutstandingInstall
-        case .paused(.insufficientStorage, _, let stopping) where reason == .insufficientStorage || reason == .user:
-            return self.enterPaused(reason, error: error, stopping: stopping)
+        case .paused(.insufficientStorage, _) where reason == .insufficientStorage || reason == .user:
+            return self.enterPaused(reason, error: error)
         case .paused, .failed, .finished, .cancelled: return []
         }
         return stop + self.enterPaused(reason, error: error)
@@ -425,13 +437,13 @@ struct DownloadMachine: Sendable, Hashable {
     /// The connection is not metered any more, or metered use was allowed: a download paused for it waits for a slot;
     /// any other stays as it is.
     mutating func networkReturned() -> [Action] {
-        guard case .paused(.waitingForUnmeteredNetwork, _, _) = self.stage else { return [] }
+        guard case .paused(.waitingForUnmeteredNetwork, _) = self.stage else { return [] }
         return self.resume()
     }
 
     /// Enough space is free again: a download paused for space waits for a slot; any other stays as it is.
     mutating func spaceReturned() -> [Action] {
-        guard case .paused(.insufficientStorage, _, _) = self.stage else { return [] }
+        guard case .paused(.insufficientStorage, _) = self.stage else { return [] }
         return self.resume()
     }
 
@@ -466,8 +478,8 @@ struct DownloadMachine: Sendable, Hashable {
     mutating func abort(_ error: PackDeliveryError) -> [Action] {
         let stop: [Action]
         switch self.stage {
-        case .paused(let reason, nil, let stopping):
-            self.stage = .paused(reason, error: error, stopping: stopping)
+        case .paused(let reason, nil):
+            self.stage = .paused(reason, error: error)
             return []
         case .paused, .failed, .finished, .cancelled: return []
         case .waiting, .reloadingManifest, .installing(_, .installing, _, _): stop = []
@@ -478,11 +490,6 @@ struct DownloadMachine: Sendable, Hashable {
     }
 
     // MARK: Transitions
-
-    /// The transfer a pause stopped has said what it kept: the pause may be reported.
-    private mutating func pauseReported(stopping token: Int) {
-        if case .paused(let reason, let error, token) = self.stage { self.stage = .paused(reason, error: error, stopping: nil) }
-    }
 
     /// Stops the install still running for this download, if any (it owns the staging folder until it returns).
     private var stopOutstandingInstall: [Action] { self.installOutstanding ? [.stopInstall] : [] }
@@ -715,9 +722,9 @@ struct DownloadMachine: Sendable, Hashable {
         return [.reloadManifest(token: self.token)]
     }
 
-    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?, stopping: Int? = nil) -> [Action] {
+    private mutating func enterPaused(_ reason: PauseReason, error: PackDeliveryError?) -> [Action] {
         self.token += 1
-        self.stage = .paused(reason, error: error, stopping: stopping)
+        self.stage = .paused(reason, error: error)
         return []
     }
 

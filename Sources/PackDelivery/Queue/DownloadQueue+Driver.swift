@@ -80,17 +80,15 @@ extension DownloadQueue {
         case .install(let token):
             let flag = CancelFlag()
             // The install takes the streamed unpack, the delta's tree and the index's digests, and can be stopped through its flag.
-            let (streamed, built, index) = self.driven { state in
-                state.updateWork(id) { work in
-                    defer { work = DownloadWork(install: flag) }
-                    return (work.stream, work.delta, work.index)
-                }
+            let taken = self.driven { state in
+                defer { state.work[id] = .install(token: token, flag: flag) }
+                return state.work[id]
             }
             let source: Installer.Source =
-                if let tree = built?.tree.withLock({ $0 }) {
+                if let tree = taken?.delta?.tree.withLock({ $0 }) {
                     .built(tree)
                 } else {
-                    .archive(recheck: machine.recheckArchive, streamed: streamed, index: index)
+                    .archive(recheck: machine.recheckArchive, streamed: taken?.stream, index: taken?.index)
                 }
             let installer = self.installer
             DispatchQueue.global().async { [weak self] in
@@ -103,29 +101,26 @@ extension DownloadQueue {
                     result = .success(try installer.install(download, from: source, progress: progress, cancel: flag))
                 } catch { result = .failure(error) }
                 guard let self else { return }
-                // The durable commit (a WAL sync) runs here, on the install's thread, not on the driver: the driver
-                // keeps starting transfers and taking events meanwhile. (On the driver, a 1,000-pack catalog ran
-                // 1.16 × slower: each pack's sync stalled every other download.)
-                let recorded = self.commit(result, id: id, token: token)
-                self.driver.async {
-                    self.driven { $0.updateWork(id) { work in if work.install === flag { work.install = nil } } }
-                    self.change { $0.handle(id, .installFinished(token: token, result: recorded)) }
-                }
+                self.driver.async { self.installReturned(result, id: id, token: token) }
             }
+        case .commitInstall(let token, let pack, let finished):
+            let position = self.driven { $0.machine.entries[id]?.position } ?? 0
+            self.commit(pack, row: self.record(finished, position: position), id: id, token: token)
         case .reloadManifest(let token):
             self.reloadManifest(for: download, token: token)
         case .stopInstall:
-            self.driven { $0.work[id]?.install }?.cancel()
+            if case .install(_, let flag) = self.driven({ $0.work[id] }) { flag.cancel() }
         case .deleteFiles(let staging):
-            let (stream, delta, index) = self.driven { state in
-                state.updateWork(id) { work in
-                    defer { (work.stream, work.delta, work.index) = (nil, nil, nil) }
-                    return (work.stream, work.delta, work.index)
-                }
+            let work = self.driven { state -> DownloadWork? in
+                guard let work = state.work[id] else { return nil }
+                // A running install owns what it took, and the staging folder: it is cleared when it returns.
+                if case .install = work { return nil }
+                state.work[id] = nil
+                return work
             }
-            stream?.discard()
-            delta?.stop()
-            if let index {
+            work?.stream?.discard()
+            work?.delta?.stop()
+            if let index = work?.index {
                 self.engineBox.withLock { $0 }?.stop(index.id)
                 self.engineBox.withLock { $0 }?.discard(index.file)
             }
@@ -136,32 +131,59 @@ extension DownloadQueue {
         return []
     }
 
-    /// Records what an install put in place, with the download's row as its machine will hold it once it takes
-    /// the result, in one durable write; then clears what the install left behind. The machine is told only
-    /// after the commit, so what it reports is recorded: a commit that fails is the install's failure. Runs off
-    /// the driver: a save the driver makes meanwhile never overwrites the finished row (``Store/save(_:)`` skips
-    /// finished rows).
-    private func commit(_ result: Result<InstalledPack, PackDeliveryError>, id: String, token: Int) -> Result<URL, PackDeliveryError> {
-        guard case .success(let installed) = result else { return result.map(\.contentURL) }
-        do throws(PackDeliveryError) {
-            let row: DownloadRecord
-            if let entry = self.driven({ $0.machine.entries[id] }) {
-                var finished = entry.machine
-                _ = finished.installFinished(token: token, result: .success(installed.contentURL))
-                row = self.record(finished, position: entry.position)
-            } else {
-                // No longer queued (its transaction was finished while a stopped install completed): its row
-                // is finished as recovery finishes one.
-                guard let record = try self.store.downloadRecord(id) else { throw PackDeliveryError.stopped("The download is gone.") }
-                let facts = Adoption.Facts(record: record, archiveBytes: nil, recoveredInstall: installed.contentURL)
-                row = self.record(Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy), position: record.position)
-            }
-            try self.store.commitInstall(installed.install, files: installed.files, download: row)
-        } catch {
-            return .failure(error)
+    /// The installer returned, on the driver: its content in place goes to the machine, which orders the commit
+    /// (``DownloadMachine/Action/commitInstall(token:pack:finished:)``); a failure goes to the machine as it is. A
+    /// download no longer queued (its transaction was finished while a stopped install completed) is committed
+    /// finished, as recovery finishes one.
+    private func installReturned(_ result: Result<InstalledPack, PackDeliveryError>, id: String, token: Int) {
+        guard case .success(let pack) = result else {
+            self.endInstall(id: id, token: token)
+            self.change { $0.handle(id, .installFinished(token: token, result: result.map(\.contentURL))) }
+            return
         }
-        self.installer.clearAway(installed)
-        return .success(installed.contentURL)
+        guard self.driven({ $0.machine.entries[id] == nil }) else {
+            self.change { $0.handle(id, .installed(token: token, pack: pack)) }
+            return
+        }
+        do throws(PackDeliveryError) {
+            guard let record = try self.store.downloadRecord(id) else { throw PackDeliveryError.stopped("The download is gone.") }
+            let facts = Adoption.Facts(record: record, archiveBytes: nil, recoveredInstall: pack.contentURL)
+            let row = self.record(Adoption.machine(facts, retryPolicy: self.configuration.retryPolicy), position: record.position)
+            self.commit(pack, row: row, id: id, token: token)
+        } catch {
+            self.endInstall(id: id, token: token)
+        }
+    }
+
+    /// Records what an install put in place with `row`, the download as its machine holds it once it takes the result,
+    /// in one durable write; then clears what the install left behind, and tells the machine. The machine is told only
+    /// after the commit, so what it reports is recorded: a commit that fails is the install's failure. The write (a WAL
+    /// sync) runs off the driver, which keeps starting transfers and taking events meanwhile (on the driver, a
+    /// 1,000-pack catalog ran 1.16 × slower: each pack's sync stalled every other download); a save the driver makes
+    /// meanwhile never overwrites the finished row (``Store/save(_:)`` skips finished rows).
+    private func commit(_ pack: InstalledPack, row: DownloadRecord, id: String, token: Int) {
+        DispatchQueue.global().async { [weak self] in
+            guard let self else { return }
+            let recorded: Result<URL, PackDeliveryError>
+            do throws(PackDeliveryError) {
+                try self.store.commitInstall(pack.install, files: pack.files, download: row)
+                self.installer.clearAway(pack)
+                recorded = .success(pack.contentURL)
+            } catch {
+                recorded = .failure(error)
+            }
+            self.driver.async {
+                self.endInstall(id: id, token: token)
+                self.change { $0.handle(id, .installFinished(token: token, result: recorded)) }
+            }
+        }
+    }
+
+    /// The install of `token` returned: its work is gone (the next transfer's may have taken its place already).
+    private func endInstall(id: String, token: Int) {
+        self.driven { state in
+            if case .install(token, _) = state.work[id] { state.work[id] = nil }
+        }
     }
 
     /// What the machines decide a download's delivery from (``DeliveryFacts``): the whole-pack bytes on disk, the
@@ -257,7 +279,7 @@ extension DownloadQueue {
                 id: transfer, download: download, index: index, install: install, installedFiles: files,
                 folder: self.home.deltaURL(for: download), options: options, writer: self.configuration.writer,
                 maxEntries: self.installer.limits.maxEntries, engine: engine, joinedWindow: self.configuration.joinedWindow))
-        self.driven { $0.updateWork(download.id) { $0.delta = delta } }
+        self.driven { $0.work[download.id] = .delta(delta) }
         delta.start { [weak self] event in
             guard let self else { return }
             self.driver.async { self.handle(event) }
@@ -270,17 +292,15 @@ extension DownloadQueue {
         let id = download.id
         let engine = self.engineBox.withLock { $0 }
         let previous = self.driven { state in
-            state.updateWork(id) { work in
-                defer { work.index = nil }
-                return work.index
-            }
+            defer { state.work[id] = .wholePack(stream: state.work[id]?.stream, index: nil) }
+            return state.work[id]?.index
         }
         if let previous { engine?.stop(previous.id) }
         guard IndexFetch.applies(to: download), let reference = download.index, let engine else { return nil }
         let fetch = IndexFetch(
             download: download, reference: reference, token: token, file: self.home.indexURL(for: download, token: token),
             maxEntries: self.installer.limits.maxEntries, logger: self.logger)
-        self.driven { $0.updateWork(id) { $0.index = fetch } }
+        self.driven { $0.work[id] = .wholePack(stream: $0.work[id]?.stream, index: fetch) }
         fetch.start(on: engine, options: options, writer: self.configuration.writer)
         return fetch
     }
@@ -290,10 +310,8 @@ extension DownloadQueue {
     private func startStream(for download: Download, token: Int, hashFiles: Bool) -> StreamedUnpack? {
         let id = download.id
         self.driven { state in
-            state.updateWork(id) { work in
-                defer { work.stream = nil }
-                return work.stream
-            }
+            defer { state.work[id] = .wholePack(stream: nil, index: state.work[id]?.index) }
+            return state.work[id]?.stream
         }?.discard()
         guard self.configuration.streamingUnpack else { return nil }
         let limits = UnpackLimits(
@@ -309,7 +327,7 @@ extension DownloadQueue {
             guard let self else { return }
             self.driver.async { self.change { $0.handle(id, .streamProgress(token: token, bytes: bytes)) } }
         }
-        self.driven { $0.updateWork(id) { $0.stream = stream } }
+        self.driven { $0.work[id] = .wholePack(stream: stream, index: $0.work[id]?.index) }
         return stream
     }
 

@@ -176,13 +176,6 @@ public final class DownloadQueue: Sendable {
         /// The source picked for a download admitted and not yet started (it counts as in flight there until its
         /// transfer starts, see ``DeliveryFacts/preferredSource``), so that downloads starting together spread as picked.
         var sourcePicks: [String: URL] = [:]
-
-        /// Changes a download's work; a download with none left has no entry (a catalog leaves nothing behind).
-        mutating func updateWork<T>(_ id: String, _ body: (inout DownloadWork) -> T) -> T {
-            var work = self.work[id] ?? DownloadWork()
-            defer { self.work[id] = work.install == nil && work.stream == nil && work.delta == nil && work.index == nil ? nil : work }
-            return body(&work)
-        }
     }
 
     /// Holds the ``DriverState``, which only code running on the driver queue touches.
@@ -202,17 +195,31 @@ public final class DownloadQueue: Sendable {
         var closed = false
     }
 
-    /// The work the driver started for one download and may have to stop: one value, so that everything that
-    /// runs for a download is found, stopped and discarded together.
-    struct DownloadWork: Sendable {
-        /// Stops the running install (pause, cancel, the watchdog).
-        var install: CancelFlag?
-        /// The unpack that follows the transfer, until the install takes it or it is discarded.
-        var stream: StreamedUnpack?
-        /// The delta update, running or built, until the install takes its tree.
-        var delta: DeltaTransfer?
-        /// The fetch of the pack's index beside the whole pack, for its files' digests, until the install takes it.
-        var index: IndexFetch?
+    /// The work the driver started for one download's current token and may have to stop or hand on: one value, so
+    /// that what runs for a download is found, stopped and discarded together. A download with no work has no entry
+    /// (a catalog leaves nothing behind).
+    ///
+    /// An install that a pause or the watchdog stopped may still be returning when the next transfer starts: its flag
+    /// was set when it was stopped, the machine knows it is outstanding (``DownloadMachine/installOutstanding``), and the
+    /// next transfer's work takes its place here.
+    enum DownloadWork: Sendable {
+        /// A whole pack's transfer, running or ended: the unpack that follows it, and the fetch of the pack's index
+        /// beside it for its files' digests, each until the install takes it.
+        case wholePack(stream: StreamedUnpack?, index: IndexFetch?)
+        /// A delta update, running or built, until the install takes its tree.
+        case delta(DeltaTransfer)
+        /// The install of `token`, and the flag that stops it (pause, cancel, the watchdog).
+        case install(token: Int, flag: CancelFlag)
+
+        var stream: StreamedUnpack? {
+            if case .wholePack(let stream, _) = self { stream } else { nil }
+        }
+        var index: IndexFetch? {
+            if case .wholePack(_, let index) = self { index } else { nil }
+        }
+        var delta: DeltaTransfer? {
+            if case .delta(let delta) = self { delta } else { nil }
+        }
     }
 
     struct WeakObserver: Sendable {

@@ -40,6 +40,9 @@ struct QueueMachine: Sendable {
         /// The unpack that follows the transfer has written this many bytes.
         case streamProgress(token: Int, bytes: Int64)
         case installProgress(token: Int, phase: DownloadPhase, fraction: Double)
+        /// The installer put the content in place: the machine orders the commit (``DownloadMachine/Action/commitInstall(token:pack:finished:)``).
+        case installed(token: Int, pack: InstalledPack)
+        /// The install failed, or its commit returned.
         case installFinished(token: Int, result: Result<URL, PackDeliveryError>)
         case pause(PauseReason, PackDeliveryError?)
         case resume
@@ -161,6 +164,8 @@ struct QueueMachine: Sendable {
             case .installProgress(let token, let phase, let fraction):
                 _ = machine.installProgress(token: token, phase: phase, fraction: fraction, now: now)
                 return []
+            case .installed(let token, let pack):
+                return machine.installed(token: token, pack: pack, now: now)
             case .installFinished(let token, let result):
                 return machine.installFinished(token: token, result: result, now: now)
             case .pause(let reason, let error):
