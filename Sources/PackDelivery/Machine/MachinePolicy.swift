@@ -15,7 +15,8 @@ import HeapModule
 ///   once for every home.
 /// - **Admission.** One order across all homes: running downloads keep their slots (a running download is never
 ///   stopped for another), then by priority, then first come, first served (``Candidate/sequence``), up to
-///   ``concurrency``. The first `concurrency` are found with a bounded heap: O(n log concurrency) for n downloads.
+///   ``concurrency``. The first `concurrency` are found with a bounded heap that a download behind all of them does
+///   not touch: O(n log concurrency) for n downloads at worst.
 /// - **Rates.** The cap (``maxRate``, or the lower ``quietRate`` while quiet) is shared so the rates sum to it:
 ///   user-initiated downloads together get at least half of it (all of it when nothing else runs), the others
 ///   split the rest. A download measured below its share (``Candidate/bytesPerSecond``) is given what it uses
@@ -172,7 +173,10 @@ public struct MachinePolicy: Sendable, Hashable {
                 decisions[index] = .wait(reason)
                 continue
             }
-            best.insert(Admission(candidate, index: index))
+            let admission = Admission(candidate, index: index)
+            // Behind every one of a full set: it waits, and the heap is not touched (the common case).
+            if best.count == slots, let last = best.max, !(admission < last) { continue }
+            best.insert(admission)
             if best.count > slots { _ = best.removeMax() }
         }
         let admitted = best.unordered.map(\.index)
