@@ -76,6 +76,11 @@ public struct MachinePolicy: Sendable, Hashable {
             self.quietHeld = quietHeld
             self.metered = metered
         }
+
+        /// The conditions with the quiet holds held now (``QuietHolds/current(in:)``): quiet while any is held.
+        public init(secondOfDay: Int, holds: [QuietHolds.Hold], metered: Bool = false) {
+            self.init(secondOfDay: secondOfDay, quietHeld: !holds.isEmpty, metered: metered)
+        }
     }
 
     /// A download of some home that wants to run: waiting for a slot, or running now.

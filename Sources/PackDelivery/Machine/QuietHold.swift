@@ -62,6 +62,11 @@ public enum QuietHolds {
         public var pid: Int32
         /// Why quiet is held.
         public var reason: String
+
+        public init(pid: Int32, reason: String) {
+            self.pid = pid
+            self.reason = reason
+        }
     }
 
     /// A hold's file.
