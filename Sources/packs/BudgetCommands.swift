@@ -68,44 +68,6 @@ extension Packs {
         }
     }
 
-    struct Config: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(
-            abstract: "Show or change the home's settings: cache-budget SIZE|none.",
-            discussion: """
-                The cache budget is kept in the home's state database and used by every packs command and library \
-                queue on the home (a --cache-budget option, or DownloadQueue.Configuration.cacheBudget, overrides it).
-
-                Examples:
-                  packs config cache-budget 2G
-                  packs config cache-budget none
-                  packs config cache-budget
-                """)
-        @OptionGroup var global: GlobalOptions
-        @Argument(help: "The setting (cache-budget).") var key: String
-        @Argument(help: "Its new value; none removes it; without one, prints it.") var value: String?
-
-        func validate() throws {
-            guard self.key == "cache-budget" else { throw ValidationError("The only setting is cache-budget.") }
-            if let value = self.value, value != "none", ByteCount(argument: value) == nil {
-                throw ValidationError("cache-budget takes a size such as 500M or 2G, or none.")
-            }
-        }
-
-        func run() async throws {
-            try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try openQueue(self.global, lookingConfiguration())
-                defer { queue.close() }
-                if let value = self.value {
-                    try queue.setCacheBudget(value == "none" ? nil : ByteCount(argument: value)!.bytes)
-                } else if let budget = try queue.homeCacheBudget() {
-                    printLine(self.global.json ? "{\"cacheBudget\":\(budget)}" : "\(budget)")
-                } else {
-                    printLine(self.global.json ? "{\"cacheBudget\":null}" : "none")
-                }
-            }
-        }
-    }
-
     struct Lease: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Hold products' (or packs') content in use until interrupted: it is not evicted meanwhile.",

@@ -106,6 +106,8 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public static let fileSystem = Code("fileSystem")
         /// The process ran out of file descriptors (EMFILE/ENFILE).
         public static let tooManyOpenFiles = Code("tooManyOpenFiles")
+        /// The machine's settings file (``MachineSettings``) does not read as settings; see ``subject`` for its path.
+        public static let invalidSettings = Code("invalidSettings")
         /// The state database failed (see ``underlying`` for the SQLite result code).
         public static let database = Code("database")
         /// The state database stayed locked by another process for too long.
@@ -128,7 +130,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
             case .unknownProduct, .invalidManifest, .untrustedManifest, .unreadableTrustedKey, .contentIdentifierTaken, .lengthMismatch,
                 .checksumMismatch,
                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
-                .unsupportedURL, .contentDamaged, .indexMismatch:
+                .unsupportedURL, .contentDamaged, .indexMismatch, .invalidSettings:
                 .badData
             case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled: .network
             case .unauthorized: .unauthorized
