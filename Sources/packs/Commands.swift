@@ -166,11 +166,12 @@ extension Packs {
                     }
                     resumed.formUnion(try queue.resume(self.ids.isEmpty ? nil : self.ids))
                     let downloads = try queue.transactions().flatMap(\.downloads)
-                    // Resumed on a metered connection, a large pack not asked for waits again at once: followed, so that
-                    // the run says so (exit 75) rather than nothing.
+                    // Resumed on a metered connection, outside the window or while quiet is held, a pack the policy holds
+                    // waits again at once: followed, so that the run says so (exit 75) rather than nothing.
                     let wanted = Set(self.ids)
+                    let held: Set<PauseReason> = [.waitingForUnmeteredNetwork, .outsideWindow, .quiet]
                     resumed.formUnion(
-                        downloads.filter { $0.pauseReason == .waitingForUnmeteredNetwork && (wanted.isEmpty || wanted.contains($0.id)) }
+                        downloads.filter { $0.pauseReason.map(held.contains) == true && (wanted.isEmpty || wanted.contains($0.id)) }
                             .map(\.id))
                     if !self.global.quiet {
                         let states = Dictionary(downloads.map { ($0.id, $0.state) }, uniquingKeysWith: { a, _ in a })

@@ -158,6 +158,16 @@ struct RunSession {
                 )
                 return ExitStatus.resumable
             }
+            if paused.pauseReason == .outsideWindow || paused.pauseReason == .quiet {
+                let why =
+                    paused.pauseReason == .quiet
+                    ? "waits while quiet is held (packs quiet lists the holds)"
+                    : "is background work and waits for the window packs config schedule sets"
+                printError(
+                    "packs: \(paused.id) (\(PackDeliveryError.printable(paused.contentIdentifier))) \(why), its bytes kept. Run packs resume \(paused.id) once it may run, or packs config schedule none to lift the window."
+                )
+                return ExitStatus.resumable
+            }
             printError(
                 "packs: \(paused.id) (\(PackDeliveryError.printable(paused.contentIdentifier))) is paused (\(paused.pauseReason?.rawValue ?? "user")). Run packs resume \(paused.id) to continue, or packs cancel \(paused.id) to discard it."
             )

@@ -95,6 +95,15 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     /// (``DownloadQueue/Configuration/meteredLimit``): it waits, its bytes kept, until the connection is not metered,
     /// or ``DownloadQueue/allowMetered(_:)``.
     case waitingForUnmeteredNetwork
+    /// Restore, prefetch or background work outside the machine's window for background work (``MachineSettings/schedule``,
+    /// `packs config schedule`): it waits, its bytes kept, and goes on by itself once the window opens.
+    case outsideWindow
+    /// Prefetch or background work while someone holds quiet (``DownloadQueue/holdQuiet(reason:)``, `packs quiet`): it
+    /// waits, its bytes kept, and goes on by itself once every hold is released.
+    case quiet
+
+    /// Held by the machine's policy (the network, the window, quiet), not by anyone's action: it goes on by itself.
+    var isPolicyHold: Bool { self == .waitingForUnmeteredNetwork || self == .outsideWindow || self == .quiet }
 }
 
 /// One pack of one transaction — PackDelivery's `SKDownload`.

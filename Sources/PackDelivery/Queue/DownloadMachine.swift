@@ -436,8 +436,12 @@ struct DownloadMachine: Sendable, Hashable {
 
     /// The connection is not metered any more, or metered use was allowed: a download paused for it waits for a slot;
     /// any other stays as it is.
-    mutating func networkReturned() -> [Action] {
-        guard case .paused(.waitingForUnmeteredNetwork, _) = self.stage else { return [] }
+    mutating func networkReturned() -> [Action] { self.released(from: .waitingForUnmeteredNetwork) }
+
+    /// What the machine's policy held a download paused for (the network, the window, quiet) holds it no more: it waits
+    /// for a slot, and admission checks the policy again. Any other pause stays as it is.
+    mutating func released(from reason: PauseReason) -> [Action] {
+        guard reason.isPolicyHold, case .paused(reason, _) = self.stage else { return [] }
         return self.resume()
     }
 

@@ -520,14 +520,32 @@ extension DownloadQueue {
             available = Dictionary(
                 uniqueKeysWithValues: Destination.allCases.map { ($0, SpaceCheck.available(at: self.home.workFolder(for: $0))) })
         }
-        let metered = self.configuration.networkPolicy.isMetered
-        self.change { $0.networkChanged(metered: metered) + $0.tick(now: Date(), available: available) }
+        let (conditions, policy) = self.policyInputs(readingSettings: ticks % 10 == 0)
+        self.change { $0.conditionsChanged(conditions, policy: policy) + $0.tick(now: Date(), available: available) }
         self.moveSlowTransfers(now: Date())
         if ticks % 2 == 0 {
             self.save(includingProgress: true)
         } else {
             self.takeOverJoinedDeliveries()
             self.watchOthers()
+        }
+    }
+
+    /// What the machine's policy is decided from now: the time of day, the quiet holds (``QuietHolds/current(in:)``) and
+    /// the network; with `readingSettings`, the policy of the machine's settings too (``MachineSettings``, the window and
+    /// the rate caps), or nil to keep the one in force. A settings file that cannot be read is logged and changes nothing.
+    func policyInputs(readingSettings: Bool) -> (MachinePolicy.Conditions, MachinePolicy?) {
+        let conditions = MachinePolicy.Conditions(
+            secondOfDay: MachineClock.secondOfDay(Date()), holds: QuietHolds.current(),
+            metered: self.configuration.networkPolicy.isMetered)
+        guard readingSettings else { return (conditions, nil) }
+        do {
+            var policy = MachinePolicy(settings: try MachineSettings.load(), concurrency: self.configuration.concurrency)
+            policy.meteredLimit = self.configuration.meteredLimit
+            return (conditions, policy)
+        } catch {
+            self.logger.warning("could not read the machine's settings; keeping those in force", metadata: ["error": "\(error.message)"])
+            return (conditions, nil)
         }
     }
 

@@ -258,8 +258,7 @@ public final class DownloadQueue: Sendable {
             home: home, store: store,
             limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
             writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
-        var machine = QueueMachine(concurrency: configuration.concurrency, meteredLimit: configuration.meteredLimit)
-        _ = machine.networkChanged(metered: configuration.networkPolicy.isMetered)
+        let machine = QueueMachine(concurrency: configuration.concurrency, meteredLimit: configuration.meteredLimit)
         self.driverState = DriverStateBox(DriverState(machine: machine))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)
@@ -269,6 +268,9 @@ public final class DownloadQueue: Sendable {
             self.driver.async { self.handle(event) }
         }
         self.engineBox.withLock { $0 = engine }
+        // The machine's policy (the network, the window, quiet) holds what it holds before the launch admits anything.
+        let (conditions, policy) = self.policyInputs(readingSettings: true)
+        self.driven { _ = $0.machine.conditionsChanged(conditions, policy: policy) }
         do throws(PackDeliveryError) {
             if let recovery {
                 let (count, unknown) = try self.rebuildInstalls()

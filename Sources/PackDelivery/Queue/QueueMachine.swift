@@ -87,14 +87,16 @@ struct QueueMachine: Sendable {
     /// Downloads holding a slot: active, or being admitted.
     private(set) var running: Set<String> = []
     private var pausedForSpace: Set<String> = []
-    /// Downloads paused until the connection is not metered.
-    private var pausedForNetwork: Set<String> = []
+    /// Downloads paused by the machine's policy (``PauseReason/isPolicyHold``: the network, the window, quiet).
+    private var pausedByPolicy: Set<String> = []
     /// Downloads allowed on a metered connection (``Event/allowMetered``).
     private var allowedOnMetered: Set<String> = []
+    /// The machine's policy (``MachinePolicy``: the window for background work, quiet, the metered limit) and what it is
+    /// decided from now (``conditionsChanged(_:policy:)``).
+    private(set) var policy: MachinePolicy
+    private(set) var conditions = MachinePolicy.Conditions(secondOfDay: 0)
     /// Whether the connection is metered now (``networkChanged(metered:)``).
-    private(set) var metered = false
-    /// On a metered connection, packs larger than this wait for an unmetered one (unless exempt, see ``waitsForUnmetered(_:)``).
-    let meteredLimit: Int64
+    var metered: Bool { self.conditions.metered }
     private var nextSequence = 0
     let concurrency: Int
     /// Headroom kept free beyond what a pack needs.
@@ -104,7 +106,7 @@ struct QueueMachine: Sendable {
     init(concurrency: Int, spaceMargin: Int64 = SpaceCheck.margin, meteredLimit: Int64 = QueueMachine.defaultMeteredLimit) {
         self.concurrency = max(1, concurrency)
         self.spaceMargin = spaceMargin
-        self.meteredLimit = max(0, meteredLimit)
+        self.policy = MachinePolicy(concurrency: concurrency, meteredLimit: meteredLimit)
     }
 
     /// 50 MiB.
@@ -195,8 +197,8 @@ struct QueueMachine: Sendable {
             self.schedule(into: &actions)
             return actions
         }
-        if self.waitsForUnmetered(entry.machine.download) {
-            return self.update(id) { $0.pause(.waitingForUnmeteredNetwork) }
+        if let reason = self.heldBy(entry.machine.download) {
+            return self.update(id) { $0.pause(reason) }
         }
         let needed = self.needed(entry.machine.download, writesOnce: entry.machine.plan(with: facts).writesOnce)
         if let available, needed > available {
@@ -214,10 +216,8 @@ struct QueueMachine: Sendable {
         for id in self.running where self.entries[id]?.machine.state == .active {
             actions += self.update(id) { $0.tick(now: now) }
         }
-        if !self.metered {
-            // Adopted from an earlier process while paused for the network, which is not metered now.
-            for id in self.pausedForNetwork.sorted() { actions += self.update(id) { $0.networkReturned() } }
-        }
+        // Adopted from an earlier process while held by the policy, which may hold it no more.
+        actions += self.releaseHolds()
         if let available {
             for id in self.pausedForSpace {
                 guard let machine = self.entries[id]?.machine, let free = available[machine.download.destination] else { continue }
@@ -230,36 +230,63 @@ struct QueueMachine: Sendable {
         return actions
     }
 
-    /// The connection became metered, or not (``NetworkPolicy``). Metered: downloads transferring a pack above the
-    /// limit pause (``PauseReason/waitingForUnmeteredNetwork``, bytes kept), and waiting ones are held at admission.
-    /// Not metered: those paused for it wait for a slot again.
+    /// The connection became metered, or not (``NetworkPolicy``): one of the policy's conditions
+    /// (``conditionsChanged(_:policy:)``).
     mutating func networkChanged(metered: Bool) -> [Action] {
-        guard metered != self.metered else { return [] }
-        self.metered = metered
+        var conditions = self.conditions
+        conditions.metered = metered
+        return self.conditionsChanged(conditions)
+    }
+
+    /// The machine's policy or its conditions changed (the time of day, quiet, the network, the settings): downloads
+    /// transferring a pack that the policy holds now pause (``PauseReason/waitingForUnmeteredNetwork``,
+    /// ``PauseReason/outsideWindow``, ``PauseReason/quiet``; bytes kept), and waiting ones are held at admission; those
+    /// it held and holds no more wait for a slot again.
+    mutating func conditionsChanged(_ conditions: MachinePolicy.Conditions, policy: MachinePolicy? = nil) -> [Action] {
+        let before = (self.conditions, self.policy)
+        self.conditions = conditions
+        if let policy { self.policy = policy }
+        guard before != (self.conditions, self.policy) else { return [] }
         var actions: [Action] = []
-        if metered {
-            let ids = self.running.filter { id in
-                guard let download = self.entries[id]?.machine.download else { return false }
-                return download.state == .active && download.phase == .downloading && self.waitsForUnmetered(download)
-            }
-            for id in ids.sorted() { actions += self.update(id) { $0.pause(.waitingForUnmeteredNetwork) } }
-        } else {
-            for id in self.pausedForNetwork.sorted() { actions += self.update(id) { $0.networkReturned() } }
+        let held = self.running.compactMap { id -> (String, PauseReason)? in
+            guard let download = self.entries[id]?.machine.download, download.state == .active, download.phase == .downloading,
+                let reason = self.heldBy(download)
+            else { return nil }
+            return (id, reason)
+        }
+        for (id, reason) in held.sorted(by: { $0.0 < $1.0 }) { actions += self.update(id) { $0.pause(reason) } }
+        return actions + self.releaseHolds()
+    }
+
+    /// Downloads the policy held and holds no more (or holds for another reason) wait for a slot again: admission checks
+    /// the policy once more.
+    private mutating func releaseHolds() -> [Action] {
+        var actions: [Action] = []
+        for id in self.pausedByPolicy.sorted() {
+            guard let download = self.entries[id]?.machine.download, let reason = download.pauseReason,
+                self.heldBy(download) != reason
+            else { continue }
+            actions += self.update(id) { $0.released(from: reason) }
         }
         return actions
     }
 
-    /// Whether a download must wait for an unmetered connection: the connection is metered, the pack is larger than
-    /// the limit, and it is not the user's explicit action. A download the user asked for now
-    /// (``DownloadPriority/userInitiated``), the essential packs of a purchase (priority and delivery essential, as
-    /// ``DownloadQueue/add(products:from:kind:destination:autoFinish:force:start:receipt:)`` records them), and those
-    /// allowed (``Event/allowMetered``) go ahead; a restore, prefetch and background work wait.
-    func waitsForUnmetered(_ download: Download) -> Bool {
-        guard self.metered, download.contentLength > self.meteredLimit, !self.allowedOnMetered.contains(download.id) else {
-            return false
+    /// Why the machine's policy holds a download now (``MachinePolicy``, decided with this queue's conditions), or nil.
+    /// Quiet holds prefetch and background work; the window holds restore, prefetch and background work; on a metered
+    /// connection a pack larger than the limit waits unless it is the user's explicit action: a download the user asked
+    /// for now (``DownloadPriority/userInitiated``), the essential packs of a purchase (priority and delivery essential,
+    /// as ``DownloadQueue/add(products:from:kind:destination:autoFinish:force:start:receipt:)`` records them), or one
+    /// allowed (``Event/allowMetered``).
+    func heldBy(_ download: Download) -> PauseReason? {
+        let candidate = MachinePolicy.Candidate(
+            home: "", id: download.id, priority: download.priority, delivery: download.delivery, sequence: 0,
+            contentLength: download.contentLength, allowedOnMetered: self.allowedOnMetered.contains(download.id))
+        switch self.policy.blocked(candidate, self.conditions) {
+        case .metered?: return .waitingForUnmeteredNetwork
+        case .outsideWindow?: return .outsideWindow
+        case .quiet?: return .quiet
+        case .queued?, nil: return nil
         }
-        let explicit = download.priority == .userInitiated || (download.priority == .essential && download.delivery == .essential)
-        return !explicit
     }
 
     /// Pauses every running download (a shutdown, Ctrl-C) and, with `closing`, starts nothing more.
@@ -291,7 +318,7 @@ struct QueueMachine: Sendable {
         self.changed[id] = nil
         self.running.remove(id)
         self.pausedForSpace.remove(id)
-        self.pausedForNetwork.remove(id)
+        self.pausedByPolicy.remove(id)
         self.allowedOnMetered.remove(id)
         if self.entries.isEmpty {
             // A dictionary keeps its capacity when emptied: after a catalog of 10,000, that is ≈ 10 MB held for nothing.
@@ -310,9 +337,8 @@ struct QueueMachine: Sendable {
             Set(self.entries.filter { $0.value.machine.state == .paused && $0.value.machine.download.pauseReason == reason }.keys)
         }
         if self.pausedForSpace != paused(.insufficientStorage) { found.append("pausedForSpace \(self.pausedForSpace.sorted())") }
-        if self.pausedForNetwork != paused(.waitingForUnmeteredNetwork) {
-            found.append("pausedForNetwork \(self.pausedForNetwork.sorted())")
-        }
+        let held = paused(.waitingForUnmeteredNetwork).union(paused(.outsideWindow)).union(paused(.quiet))
+        if self.pausedByPolicy != held { found.append("pausedByPolicy \(self.pausedByPolicy.sorted())") }
         let active = Set(self.entries.filter { $0.value.machine.state == .active }.keys)
         if !active.isSubset(of: self.running) { found.append("active but holding no slot: \(active.subtracting(self.running).sorted())") }
         let holding = self.running.filter { self.entries[$0].map { $0.machine.state == .active || $0.machine.state == .waiting } != true }
@@ -385,10 +411,10 @@ struct QueueMachine: Sendable {
         } else {
             self.pausedForSpace.remove(id)
         }
-        if after.state == .paused, after.pauseReason == .waitingForUnmeteredNetwork {
-            self.pausedForNetwork.insert(id)
+        if after.state == .paused, after.pauseReason?.isPolicyHold == true {
+            self.pausedByPolicy.insert(id)
         } else {
-            self.pausedForNetwork.remove(id)
+            self.pausedByPolicy.remove(id)
         }
         if after.state.isSettled, before?.state.isSettled != true { actions.append(.settled(transactionID: after.transactionID)) }
         self.entries[id] = entry
