@@ -90,10 +90,26 @@ let package = Package(
                 .product(name: "Atomics", package: "swift-atomics", condition: tools),
             ]
         ),
+        // `packs agent`: the per-user service that owns the queues of the homes it serves, with a JSON API over
+        // HTTP on a Unix socket (Sources/PackAgent/agent-openapi.yaml describes it).
+        .target(
+            name: "PackAgent",
+            dependencies: [
+                "PackDelivery",
+                .product(name: "Hummingbird", package: "hummingbird", condition: tools),
+                .product(name: "HummingbirdCore", package: "hummingbird", condition: tools),
+                .product(name: "NIOCore", package: "swift-nio", condition: tools),
+                .product(name: "NIOPosix", package: "swift-nio", condition: tools),
+                .product(name: "NIOHTTPTypes", package: "swift-nio-extras", condition: tools),
+                .product(name: "HTTPTypes", package: "swift-http-types", condition: tools),
+                .product(name: "Logging", package: "swift-log", condition: tools),
+            ],
+            exclude: ["agent-openapi.yaml"]
+        ),
         .executableTarget(
             name: "packs",
             dependencies: [
-                "PackDelivery", "PackServer", "CLinux",
+                "PackDelivery", "PackServer", "PackAgent", "CLinux",
                 .product(name: "ArgumentParser", package: "swift-argument-parser", condition: tools),
                 .product(name: "Logging", package: "swift-log"),
             ]
@@ -115,7 +131,7 @@ let package = Package(
         .testTarget(
             name: "PackDeliveryTests",
             dependencies: [
-                "PackDelivery", "PackServer", "PackTestSupport", "PackFuzzHarness", "CMalloc",
+                "PackDelivery", "PackServer", "PackAgent", "PackTestSupport", "PackFuzzHarness", "CMalloc",
                 .product(name: "Logging", package: "swift-log"),
                 // app.test(.router) for the server's middleware, without sockets.
                 .product(name: "HummingbirdTesting", package: "hummingbird", condition: tools),

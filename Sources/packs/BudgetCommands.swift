@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import PackAgent
 import PackDelivery
 import Synchronization
 

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import PackAgent
 import PackDelivery
 
 extension Packs {
@@ -51,13 +52,29 @@ extension Packs {
                 valueName: "pub"))
         var trust: [String] = []
 
+        @Flag(
+            help:
+                "Hand the purchase to the agent (packs agent) and return at once, printing the transaction and download ids; exit 79 when no agent answers."
+        )
+        var detach = false
+
+        @Option(help: ArgumentHelp("With --detach: the agent's socket (default $XDG_RUNTIME_DIR/packs/agent.sock).", valueName: "path"))
+        var socket: String?
+
         func validate() throws {
             let sources = (self.products.isEmpty ? 0 : 1) + (self.all ? 1 : 0) + (self.productsFrom == nil ? 0 : 1)
             if sources == 0 { throw ValidationError("Name the products to fetch, or pass --all or --products-from FILE.") }
             if sources > 1 { throw ValidationError("Give products as arguments, --all or --products-from, not several of them.") }
+            if self.detach, self.products.isEmpty { throw ValidationError("--detach takes the products as arguments.") }
         }
 
         func run() async throws {
+            if self.detach {
+                let code = DetachedFetch.run(
+                    global: self.global, socket: self.socket, manifest: self.manifest, products: self.products, destination: self.to)
+                if code != 0 { throw ExitCode(code) }
+                return
+            }
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 // The manifest first, then the queue: under a low descriptor limit the queue's files must not take
                 // the manifest request's socket.

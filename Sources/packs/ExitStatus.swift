@@ -10,6 +10,10 @@ enum ExitStatus {
     static let io: Int32 = 74
     static let resumable: Int32 = 75
     static let noPermission: Int32 = 77
+    /// `packs agent`: the socket's folder belongs to another user or is open to others, or no socket path is known.
+    static let config: Int32 = 78
+    /// `packs fetch --detach`: no agent answers on the socket, or it is of another version.
+    static let agentUnavailable: Int32 = 79
     static let interrupted: Int32 = 130
 
     /// Every exit code with a short meaning, for `--help` (the README's table says the same at length; a test keeps
@@ -18,7 +22,9 @@ enum ExitStatus {
         (0, "done"), (usage, "usage error"), (badData, "bad data (manifest, unknown product, checksum, unsafe or corrupt pack)"),
         (network, "server or network failure after retries"), (io, "local I/O failure"),
         (resumable, "stopped before finishing but resumable (paused, out of disk space, or waiting for an unmetered connection)"),
-        (noPermission, "the server refused the credentials"), (interrupted, "interrupted"),
+        (noPermission, "the server refused the credentials"),
+        (config, "the agent's socket folder is unsafe (another owner, open to others) or no socket path is known"),
+        (agentUnavailable, "no agent answers on its socket, or it is of another version (fetch --detach)"), (interrupted, "interrupted"),
     ]
 
     /// The exit codes as one paragraph of `packs --help`.

@@ -1,4 +1,5 @@
 import Foundation
+import PackAgent
 import PackDelivery
 
 /// Shows downloads as they run: live lines on a terminal, plain lines when piped, JSON lines with --json.

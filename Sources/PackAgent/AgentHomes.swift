@@ -1,0 +1,166 @@
+import Foundation
+import Logging
+import PackDelivery
+import Synchronization
+
+/// The homes the agent serves: one open ``DownloadQueue`` each, the list of them kept in the agent's state folder
+/// (`agent-homes.json`) so that a new agent opens them again and their queues resume what was interrupted, and a
+/// task per queue that numbers its events into the ``AgentEventLog`` and finishes the transactions that asked for it.
+final class AgentHomes: Sendable {
+    private struct Served {
+        let queue: DownloadQueue
+        let pump: Task<Void, Never>
+    }
+
+    private let stateFile: URL
+    private let configuration: @Sendable () -> DownloadQueue.Configuration
+    private let events: AgentEventLog
+    private let logger: Logger
+    private let served = Mutex<[String: Served]>([:])
+
+    init(
+        stateFolder: URL, events: AgentEventLog, logger: Logger,
+        configuration: @escaping @Sendable () -> DownloadQueue.Configuration
+    ) {
+        self.stateFile = stateFolder.appending(path: "agent-homes.json")
+        self.configuration = configuration
+        self.events = events
+        self.logger = logger
+    }
+
+    /// The homes saved by earlier runs, opened again (their interrupted downloads resume). A home that no longer
+    /// opens is logged and dropped from the list.
+    func openSaved() {
+        guard let data = FileManager.default.contents(atPath: self.stateFile.path),
+            let paths = try? JSONDecoder().decode([String].self, from: data)
+        else { return }
+        for path in paths {
+            do throws(PackDeliveryError) {
+                _ = try self.queue(home: path, saving: false)
+            } catch {
+                self.logger.error("Cannot open a served home again; it is no longer served", metadata: ["error": "\(error.code)"])
+            }
+        }
+        self.save()
+    }
+
+    /// The home paths served now, sorted.
+    var paths: [String] { self.served.withLock { $0.keys.sorted() } }
+
+    /// The queue of a home, opened (and from now on served) when it was not.
+    /// - Parameter home: an absolute path.
+    func queue(home: String, saving: Bool = true) throws(PackDeliveryError) -> DownloadQueue {
+        let path = URL(filePath: home).standardizedFileURL.path
+        if let queue = self.served.withLock({ $0[path]?.queue }) { return queue }
+        var configuration = self.configuration()
+        configuration.resumeInterruptedDownloads = true
+        let queue = try DownloadQueue(home: Home(folder: URL(filePath: path)), configuration: configuration, logger: nil)
+        let inserted = self.served.withLock { served -> Bool in
+            guard served[path] == nil else { return false }
+            served[path] = Served(queue: queue, pump: self.pump(queue, home: path))
+            return true
+        }
+        guard inserted else {
+            queue.close()
+            return try self.queue(home: path, saving: saving)
+        }
+        self.logger.info("Serving a home", metadata: ["home": "\(path)"])
+        if saving { self.save() }
+        return queue
+    }
+
+    /// Whether any download of a served home waits or runs.
+    func isBusy() async -> Bool {
+        for queue in self.served.withLock({ $0.values.map(\.queue) }) {
+            guard let transactions = try? await queue.transactions() else { continue }
+            if transactions.contains(where: { $0.downloads.contains { $0.state.isRunning } }) { return true }
+        }
+        return false
+    }
+
+    /// Closes every queue: running downloads pause as interrupted with their bytes kept, for the next agent.
+    func closeAll() async {
+        let all = self.served.withLock { served in
+            defer { served.removeAll() }
+            return Array(served.values)
+        }
+        for served in all {
+            await served.queue.close()
+            served.pump.cancel()
+        }
+    }
+
+    private func save() {
+        let paths = self.paths
+        guard let data = try? JSONEncoder().encode(paths) else { return }
+        let folder = self.stateFile.deletingLastPathComponent()
+        try? FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        let temporary = folder.appending(path: ".agent-homes.json.\(getpid())")
+        do {
+            try data.write(to: temporary)
+            _ = rename(temporary.path, self.stateFile.path)
+        } catch {
+            self.logger.error("Cannot save the list of served homes", metadata: ["error": "\(error)"])
+        }
+    }
+
+    /// Numbers the queue's events into the log, and finishes a transaction that asked for it once it is finishable.
+    private func pump(_ queue: DownloadQueue, home: String) -> Task<Void, Never> {
+        let events = self.events
+        let stream = queue.events()
+        return Task.detached {
+            for await event in stream {
+                let (kind, data) = AgentEventEncoding.encode(event, home: home)
+                events.append(kind: kind, data: data)
+                if case .transactionUpdated(let transaction) = event, transaction.autoFinish, transaction.isFinishable,
+                    transaction.state != .finished
+                {
+                    _ = try? await queue.finish([transaction.id])
+                }
+            }
+        }
+    }
+}
+
+/// An event of a queue as the agent's stream carries it: the `--json` event line of `packs fetch`, with the home.
+enum AgentEventEncoding {
+    private struct WithHome<Inner: Encodable>: Encodable {
+        let home: String
+        let inner: Inner
+
+        private enum Keys: String, CodingKey { case home }
+
+        func encode(to encoder: any Encoder) throws {
+            try self.inner.encode(to: encoder)
+            var container = encoder.container(keyedBy: Keys.self)
+            try container.encode(self.home, forKey: .home)
+        }
+    }
+
+    static func encode(_ event: DownloadQueueEvent, home: String) -> (kind: String, data: String) {
+        switch event {
+        case .transactionUpdated(let transaction):
+            ("transaction", AgentJSON.line(WithHome(home: home, inner: TransactionJSON(transaction, event: "transaction"))))
+        case .downloadUpdated(let download):
+            ("download", AgentJSON.line(WithHome(home: home, inner: DownloadJSON(download, event: "download"))))
+        case .priorityChanged(let download):
+            ("priorityChanged", AgentJSON.line(WithHome(home: home, inner: DownloadJSON(download, event: "priorityChanged"))))
+        case .transactionsRemoved(let transactions):
+            (
+                "transactionsRemoved",
+                AgentJSON.line(
+                    WithHome(home: home, inner: RestoreEventJSON(event: "transactionsRemoved", transactions: transactions.map(\.id))))
+            )
+        case .restoreCompleted(let transactions):
+            (
+                "restoreCompleted",
+                AgentJSON.line(
+                    WithHome(home: home, inner: RestoreEventJSON(event: "restoreCompleted", transactions: transactions.map(\.id))))
+            )
+        case .restoreFailed(let error):
+            ("restoreFailed", AgentJSON.line(WithHome(home: home, inner: RestoreEventJSON(event: "restoreFailed", error: error))))
+        case .evicted(let content):
+            ("evicted", AgentJSON.line(WithHome(home: home, inner: EvictedJSON(content, event: "evicted"))))
+        }
+    }
+}

@@ -1,0 +1,248 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import NIOCore
+import PackDelivery
+
+/// The agent's HTTP API, version 1 (Sources/PackAgent/agent-openapi.yaml describes it; a test holds the two alike).
+struct AgentRoutes: Sendable {
+    static let clientVersionField = HTTPField.Name("Packs-Client-Version")!
+
+    let homes: AgentHomes
+    let events: AgentEventLog
+    let version: String
+    /// How often an idle event stream sends a comment line, so that a client gone away is noticed.
+    let keepAlive: Duration
+
+    func router() -> Router<BasicRequestContext> {
+        let router = Router(context: BasicRequestContext.self)
+        router.middlewares.add(ErrorShapeMiddleware())
+        router.middlewares.add(VersionMiddleware(version: self.version))
+        router.get("/v1/version") { _, _ in
+            Self.json(
+                VersionBody(version: self.version, api: "v1", homes: self.homes.paths.count, eventStreams: self.events.subscriberCount))
+        }
+        router.get("/v1/downloads") { request, _ in try await self.status(request) }
+        router.post("/v1/fetch") { request, _ in try await self.fetch(request) }
+        for action in ["pause", "resume", "cancel"] {
+            router.post("/v1/downloads/{id}/\(action)") { request, context in
+                try await self.control(request, id: context.parameters.require("id"), action: action)
+            }
+        }
+        router.put("/v1/downloads/{id}/priority") { request, context in
+            try await self.control(request, id: context.parameters.require("id"), action: "priority")
+        }
+        router.get("/v1/events") { request, _ in self.eventStream(request) }
+        return router
+    }
+
+    struct VersionBody: Encodable {
+        let version: String
+        let api: String
+        let homes: Int
+        let eventStreams: Int
+    }
+
+    static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
+        Response(
+            status: status, headers: [.contentType: "application/json"],
+            body: .init(byteBuffer: ByteBuffer(string: AgentJSON.line(value) + "\n")))
+    }
+
+    private static func body(_ request: Request, allowed: Set<String>, required: Set<String>) async throws -> StrictBody {
+        var request = request
+        let buffer = try await request.collectBody(upTo: 1 << 20)
+        return try StrictBody(Data(buffer.readableBytesView), allowed: allowed, required: required)
+    }
+
+    /// `GET /v1/downloads?home=DIR`: what `packs --json status` prints.
+    private func status(_ request: Request) async throws -> Response {
+        guard let home = request.uri.queryParameters.get("home"), home.hasPrefix("/") else {
+            throw AgentAPIError.badRequest("Name the home: ?home=ABSOLUTE_PATH.", code: "invalidField")
+        }
+        let queue = try self.homes.queue(home: home)
+        let transactions = try await queue.transactions()
+        let evicted = try queue.evictedContent()
+        return Self.json(
+            StatusJSON(
+                transactions: transactions.map { TransactionJSON($0) }, evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
+    }
+
+    struct FetchAnswer: Encodable {
+        struct Added: Encodable {
+            let id: String
+            let productIdentifier: String
+            let downloads: [String]
+        }
+        let transactions: [Added]
+    }
+
+    /// `POST /v1/fetch`: records the purchase of products from a manifest and starts their downloads; does not wait.
+    private func fetch(_ request: Request) async throws -> Response {
+        let body = try await Self.body(
+            request, allowed: ["home", "manifest", "products", "priority", "destination"], required: ["home", "manifest", "products"])
+        let home = try body.home()
+        let manifest = try body.string("manifest") ?? ""
+        let products = try body.strings("products") ?? []
+        let priority = try body.priority()
+        let destination = try body.string("destination").map { word throws(AgentAPIError) in
+            guard let destination = Destination(rawValue: word) else {
+                throw AgentAPIError.badRequest("The field 'destination' must be caches or documents.", code: "invalidField")
+            }
+            return destination
+        }
+        let publishers = try DownloadQueue.trustedPublishers(home: Home(folder: URL(filePath: home)))
+        let loaded = try await LoadedManifest.load(manifest, options: TransferOptions(), trusting: publishers)
+        let known = Set(loaded.manifest.products.map(\.productIdentifier))
+        if let unknown = products.first(where: { !known.contains($0) }) {
+            throw AgentAPIError(
+                status: .unprocessableContent, code: PackDeliveryError.Code.unknownProduct.rawValue,
+                message: "The manifest has no product '\(PackDeliveryError.printable(unknown))'.")
+        }
+        let queue = try self.homes.queue(home: home)
+        try queue.acceptManifest(loaded)
+        let transactions = try await queue.add(
+            products: Array(Set(products)).sorted(), from: loaded, kind: .purchased, destination: destination ?? .caches,
+            autoFinish: true)
+        if let priority {
+            _ = try queue.setPriority(transactions.flatMap(\.downloads).map(\.id), priority)
+        }
+        let added = transactions.map {
+            FetchAnswer.Added(id: $0.id, productIdentifier: $0.productIdentifier, downloads: $0.downloads.map(\.id))
+        }
+        return Self.json(FetchAnswer(transactions: added), status: .accepted)
+    }
+
+    /// `POST /v1/downloads/{id}/pause|resume|cancel` and `PUT /v1/downloads/{id}/priority`: the download afterwards.
+    private func control(_ request: Request, id: String, action: String) async throws -> Response {
+        let body = try await Self.body(
+            request, allowed: action == "priority" ? ["home", "priority"] : ["home"],
+            required: action == "priority" ? ["home", "priority"] : ["home"])
+        let home = try body.home()
+        let priority = try body.priority()
+        let queue = try self.homes.queue(home: home)
+        guard try queue.downloads([id]).first != nil else {
+            throw AgentAPIError(
+                status: .notFound, code: PackDeliveryError.Code.unknownDownload.rawValue,
+                message: "No download \(PackDeliveryError.printable(id)) in this home.")
+        }
+        switch action {
+        case "pause": try queue.pause([id])
+        case "resume": _ = try queue.resume([id])
+        case "cancel": try queue.cancel([id])
+        default: _ = try queue.setPriority([id], priority ?? .essential)
+        }
+        guard let download = try queue.downloads([id]).first else {
+            throw AgentAPIError(status: .notFound, code: "unknownDownload", message: "The download is gone.")
+        }
+        return Self.json(DownloadJSON(download))
+    }
+
+    /// `GET /v1/events`: server-sent events, each with an id; `Last-Event-ID` replays what the ring still holds, or
+    /// starts with a `reset` event (read the status again).
+    private func eventStream(_ request: Request) -> Response {
+        let lastID = request.headers[HTTPField.Name("Last-Event-ID")!].flatMap { UInt64($0.trimmingCharacters(in: .whitespaces)) }
+        let (replay, stream) = self.events.subscribe(after: lastID)
+        let keepAlive = self.keepAlive
+        let body = ResponseBody { writer in
+            switch replay {
+            case .reset(let latest):
+                try await writer.write(ByteBuffer(string: "id: \(latest)\nevent: reset\ndata: {\"event\":\"reset\"}\n\n"))
+            case .events(let entries):
+                for entry in entries { try await writer.write(ByteBuffer(string: entry.text)) }
+            }
+            try await writer.write(ByteBuffer(string: ": stream\n\n"))
+            try await Self.forward(stream, to: &writer, keepAlive: keepAlive)
+            try await writer.finish(nil)
+        }
+        return Response(
+            status: .ok, headers: [.contentType: "text/event-stream", .cacheControl: "no-cache"], body: body)
+    }
+
+    /// Writes the stream's events as they come, and a comment line after `keepAlive` without one; a write that
+    /// fails (the client went away) ends it, and with it the subscription.
+    private static func forward(
+        _ stream: AsyncStream<AgentEventLog.Entry>, to writer: inout any ResponseBodyWriter, keepAlive: Duration
+    ) async throws {
+        let merged = AsyncStream<AgentEventLog.Entry?> { continuation in
+            let events = Task {
+                for await entry in stream { continuation.yield(entry) }
+                continuation.finish()
+            }
+            let ticks = Task {
+                while !Task.isCancelled {
+                    try? await Task.sleep(for: keepAlive)
+                    continuation.yield(nil)
+                }
+            }
+            continuation.onTermination = { _ in
+                events.cancel()
+                ticks.cancel()
+            }
+        }
+        for await entry in merged {
+            try await writer.write(ByteBuffer(string: entry?.text ?? ": keep-alive\n\n"))
+        }
+    }
+}
+
+/// Every thrown error as `{"error": {"code", "message"}}` with its status.
+struct ErrorShapeMiddleware: RouterMiddleware {
+    typealias Context = BasicRequestContext
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as AgentAPIError {
+            return Self.response(error)
+        } catch let error as PackDeliveryError {
+            return Self.response(AgentAPIError(error))
+        } catch let error as any HTTPResponseError {
+            let status = error.status
+            let code =
+                switch status.code {
+                case 404: "notFound"
+                case 405: "methodNotAllowed"
+                case 413: "bodyTooLarge"
+                default: status.code < 500 ? "badRequest" : "internalError"
+                }
+            return Self.response(AgentAPIError(status: status, code: code, message: "\(status.code) \(status.reasonPhrase)."))
+        } catch {
+            return Self.response(AgentAPIError(status: .internalServerError, code: "internalError", message: "The agent failed to answer."))
+        }
+    }
+
+    static func response(_ error: AgentAPIError) -> Response {
+        Response(
+            status: error.status, headers: [.contentType: "application/json"],
+            body: .init(byteBuffer: ByteBuffer(string: error.body + "\n")))
+    }
+}
+
+/// Refuses a client of another major or minor version with 409 naming both; every request but `GET /v1/version`
+/// must say its version.
+struct VersionMiddleware: RouterMiddleware {
+    typealias Context = BasicRequestContext
+    let version: String
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard let client = request.headers[AgentRoutes.clientVersionField] else {
+            if request.uri.path == "/v1/version" { return try await next(request, context) }
+            throw AgentAPIError(
+                status: .badRequest, code: "missingClientVersion",
+                message: "Send the Packs-Client-Version header with the client's version (this agent is \(self.version)).")
+        }
+        guard Self.majorMinor(client) == Self.majorMinor(self.version) else {
+            throw AgentAPIError(
+                status: .conflict, code: "versionMismatch",
+                message:
+                    "The client is version \(PackDeliveryError.printable(client)) and the agent is version \(self.version); their major and minor versions must match. Restart the agent with the same packs as the client."
+            )
+        }
+        return try await next(request, context)
+    }
+
+    static func majorMinor(_ version: String) -> [Substring] {
+        Array(version.trimmingCharacters(in: .whitespaces).split(separator: ".", omittingEmptySubsequences: false).prefix(2))
+    }
+}

@@ -1,0 +1,200 @@
+import Foundation
+import PackTestSupport
+import Testing
+
+/// `packs agent` end to end: the real binary on a socket in a temporary folder, the suite's FaultServer serving the
+/// packs, and clients that go away while the agent goes on.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct AgentTests {
+    /// A site with one pack of `size` random bytes, its pack served at `bytesPerSecond` when given.
+    static func slowSite(_ label: String, size: Int, bytesPerSecond: Int?) throws -> (TestSite, FaultServer, String) {
+        let site = try TestSite.random(label, size: size)
+        let server = try FaultServer(root: site.folder)
+        if let bytesPerSecond {
+            let packURL = server.url("big.tar", fault: .slow(bytesPerSecond: bytesPerSecond))
+            try site.editManifest { $0.products[0].contents[0].url = packURL.absoluteString }
+        }
+        return (site, server, server.url("manifest.json").absoluteString)
+    }
+
+    static func download(_ agent: AgentProcess, home: URL) throws -> [String: Any]? {
+        let status = try agent.request("GET", "/v1/downloads?home=\(home.path)")
+        let transactions = status.json["transactions"] as? [[String: Any]] ?? []
+        return (transactions.first?["downloads"] as? [[String: Any]])?.first
+    }
+
+    @Test func aDetachedFetchFinishesWithTheClientGone() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-detach")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-detach-site", size: 300_000, bytesPerSecond: nil)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let result = try CLI.run(
+            home: home, ["--json", "fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        #expect(result.status == 0, "stderr: \(result.stderr)")
+        let line = result.events.first
+        #expect(line?["event"] as? String == "detached")
+        #expect((line?["transactionID"] as? String)?.hasPrefix("t-") == true, "\(result.stdout)")
+        #expect((line?["downloads"] as? [String])?.count == 1, "\(result.stdout)")
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack installed by the agent") { FileManager.default.fileExists(atPath: data.path) }
+        #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        // The agent finishes the transaction (fetch's default): nothing open remains.
+        try waitUntil("the transaction finished by the agent", timeout: 20) { try Self.download(agent, home: home) == nil }
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+        let saved = try String(contentsOf: agent.stateFolder.appending(path: "packs/agent-homes.json"), encoding: .utf8)
+        #expect(saved.contains(home.lastPathComponent), "the served home is kept for the next agent: \(saved)")
+    }
+
+    @Test func withNoAgentADetachedFetchSaysSoAndExits79() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-none")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let result = try CLI.run(
+            home: folder.appending(path: "home"),
+            ["fetch", "--detach", "--socket", folder.appending(path: "nothing.sock").path, "http://127.0.0.1:9/manifest.json", "p"],
+            timeout: 30)
+        #expect(result.status == 79)
+        #expect(result.stderr.contains("No agent answers on"), "\(result.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: folder.appending(path: "home").path), "nothing was created")
+    }
+
+    @Test func aClientKilledMidStreamStopsNothingAndLeavesNothingBehind() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-kill-client")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-kill-site", size: 600_000, bytesPerSecond: 200_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let stream = try EventStreamClient(socket: agent.socket)
+        try waitUntil("the event stream counted", timeout: 10) {
+            try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 1
+        }
+        let result = try CLI.run(home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        #expect(result.status == 0, "stderr: \(result.stderr)")
+        try waitUntil("a download event on the stream", timeout: 20) { stream.events.contains { $0.kind == "download" } }
+        stream.kill()
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack installed after the client was killed") { FileManager.default.fileExists(atPath: data.path) }
+        #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        try waitUntil("the killed client's stream gone from the agent", timeout: 15) {
+            try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 0
+        }
+        #expect(try agent.stop() == 0)
+    }
+
+    @Test func sigtermKeepsTheBytesAndTheNextAgentResumesThem() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-sigterm")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-sigterm-site", size: 1_000_000, bytesPerSecond: 250_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        var agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let result = try CLI.run(home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        #expect(result.status == 0, "stderr: \(result.stderr)")
+        try waitUntil("200 KB received by the agent", timeout: 30) {
+            (try Self.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) >= 200_000
+        }
+        #expect(try agent.stop(SIGTERM) == 0, "log: \(agent.log)")
+        let status = try CLI.run(home: home, ["--json", "status"])
+        let kept = ((status.events.first?["transactions"] as? [[String: Any]])?.first?["downloads"] as? [[String: Any]])?.first
+        #expect(kept?["state"] as? String == "paused", "\(status.stdout)")
+        #expect(kept?["pauseReason"] as? String == "interrupted", "\(status.stdout)")
+        let keptBytes = kept?["bytesReceived"] as? Int ?? 0
+        #expect(keptBytes >= 200_000, "\(status.stdout)")
+
+        agent = try AgentProcess(folder: folder)
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack finished by the next agent") { FileManager.default.fileExists(atPath: data.path) }
+        #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        let packRequests = server.requests().filter { $0.file == "big.tar" }
+        #expect(packRequests.count == 2, "\(packRequests)")
+        #expect(packRequests.last?.range?.hasPrefix("bytes=0-") == false, "the kept bytes were not fetched again: \(packRequests)")
+        #expect(try agent.stop() == 0)
+    }
+
+    @Test func socketActivationAndReadiness() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-activate")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-socket-activate") else {
+            Issue.record("systemd-socket-activate is missing: install Debian's systemd package (scripts/install-deps)")
+            return
+        }
+        let notify = try NotifyListener(path: folder.appending(path: "notify.sock").path)
+        let socket = folder.appending(path: "run/agent.sock").path
+        let agent = try AgentProcess(
+            folder: folder, arguments: ["--idle-timeout", "2"], launcher: ["/usr/bin/systemd-socket-activate", "-l", socket],
+            environment: ["NOTIFY_SOCKET": notify.path], waitForAnswer: false)
+        try agent.waitUntilAnswering()
+        #expect(notify.receive(timeout: 10)?.contains("READY=1") == true, "READY=1 on NOTIFY_SOCKET; log: \(agent.log)")
+        #expect(agent.log.contains("activated: true") || agent.log.contains("activated=true"), "log: \(agent.log)")
+        // Idle for 2 s with no client and nothing queued: the agent exits 0 and the socket stays systemd's.
+        try waitUntil("the activated agent's idle exit", timeout: 20) { agent.log.contains("Agent stopping") }
+    }
+
+    @Test func anotherUserIsRefusedAndLogged() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-uid")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        guard getuid() == 0 else {
+            Issue.record("this test switches to nobody with setpriv and needs root")
+            return
+        }
+        let agent = try AgentProcess(folder: folder)
+        // For this test only: let nobody reach the socket, so that only the peer check stands in its way.
+        chmod(folder.path, 0o755)
+        chmod(folder.appending(path: "run").path, 0o755)
+        chmod(agent.socket, 0o666)
+        let refused = try agent.request("GET", "/v1/version", user: "nobody", timeout: 10)
+        #expect(refused.status == 0 && refused.body.isEmpty, "nothing answered to another uid: \(refused)")
+        #expect(agent.log.contains("Refused a connection from another user"), "log: \(agent.log)")
+        #expect(try agent.request("GET", "/v1/version").status == 200, "the owner is still served")
+        #expect(try agent.stop() == 0)
+    }
+
+    @Test func aSocketFolderOpenToOthersIsRefusedWith78() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-unsafe")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let run = folder.appending(path: "run")
+        try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true)
+        chmod(run.path, 0o755)
+        let result = try Fixtures.run(CLI.binary, ["agent", "--socket", run.appending(path: "agent.sock").path], timeout: 30)
+        #expect(result.status == 78)
+        #expect(result.stderr.contains("open to other users"), "\(result.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: run.appending(path: "agent.sock").path))
+    }
+
+    @Test func theUserUnitsVerify() throws {
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-analyze") else {
+            print("skipped: systemd-analyze is missing (Debian's systemd package; scripts/install-deps installs it)")
+            return
+        }
+        let folder = try Fixtures.temporaryDirectory("agent-units")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let runtime = folder.appending(path: "runtime")
+        try FileManager.default.createDirectory(at: runtime, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        var units: [String] = []
+        for name in ["packs-agent.socket", "packs-agent.service"] {
+            let text = try String(contentsOf: CLI.packageRoot.appending(path: "Packaging/\(name)"), encoding: .utf8)
+            // The installed path is /usr/bin/packs; here the built binary stands in for it.
+            let unit = folder.appending(path: name)
+            try text.replacingOccurrences(of: "/usr/bin/packs", with: CLI.binary).write(to: unit, atomically: true, encoding: .utf8)
+            units.append(unit.path)
+        }
+        let service = try String(contentsOf: CLI.packageRoot.appending(path: "Packaging/packs-agent.service"), encoding: .utf8)
+        let socket = try String(contentsOf: CLI.packageRoot.appending(path: "Packaging/packs-agent.socket"), encoding: .utf8)
+        #expect(service.contains("Type=notify") && service.contains("ExecStart=/usr/bin/packs agent"))
+        #expect(socket.contains("ListenStream=%t/packs/agent.sock") && socket.contains("SocketMode=0600"))
+        let result = try Fixtures.run(
+            "systemd-analyze", ["verify", "--user", "--man=no"] + units,
+            environment: ProcessInfo.processInfo.environment.merging(["XDG_RUNTIME_DIR": runtime.path]) { $1 }, timeout: 60)
+        #expect(result.status == 0 && result.stdout.isEmpty && result.stderr.isEmpty, "\(result.stdout)\(result.stderr)")
+    }
+}

@@ -1,0 +1,239 @@
+import Foundation
+import PackTestSupport
+import Synchronization
+import Testing
+
+/// A `packs agent` started by a test: its socket in `run/` (0700) and its state in `state/` of a temporary folder,
+/// its stderr in `agent.log` there.
+final class AgentProcess {
+    static let clientVersion = "0.1.0"
+
+    let folder: URL
+    let socket: String
+    let process: Process
+
+    var log: String { (try? String(contentsOf: self.folder.appending(path: "agent.log"), encoding: .utf8)) ?? "" }
+    var stateFolder: URL { self.folder.appending(path: "state") }
+
+    /// Starts the agent (through `launcher` when given, e.g. systemd-socket-activate) and waits until it answers.
+    init(
+        folder: URL, arguments: [String] = [], launcher: [String] = [], environment: [String: String] = [:],
+        waitForAnswer: Bool = true
+    ) throws {
+        self.folder = folder
+        let run = folder.appending(path: "run")
+        try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+        self.socket = run.appending(path: "agent.sock").path
+        let process = Process()
+        let agent = [CLI.binary, "agent", "--socket", self.socket] + arguments
+        if launcher.isEmpty {
+            process.executableURL = URL(filePath: CLI.binary)
+            process.arguments = Array(agent.dropFirst())
+        }
+        var env = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        env["XDG_STATE_HOME"] = folder.appending(path: "state").path
+        if !launcher.isEmpty {
+            // systemd-socket-activate passes the program only the variables named with -E.
+            let passed = (["XDG_STATE_HOME"] + environment.keys.sorted()).flatMap { ["-E", "\($0)=\(env[$0]!)"] }
+            process.executableURL = URL(filePath: launcher[0])
+            process.arguments = Array(launcher.dropFirst()) + passed + agent
+        }
+        process.environment = env
+        _ = FileManager.default.createFile(atPath: folder.appending(path: "agent.log").path, contents: nil)
+        let log = try FileHandle(forWritingTo: folder.appending(path: "agent.log"))
+        process.standardError = log
+        process.standardOutput = log
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        self.process = process
+        if waitForAnswer { try self.waitUntilAnswering() }
+    }
+
+    /// Waits until `GET /v1/version` answers 200.
+    func waitUntilAnswering(timeout: TimeInterval = 30) throws {
+        let start = Date()
+        while Date().timeIntervalSince(start) < timeout {
+            if let answer = try? self.request("GET", "/v1/version", timeout: 5), answer.status == 200 { return }
+            guard self.process.isRunning || !FileManager.default.fileExists(atPath: self.socket) else { break }
+            usleep(50_000)
+        }
+        throw AgentTestError("the agent on \(self.socket) did not answer GET /v1/version within \(timeout) s; log:\n\(self.log)")
+    }
+
+    struct Answer {
+        var status: Int
+        var body: String
+        var json: [String: Any] { ((try? JSONSerialization.jsonObject(with: Data(self.body.utf8))) as? [String: Any]) ?? [:] }
+        var errorCode: String? { (self.json["error"] as? [String: Any])?["code"] as? String }
+        var errorMessage: String? { (self.json["error"] as? [String: Any])?["message"] as? String }
+    }
+
+    /// One request with `curl --unix-socket` (as `user` through setpriv when given).
+    func request(
+        _ method: String, _ path: String, body: String? = nil, version: String? = AgentProcess.clientVersion,
+        headers: [String] = [], user: String? = nil, timeout: TimeInterval = 30
+    ) throws -> Answer {
+        var arguments = [
+            "-sS", "--unix-socket", self.socket, "-X", method, "--max-time", "\(Int(timeout))", "-o", "-", "-w", "\n%{http_code}",
+        ]
+        if let version { arguments += ["-H", "Packs-Client-Version: \(version)"] }
+        for header in headers { arguments += ["-H", header] }
+        if let body { arguments += ["-H", "Content-Type: application/json", "--data-binary", body] }
+        arguments.append("http://localhost\(path)")
+        var executable = "curl"
+        if let user {
+            executable = "setpriv"
+            arguments = ["--reuid=\(user)", "--regid=nogroup", "--clear-groups", "curl"] + arguments
+        }
+        let result = try Fixtures.run(executable, arguments, timeout: timeout + 5)
+        guard let newline = result.stdout.lastIndex(of: "\n"), let status = Int(result.stdout[result.stdout.index(after: newline)...])
+        else {
+            throw AgentTestError("curl \(method) \(path) gave no status: \(result.stdout) \(result.stderr)")
+        }
+        return Answer(status: status, body: String(result.stdout[..<newline]))
+    }
+
+    /// Sends a signal and waits for the exit. - Returns: the exit status.
+    @discardableResult
+    func stop(_ signal: Int32 = SIGTERM, timeout: TimeInterval = 30) throws -> Int32 {
+        if self.process.isRunning { kill(self.process.processIdentifier, signal) }
+        return try self.waitForExit(timeout: timeout, what: "exit after signal \(signal)")
+    }
+
+    func waitForExit(timeout: TimeInterval, what: String) throws -> Int32 {
+        let start = Date()
+        while self.process.isRunning && Date().timeIntervalSince(start) < timeout { usleep(20_000) }
+        if self.process.isRunning {
+            kill(self.process.processIdentifier, SIGKILL)
+            self.process.waitUntilExit()
+            throw AgentTestError("the agent did not \(what) within \(timeout) s; log:\n\(self.log)")
+        }
+        self.process.waitUntilExit()
+        return self.process.terminationStatus
+    }
+
+    deinit {
+        if self.process.isRunning {
+            kill(self.process.processIdentifier, SIGKILL)
+            self.process.waitUntilExit()
+        }
+    }
+}
+
+struct AgentTestError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Waits until `condition` holds, polling every 50 ms; throws naming `what` after `timeout`.
+func waitUntil(_ what: String, timeout: TimeInterval = 60, _ condition: () throws -> Bool) throws {
+    let start = Date()
+    while Date().timeIntervalSince(start) < timeout {
+        if try condition() { return }
+        usleep(50_000)
+    }
+    throw AgentTestError("timed out after \(timeout) s waiting for \(what)")
+}
+
+/// A JSON body.
+func jsonBody(_ object: [String: Any]) -> String {
+    String(decoding: (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data(), as: UTF8.self)
+}
+
+/// `curl -N` following `GET /v1/events`, its server-sent events parsed as they arrive.
+final class EventStreamClient: Sendable {
+    struct Event: Sendable, Equatable {
+        var id: UInt64
+        var kind: String
+        var data: String
+    }
+
+    /// The events parsed so far, shared with the reading thread.
+    final class Received: Sendable {
+        let events = Mutex<[Event]>([])
+    }
+
+    private let process: Process
+    private let received = Received()
+
+    var events: [Event] { self.received.events.withLock { $0 } }
+
+    init(socket: String, lastEventID: String? = nil) throws {
+        let process = Process()
+        process.executableURL = URL(filePath: "/usr/bin/curl")
+        var arguments = ["-sN", "--unix-socket", socket, "--max-time", "120", "-H", "Packs-Client-Version: \(AgentProcess.clientVersion)"]
+        if let lastEventID { arguments += ["-H", "Last-Event-ID: \(lastEventID)"] }
+        process.arguments = arguments + ["http://localhost/v1/events"]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        self.process = process
+        let handle = pipe.fileHandleForReading
+        let received = self.received
+        Thread.detachNewThread {
+            var buffer = ""
+            while true {
+                let chunk = handle.availableData
+                if chunk.isEmpty { return }
+                buffer += String(decoding: chunk, as: UTF8.self)
+                while let end = buffer.range(of: "\n\n") {
+                    let block = String(buffer[..<end.lowerBound])
+                    buffer = String(buffer[end.upperBound...])
+                    var event = Event(id: 0, kind: "", data: "")
+                    var hasID = false
+                    for line in block.split(separator: "\n") {
+                        if line.hasPrefix("id: ") {
+                            event.id = UInt64(line.dropFirst(4)) ?? 0
+                            hasID = true
+                        }
+                        if line.hasPrefix("event: ") { event.kind = String(line.dropFirst(7)) }
+                        if line.hasPrefix("data: ") { event.data = String(line.dropFirst(6)) }
+                    }
+                    if hasID { received.events.withLock { $0.append(event) } }
+                }
+            }
+        }
+    }
+
+    /// SIGKILLs curl, as a client that dies mid-stream.
+    func kill() {
+        if self.process.isRunning { Glibc.kill(self.process.processIdentifier, SIGKILL) }
+        self.process.waitUntilExit()
+    }
+
+    deinit { self.kill() }
+}
+
+/// A datagram socket standing in for systemd's `NOTIFY_SOCKET`.
+final class NotifyListener {
+    let path: String
+    private let descriptor: Int32
+
+    init(path: String) throws {
+        self.path = path
+        self.descriptor = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { target in
+            for (index, byte) in path.utf8.enumerated() { target[index] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(self.descriptor, $0, socklen_t(MemoryLayout<sockaddr_un>.size))
+            }
+        }
+        guard self.descriptor >= 0, bound == 0 else { throw AgentTestError("cannot bind \(path)") }
+    }
+
+    /// The next datagram, or nil after `timeout`.
+    func receive(timeout: TimeInterval) -> String? {
+        var wait = timeval(tv_sec: Int(timeout), tv_usec: 0)
+        setsockopt(self.descriptor, SOL_SOCKET, SO_RCVTIMEO, &wait, socklen_t(MemoryLayout<timeval>.size))
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        let count = recv(self.descriptor, &buffer, buffer.count, 0)
+        return count > 0 ? String(decoding: buffer[0..<count], as: UTF8.self) : nil
+    }
+
+    deinit { close(self.descriptor) }
+}
