@@ -9,6 +9,7 @@ import Synchronization
 final class AgentHomes: Sendable {
     private struct Served {
         let queue: DownloadQueue
+        let home: Home
         let pump: Task<Void, Never>
     }
 
@@ -28,15 +29,49 @@ final class AgentHomes: Sendable {
         self.logger = logger
     }
 
+    /// A served home as `agent-homes.json` keeps it: its folder (a home of one folder, as `--home` makes), or its three
+    /// folders.
+    private struct Saved: Codable {
+        var stateFolder: String
+        var cachesFolder: String
+        var documentsFolder: String
+
+        init(_ home: Home) {
+            self.stateFolder = home.stateFolder.path
+            self.cachesFolder = home.cachesFolder.path
+            self.documentsFolder = home.documentsFolder.path
+        }
+
+        /// Also the earlier form: the folder's path alone.
+        init(from decoder: any Decoder) throws {
+            if let path = try? decoder.singleValueContainer().decode(String.self) {
+                self.init(Home(folder: URL(filePath: path)))
+                return
+            }
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            self.init(
+                Home(
+                    stateFolder: URL(filePath: try container.decode(String.self, forKey: .stateFolder)),
+                    cachesFolder: URL(filePath: try container.decode(String.self, forKey: .cachesFolder)),
+                    documentsFolder: URL(filePath: try container.decode(String.self, forKey: .documentsFolder))))
+        }
+
+        var home: Home {
+            Home(
+                stateFolder: URL(filePath: self.stateFolder), cachesFolder: URL(filePath: self.cachesFolder),
+                documentsFolder: URL(filePath: self.documentsFolder))
+        }
+    }
+
     /// The homes saved by earlier runs, opened again (their interrupted downloads resume). A home that no longer
     /// opens is logged and dropped from the list.
     func openSaved() {
         guard let data = FileManager.default.contents(atPath: self.stateFile.path),
-            let paths = try? JSONDecoder().decode([String].self, from: data)
+            let saved = try? JSONDecoder().decode([Saved].self, from: data)
         else { return }
-        for path in paths {
+        for entry in saved {
             do throws(PackDeliveryError) {
-                _ = try self.queue(home: path, saving: false)
+                _ = try self.queue(entry.home, saving: false)
             } catch {
                 self.logger.error("Cannot open a served home again; it is no longer served", metadata: ["error": "\(error.code)"])
             }
@@ -44,27 +79,37 @@ final class AgentHomes: Sendable {
         self.save()
     }
 
-    /// The home paths served now, sorted.
+    /// The served homes' keys (their state folders), sorted.
     var paths: [String] { self.served.withLock { $0.keys.sorted() } }
 
-    /// The queue of a home, opened (and from now on served) when it was not.
+    /// The key of a home: its state folder's path (for a home of one folder, the folder), as events name it.
+    static func key(_ home: Home) -> String { home.stateFolder.standardizedFileURL.path }
+
+    /// The queue of a home of one folder, opened (and from now on served) when it was not.
     /// - Parameter home: an absolute path.
     func queue(home: String, saving: Bool = true) throws(PackDeliveryError) -> DownloadQueue {
-        let path = URL(filePath: home).standardizedFileURL.path
-        if let queue = self.served.withLock({ $0[path]?.queue }) { return queue }
+        try self.queue(Home(folder: URL(filePath: home).standardizedFileURL), saving: saving)
+    }
+
+    /// The queue of a home, opened (and from now on served) when it was not; a home is known by its state folder.
+    func queue(_ home: Home, saving: Bool = true) throws(PackDeliveryError) -> DownloadQueue {
+        let key = Self.key(home)
+        if let queue = self.served.withLock({ $0[key]?.queue }) { return queue }
         var configuration = self.configuration()
         configuration.resumeInterruptedDownloads = true
-        let queue = try DownloadQueue(home: Home(folder: URL(filePath: path)), configuration: configuration, logger: nil)
+        // The agent is where downloads run: its queues never hand them on.
+        configuration.agent = .never
+        let queue = try DownloadQueue(home: home, configuration: configuration, logger: nil)
         let inserted = self.served.withLock { served -> Bool in
-            guard served[path] == nil else { return false }
-            served[path] = Served(queue: queue, pump: self.pump(queue, home: path))
+            guard served[key] == nil else { return false }
+            served[key] = Served(queue: queue, home: home, pump: self.pump(queue, home: key))
             return true
         }
         guard inserted else {
             queue.close()
-            return try self.queue(home: path, saving: saving)
+            return try self.queue(home, saving: saving)
         }
-        self.logger.info("Serving a home", metadata: ["home": "\(path)"])
+        self.logger.info("Serving a home", metadata: ["home": "\(key)"])
         if saving { self.save() }
         return queue
     }
@@ -91,8 +136,8 @@ final class AgentHomes: Sendable {
     }
 
     private func save() {
-        let paths = self.paths
-        guard let data = try? JSONEncoder().encode(paths) else { return }
+        let saved = self.served.withLock { served in served.keys.sorted().compactMap { served[$0].map { Saved($0.home) } } }
+        guard let data = try? JSONEncoder().encode(saved) else { return }
         let folder = self.stateFile.deletingLastPathComponent()
         try? FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         let temporary = folder.appending(path: ".agent-homes.json.\(getpid())")

@@ -24,6 +24,7 @@ struct AgentRoutes: Sendable {
         }
         router.get("/v1/downloads") { request, _ in try await self.status(request) }
         router.post("/v1/fetch") { request, _ in try await self.fetch(request) }
+        router.post("/v1/homes") { request, _ in try await self.serve(request) }
         for action in ["pause", "resume", "cancel"] {
             router.post("/v1/downloads/{id}/\(action)") { request, context in
                 try await self.control(request, id: context.parameters.require("id"), action: action)
@@ -49,7 +50,7 @@ struct AgentRoutes: Sendable {
             body: .init(byteBuffer: ByteBuffer(string: AgentJSON.line(value) + "\n")))
     }
 
-    private static func body(_ request: Request, allowed: Set<String>, required: Set<String>) async throws -> StrictBody {
+    static func body(_ request: Request, allowed: Set<String>, required: Set<String>) async throws -> StrictBody {
         var request = request
         let buffer = try await request.collectBody(upTo: 1 << 20)
         return try StrictBody(Data(buffer.readableBytesView), allowed: allowed, required: required)

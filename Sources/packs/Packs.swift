@@ -7,7 +7,7 @@ import Synchronization
 
 @main
 struct Packs: AsyncParsableCommand {
-    static let version = "0.1.0"
+    static let version = PackDeliveryVersion.current
 
     static let configuration = CommandConfiguration(
         commandName: "packs",
@@ -254,6 +254,8 @@ struct TransferFlags: ParsableArguments {
             resumeWhenSpaceReturns: false, maxExpansionRatio: self.maxExpansionRatio,
             maxEntries: self.maxEntries, maxAttempts: self.retries + 1)
         configuration.deltaUpdates = !self.noDelta
+        // The CLI runs its downloads itself (`fetch --detach` hands them to the agent through its API).
+        configuration.agent = .never
         configuration.cacheBudget = self.cacheBudget?.bytes
         switch self.metered {
         case .yes: configuration.networkPolicy = FixedNetworkPolicy(metered: true)

@@ -122,6 +122,9 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public static let cancelled = Code("cancelled")
         /// An internal failure; please report it.
         public static let internalError = Code("internalError")
+        /// ``AgentUse/required``, and no agent answers on its socket (``DownloadQueue/Configuration/agentSocket``), or it
+        /// is of another version or refused the home: start `packs agent`, or use ``AgentUse/automatic``.
+        public static let agentUnavailable = Code("agentUnavailable")
 
         /// The broad class of the code.
         public var kind: Kind {

@@ -527,8 +527,10 @@ extension DownloadQueue {
             self.save(includingProgress: true)
         } else {
             self.takeOverJoinedDeliveries()
-            self.watchOthers()
+            // While the agent's stream is connected, the downloads it runs are reported as it pushes them.
+            if !self.driven({ $0.agent?.streaming ?? false }) { self.watchOthers() }
         }
+        self.handOverToAgent()
     }
 
     /// What the machine's policy is decided from now: the time of day, the quiet holds (``QuietHolds/current(in:)``) and
@@ -560,11 +562,7 @@ extension DownloadQueue {
             joined.contains(record.transactionID) && !(record.owner?.isAlive ?? false)
                 && (record.state.isRunning || record.phase != nil || record.pauseReason == .interrupted)
         }
-        if !orphans.isEmpty, let taken = try? self.take(orphans.map(\.id)) {
-            for id in taken where self.driven({ $0.machine.download(id)?.pauseReason == .interrupted }) {
-                self.change { $0.handle(id, .resume) }
-            }
-        }
+        if !orphans.isEmpty, let taken = try? self.take(orphans.map(\.id)) { self.resumeInterrupted(taken) }
         // Joined until this queue runs them, or they settled.
         let elsewhere = Set(records.filter { !$0.state.isSettled && $0.owner?.queue != self.owner.queue }.map(\.transactionID))
         self.driven { $0.joinedElsewhere.formIntersection(elsewhere) }

@@ -30,20 +30,46 @@ extension DownloadQueue {
         self.finishEvictions()
         if self.configuration.launchCheckWindow > 0 { try self.checkRecentInstalls() }
         let resumeInterrupted = self.configuration.resumeInterruptedDownloads
-        let taken = try self.take(nil) { record in
-            record.state.isRunning || record.phase != nil || (resumeInterrupted && record.pauseReason == .interrupted)
-        }
-        if resumeInterrupted {
-            for id in taken where self.driven({ $0.machine.download(id)?.pauseReason == .interrupted }) {
-                self.change { $0.handle(id, .resume) }
-            }
-        }
+        try self.takeOrphans(resumingInterrupted: resumeInterrupted)
         self.save(includingProgress: false)
         if !resumeInterrupted {
             // Recorded as paused (interrupted); they wait for a resume, by this queue or another.
             let ids = self.driven { Array($0.machine.entries.keys) }
             try self.store.release(ids, owner: self.owner)
             self.driven { state in for id in ids { state.machine.forget(id) } }
+        }
+    }
+
+    /// Takes the downloads no live process runs that were running or installing when their process stopped, and, with
+    /// `resumingInterrupted`, those paused as interrupted, resumed.
+    /// - Returns: the ids taken.
+    @discardableResult
+    func takeOrphans(resumingInterrupted: Bool) throws(PackDeliveryError) -> [String] {
+        let taken = try self.take(nil) { record in
+            record.state.isRunning || record.phase != nil || (resumingInterrupted && record.pauseReason == .interrupted)
+        }
+        if resumingInterrupted { self.resumeInterrupted(taken) }
+        return taken
+    }
+
+    /// Resumes those of the downloads just taken that their taking left paused as interrupted (a process that stopped
+    /// mid-transfer): they go on from their bytes.
+    func resumeInterrupted(_ taken: [String]) {
+        for id in taken where self.driven({ $0.machine.download(id)?.pauseReason == .interrupted }) {
+            self.change { $0.handle(id, .resume) }
+        }
+    }
+
+    /// For the agent, when a client hands it a home's downloads (``AgentUse``): takes and resumes every download of the
+    /// home no live process runs, as a launch does (``takeOrphans(resumingInterrupted:)``).
+    /// - Returns: how many it took.
+    /// - Throws: `queueClosed` after ``close()``; a database error when the store cannot be written.
+    @_spi(Agent) public func takeOrphans() throws(PackDeliveryError) -> Int {
+        try self.requireOpen()
+        return try self.onDriver { () throws(PackDeliveryError) in
+            let taken = try self.takeOrphans(resumingInterrupted: true)
+            self.save(includingProgress: false)
+            return taken.count
         }
     }
 

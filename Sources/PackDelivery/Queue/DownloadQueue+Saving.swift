@@ -78,6 +78,7 @@ extension DownloadQueue {
                 }
                 return actions
             }
+            self.handOverToAgent()
             return joined
         }
     }
@@ -194,6 +195,7 @@ extension DownloadQueue {
             self.change { $0.handle(id, .resume) }
             if let state = self.driven({ $0.machine.download(id)?.state }), state.isRunning { resumed.append(id) }
         }
+        self.handOverToAgent()
         return resumed
     }
 

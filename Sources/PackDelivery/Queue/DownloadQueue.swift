@@ -71,6 +71,12 @@ public final class DownloadQueue: Sendable {
         /// On a metered connection, the largest pack (bytes) that downloads without being the user's explicit action:
         /// 50 MiB by default.
         public var meteredLimit: Int64 = QueueMachine.defaultMeteredLimit
+        /// Whether downloads run in the machine's agent (`packs agent`), which goes on when this process exits, or in
+        /// this process: ``AgentUse/automatic`` by default (the agent when its socket answers, else this process, as
+        /// before). A queue with a ``credentials`` provider runs its downloads itself, as the agent cannot call it.
+        public var agent: AgentUse = .automatic
+        /// The agent's socket; nil for `$XDG_RUNTIME_DIR/packs/agent.sock` (no agent when `XDG_RUNTIME_DIR` is unset).
+        public var agentSocket: String? = nil
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
         /// The smallest window (``ChunkPlan/window(packLength:)``, 4 MiB for a pack of 256 MiB or more) from which a first
@@ -148,6 +154,8 @@ public final class DownloadQueue: Sendable {
     /// for a folder on every frame writes the store once a minute, not every time.
     let recordedUses = Mutex<[String: ContinuousClock.Instant]>([:])
     /// The home's cache budget as last read from the store, and when (see ``effectiveCacheBudget``).
+    /// The agent's event stream, stopped when the queue closes or goes away.
+    let agentFollower = Mutex<AgentEventFollower?>(nil)
     let homeBudget = Mutex<(value: Int64?, read: ContinuousClock.Instant)?>(nil)
     /// How long a recorded use stands for later ones: eviction orders packs by last use, to the minute.
     static let useRecordInterval: Duration = .seconds(60)
@@ -176,6 +184,8 @@ public final class DownloadQueue: Sendable {
         /// The source picked for a download admitted and not yet started (it counts as in flight there until its
         /// transfer starts, see ``DeliveryFacts/preferredSource``), so that downloads starting together spread as picked.
         var sourcePicks: [String: URL] = [:]
+        /// The machine's agent, when it serves this home (``AgentUse``).
+        var agent: AgentSession?
     }
 
     /// Holds the ``DriverState``, which only code running on the driver queue touches.
@@ -272,13 +282,22 @@ public final class DownloadQueue: Sendable {
         let (conditions, policy) = self.policyInputs(readingSettings: true)
         self.driven { _ = $0.machine.conditionsChanged(conditions, policy: policy) }
         do throws(PackDeliveryError) {
+            if let session = try self.openAgentSession() {
+                self.driven { state in
+                    state.agent = session
+                    state.machine.startHandingOver()
+                }
+            }
             if let recovery {
                 let (count, unknown) = try self.rebuildInstalls()
                 var rebuilt = recovery
                 (rebuilt.installsRecovered, rebuilt.foldersNotRecognised) = (count, unknown)
                 self.recovery.withLock { $0 = rebuilt }
             }
-            try self.onDriver { () throws(PackDeliveryError) in try self.launch() }
+            try self.onDriver { () throws(PackDeliveryError) in
+                try self.launch()
+                self.handOverToAgent()
+            }
         } catch {
             engine.shutdown()
             QueueOwner.unregister(self.owner)
@@ -293,6 +312,10 @@ public final class DownloadQueue: Sendable {
             guard let self else { return }
             self.driver.async { self.change { $0.networkChanged(metered: metered) } }
         }
+        if let follower = self.driven({ $0.agent })?.follower {
+            self.agentFollower.withLock { $0 = follower }
+            follower.start()
+        }
         self.timer.withLock { timer in
             timer?.setEventHandler { [weak self] in self?.tick() }
             timer?.schedule(deadline: .now() + 0.5, repeating: 0.5)
@@ -301,6 +324,7 @@ public final class DownloadQueue: Sendable {
     }
 
     deinit {
+        self.agentFollower.withLock { $0 }?.stop()
         self.timer.withLock { $0?.cancel() }
         self.engineBox.withLock { $0 }?.shutdown()
         QueueOwner.unregister(self.owner)
@@ -515,6 +539,7 @@ public final class DownloadQueue: Sendable {
         }
         guard first else { return }
         self.timer.withLock { $0?.cancel() }
+        self.agentFollower.withLock { $0 }?.stop()
         self.runOnDriver { self.change { $0.pauseAll(.interrupted, closing: true) } }
         self.engineBox.withLock { $0 }?.shutdown()
         self.runOnDriver {

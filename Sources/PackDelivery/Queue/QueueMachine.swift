@@ -102,6 +102,9 @@ struct QueueMachine: Sendable {
     /// Headroom kept free beyond what a pack needs.
     let spaceMargin: Int64
     private(set) var closed = false
+    /// This queue hands its waiting downloads to the machine's agent instead of admitting them (``AgentUse``): set
+    /// while the agent serves the home, cleared for good when it goes away.
+    private(set) var handingOver = false
 
     init(concurrency: Int, spaceMargin: Int64 = SpaceCheck.margin, meteredLimit: Int64 = QueueMachine.defaultMeteredLimit) {
         self.concurrency = max(1, concurrency)
@@ -327,6 +330,27 @@ struct QueueMachine: Sendable {
         }
     }
 
+    /// From now on, waiting downloads stay waiting here for ``handOver()``, none admitted.
+    mutating func startHandingOver() { self.handingOver = true }
+
+    /// The agent went away: waiting downloads are admitted here again.
+    mutating func stopHandingOver() -> [Action] {
+        self.handingOver = false
+        var actions: [Action] = []
+        self.schedule(into: &actions)
+        return actions
+    }
+
+    /// While handing over: the downloads waiting here (never admitted), forgotten, for the agent to take.
+    /// - Returns: each one's id and transaction id.
+    mutating func handOver() -> [(id: String, transactionID: String)] {
+        guard self.handingOver else { return [] }
+        let handed = self.entries.filter { $0.value.machine.state == .waiting && !self.running.contains($0.key) }
+            .map { (id: $0.key, transactionID: $0.value.machine.download.transactionID) }
+        for item in handed { self.forget(item.id) }
+        return handed
+    }
+
     /// What the derived sets say that the stages do not: ``running``, the downloads paused for space and those
     /// paused for the network are kept beside the machines (so no decision scans the queue), and must always be
     /// what the machines' stages make them. Empty when they agree; `QueueMachineTests` checks it after every event
@@ -422,7 +446,7 @@ struct QueueMachine: Sendable {
 
     /// Gives free slots to the next waiting downloads, in order: each is admitted once its space is measured.
     private mutating func schedule(into actions: inout [Action]) {
-        while !self.closed, self.running.count < self.concurrency, let id = self.popWaiting() {
+        while !self.closed, !self.handingOver, self.running.count < self.concurrency, let id = self.popWaiting() {
             guard let destination = self.entries[id]?.machine.download.destination else { continue }
             self.running.insert(id)
             actions.append(.measureSpace(id: id, destination: destination))

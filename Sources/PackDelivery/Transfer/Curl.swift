@@ -35,30 +35,10 @@ enum Curl {
     static func fetch(_ url: URL, options: TransferOptions, maxBytes: Int = 64 << 20) throws(PackDeliveryError) -> Data {
         self.globalInit()
         let easy = try CurlEasy(url: url)
-        final class Sink {
-            var data = Data()
-            var limit = 0
-            var overflow = false
-        }
-        let sink = Sink()
-        sink.limit = maxBytes
         try easy.apply(options)
         try easy.restrictProtocols(for: url, allowingFile: false)
-        try easy.set(CURLOPT_WRITEDATA, pointer: Unmanaged.passUnretained(sink).toOpaque())
-        try easy.set(
-            CURLOPT_WRITEFUNCTION,
-            callback: { pointer, size, count, user in
-                let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
-                let length = size * count
-                if sink.data.count + length > sink.limit {
-                    sink.overflow = true
-                    return 0
-                }
-                sink.data.append(UnsafeRawPointer(pointer!).assumingMemoryBound(to: UInt8.self), count: length)
-                return length
-            })
-        let code = withExtendedLifetime(sink) { curl_easy_perform(easy.handle) }
-        if sink.overflow {
+        let (code, data, overflow) = easy.performCollecting(limit: maxBytes)
+        if overflow {
             throw PackDeliveryError(
                 .invalidManifest, message: "\(url.redacted) is larger than \(maxBytes) bytes, too large for a manifest.",
                 subject: url.redacted)
@@ -94,7 +74,7 @@ enum Curl {
                 hint: status == 401 || status == 403 ? "The server refused the credentials sent with the request." : "Check the URL.",
                 subject: url.redacted, underlying: .init(.http, status), httpStatus: status)
         }
-        return sink.data
+        return data
     }
 }
 
@@ -167,7 +147,12 @@ final class CurlEasy {
         }
         try self.set(CURLOPT_SSL_VERIFYPEER, long: options.verifyTLS ? 1 : 0)
         try self.set(CURLOPT_SSL_VERIFYHOST, long: options.verifyTLS ? 2 : 0)
-        for line in options.headers + extraHeaders {
+        try self.setHeaders(options.headers + extraHeaders)
+    }
+
+    /// Sends these header lines (`Name: value`) with the request, besides those set before.
+    func setHeaders(_ lines: [String]) throws(PackDeliveryError) {
+        for line in lines {
             guard let list = curl_slist_append(self.headerList, line) else {
                 throw PackDeliveryError(.internalError, message: "libcurl could not add a request header (out of memory).")
             }
@@ -176,6 +161,36 @@ final class CurlEasy {
         if let list = self.headerList {
             try self.check(ccurl_easy_setopt_slist(self.handle, CURLOPT_HTTPHEADER, list), "CURLOPT_HTTPHEADER")
         }
+    }
+
+    /// Performs the request, keeping the body in memory up to `limit` bytes (more ends it, `overflow`).
+    func performCollecting(limit: Int) -> (code: CURLcode, data: Data, overflow: Bool) {
+        final class Sink {
+            var data = Data()
+            var limit = 0
+            var overflow = false
+        }
+        let sink = Sink()
+        sink.limit = limit
+        do {
+            try self.set(CURLOPT_WRITEDATA, pointer: Unmanaged.passUnretained(sink).toOpaque())
+            try self.set(
+                CURLOPT_WRITEFUNCTION,
+                callback: { pointer, size, count, user in
+                    let sink = Unmanaged<Sink>.fromOpaque(user!).takeUnretainedValue()
+                    let length = size * count
+                    if sink.data.count + length > sink.limit {
+                        sink.overflow = true
+                        return 0
+                    }
+                    sink.data.append(UnsafeRawPointer(pointer!).assumingMemoryBound(to: UInt8.self), count: length)
+                    return length
+                })
+        } catch {
+            return (CURLE_FAILED_INIT, Data(), false)
+        }
+        let code = withExtendedLifetime(sink) { curl_easy_perform(self.handle) }
+        return (code, sink.data, sink.overflow)
     }
 
     func set(_ option: CURLoption, long value: Int) throws(PackDeliveryError) {

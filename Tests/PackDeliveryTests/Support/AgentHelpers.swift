@@ -6,7 +6,7 @@ import Testing
 /// A `packs agent` started by a test: its socket in `run/` (0700) and its state in `state/` of a temporary folder,
 /// its stderr in `agent.log` there.
 final class AgentProcess {
-    static let clientVersion = "0.1.0"
+    static let clientVersion = "0.2.0"
 
     let folder: URL
     let socket: String
