@@ -82,6 +82,48 @@ import Testing
         }
         #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "everything finished")
     }
+    /// The same example, unchanged, on a machine where the agent runs (issue 44): its default configuration finds the
+    /// agent at `$XDG_RUNTIME_DIR/packs/agent.sock` and hands it the downloads; its observers, awaits and the relaunch's
+    /// redelivery work as in-process, and the agent serves the home.
+    @Test func theExampleWorksUnchangedWithTheAgent() async throws {
+        try #require(FileManager.default.isExecutableFile(atPath: Self.binary), "no StoreClient at \(Self.binary)")
+        let folder = try Fixtures.temporaryDirectory("example-agent")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let runtime = folder.appending(path: "run")
+        let agent = try AgentProcess(folder: folder, socket: runtime.appending(path: "packs/agent.sock").path)
+        let site = try TestSite.samples("example-agent-site")
+        let server = try await PackServer.start(PackServerConfiguration(directory: site.folder, port: 0), logger: Logger(label: "example"))
+        let manifest = server.baseURL.appending(path: "manifest.json").absoluteString
+        let home = folder.appending(path: "home")
+        var environment = ProcessInfo.processInfo.environment
+        environment["XDG_RUNTIME_DIR"] = runtime.path
+        let run = { (extra: [String]) in
+            try await Fixtures.runAsync(Self.binary, ["--home", home.path, manifest] + Self.products + extra, environment: environment)
+        }
+        let first = try await run(["--leave-open"])
+        let lines = first.stdout.split(separator: "\n").map(String.init)
+        #expect(first.status == 0, "stderr: \(first.stderr)\nstdout: \(lines)")
+        for product in Self.products {
+            #expect(lines.contains { $0.hasPrefix("progress \(product) 100%") }, "the view model saw \(product) complete: \(lines)")
+            #expect(lines.contains("settled \(product) finished"), "one await settled \(product): \(lines)")
+        }
+        #expect(try agent.request("GET", "/v1/version").json["homes"] as? Int == 1, "the agent serves the example's home")
+        let second = try await run([])
+        await server.stop()
+        let relaunch = second.stdout.split(separator: "\n").map(String.init)
+        #expect(second.status == 0, "stderr: \(second.stderr)\nstdout: \(relaunch)")
+        #expect(relaunch.filter { $0.hasPrefix("redelivered t-") }.count == Self.products.count, "\(relaunch)")
+        for product in Self.products {
+            let line = try #require(relaunch.first { $0.hasPrefix("content \(product) ") })
+            let source = CLI.packageRoot.appending(path: "SampleContent/\(Self.sourceFolders[product]!)")
+            #expect(
+                try treeContents(URL(filePath: String(line.dropFirst("content \(product) ".count)))) == treeContents(source),
+                "installed files of \(product) differ from the pack's")
+        }
+        #expect(try CLI.run(home: home, ["--json", "status"]).stdout.contains(#"{"transactions":[]}"#), "everything finished")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
     /// The example launched while a `packs fetch` in another process delivers a purchase in the same home: its
     /// main-actor view model sees that download's progress as it goes (the queue watches other processes), its one
     /// await for the redelivered purchase returns once the other process is done, and the pack is served once.

@@ -18,12 +18,12 @@ final class AgentProcess {
     /// Starts the agent (through `launcher` when given, e.g. systemd-socket-activate) and waits until it answers.
     init(
         folder: URL, arguments: [String] = [], launcher: [String] = [], environment: [String: String] = [:],
-        waitForAnswer: Bool = true
+        waitForAnswer: Bool = true, socket: String? = nil
     ) throws {
         self.folder = folder
         let run = folder.appending(path: "run")
         try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-        self.socket = run.appending(path: "agent.sock").path
+        self.socket = socket ?? run.appending(path: "agent.sock").path
         let process = Process()
         let agent = [CLI.binary, "agent", "--socket", self.socket] + arguments
         if launcher.isEmpty {
