@@ -49,6 +49,39 @@ import Testing
         #expect(saved.contains(home.lastPathComponent), "the served home is kept for the next agent: \(saved)")
     }
 
+    /// One rate cap for the machine (`packs config max-rate`): the agent's downloads of two homes share it, paced
+    /// mid-transfer as each starts and ends, where each alone would take it all.
+    @Test func theMachinesRateCapIsSharedByEveryDownloadOfTheAgent() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-rate")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-rate-site", size: 1_500_000, bytesPerSecond: nil)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let config = ["XDG_CONFIG_HOME": folder.appending(path: "config").path]
+        #expect(try CLI.run(home: folder.appending(path: "unused"), ["config", "max-rate", "1M"], environment: config).status == 0)
+        let agent = try AgentProcess(folder: folder, environment: config)
+        let homes = [folder.appending(path: "home-a"), folder.appending(path: "home-b")]
+        let start = Date()
+        for home in homes {
+            let result = try CLI.run(home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+            #expect(result.status == 0, "stderr: \(result.stderr)")
+        }
+        for home in homes {
+            let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+            try waitUntil("the pack installed in \(home.lastPathComponent)", timeout: 60) {
+                FileManager.default.fileExists(atPath: data.path)
+            }
+            #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        }
+        // 3 MB at 1 MiB/s together: about 2.9 s (each transfer may take a first burst of 16 KiB unpaced); with a cap
+        // per home, or none, it would take half that, or a blink.
+        let elapsed = Date().timeIntervalSince(start)
+        #expect(elapsed >= 2.4, "two homes' downloads took \(elapsed) s under a cap of 1 MiB/s for 3 MB")
+        #expect(try agent.stop() == 0)
+    }
+
     @Test func withNoAgentADetachedFetchSaysSoAndExits79() throws {
         let folder = try Fixtures.temporaryDirectory("agent-none")
         defer { try? FileManager.default.removeItem(at: folder) }

@@ -236,6 +236,7 @@ extension DownloadQueue {
             // The headers given that carry credentials follow the receipt's rule: none for a mirror of another origin.
             options = options.withoutCredentials
         }
+        options.ratePriority = download.priority
         if download.sources != nil {
             self.logger.info("fetching", metadata: ["download": "\(id)", "source": "\(PackDeliveryError.printable(download.source))"])
             let fromZero = order.plan == .wholePack(fromZero: true)
@@ -522,6 +523,9 @@ extension DownloadQueue {
         }
         let (conditions, policy) = self.policyInputs(readingSettings: ticks % 10 == 0)
         self.change { $0.conditionsChanged(conditions, policy: policy) + $0.tick(now: Date(), available: available) }
+        // The machine's cap, shared by every transfer of this process (and, in the agent, of the machine).
+        RateBoard.shared.setCap(self.driven { $0.machine.policy.cap($0.machine.conditions) })
+        RateBoard.shared.remeasure()
         self.moveSlowTransfers(now: Date())
         if ticks % 2 == 0 {
             self.save(includingProgress: true)

@@ -281,6 +281,7 @@ public final class DownloadQueue: Sendable {
         // The machine's policy (the network, the window, quiet) holds what it holds before the launch admits anything.
         let (conditions, policy) = self.policyInputs(readingSettings: true)
         self.driven { _ = $0.machine.conditionsChanged(conditions, policy: policy) }
+        RateBoard.shared.setCap(self.driven { $0.machine.policy.cap($0.machine.conditions) })
         do throws(PackDeliveryError) {
             if let session = try self.openAgentSession() {
                 self.driven { state in

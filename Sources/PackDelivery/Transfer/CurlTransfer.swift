@@ -48,6 +48,10 @@ final class CurlTransfer {
     /// Under a rate limit: when the body's first byte arrived, and the body bytes taken since (``pace(_:)``).
     private var paceStart: Date?
     private var paced: Int64 = 0
+    /// This transfer's share of the machine's rate cap (taken at its first body byte), and the share's generation
+    /// ``pace(_:)`` last saw.
+    private var ticket: RateBoard.Ticket?
+    private var ticketGeneration: UInt64 = 0
     /// Until when the transfer is paused to keep to the rate limit; the engine unpauses it then (``resume()``).
     private(set) var pausedUntil: Date?
 
@@ -150,6 +154,7 @@ final class CurlTransfer {
     }
 
     deinit {
+        if let ticket = self.ticket { RateBoard.shared.leave(ticket) }
         self.pending.deallocate()
         if self.fd >= 0 { close(self.fd) }
     }
@@ -171,7 +176,21 @@ final class CurlTransfer {
     /// whatever the socket holds, up to a second's worth: a body that arrives in one read (a first install's range of
     /// 1 MiB, a pack smaller than its buffer) was never slowed (issue 43: 17 MiB in 0.4 s at `--max-rate 4M`).
     private func pace(_ count: Int) -> TimeInterval? {
-        guard let rate = self.request.options.maxBytesPerSecond, rate > 0 else { return nil }
+        let ticket = self.ticket ?? RateBoard.shared.join(priority: self.request.options.ratePriority)
+        self.ticket = ticket
+        let own = self.request.options.maxBytesPerSecond.flatMap { $0 > 0 ? $0 : nil }
+        let share = ticket.rate.load(ordering: .relaxed)
+        guard let rate = share > 0 ? min(share, own ?? .max) : own else {
+            ticket.received.add(Int64(count), ordering: .relaxed)
+            return nil
+        }
+        let generation = ticket.generation.load(ordering: .acquiring)
+        if generation != self.ticketGeneration {
+            // The share changed: paced at the new rate from now on.
+            self.ticketGeneration = generation
+            self.paceStart = nil
+            self.paced = 0
+        }
         let now = Date()
         let start = self.paceStart ?? now
         self.paceStart = start
@@ -180,6 +199,7 @@ final class CurlTransfer {
         // A millisecond's slack: the wait that was computed has passed when the bytes come again.
         if wanted > allowed + Double(rate) / 1000 { return (wanted - allowed) / Double(rate) }
         self.paced += Int64(count)
+        ticket.received.add(Int64(count), ordering: .relaxed)
         return nil
     }
 

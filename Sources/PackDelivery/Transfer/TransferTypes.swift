@@ -24,6 +24,8 @@ public struct TransferOptions: Sendable, Hashable {
     /// (compared without case), for example `X-Api-Key`. Like a receipt, a credential header goes only to the sources
     /// of the manifest's origin, never to a mirror elsewhere (unless the manifest says `credentialsToAllSources`).
     public var secretHeaderNames: Set<String> = []
+    /// The priority of the download these options are for: its share of the machine's rate cap (``RateBoard``).
+    var ratePriority: DownloadPriority = .essential
 
     /// Creates transfer options; the defaults suit production use.
     ///
