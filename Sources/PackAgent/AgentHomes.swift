@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import PackDelivery
+@_spi(Agent) import PackDelivery
 import Synchronization
 
 /// The homes the agent serves: one open ``DownloadQueue`` each, the list of them kept in the agent's state folder
@@ -99,6 +99,8 @@ final class AgentHomes: Sendable {
         configuration.resumeInterruptedDownloads = true
         // The agent is where downloads run: its queues never hand them on.
         configuration.agent = .never
+        // One admission order for every home: by priority, then first come, within the machine's slots.
+        configuration.sharesAdmission = true
         let queue = try DownloadQueue(home: home, configuration: configuration, logger: nil)
         let inserted = self.served.withLock { served -> Bool in
             guard served[key] == nil else { return false }

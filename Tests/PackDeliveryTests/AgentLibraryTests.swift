@@ -58,10 +58,10 @@ import Testing
         let recorder = Recorder(app!)
         let transaction = try await app!.add(product: "com.example.big", from: manifest)
         // The agent runs it, and this queue hears of its progress from the agent's stream.
-        try waitUntil("the agent receiving the pack", timeout: 30) {
+        try await waitUntilAsync("the agent receiving the pack", timeout: 30) {
             (try AgentTests.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) > 0
         }
-        try waitUntil("a download event with bytes, pushed by the agent", timeout: 30) {
+        try await waitUntilAsync("a download event with bytes, pushed by the agent", timeout: 30) {
             recorder.downloads.contains { $0.id == transaction.downloads[0].id && $0.bytesReceived > 0 && $0.state == .active }
         }
         // The app quits.
@@ -69,7 +69,7 @@ import Testing
         app = nil
         recorder.task.cancel()
         let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
-        try waitUntil("the pack installed by the agent after the app quit", timeout: 60) {
+        try await waitUntilAsync("the pack installed by the agent after the app quit", timeout: 60) {
             FileManager.default.fileExists(atPath: data.path)
         }
         #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
@@ -106,7 +106,7 @@ import Testing
         defer { queue.close() }
         let recorder = Recorder(queue)
         let transaction = try await queue.add(product: "com.example.big", from: manifest)
-        try waitUntil("the transaction finishable, delivered in this process", timeout: 60) {
+        try await waitUntilAsync("the transaction finishable, delivered in this process", timeout: 60) {
             recorder.transactions.contains { $0.id == transaction.id && $0.isFinishable }
         }
         let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
@@ -128,11 +128,11 @@ import Testing
         defer { queue.close() }
         let recorder = Recorder(queue)
         let transaction = try await queue.add(product: "com.example.big", from: manifest)
-        try waitUntil("300 KB received by the agent", timeout: 30) {
+        try await waitUntilAsync("300 KB received by the agent", timeout: 30) {
             (try AgentTests.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) >= 300_000
         }
         #expect(try agent.stop(SIGKILL) == 9 || !agent.process.isRunning)
-        try waitUntil("the transaction finishable, taken back by the app", timeout: 90) {
+        try await waitUntilAsync("the transaction finishable, taken back by the app", timeout: 90) {
             recorder.transactions.contains { $0.id == transaction.id && $0.isFinishable }
         }
         let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")

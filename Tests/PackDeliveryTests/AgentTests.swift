@@ -82,6 +82,47 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    /// One admission order for the machine: with one slot (`--concurrency 1`), the agent runs one download of all its
+    /// homes at a time, and a user-initiated one that came last starts before an essential one that came earlier.
+    @Test func twoHomesWithPrioritiesCrossingFollowOneOrder() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-order")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-order-site", size: 600_000, bytesPerSecond: 400_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let agent = try AgentProcess(folder: folder, arguments: ["--concurrency", "1"])
+        let (first, earlier, urgent) = (
+            folder.appending(path: "first"), folder.appending(path: "earlier"), folder.appending(path: "urgent")
+        )
+        func fetch(_ home: URL, _ priority: String) throws {
+            let body = jsonBody(["home": home.path, "manifest": manifest, "products": ["com.example.big"], "priority": priority])
+            let answer = try agent.request("POST", "/v1/fetch", body: body)
+            #expect(answer.status == 202, "\(answer.body)")
+        }
+        func state(_ home: URL) throws -> String? {
+            let download = try Self.download(agent, home: home)
+            // A slot is held while the pack transfers; its install runs beside the next transfer.
+            if download?["state"] as? String == "active", download?["phase"] as? String != "downloading" { return "installing" }
+            return download?["state"] as? String
+        }
+        try fetch(first, "essential")
+        try waitUntil("the first download running", timeout: 20) { try state(first) == "active" }
+        try fetch(earlier, "essential")
+        try fetch(urgent, "userInitiated")
+        // One slot for the machine: the two others wait while the first runs, though their homes' queues are idle.
+        var started: [String] = []
+        try waitUntil("every download started, one at a time", timeout: 60) {
+            let states = try [("first", first), ("earlier", earlier), ("urgent", urgent)].map { ($0.0, try state($0.1)) }
+            #expect(states.filter { $0.1 == "active" }.count <= 1, "one transfer at a time: \(states)")
+            for (name, state) in states where state != "waiting" && !started.contains(name) { started.append(name) }
+            return started.count == 3
+        }
+        #expect(started == ["first", "urgent", "earlier"], "by priority, then first come: \(started)")
+        #expect(try agent.stop() == 0)
+    }
+
     @Test func withNoAgentADetachedFetchSaysSoAndExits79() throws {
         let folder = try Fixtures.temporaryDirectory("agent-none")
         defer { try? FileManager.default.removeItem(at: folder) }

@@ -56,6 +56,20 @@ extension DownloadQueue {
         if save { self.scheduleSave() }
         // A download that settles may make its transaction finishable: say so where finishing is decided.
         for transactionID in settled { self.emitTransaction(transactionID) }
+        self.reportAdmission()
+    }
+
+    /// Tells the machine's admission order what this queue runs and waits to run, when that changed (a queue that
+    /// shares it, ``Configuration/sharesAdmission``).
+    private func reportAdmission() {
+        guard let key = self.admissionKey.withLock({ $0 }) else { return }
+        let demand = self.driven { state -> AdmissionBoard.Demand? in
+            let fingerprint = state.machine.demandFingerprint
+            guard fingerprint != state.admissionReported else { return nil }
+            state.admissionReported = fingerprint
+            return state.machine.demand(limit: AdmissionBoard.shared.total)
+        }
+        if let demand { AdmissionBoard.shared.report(key, demand) }
     }
 
     /// Runs one download's action; returns the machine's actions when running it failed at once.

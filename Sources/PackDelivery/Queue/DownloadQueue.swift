@@ -77,6 +77,9 @@ public final class DownloadQueue: Sendable {
         public var agent: AgentUse = .automatic
         /// The agent's socket; nil for `$XDG_RUNTIME_DIR/packs/agent.sock` (no agent when `XDG_RUNTIME_DIR` is unset).
         public var agentSocket: String? = nil
+        /// Admit by one order with the other queues of this process that share it, within the machine's slots
+        /// (``AdmissionBoard``): the agent's queues, one per home.
+        @_spi(Agent) public var sharesAdmission = false
         /// Called at steps of every install; test-only pause points for the power-cut tests.
         @_spi(Testing) public var installHook: (@Sendable (InstallStep) -> Void)?
         /// The smallest window (``ChunkPlan/window(packLength:)``, 4 MiB for a pack of 256 MiB or more) from which a first
@@ -154,6 +157,8 @@ public final class DownloadQueue: Sendable {
     /// for a folder on every frame writes the store once a minute, not every time.
     let recordedUses = Mutex<[String: ContinuousClock.Instant]>([:])
     /// The home's cache budget as last read from the store, and when (see ``effectiveCacheBudget``).
+    /// This queue's key on the ``AdmissionBoard`` when it shares the machine's admission order.
+    let admissionKey = Mutex<UInt64?>(nil)
     /// The agent's event stream, stopped when the queue closes or goes away.
     let agentFollower = Mutex<AgentEventFollower?>(nil)
     let homeBudget = Mutex<(value: Int64?, read: ContinuousClock.Instant)?>(nil)
@@ -186,6 +191,8 @@ public final class DownloadQueue: Sendable {
         var sourcePicks: [String: URL] = [:]
         /// The machine's agent, when it serves this home (``AgentUse``).
         var agent: AgentSession?
+        /// What the machine's admission order last heard of this queue (``AdmissionBoard``).
+        var admissionReported: [Int] = []
     }
 
     /// Holds the ``DriverState``, which only code running on the driver queue touches.
@@ -309,6 +316,14 @@ public final class DownloadQueue: Sendable {
             }
             throw error
         }
+        if configuration.sharesAdmission {
+            let (key, slots) = AdmissionBoard.shared.join(total: configuration.concurrency) { [weak self] slots in
+                guard let self else { return }
+                self.driver.async { self.change { $0.setSlots(slots) } }
+            }
+            self.admissionKey.withLock { $0 = key }
+            self.driver.async { self.change { $0.setSlots(slots) } }
+        }
         configuration.networkPolicy.observe { [weak self] metered in
             guard let self else { return }
             self.driver.async { self.change { $0.networkChanged(metered: metered) } }
@@ -326,6 +341,7 @@ public final class DownloadQueue: Sendable {
 
     deinit {
         self.agentFollower.withLock { $0 }?.stop()
+        if let key = self.admissionKey.withLock({ $0 }) { AdmissionBoard.shared.leave(key) }
         self.timer.withLock { $0?.cancel() }
         self.engineBox.withLock { $0 }?.shutdown()
         QueueOwner.unregister(self.owner)
@@ -541,6 +557,7 @@ public final class DownloadQueue: Sendable {
         guard first else { return }
         self.timer.withLock { $0?.cancel() }
         self.agentFollower.withLock { $0 }?.stop()
+        if let key = self.admissionKey.withLock({ $0 }) { AdmissionBoard.shared.leave(key) }
         self.runOnDriver { self.change { $0.pauseAll(.interrupted, closing: true) } }
         self.engineBox.withLock { $0 }?.shutdown()
         self.runOnDriver {

@@ -1,5 +1,6 @@
 import Foundation
 import HeapModule
+import Synchronization
 
 /// The queue's decisions, as a value type: which download runs next, whether it fits on the disk,
 /// when a download paused for space may go on, which changes to save and report. No I/O.
@@ -97,7 +98,6 @@ struct QueueMachine: Sendable {
     private(set) var conditions = MachinePolicy.Conditions(secondOfDay: 0)
     /// Whether the connection is metered now (``networkChanged(metered:)``).
     var metered: Bool { self.conditions.metered }
-    private var nextSequence = 0
     let concurrency: Int
     /// Headroom kept free beyond what a pack needs.
     let spaceMargin: Int64
@@ -105,9 +105,15 @@ struct QueueMachine: Sendable {
     /// This queue hands its waiting downloads to the machine's agent instead of admitting them (``AgentUse``): set
     /// while the agent serves the home, cleared for good when it goes away.
     private(set) var handingOver = false
+    /// How many may run at once now: ``concurrency``, or fewer when the queue shares the machine's slots with others
+    /// (``AdmissionBoard``).
+    private(set) var slots: Int
+    /// The order of arrival of every download this process's queues took: first come, first served, across queues.
+    private static let arrivals = Atomic<Int>(0)
 
     init(concurrency: Int, spaceMargin: Int64 = SpaceCheck.margin, meteredLimit: Int64 = QueueMachine.defaultMeteredLimit) {
         self.concurrency = max(1, concurrency)
+        self.slots = max(1, concurrency)
         self.spaceMargin = spaceMargin
         self.policy = MachinePolicy(concurrency: concurrency, meteredLimit: meteredLimit)
     }
@@ -129,8 +135,7 @@ struct QueueMachine: Sendable {
     mutating func own(_ machine: DownloadMachine, position: Int, saved: Bool = false) -> [Action] {
         let id = machine.download.id
         guard self.entries[id] == nil, !machine.state.isSettled else { return [] }
-        self.entries[id] = Entry(machine: machine, position: position, sequence: self.nextSequence)
-        self.nextSequence += 1
+        self.entries[id] = Entry(machine: machine, position: position, sequence: Self.arrivals.add(1, ordering: .relaxed).newValue)
         // Taking a download over is not a change to report: only what it does next is.
         var actions: [Action] = []
         if !saved {
@@ -330,6 +335,30 @@ struct QueueMachine: Sendable {
         }
     }
 
+    /// The slots the machine's admission order gives this queue now (``AdmissionBoard``); what runs beyond them goes on.
+    mutating func setSlots(_ slots: Int) -> [Action] {
+        self.slots = max(0, slots)
+        var actions: [Action] = []
+        self.schedule(into: &actions)
+        return actions
+    }
+
+    /// What this queue runs and its best `limit` waiting downloads, best first, for the machine's admission order.
+    func demand(limit: Int) -> AdmissionBoard.Demand {
+        var heads: [AdmissionBoard.Head] = []
+        guard limit > 0 else { return AdmissionBoard.Demand(running: self.running.count, heads: []) }
+        for entry in self.entries.values where entry.inHeap && entry.machine.state == .waiting {
+            let head = AdmissionBoard.Head(rank: entry.heapRank, sequence: entry.sequence)
+            guard heads.count < limit || head < heads[heads.count - 1] else { continue }
+            heads.insert(head, at: heads.firstIndex { head < $0 } ?? heads.count)
+            if heads.count > limit { heads.removeLast() }
+        }
+        return AdmissionBoard.Demand(running: self.running.count, heads: heads)
+    }
+
+    /// Changes whenever ``demand(limit:)`` may have: what runs, and the places taken in the waiting order.
+    var demandFingerprint: [Int] { [self.running.count, self.waiting.count, self.entries.count] }
+
     /// From now on, waiting downloads stay waiting here for ``handOver()``, none admitted.
     mutating func startHandingOver() { self.handingOver = true }
 
@@ -446,7 +475,7 @@ struct QueueMachine: Sendable {
 
     /// Gives free slots to the next waiting downloads, in order: each is admitted once its space is measured.
     private mutating func schedule(into actions: inout [Action]) {
-        while !self.closed, !self.handingOver, self.running.count < self.concurrency, let id = self.popWaiting() {
+        while !self.closed, !self.handingOver, self.running.count < min(self.concurrency, self.slots), let id = self.popWaiting() {
             guard let destination = self.entries[id]?.machine.download.destination else { continue }
             self.running.insert(id)
             actions.append(.measureSpace(id: id, destination: destination))

@@ -135,6 +135,17 @@ func waitUntil(_ what: String, timeout: TimeInterval = 60, _ condition: () throw
     throw AgentTestError("timed out after \(timeout) s waiting for \(what)")
 }
 
+/// ``waitUntil(_:timeout:_:)`` for an async test: it sleeps with `Task.sleep`, so that it holds none of the
+/// cooperative pool's threads (two on a two-core machine) that the other tests run on.
+func waitUntilAsync(_ what: String, timeout: TimeInterval = 60, _ condition: () throws -> Bool) async throws {
+    let start = Date()
+    while Date().timeIntervalSince(start) < timeout {
+        if try condition() { return }
+        try await Task.sleep(for: .milliseconds(50))
+    }
+    throw AgentTestError("timed out after \(timeout) s waiting for \(what)")
+}
+
 /// A JSON body.
 func jsonBody(_ object: [String: Any]) -> String {
     String(decoding: (try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data(), as: UTF8.self)
