@@ -68,15 +68,6 @@ struct AgentRoutes: Sendable {
                 transactions: transactions.map { TransactionJSON($0) }, evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
     }
 
-    struct FetchAnswer: Encodable {
-        struct Added: Encodable {
-            let id: String
-            let productIdentifier: String
-            let downloads: [String]
-        }
-        let transactions: [Added]
-    }
-
     /// `POST /v1/fetch`: records the purchase of products from a manifest and starts their downloads; does not wait.
     private func fetch(_ request: Request) async throws -> Response {
         let body = try await Self.body(

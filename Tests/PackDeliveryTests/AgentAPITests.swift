@@ -225,4 +225,20 @@ import Testing
         third.kill()
         #expect(try agent.stop() == 0)
     }
+    /// One error type on both sides: what the agent writes for a library error, a client reads back as that error.
+    @Test func aLibraryErrorAnsweredByTheAgentReadsBackAsTheSameError() throws {
+        let refused = PackDeliveryError(
+            .finishRefused, message: "Some downloads are not finished.", hint: "Wait.", subject: "t-1", pendingDownloadIDs: ["d-1", "d-2"])
+        let answer = AgentAPIError(refused)
+        #expect(answer.status == .conflict)
+        let body = try JSONDecoder().decode(AgentErrorBody.self, from: Data(answer.body.utf8))
+        #expect(body.error.code == "finishRefused" && body.error.message == refused.message, "\(answer.body)")
+        let error = body.libraryError
+        #expect(error.code == .finishRefused && error.hint == "Wait." && error.subject == "t-1")
+        #expect(error.pendingDownloadIDs == ["d-1", "d-2"])
+        let plain = AgentAPIError.badRequest("The body is not a JSON object.", code: "malformedJSON")
+        #expect(plain.body == #"{"error":{"code":"malformedJSON","message":"The body is not a JSON object."}}"#)
+        let fetch = FetchAnswer(transactions: [.init(id: "t-1", productIdentifier: "p", downloads: ["d-1"])])
+        #expect(try JSONDecoder().decode(FetchAnswer.self, from: Data(AgentJSON.line(fetch).utf8)) == fetch)
+    }
 }
