@@ -53,3 +53,23 @@ public struct AgentErrorBody: Codable, Sendable, Equatable {
             subject: self.error.subject, pendingDownloadIDs: self.error.pendingDownloadIDs ?? [])
     }
 }
+
+/// `GET /v1/version`'s answer; `servesHome` only when `?home=` asked about a home.
+public struct VersionAnswer: Codable, Sendable, Equatable {
+    public let version: String
+    public let api: String
+    /// How many homes the agent serves.
+    public let homes: Int
+    /// How many clients follow `/v1/events` now.
+    public let eventStreams: Int
+    /// Whether the agent serves the home `?home=` named.
+    public var servesHome: Bool?
+
+    public init(version: String, api: String, homes: Int, eventStreams: Int, servesHome: Bool? = nil) {
+        self.version = version
+        self.api = api
+        self.homes = homes
+        self.eventStreams = eventStreams
+        self.servesHome = servesHome
+    }
+}

@@ -159,7 +159,15 @@ extension Packs {
             help: "Let these downloads (all when none is named) run on a metered connection, whatever their size.")
         var allowMetered = false
 
+        @OptionGroup var agent: AgentOptions
+
         func run() async throws {
+            // The agent's API takes no receipt and no metered consent yet: with those, the resume runs here.
+            if !self.allowMetered, self.transfer.receipt == nil, let link = AgentLink.serving(self.global, self.agent) {
+                let code = try AgentLink.run { try link.resume(self.ids) }
+                if code != 0 { throw ExitCode(code) }
+                return
+            }
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
@@ -214,60 +222,16 @@ extension Packs {
         }
     }
 
-    struct Status: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(
-            abstract: "List open (unfinished) transactions and their downloads.",
-            discussion: "Example:\n  packs --json status")
-
-        @OptionGroup var global: GlobalOptions
-
-        func run() async throws {
-            try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try openQueue(self.global, lookingConfiguration())
-                defer { queue.close() }
-                let transactions = try await queue.transactions()
-                let evicted = try queue.evictedContent()
-                if self.global.json {
-                    printJSON(
-                        StatusJSON(
-                            transactions: transactions.map { TransactionJSON($0) },
-                            evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
-                    return
-                }
-                for content in evicted {
-                    printLine(
-                        "evicted  \(PackDeliveryError.printable(content.productIdentifier))  \(PackDeliveryError.printable(content.contentIdentifier)) \(PackDeliveryError.printable(content.contentVersion))  \(ByteFormat.string(content.byteCount))  (fetch it again to use it)"
-                    )
-                }
-                if transactions.isEmpty {
-                    printLine("No open transactions.")
-                    return
-                }
-                for transaction in transactions {
-                    printLine(
-                        "\(transaction.id)  \(PackDeliveryError.printable(transaction.productIdentifier))  \(transaction.kind.rawValue)\(transaction.isFinishable ? "  (finishable)" : "")"
-                    )
-                    for download in transaction.downloads {
-                        var line = "  \(download.id)  \(download.state.rawValue)"
-                        if let reason = download.pauseReason { line += " (\(reason.rawValue))" }
-                        line +=
-                            "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion))"
-                        if let error = download.error { line += "  — \(error.message)" }
-                        printLine(line)
-                    }
-                }
-            }
-        }
-    }
-
     struct Pause: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Pause downloads, keeping their partial data (takes effect on a running fetch within a second).",
             discussion: "Example:\n  packs pause d-7k2m9x4q")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids.") var ids: [String]
+        @OptionGroup var agent: AgentOptions
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to pause (see packs status).") } }
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) { return try AgentLink.run { try link.control(self.ids, "pause") } }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
@@ -289,6 +253,7 @@ extension Packs {
                 """)
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids, then the priority.") var words: [String]
+        @OptionGroup var agent: AgentOptions
 
         /// The priority a word names: a level's own name, or high, normal, low.
         static func priority(_ word: String) -> DownloadPriority? {
@@ -309,6 +274,9 @@ extension Packs {
         }
 
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) {
+                return try AgentLink.run { try link.setPriority(Array(self.words.dropLast()), Self.priority(self.words.last!)!) }
+            }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
@@ -354,8 +322,10 @@ extension Packs {
             discussion: "Example:\n  packs cancel d-7k2m9x4q")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids.") var ids: [String]
+        @OptionGroup var agent: AgentOptions
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to cancel (see packs status).") } }
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) { return try AgentLink.run { try link.control(self.ids, "cancel") } }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }

@@ -1,0 +1,114 @@
+import Foundation
+import PackTestSupport
+import Testing
+
+/// `status`, `pause`, `resume`, `cancel` and `priority` through the agent when it serves the home: the real binary and
+/// agent, a throttled FaultServer, and the agent's event stream.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct AgentCLITests {
+    /// An agent running a throttled download of `com.example.big` into `home`, handed to it with `fetch --detach`.
+    static func slowDownload(
+        _ label: String, folder: URL, size: Int = 1_000_000, bytesPerSecond: Int = 100_000
+    ) throws -> (agent: AgentProcess, site: TestSite, server: FaultServer, home: URL, id: String) {
+        let (site, server, manifest) = try AgentTests.slowSite(label, size: size, bytesPerSecond: bytesPerSecond)
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let fetch = try CLI.run(
+            home: home, ["--json", "fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
+        let id = try #require((fetch.events.first?["downloads"] as? [String])?.first, "\(fetch.stdout)")
+        try waitUntil("the agent receiving bytes", timeout: 30) {
+            (try AgentTests.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) > 0
+        }
+        return (agent, site, server, home, id)
+    }
+
+    static func firstDownload(_ result: CLI.Result) -> [String: Any]? {
+        ((result.events.first?["transactions"] as? [[String: Any]])?.first?["downloads"] as? [[String: Any]])?.first
+    }
+
+    @Test func pauseGoesThroughTheAgentThenResumeFinishesIt() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-pause")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-pause-site", folder: folder)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let stream = try EventStreamClient(socket: agent.socket)
+        try waitUntil("the event stream counted", timeout: 10) {
+            try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 1
+        }
+
+        let pause = try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30)
+        #expect(pause.status == 0, "stderr: \(pause.stderr)")
+        #expect(pause.stdout.isEmpty && pause.stderr.isEmpty, "\(pause.stdout)\(pause.stderr)")
+        // Through the agent the pause is done when the command returns (through the store it takes up to a second).
+        let now = try AgentTests.download(agent, home: home)
+        #expect(now?["state"] as? String == "paused", "\(String(describing: now))")
+        try waitUntil("a paused event for \(id) on the agent's stream", timeout: 10) {
+            stream.events.contains {
+                $0.kind == "download" && $0.data.contains("\"id\":\"\(id)\"") && $0.data.contains("\"state\":\"paused\"")
+            }
+        }
+
+        let viaAgent = try CLI.run(home: home, ["--json", "status", "--socket", agent.socket], timeout: 30)
+        #expect(viaAgent.status == 0, "stderr: \(viaAgent.stderr)")
+        #expect(Self.firstDownload(viaAgent)?["state"] as? String == "paused", "\(viaAgent.stdout)")
+        #expect(Self.firstDownload(viaAgent)?["pauseReason"] as? String == "user", "\(viaAgent.stdout)")
+        // The same bytes as the in-process status of the same home (no agent on that socket), --json and not.
+        let nowhere = folder.appending(path: "nothing.sock").path
+        let inProcess = try CLI.run(home: home, ["--json", "status", "--socket", nowhere], timeout: 30)
+        #expect(inProcess.status == 0 && inProcess.stdout == viaAgent.stdout, "agent:\n\(viaAgent.stdout)\nhere:\n\(inProcess.stdout)")
+        let humanAgent = try CLI.run(home: home, ["status", "--socket", agent.socket], timeout: 30)
+        let humanHere = try CLI.run(home: home, ["status", "--socket", nowhere], timeout: 30)
+        #expect(humanAgent.status == 0 && humanAgent.stdout == humanHere.stdout, "agent:\n\(humanAgent.stdout)\nhere:\n\(humanHere.stdout)")
+        #expect(humanAgent.stdout.contains("\(id)  paused (user)"), "\(humanAgent.stdout)")
+
+        let resume = try CLI.run(home: home, ["resume", "--socket", agent.socket, id], timeout: 60)
+        #expect(resume.status == 0, "stderr: \(resume.stderr)")
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        #expect(FileManager.default.fileExists(atPath: data.path), "resume returned once the agent installed the pack")
+        #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
+    @Test func priorityAndCancelGoThroughTheAgentAndAnUnknownIDFailsAsInProcess() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-cancel")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-cancel-site", folder: folder)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let priority = try CLI.run(home: home, ["priority", "--socket", agent.socket, id, "high"], timeout: 30)
+        #expect(priority.status == 0 && priority.stdout.isEmpty, "stderr: \(priority.stderr)")
+        #expect(try AgentTests.download(agent, home: home)?["priority"] as? String == "userInitiated")
+
+        let nowhere = folder.appending(path: "nothing.sock").path
+        let unknownAgent = try CLI.run(home: home, ["pause", "--socket", agent.socket, "d-nothere"], timeout: 30)
+        let unknownHere = try CLI.run(home: home, ["pause", "--socket", nowhere, "d-nothere"], timeout: 30)
+        #expect(unknownAgent.status == 64 && unknownHere.status == 64, "\(unknownAgent.stderr) / \(unknownHere.stderr)")
+        #expect(unknownAgent.stderr == unknownHere.stderr, "agent: \(unknownAgent.stderr) here: \(unknownHere.stderr)")
+
+        let cancel = try CLI.run(home: home, ["cancel", "--socket", agent.socket, id], timeout: 30)
+        #expect(cancel.status == 0, "stderr: \(cancel.stderr)")
+        let status = try CLI.run(home: home, ["--json", "status", "--socket", agent.socket], timeout: 30)
+        let state = Self.firstDownload(status)?["state"] as? String
+        #expect(state == nil || state == "cancelled", "\(status.stdout)")
+        #expect(!FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.big").path))
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
+    @Test func anAgentThatDoesNotServeTheHomeIsLeftAlone() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-other-home")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let status = try CLI.run(home: home, ["status", "--socket", agent.socket], timeout: 30)
+        #expect(status.status == 0 && status.stdout == "No open transactions.\n", "\(status.stdout)\(status.stderr)")
+        let version = try agent.request("GET", "/v1/version?home=\(home.path)")
+        #expect(version.json["homes"] as? Int == 0, "asking did not make the agent serve the home: \(version.body)")
+        #expect(version.json["servesHome"] as? Bool == false, "\(version.body)")
+        #expect(try agent.stop() == 0)
+    }
+}
