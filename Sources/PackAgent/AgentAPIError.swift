@@ -74,6 +74,9 @@ struct StrictBody {
         self.object = object
     }
 
+    /// The field's JSON value as JSONSerialization reads it.
+    func value(_ key: String) -> Any? { self.object[key] }
+
     func string(_ key: String) throws(AgentAPIError) -> String? {
         guard let value = self.object[key] else { return nil }
         guard let string = value as? String, !string.isEmpty else {

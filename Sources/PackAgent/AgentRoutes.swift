@@ -30,6 +30,7 @@ struct AgentRoutes: Sendable {
             try await self.control(request, id: context.parameters.require("id"), action: "priority")
         }
         router.get("/v1/events") { request, _ in self.eventStream(request) }
+        self.addLibraryRoutes(to: router)
         return router
     }
 
@@ -49,7 +50,7 @@ struct AgentRoutes: Sendable {
             body: .init(byteBuffer: ByteBuffer(string: AgentJSON.line(value) + "\n")))
     }
 
-    private static func body(_ request: Request, allowed: Set<String>, required: Set<String>) async throws -> StrictBody {
+    static func body(_ request: Request, allowed: Set<String>, required: Set<String>) async throws -> StrictBody {
         var request = request
         let buffer = try await request.collectBody(upTo: 1 << 20)
         return try StrictBody(Data(buffer.readableBytesView), allowed: allowed, required: required)

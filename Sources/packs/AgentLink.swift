@@ -120,3 +120,27 @@ struct AgentLink {
         }
     }
 }
+
+// `finish` and `gc` through the agent.
+extension AgentLink {
+    struct GCBody: Encodable {
+        let home: String
+        let to: Int64?
+        let dryRun: Bool
+    }
+
+    func finish(_ transaction: String) throws {
+        _ = try self.call("POST", "/v1/transactions/\(Self.segment(transaction))/finish", body: HomeBody(home: self.home))
+    }
+
+    /// `POST /v1/gc`: what went (or would go), the target and the bytes left.
+    func collectGarbage(to: Int64?, dryRun: Bool) throws -> GCAnswer {
+        let body = try self.call("POST", "/v1/gc", body: GCBody(home: self.home, to: to, dryRun: dryRun))
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        guard let answer = try? decoder.decode(GCAnswer.self, from: body) else {
+            throw PackDeliveryError(.internalError, message: "The agent's answer to gc could not be read.")
+        }
+        return answer
+    }
+}

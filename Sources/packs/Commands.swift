@@ -340,7 +340,9 @@ extension Packs {
             discussion: "Example:\n  packs finish t-3n8p2w6z")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "The transaction id.") var transaction: String
+        @OptionGroup var agent: AgentOptions
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) { return try AgentLink.run { try link.finish(self.transaction) } }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }

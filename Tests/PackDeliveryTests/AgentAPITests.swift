@@ -67,7 +67,7 @@ import Testing
         #expect(
             routed == documented,
             "routed but not documented: \(routed.subtracting(documented)); documented but not routed: \(documented.subtracting(routed))")
-        #expect(routed.count == 8, "\(routed.sorted())")
+        #expect(routed.count == 10, "\(routed.sorted())")
     }
 
     /// Checks an answer against the document: its status is listed for the operation, and a 2xx body has the
@@ -131,6 +131,12 @@ import Testing
         let cancel = try agent.request("POST", "/v1/downloads/\(id)/cancel", body: jsonBody(["home": home]))
         check(cancel, "POST", "/v1/downloads/{id}/cancel")
         #expect(cancel.json["state"] as? String == "cancelled", "\(cancel.body)")
+        let finish = try agent.request("POST", "/v1/transactions/t-nothere/finish", body: jsonBody(["home": home]))
+        #expect(finish.status == 404, "\(finish.body)")
+        check(finish, "POST", "/v1/transactions/{id}/finish")
+        let gc = try agent.request("POST", "/v1/gc", body: #"{"home": "\#(home)", "to": 0, "dryRun": true}"#)
+        #expect(gc.status == 200, "\(gc.body)")
+        check(gc, "POST", "/v1/gc")
         let unknownProduct = try agent.request(
             "POST", "/v1/fetch",
             body: jsonBody(["home": home, "manifest": server.url("manifest.json").absoluteString, "products": ["nope"]]))

@@ -111,4 +111,46 @@ import Testing
         #expect(version.json["servesHome"] as? Bool == false, "\(version.body)")
         #expect(try agent.stop() == 0)
     }
+
+    @Test func finishAndGCGoThroughTheAgent() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-gc")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (agent, site, server, home, id) = try Self.slowDownload(
+            "agent-cli-gc-site", folder: folder, size: 600_000, bytesPerSecond: 150_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let nowhere = folder.appending(path: "nothing.sock").path
+        let transaction = try #require(try AgentTests.download(agent, home: home)?["transactionID"] as? String)
+        // Refused while the download runs: the same line and exit code as in-process (the pending download named).
+        let refusedAgent = try CLI.run(home: home, ["finish", "--socket", agent.socket, transaction], timeout: 30)
+        let refusedHere = try CLI.run(home: home, ["finish", "--socket", nowhere, transaction], timeout: 30)
+        #expect(refusedAgent.status == 64, "\(refusedAgent.stderr)")
+        #expect(
+            refusedAgent.stderr == refusedHere.stderr && refusedAgent.stderr.contains("packs resume \(id)"),
+            "agent: \(refusedAgent.stderr) here: \(refusedHere.stderr)")
+        let unknown = try CLI.run(home: home, ["finish", "--socket", agent.socket, "t-nothere"], timeout: 30)
+        #expect(unknown.status == 64, "\(unknown.stderr)")
+        let finish = try agent.request("POST", "/v1/transactions/t-nothere/finish", body: jsonBody(["home": home.path]))
+        #expect(finish.status == 404 && finish.errorCode == "unknownTransaction", "\(finish.body)")
+
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack installed by the agent") { FileManager.default.fileExists(atPath: data.path) }
+        try waitUntil("the transaction finished by the agent", timeout: 20) { try AgentTests.download(agent, home: home) == nil }
+        let dryAgent = try CLI.run(home: home, ["gc", "--to", "0", "--dry-run", "--socket", agent.socket], timeout: 30)
+        let dryHere = try CLI.run(home: home, ["gc", "--to", "0", "--dry-run", "--socket", nowhere], timeout: 30)
+        #expect(dryAgent.status == 0 && dryAgent.stdout.hasPrefix("would evict  com.example.big"), "\(dryAgent.stdout)\(dryAgent.stderr)")
+        #expect(dryAgent.stdout == dryHere.stdout, "agent: \(dryAgent.stdout) here: \(dryHere.stdout)")
+        #expect(FileManager.default.fileExists(atPath: data.path), "a dry run evicts nothing")
+        let badFlag = try agent.request("POST", "/v1/gc", body: #"{"home": "\#(home.path)", "dryRun": 1}"#)
+        #expect(badFlag.status == 400 && badFlag.errorCode == "invalidField", "\(badFlag.body)")
+
+        let gc = try CLI.run(home: home, ["--json", "gc", "--to", "0", "--socket", agent.socket], timeout: 30)
+        #expect(gc.status == 0, "\(gc.stderr)")
+        #expect(
+            gc.events.first?["event"] as? String == "evicted" && gc.events.first?["contentIdentifier"] as? String != nil, "\(gc.stdout)")
+        #expect(!FileManager.default.fileExists(atPath: data.path), "evicted by the agent")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
 }
