@@ -231,6 +231,7 @@ import Testing
         third.kill()
         #expect(try agent.stop() == 0)
     }
+
     /// One error type on both sides: what the agent writes for a library error, a client reads back as that error.
     @Test func aLibraryErrorAnsweredByTheAgentReadsBackAsTheSameError() throws {
         let refused = PackDeliveryError(

@@ -112,6 +112,117 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    /// `packs watch` started with its output in a file of `folder`.
+    static func startWatch(_ arguments: [String], folder: URL) throws -> (Process, URL) {
+        let output = folder.appending(path: "watch.out")
+        _ = FileManager.default.createFile(atPath: output.path, contents: nil)
+        let process = Process()
+        process.executableURL = URL(filePath: CLI.binary)
+        process.arguments = arguments
+        process.standardOutput = try FileHandle(forWritingTo: output)
+        process.standardError = process.standardOutput
+        try process.run()
+        return (process, output)
+    }
+
+    @Test func watchFollowsADetachedFetchToTheEndAndExits0OnSIGINT() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-watch")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try AgentTests.slowSite("agent-cli-watch-site", size: 400_000, bytesPerSecond: 200_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let (json, jsonOutput) = try Self.startWatch(["--json", "watch", "--socket", agent.socket], folder: folder)
+        defer { if json.isRunning { kill(json.processIdentifier, SIGKILL) } }
+        let human = Process()
+        human.executableURL = URL(filePath: CLI.binary)
+        human.arguments = ["watch", "--socket", agent.socket]
+        let humanOutput = folder.appending(path: "human.out")
+        _ = FileManager.default.createFile(atPath: humanOutput.path, contents: nil)
+        human.standardOutput = try FileHandle(forWritingTo: humanOutput)
+        try human.run()
+        defer { if human.isRunning { kill(human.processIdentifier, SIGKILL) } }
+        try waitUntil("both watchers on the event stream", timeout: 20) {
+            try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 2
+        }
+        let fetch = try CLI.run(
+            home: home, ["--json", "fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
+        let id = try #require((fetch.events.first?["downloads"] as? [String])?.first, "\(fetch.stdout)")
+        let lines = {
+            (try? String(contentsOf: jsonOutput, encoding: .utf8))?.split(separator: "\n").compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+            } ?? []
+        }
+        try waitUntil("the watcher showing the transaction finished", timeout: 60) {
+            lines().contains { $0["event"] as? String == "transaction" && $0["state"] as? String == "finished" }
+        }
+        #expect(lines().contains { $0["id"] as? String == id && $0["state"] as? String == "active" && $0["home"] as? String == home.path })
+        #expect(lines().contains { $0["id"] as? String == id && $0["state"] as? String == "finished" })
+        try waitUntil("the human watcher showing the installed pack", timeout: 10) {
+            let text = (try? String(contentsOf: humanOutput, encoding: .utf8)) ?? ""
+            return text.contains("\(id)  finished") && text.contains("finished") && text.contains("com.example.big")
+        }
+        for process in [json, human] {
+            kill(process.processIdentifier, SIGINT)
+            let start = Date()
+            while process.isRunning && Date().timeIntervalSince(start) < 10 { usleep(20_000) }
+            #expect(!process.isRunning, "watch did not exit within 10 s of SIGINT")
+            if !process.isRunning { #expect(process.terminationStatus == 0 && process.terminationReason == .exit) }
+        }
+        #expect(try agent.stop() == 0)
+    }
+
+    @Test func watchReconnectsToARestartedAgentAndReadsTheStatusAgainOnReset() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-watch-restart")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        var (agent, site, server, home, id) = try Self.slowDownload(
+            "agent-cli-watch-restart-site", folder: folder, size: 800_000, bytesPerSecond: 200_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let (watch, output) = try Self.startWatch(["--json", "watch", "--socket", agent.socket], folder: folder)
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        let lines = {
+            (try? String(contentsOf: output, encoding: .utf8))?.split(separator: "\n").compactMap {
+                (try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any]
+            } ?? []
+        }
+        try waitUntil("the watcher showing the running download", timeout: 20) {
+            lines().contains { $0["id"] as? String == id && $0["state"] as? String == "active" }
+        }
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+        agent = try AgentProcess(folder: folder)
+        try waitUntil("a reset after the restart, then the download finished by the new agent", timeout: 60) {
+            let seen = lines()
+            guard let reset = seen.firstIndex(where: { $0["event"] as? String == "reset" }) else { return false }
+            return seen[reset...].contains { $0["id"] as? String == id && $0["state"] as? String == "finished" }
+        }
+        let afterReset = lines().drop { $0["event"] as? String != "reset" }.dropFirst().first
+        #expect(
+            afterReset?["id"] as? String == id && afterReset?["home"] as? String == home.path,
+            "the status read again: \(String(describing: afterReset))")
+        #expect(watch.isRunning, "watch outlived the restart")
+        kill(watch.processIdentifier, SIGTERM)
+        let start = Date()
+        while watch.isRunning && Date().timeIntervalSince(start) < 10 { usleep(20_000) }
+        #expect(!watch.isRunning && watch.terminationStatus == 0, "watch exits 0 on SIGTERM")
+        #expect(try agent.stop() == 0)
+    }
+
+    @Test func watchWithNoAgentExits79() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-watch-none")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let result = try CLI.run(
+            home: folder.appending(path: "home"), ["watch", "--socket", folder.appending(path: "none.sock").path], timeout: 30)
+        #expect(result.status == 79, "\(result.stdout)\(result.stderr)")
+        #expect(result.stderr.contains("No agent answers on"), "\(result.stderr)")
+    }
+
     @Test func finishAndGCGoThroughTheAgent() throws {
         let folder = try Fixtures.temporaryDirectory("agent-cli-gc")
         defer { try? FileManager.default.removeItem(at: folder) }
