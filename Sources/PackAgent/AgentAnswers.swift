@@ -73,3 +73,15 @@ public struct VersionAnswer: Codable, Sendable, Equatable {
         self.servesHome = servesHome
     }
 }
+
+/// `GET /v1/content`'s answer: the packs installed and evicted, in the library's own Codable shape (`contentURL` a
+/// file URL, dates in ISO 8601).
+public struct ContentAnswer: Codable, Sendable {
+    public let installed: [InstalledContent]
+    public let evicted: [EvictedContent]
+
+    public init(installed: [InstalledContent], evicted: [EvictedContent]) {
+        self.installed = installed
+        self.evicted = evicted
+    }
+}

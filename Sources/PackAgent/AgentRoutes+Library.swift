@@ -10,6 +10,21 @@ extension AgentRoutes {
             try await self.finish(request, id: context.parameters.require("id"))
         }
         router.post("/v1/gc") { request, _ in try await self.collectGarbage(request) }
+        router.get("/v1/content") { request, _ in try self.content(request) }
+    }
+
+    /// `GET /v1/content?home=DIR[&product=ID]`: the packs installed and evicted (one product's, or all), as the library
+    /// lists them; naming a product with something installed records a use, as `packs content PRODUCT` does.
+    private func content(_ request: Request) throws -> Response {
+        guard let home = request.uri.queryParameters.get("home"), home.hasPrefix("/") else {
+            throw AgentAPIError.badRequest("Name the home: ?home=ABSOLUTE_PATH.", code: "invalidField")
+        }
+        let product = request.uri.queryParameters.get("product")
+        let queue = try self.homes.queue(home: home)
+        let installed = try queue.installedContent(forProductID: product)
+        let evicted = try queue.evictedContent(forProductID: product)
+        if let product, !installed.isEmpty { try? queue.recordUse(productID: product) }
+        return Self.json(ContentAnswer(installed: installed, evicted: evicted))
     }
 
     /// `POST /v1/transactions/{id}/finish`: the transaction finished (200), or 409 `finishRefused` naming the downloads

@@ -121,7 +121,7 @@ struct AgentLink {
     }
 }
 
-// `finish` and `gc` through the agent.
+// `finish`, `gc` and `content` through the agent.
 extension AgentLink {
     struct GCBody: Encodable {
         let home: String
@@ -131,6 +131,17 @@ extension AgentLink {
 
     func finish(_ transaction: String) throws {
         _ = try self.call("POST", "/v1/transactions/\(Self.segment(transaction))/finish", body: HomeBody(home: self.home))
+    }
+
+    /// `GET /v1/content`: the packs installed and evicted, one product's or all.
+    func content(_ product: String?) throws -> ContentAnswer {
+        let query = "home=" + Self.escaped(self.home) + (product.map { "&product=" + Self.segment($0) } ?? "")
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        guard let answer = try? decoder.decode(ContentAnswer.self, from: try self.call("GET", "/v1/content?" + query)) else {
+            throw PackDeliveryError(.internalError, message: "The agent's answer to content could not be read.")
+        }
+        return answer
     }
 
     /// `POST /v1/gc`: what went (or would go), the target and the bytes left.

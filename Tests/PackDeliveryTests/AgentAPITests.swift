@@ -67,7 +67,7 @@ import Testing
         #expect(
             routed == documented,
             "routed but not documented: \(routed.subtracting(documented)); documented but not routed: \(documented.subtracting(routed))")
-        #expect(routed.count == 10, "\(routed.sorted())")
+        #expect(routed.count == 11, "\(routed.sorted())")
     }
 
     /// Checks an answer against the document: its status is listed for the operation, and a 2xx body has the
@@ -137,6 +137,7 @@ import Testing
         let gc = try agent.request("POST", "/v1/gc", body: #"{"home": "\#(home)", "to": 0, "dryRun": true}"#)
         #expect(gc.status == 200, "\(gc.body)")
         check(gc, "POST", "/v1/gc")
+        check(try agent.request("GET", "/v1/content?home=\(home)"), "GET", "/v1/content")
         let unknownProduct = try agent.request(
             "POST", "/v1/fetch",
             body: jsonBody(["home": home, "manifest": server.url("manifest.json").absoluteString, "products": ["nope"]]))

@@ -223,7 +223,7 @@ import Testing
         #expect(result.stderr.contains("No agent answers on"), "\(result.stderr)")
     }
 
-    @Test func finishAndGCGoThroughTheAgent() throws {
+    @Test func finishContentAndGCGoThroughTheAgent() throws {
         let folder = try Fixtures.temporaryDirectory("agent-cli-gc")
         defer { try? FileManager.default.removeItem(at: folder) }
         let (agent, site, server, home, id) = try Self.slowDownload(
@@ -249,6 +249,13 @@ import Testing
         let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
         try waitUntil("the pack installed by the agent") { FileManager.default.fileExists(atPath: data.path) }
         try waitUntil("the transaction finished by the agent", timeout: 20) { try AgentTests.download(agent, home: home) == nil }
+        for arguments in [["content", "com.example.big"], ["--json", "content"], ["content"]] {
+            let viaAgent = try CLI.run(home: home, arguments + ["--socket", agent.socket], timeout: 30)
+            let here = try CLI.run(home: home, arguments + ["--socket", nowhere], timeout: 30)
+            #expect(
+                viaAgent.status == 0 && viaAgent.stdout.contains("com.example.big"), "\(arguments): \(viaAgent.stdout)\(viaAgent.stderr)")
+            #expect(viaAgent.stdout == here.stdout, "\(arguments): agent: \(viaAgent.stdout) here: \(here.stdout)")
+        }
         let dryAgent = try CLI.run(home: home, ["gc", "--to", "0", "--dry-run", "--socket", agent.socket], timeout: 30)
         let dryHere = try CLI.run(home: home, ["gc", "--to", "0", "--dry-run", "--socket", nowhere], timeout: 30)
         #expect(dryAgent.status == 0 && dryAgent.stdout.hasPrefix("would evict  com.example.big"), "\(dryAgent.stdout)\(dryAgent.stderr)")
@@ -262,6 +269,10 @@ import Testing
         #expect(
             gc.events.first?["event"] as? String == "evicted" && gc.events.first?["contentIdentifier"] as? String != nil, "\(gc.stdout)")
         #expect(!FileManager.default.fileExists(atPath: data.path), "evicted by the agent")
+        let evictedAgent = try CLI.run(home: home, ["content", "com.example.big", "--socket", agent.socket], timeout: 30)
+        let evictedHere = try CLI.run(home: home, ["content", "com.example.big", "--socket", nowhere], timeout: 30)
+        #expect(evictedAgent.status == 64 && evictedAgent.stderr.contains("evicted"), "\(evictedAgent.stderr)")
+        #expect(evictedAgent.stderr == evictedHere.stderr && evictedAgent.status == evictedHere.status)
         #expect(try agent.stop() == 0, "log: \(agent.log)")
     }
 }
