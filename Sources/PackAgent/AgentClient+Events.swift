@@ -22,10 +22,12 @@ extension AgentClient {
         case closed
     }
 
-    /// Follows `GET /v1/events` (from after `lastEventID` when given), calling `received` for each event as it arrives,
-    /// until the connection ends; blocks the calling thread.
+    /// Follows `GET /v1/events` (from after `lastEventID` when given), calling `opened` once the agent accepted the
+    /// stream and `received` for each event as it arrives, until the connection ends; blocks the calling thread.
     /// - Throws: ``Unreachable`` when no agent accepts the connection; ``StreamEnd`` when the stream ends.
-    public func followEvents(after lastEventID: UInt64?, _ received: (AgentEvent) -> Void) throws -> Never {
+    public func followEvents(
+        after lastEventID: UInt64?, opened: () -> Void = {}, _ received: (AgentEvent) -> Void
+    ) throws -> Never {
         // No receive timeout: an idle stream carries a keep-alive comment now and then, and a dead agent closes it.
         let descriptor = try self.connect(timeout: 0)
         defer { close(descriptor) }
@@ -39,7 +41,9 @@ extension AgentClient {
             let count = read(descriptor, &buffer, buffer.count)
             if count < 0, errno == EINTR { continue }
             if count <= 0 { break }
+            let wasOpen = parser.isOpen
             if let refused = parser.feed(buffer[0..<count]) { throw refused }
+            if !wasOpen, parser.isOpen { opened() }
             for event in parser.takeEvents() { received(event) }
         }
         if let refused = parser.refusal() { throw refused }
@@ -78,6 +82,9 @@ struct EventStreamParser {
         self.parseEvents()
         return nil
     }
+
+    /// Whether the answer's head said 200: the stream is open.
+    var isOpen: Bool { self.status == 200 }
 
     /// The refusal, once the connection closed on a non-200 answer.
     func refusal() -> AgentClient.StreamEnd? {

@@ -70,8 +70,7 @@ struct AgentWatcher: Sendable {
         var lostSince: Date?
         while true {
             do {
-                try self.client.followEvents(after: lastID) { event in
-                    lostSince = nil
+                try self.client.followEvents(after: lastID, opened: { lostSince = nil }) { event in
                     if let id = event.id { lastID = id }
                     if event.kind == "reset" {
                         display.reset(self.client, event: event)

@@ -214,6 +214,33 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    @Test func watchWaitsForAnAgentThatComesBackAndExits79WhenItStaysAway() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-watch-away")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        var agent = try AgentProcess(folder: folder)
+        let (watch, output) = try Self.startWatch(["watch", "--reconnect-timeout", "3", "--socket", agent.socket], folder: folder)
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        for round in 1...2 {
+            try waitUntil("the watcher on the event stream (round \(round))", timeout: 20) {
+                try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 1
+            }
+            // Longer than --reconnect-timeout with the stream open: the next absence is counted from its start.
+            usleep(4_000_000)
+            #expect(try agent.stop() == 0)
+            agent = try AgentProcess(folder: folder)
+        }
+        try waitUntil("the watcher back after two restarts", timeout: 20) {
+            try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 1
+        }
+        #expect(watch.isRunning, "\((try? String(contentsOf: output, encoding: .utf8)) ?? "")")
+        #expect(try agent.stop() == 0)
+        let start = Date()
+        while watch.isRunning && Date().timeIntervalSince(start) < 20 { usleep(50_000) }
+        #expect(!watch.isRunning && watch.terminationStatus == 79, "watch gives up after --reconnect-timeout")
+        let text = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
+        #expect(text.contains("stopped answering and did not come back within 3 s"), "\(text)")
+    }
+
     @Test func watchWithNoAgentExits79() throws {
         let folder = try Fixtures.temporaryDirectory("agent-cli-watch-none")
         defer { try? FileManager.default.removeItem(at: folder) }
