@@ -31,19 +31,24 @@ extension AgentLink {
         return status
     }
 
-    /// Resumes `ids` (every paused or failed download but those added not started, when none is named) in the agent and
-    /// waits until each is finished, failed, paused or cancelled.
+    /// Resumes `ids` (every paused or failed download but those added not started, when none is named) in the agent,
+    /// showing their events as they come, and waits until each is finished, failed, paused or cancelled.
     /// - Returns: the exit code.
-    func resume(_ ids: [String]) throws -> Int32 {
+    func resume(_ ids: [String], mode: ProgressDisplay.Mode) throws -> Int32 {
         var wanted = ids
         if ids.isEmpty {
             wanted = try self.followedStatus().downloads.filter {
                 ($0.state == "paused" || $0.state == "failed") && $0.pauseReason != PauseReason.notStarted.rawValue
             }.map(\.id)
         }
+        // Followed from before the resume, so that no change is missed.
+        let inbox = AgentEventInbox(self.client)
+        var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         try self.control(wanted, "resume")
         var settled: [String: Followed] = [:]
-        while true {
+        while settled.count < wanted.count {
+            usleep(200_000)
+            lines.show(inbox.take())
             let open = Dictionary(try self.followedStatus().downloads.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
             for id in wanted where settled[id] == nil {
                 // Gone from the status: its transaction was finished, so it finished.
@@ -53,9 +58,15 @@ extension AgentLink {
                 }
                 if ["finished", "failed", "paused", "cancelled"].contains(download.state) { settled[id] = download }
             }
-            if settled.count == wanted.count { break }
-            usleep(200_000)
         }
+        // The events of the last changes may trail the status by a moment.
+        let deadline = Date().addingTimeInterval(2)
+        while Date() < deadline, !wanted.allSatisfy({ lines.showed($0, state: settled[$0]?.state ?? "") }) {
+            usleep(50_000)
+            lines.show(inbox.take())
+        }
+        lines.show(inbox.take())
+        lines.end()
         return Self.exitCode(wanted.compactMap { settled[$0] })
     }
 

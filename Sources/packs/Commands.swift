@@ -164,7 +164,7 @@ extension Packs {
         func run() async throws {
             // The agent's API takes no receipt and no metered consent yet: with those, the resume runs here.
             if !self.allowMetered, self.transfer.receipt == nil, let link = AgentLink.serving(self.global, self.agent) {
-                let code = try AgentLink.run { try link.resume(self.ids) }
+                let code = try AgentLink.run { try link.resume(self.ids, mode: ProgressDisplay.Mode(global: self.global)) }
                 if code != 0 { throw ExitCode(code) }
                 return
             }

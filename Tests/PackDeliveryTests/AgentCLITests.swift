@@ -68,6 +68,14 @@ import Testing
         #expect(resume.status == 0, "stderr: \(resume.stderr)")
         let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
         #expect(FileManager.default.fileExists(atPath: data.path), "resume returned once the agent installed the pack")
+        // The lines the in-process resume prints when piped: a line per change, the install, the transaction finished.
+        let printed = resume.stdout.split(separator: "\n").map(String.init)
+        let transaction = try #require(Self.firstDownload(viaAgent)?["transactionID"] as? String)
+        #expect(printed.contains { $0.hasPrefix("downloading com.example.big ") && $0.contains(id) }, "\(resume.stdout)")
+        #expect(
+            printed.contains { $0.hasPrefix("installed com.example.big ") && $0.hasSuffix("→ \(home.path)/Caches/com.example.big") },
+            "\(resume.stdout)")
+        #expect(printed.last == "finished transaction \(transaction) (com.example.big)", "\(resume.stdout)")
         #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
         #expect(try agent.stop() == 0, "log: \(agent.log)")
     }
