@@ -17,18 +17,13 @@ public enum AgentJSON {
 /// Every non-2xx answer of the agent: `{"error": {"code": "...", "message": "..."}}` with its HTTP status.
 struct AgentAPIError: Error, Sendable {
     let status: HTTPResponse.Status
-    let code: String
-    let message: String
+    /// The code and message, with the library's hint, subject and pending downloads for a library error.
+    let detail: AgentErrorBody.Detail
 
-    struct Body: Encodable {
-        struct Inner: Encodable {
-            let code: String
-            let message: String
-        }
-        let error: Inner
-    }
+    var code: String { self.detail.code }
+    var message: String { self.detail.message }
 
-    var body: String { AgentJSON.line(Body(error: .init(code: self.code, message: self.message))) }
+    var body: String { AgentJSON.line(AgentErrorBody(error: self.detail)) }
 
     static func badRequest(_ message: String, code: String = "badRequest") -> Self {
         Self(status: .badRequest, code: code, message: message)
@@ -36,8 +31,9 @@ struct AgentAPIError: Error, Sendable {
 
     /// A library error: its code, its message (which never carries credentials), and the status its kind means.
     init(_ error: PackDeliveryError) {
-        self.code = error.code.rawValue
-        self.message = error.message
+        self.detail = AgentErrorBody.Detail(
+            code: error.code.rawValue, message: error.message, hint: error.hint, subject: error.subject,
+            pendingDownloadIDs: error.pendingDownloadIDs.isEmpty ? nil : error.pendingDownloadIDs)
         switch error.code {
         case .unknownDownload, .unknownTransaction, .notInstalled: self.status = .notFound
         case .finishRefused, .queueClosed: self.status = .conflict
@@ -56,8 +52,7 @@ struct AgentAPIError: Error, Sendable {
 
     init(status: HTTPResponse.Status, code: String, message: String) {
         self.status = status
-        self.code = code
-        self.message = message
+        self.detail = AgentErrorBody.Detail(code: code, message: message)
     }
 }
 
@@ -78,6 +73,9 @@ struct StrictBody {
         }
         self.object = object
     }
+
+    /// The field's JSON value as JSONSerialization reads it.
+    func value(_ key: String) -> Any? { self.object[key] }
 
     func string(_ key: String) throws(AgentAPIError) -> String? {
         guard let value = self.object[key] else { return nil }

@@ -46,7 +46,7 @@ public struct AgentClient: Sendable {
         return answer
     }
 
-    private func connect(timeout: TimeInterval) throws(Unreachable) -> Int32 {
+    func connect(timeout: TimeInterval) throws(Unreachable) -> Int32 {
         let descriptor = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard descriptor >= 0 else { throw Unreachable(path: self.socketPath, reason: String(cString: strerror(errno))) }
         var seconds = timeval(tv_sec: Int(timeout), tv_usec: 0)
@@ -75,7 +75,7 @@ public struct AgentClient: Sendable {
         return descriptor
     }
 
-    private static func writeAll(_ descriptor: Int32, _ data: Data) -> Bool {
+    static func writeAll(_ descriptor: Int32, _ data: Data) -> Bool {
         var remaining = data[...]
         while !remaining.isEmpty {
             let written = remaining.withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }

@@ -18,10 +18,7 @@ struct AgentRoutes: Sendable {
         let router = Router(context: BasicRequestContext.self)
         router.middlewares.add(ErrorShapeMiddleware())
         router.middlewares.add(VersionMiddleware(version: self.version))
-        router.get("/v1/version") { _, _ in
-            Self.json(
-                VersionBody(version: self.version, api: "v1", homes: self.homes.paths.count, eventStreams: self.events.subscriberCount))
-        }
+        router.get("/v1/version") { request, _ in self.versionAnswer(request) }
         router.get("/v1/downloads") { request, _ in try await self.status(request) }
         router.post("/v1/fetch") { request, _ in try await self.fetch(request) }
         router.post("/v1/homes") { request, _ in try await self.serve(request) }
@@ -34,14 +31,18 @@ struct AgentRoutes: Sendable {
             try await self.control(request, id: context.parameters.require("id"), action: "priority")
         }
         router.get("/v1/events") { request, _ in self.eventStream(request) }
+        self.addLibraryRoutes(to: router)
         return router
     }
 
-    struct VersionBody: Encodable {
-        let version: String
-        let api: String
-        let homes: Int
-        let eventStreams: Int
+    /// `GET /v1/version[?home=DIR]`: the version, what the agent serves, and whether it serves that home (a client's
+    /// cheap check before it sends a home's request here rather than running it in-process).
+    private func versionAnswer(_ request: Request) -> Response {
+        let paths = self.homes.paths
+        let serves = request.uri.queryParameters.get("home").map { paths.contains(URL(filePath: $0).standardizedFileURL.path) }
+        return Self.json(
+            VersionAnswer(
+                version: self.version, api: "v1", homes: paths.count, eventStreams: self.events.subscriberCount, servesHome: serves))
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
@@ -67,15 +68,6 @@ struct AgentRoutes: Sendable {
         return Self.json(
             StatusJSON(
                 transactions: transactions.map { TransactionJSON($0) }, evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
-    }
-
-    struct FetchAnswer: Encodable {
-        struct Added: Encodable {
-            let id: String
-            let productIdentifier: String
-            let downloads: [String]
-        }
-        let transactions: [Added]
     }
 
     /// `POST /v1/fetch`: records the purchase of products from a manifest and starts their downloads; does not wait.
@@ -109,7 +101,8 @@ struct AgentRoutes: Sendable {
             _ = try queue.setPriority(transactions.flatMap(\.downloads).map(\.id), priority)
         }
         let added = transactions.map {
-            FetchAnswer.Added(id: $0.id, productIdentifier: $0.productIdentifier, downloads: $0.downloads.map(\.id))
+            FetchAnswer.Added(
+                id: $0.id, productIdentifier: $0.productIdentifier, downloads: $0.downloads.map(\.id))
         }
         return Self.json(FetchAnswer(transactions: added), status: .accepted)
     }
@@ -121,12 +114,8 @@ struct AgentRoutes: Sendable {
             required: action == "priority" ? ["home", "priority"] : ["home"])
         let home = try body.home()
         let priority = try body.priority()
+        // The library refuses an unknown id (404 unknownDownload) with the message the in-process CLI prints.
         let queue = try self.homes.queue(home: home)
-        guard try queue.downloads([id]).first != nil else {
-            throw AgentAPIError(
-                status: .notFound, code: PackDeliveryError.Code.unknownDownload.rawValue,
-                message: "No download \(PackDeliveryError.printable(id)) in this home.")
-        }
         switch action {
         case "pause": try queue.pause([id])
         case "resume": _ = try queue.resume([id])

@@ -125,7 +125,7 @@ public struct StatusJSON: Encodable {
 
 /// An evicted pack: an `"evicted"` event line (fetch, gc), an element of `status`'s `"evicted"`, a line of `content`
 /// with `"evicted": true`, and a line of `gc --dry-run` (`"event": "wouldEvict"`).
-public struct EvictedJSON: Encodable {
+public struct EvictedJSON: Codable {
     public var event: String?
     public let productIdentifier: String
     public let contentIdentifier: String

@@ -73,23 +73,6 @@ extension Packs {
 
 /// `packs fetch --detach`: hands the purchase to the agent and prints what it recorded, without waiting.
 enum DetachedFetch {
-    struct Answer: Decodable {
-        struct Added: Decodable {
-            let id: String
-            let productIdentifier: String
-            let downloads: [String]
-        }
-        let transactions: [Added]
-    }
-
-    struct ErrorAnswer: Decodable {
-        struct Inner: Decodable {
-            let code: String
-            let message: String
-        }
-        let error: Inner
-    }
-
     struct Request: Encodable {
         let home: String
         let manifest: String
@@ -130,8 +113,8 @@ enum DetachedFetch {
             )
             return ExitStatus.agentUnavailable
         }
-        guard answer.status == 202, let added = try? JSONDecoder().decode(Answer.self, from: answer.body) else {
-            let error = try? JSONDecoder().decode(ErrorAnswer.self, from: answer.body)
+        guard answer.status == 202, let added = try? JSONDecoder().decode(FetchAnswer.self, from: answer.body) else {
+            let error = try? JSONDecoder().decode(AgentErrorBody.self, from: answer.body)
             printError(
                 "packs: The agent refused the fetch (\(answer.status) \(error?.error.code ?? "")): \(error?.error.message ?? "no reason given")."
             )

@@ -29,6 +29,7 @@ extension Packs {
         var to: String?
         @Flag(name: .customLong("dry-run"), help: "List what would be evicted, and evict nothing.")
         var dryRun = false
+        @OptionGroup var agent: AgentOptions
 
         func validate() throws {
             if let to = self.to, to != "0", ByteCount(argument: to) == nil {
@@ -36,36 +37,50 @@ extension Packs {
             }
         }
 
+        private var toBytes: Int64? { self.to.map { $0 == "0" ? 0 : ByteCount(argument: $0)!.bytes } }
+
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) {
+                let answer = try AgentLink.run { try link.collectGarbage(to: self.toBytes, dryRun: self.dryRun) }
+                let code = self.report(answer.evicted, left: answer.cachedBytes, target: answer.target)
+                if code != 0 { throw ExitCode(code) }
+                return
+            }
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
-                let target: Int64
-                if let to = self.to {
-                    target = to == "0" ? 0 : ByteCount(argument: to)!.bytes
-                } else {
-                    target = try queue.homeCacheBudget() ?? 0
+                var target: Int64 = 0
+                if let bytes = self.toBytes {
+                    target = bytes
+                } else if let budget = try queue.homeCacheBudget() {
+                    target = budget
                 }
                 let evicted = try queue.evictCaches(downTo: target, dryRun: self.dryRun)
-                for content in evicted {
-                    if self.global.json {
-                        printJSON(EvictedJSON(content, event: self.dryRun ? "wouldEvict" : "evicted"))
-                    } else if !self.global.quiet {
-                        printLine(
-                            "\(self.dryRun ? "would evict" : "evicted")  \(PackDeliveryError.printable(content.productIdentifier))  \(PackDeliveryError.printable(content.contentIdentifier)) \(PackDeliveryError.printable(content.contentVersion))  \(ByteFormat.string(content.byteCount))"
-                        )
-                    }
-                }
                 let left = try queue.cachedBytes() - (self.dryRun ? evicted.reduce(0) { $0 + $1.byteCount } : 0)
-                if left > target {
-                    printError(
-                        "packs: The caches still hold \(ByteFormat.string(left)) (more than \(ByteFormat.string(target))): the rest is leased, or belongs to unfinished transactions. Try again once it is released."
-                    )
-                    return ExitStatus.resumable
-                }
-                return 0
+                return self.report(
+                    evicted.map { EvictedJSON($0, event: self.dryRun ? "wouldEvict" : "evicted") }, left: left, target: target)
             }
             if code != 0 { throw ExitCode(code) }
+        }
+
+        /// Prints what was evicted (or would be) and says when the caches stay above the target. - Returns: the exit code.
+        private func report(_ evicted: [EvictedJSON], left: Int64, target: Int64) -> Int32 {
+            for content in evicted {
+                if self.global.json {
+                    printJSON(content)
+                } else if !self.global.quiet {
+                    printLine(
+                        "\(self.dryRun ? "would evict" : "evicted")  \(PackDeliveryError.printable(content.productIdentifier))  \(PackDeliveryError.printable(content.contentIdentifier)) \(PackDeliveryError.printable(content.contentVersion))  \(ByteFormat.string(content.byteCount))"
+                    )
+                }
+            }
+            if left > target {
+                printError(
+                    "packs: The caches still hold \(ByteFormat.string(left)) (more than \(ByteFormat.string(target))): the rest is leased, or belongs to unfinished transactions. Try again once it is released."
+                )
+                return ExitStatus.resumable
+            }
+            return 0
         }
     }
 

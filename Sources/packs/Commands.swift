@@ -159,7 +159,15 @@ extension Packs {
             help: "Let these downloads (all when none is named) run on a metered connection, whatever their size.")
         var allowMetered = false
 
+        @OptionGroup var agent: AgentOptions
+
         func run() async throws {
+            // The agent's API takes no receipt and no metered consent yet: with those, the resume runs here.
+            if !self.allowMetered, self.transfer.receipt == nil, let link = AgentLink.serving(self.global, self.agent) {
+                let code = try AgentLink.run { try link.resume(self.ids, mode: ProgressDisplay.Mode(global: self.global)) }
+                if code != 0 { throw ExitCode(code) }
+                return
+            }
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
@@ -214,60 +222,16 @@ extension Packs {
         }
     }
 
-    struct Status: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(
-            abstract: "List open (unfinished) transactions and their downloads.",
-            discussion: "Example:\n  packs --json status")
-
-        @OptionGroup var global: GlobalOptions
-
-        func run() async throws {
-            try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try openQueue(self.global, lookingConfiguration())
-                defer { queue.close() }
-                let transactions = try await queue.transactions()
-                let evicted = try queue.evictedContent()
-                if self.global.json {
-                    printJSON(
-                        StatusJSON(
-                            transactions: transactions.map { TransactionJSON($0) },
-                            evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
-                    return
-                }
-                for content in evicted {
-                    printLine(
-                        "evicted  \(PackDeliveryError.printable(content.productIdentifier))  \(PackDeliveryError.printable(content.contentIdentifier)) \(PackDeliveryError.printable(content.contentVersion))  \(ByteFormat.string(content.byteCount))  (fetch it again to use it)"
-                    )
-                }
-                if transactions.isEmpty {
-                    printLine("No open transactions.")
-                    return
-                }
-                for transaction in transactions {
-                    printLine(
-                        "\(transaction.id)  \(PackDeliveryError.printable(transaction.productIdentifier))  \(transaction.kind.rawValue)\(transaction.isFinishable ? "  (finishable)" : "")"
-                    )
-                    for download in transaction.downloads {
-                        var line = "  \(download.id)  \(download.state.rawValue)"
-                        if let reason = download.pauseReason { line += " (\(reason.rawValue))" }
-                        line +=
-                            "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion))"
-                        if let error = download.error { line += "  — \(error.message)" }
-                        printLine(line)
-                    }
-                }
-            }
-        }
-    }
-
     struct Pause: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Pause downloads, keeping their partial data (takes effect on a running fetch within a second).",
             discussion: "Example:\n  packs pause d-7k2m9x4q")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids.") var ids: [String]
+        @OptionGroup var agent: AgentOptions
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to pause (see packs status).") } }
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) { return try AgentLink.run { try link.control(self.ids, "pause") } }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
@@ -289,6 +253,7 @@ extension Packs {
                 """)
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids, then the priority.") var words: [String]
+        @OptionGroup var agent: AgentOptions
 
         /// The priority a word names: a level's own name, or high, normal, low.
         static func priority(_ word: String) -> DownloadPriority? {
@@ -309,6 +274,9 @@ extension Packs {
         }
 
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) {
+                return try AgentLink.run { try link.setPriority(Array(self.words.dropLast()), Self.priority(self.words.last!)!) }
+            }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
@@ -354,8 +322,10 @@ extension Packs {
             discussion: "Example:\n  packs cancel d-7k2m9x4q")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "Download ids.") var ids: [String]
+        @OptionGroup var agent: AgentOptions
         func validate() throws { if self.ids.isEmpty { throw ValidationError("Name the downloads to cancel (see packs status).") } }
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) { return try AgentLink.run { try link.control(self.ids, "cancel") } }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
@@ -370,89 +340,13 @@ extension Packs {
             discussion: "Example:\n  packs finish t-3n8p2w6z")
         @OptionGroup var global: GlobalOptions
         @Argument(help: "The transaction id.") var transaction: String
+        @OptionGroup var agent: AgentOptions
         func run() async throws {
+            if let link = AgentLink.serving(self.global, self.agent) { return try AgentLink.run { try link.finish(self.transaction) } }
             try await mapErrors { () async throws(PackDeliveryError) in
                 let queue = try openQueue(self.global, lookingConfiguration())
                 defer { queue.close() }
                 try await queue.finish(self.transaction)
-            }
-        }
-    }
-
-    struct Content: AsyncParsableCommand {
-        static let configuration = CommandConfiguration(
-            abstract: "Print where installed content is (all of it when no product is named).",
-            discussion: """
-                With a product, prints the folder of each of its packs (one line each, oldest install first); \
-                with --json, one object per pack. A folder that is missing is reported (exit 65).
-
-                Example:
-                  ls "$(packs content com.example.forest)"/Contents
-                """)
-        @OptionGroup var global: GlobalOptions
-        @Argument(help: "A product identifier.") var product: String?
-        func run() async throws {
-            try await mapErrors { () async throws(PackDeliveryError) in
-                let queue = try openQueue(self.global, lookingConfiguration())
-                defer { queue.close() }
-                let installed = try queue.installedContent(forProductID: self.product)
-                let evicted = try queue.evictedContent(forProductID: self.product)
-                for content in evicted {
-                    if self.global.json {
-                        var object = EvictedJSON(content)
-                        object.evicted = true
-                        printJSON(object)
-                    } else if self.product == nil {
-                        printLine(
-                            "\(PackDeliveryError.printable(content.productIdentifier))\t\(PackDeliveryError.printable(content.contentVersion))\t(evicted)"
-                        )
-                    } else if !self.global.quiet {
-                        printError(
-                            "packs: \(PackDeliveryError.printable(content.contentIdentifier)) of \(PackDeliveryError.printable(content.productIdentifier)) was evicted from the caches; packs use \(PackDeliveryError.printable(content.productIdentifier)) fetches it again."
-                        )
-                    }
-                }
-                if installed.isEmpty, self.product != nil || evicted.isEmpty {
-                    throw PackDeliveryError(
-                        .notInstalled,
-                        message: self.product.map {
-                            evicted.isEmpty
-                                ? "Nothing is installed for \(PackDeliveryError.printable($0))."
-                                : "The content of \(PackDeliveryError.printable($0)) was evicted from the caches."
-                        } ?? "Nothing is installed.",
-                        hint: evicted.isEmpty
-                            ? nil : "packs use PRODUCT fetches it again, from what its eviction kept (no manifest needed).",
-                        subject: self.product)
-                }
-                // Handing the folders out is a use: it orders evictions (least recently used first).
-                if let product = self.product { try? queue.recordUse(productID: product) }
-                var missing: [InstalledContent] = []
-                for content in installed {
-                    var isDirectory: ObjCBool = false
-                    if !FileManager.default.fileExists(atPath: content.contentURL.path, isDirectory: &isDirectory) || !isDirectory.boolValue
-                    {
-                        missing.append(content)
-                        if self.product != nil { continue }
-                    }
-                    if self.global.json {
-                        var object = InstalledJSON(content)
-                        object.missing = missing.last == content
-                        printJSON(object)
-                    } else if self.product != nil {
-                        printLine(content.contentURL.path)
-                    } else {
-                        printLine(
-                            "\(PackDeliveryError.printable(content.productIdentifier))\t\(PackDeliveryError.printable(content.contentVersion))\t\(content.contentURL.path)\(missing.last == content ? "\t(missing)" : "")"
-                        )
-                    }
-                }
-                if let first = missing.first {
-                    throw PackDeliveryError(
-                        .contentDamaged,
-                        message:
-                            "The installed folder \(first.contentURL.path) of \(PackDeliveryError.printable(first.productIdentifier)) is missing\(missing.count > 1 ? " (and \(missing.count - 1) more)" : "").",
-                        subject: first.productIdentifier)
-                }
             }
         }
     }

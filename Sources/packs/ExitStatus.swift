@@ -24,7 +24,10 @@ enum ExitStatus {
         (resumable, "stopped before finishing but resumable (paused, out of disk space, or waiting for an unmetered connection)"),
         (noPermission, "the server refused the credentials"),
         (config, "the agent's socket folder is unsafe (another owner, open to others) or no socket path is known"),
-        (agentUnavailable, "no agent answers on its socket, or it is of another version (fetch --detach)"), (interrupted, "interrupted"),
+        (
+            agentUnavailable,
+            "no agent answers on its socket, or it is of another version (fetch --detach, watch, a command the agent stopped answering)"
+        ), (interrupted, "interrupted"),
     ]
 
     /// The exit codes as one paragraph of `packs --help`.

@@ -136,7 +136,7 @@ final class ProgressDisplay {
         switch download.state {
         case .finished:
             let how =
-                download.delta.map { Self.deltaSummary($0, of: download) }
+                download.delta.map { Self.deltaSummary($0, contentLength: download.contentLength) }
                 ?? ByteFormat.string(download.contentLength)
             return
                 "\(paint("installed", "32")) \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion)) (\(how)) → \(download.contentURL.map { PackDeliveryError.printable($0.path) } ?? "?")"
@@ -160,9 +160,9 @@ final class ProgressDisplay {
 
     /// What a finished delta update fetched and reused: "delta: fetched 1.1 MiB of 40.0 MiB, reused 38 files", and for a
     /// chunked pack ", 12 chunks fetched, 610 reused".
-    static func deltaSummary(_ delta: Download.Delta, of download: Download) -> String {
+    static func deltaSummary(_ delta: Download.Delta, contentLength: Int64) -> String {
         var text =
-            "delta: fetched \(ByteFormat.string(delta.bytesFetched)) of \(ByteFormat.string(download.contentLength)), reused \(delta.filesReused) files"
+            "delta: fetched \(ByteFormat.string(delta.bytesFetched)) of \(ByteFormat.string(contentLength)), reused \(delta.filesReused) files"
         if delta.chunksFetched + delta.chunksReused > 0 {
             text += ", \(delta.chunksFetched) chunks fetched, \(delta.chunksReused) reused"
         }

@@ -67,7 +67,7 @@ import Testing
         #expect(
             routed == documented,
             "routed but not documented: \(routed.subtracting(documented)); documented but not routed: \(documented.subtracting(routed))")
-        #expect(routed.count >= 9, "\(routed.sorted())")
+        #expect(routed.count == 12, "\(routed.sorted())")
     }
 
     /// Checks an answer against the document: its status is listed for the operation, and a 2xx body has the
@@ -131,6 +131,13 @@ import Testing
         let cancel = try agent.request("POST", "/v1/downloads/\(id)/cancel", body: jsonBody(["home": home]))
         check(cancel, "POST", "/v1/downloads/{id}/cancel")
         #expect(cancel.json["state"] as? String == "cancelled", "\(cancel.body)")
+        let finish = try agent.request("POST", "/v1/transactions/t-nothere/finish", body: jsonBody(["home": home]))
+        #expect(finish.status == 404, "\(finish.body)")
+        check(finish, "POST", "/v1/transactions/{id}/finish")
+        let gc = try agent.request("POST", "/v1/gc", body: #"{"home": "\#(home)", "to": 0, "dryRun": true}"#)
+        #expect(gc.status == 200, "\(gc.body)")
+        check(gc, "POST", "/v1/gc")
+        check(try agent.request("GET", "/v1/content?home=\(home)"), "GET", "/v1/content")
         let unknownProduct = try agent.request(
             "POST", "/v1/fetch",
             body: jsonBody(["home": home, "manifest": server.url("manifest.json").absoluteString, "products": ["nope"]]))
@@ -224,5 +231,22 @@ import Testing
         try waitUntil("a reset event", timeout: 10) { third.events.first?.kind == "reset" }
         third.kill()
         #expect(try agent.stop() == 0)
+    }
+
+    /// One error type on both sides: what the agent writes for a library error, a client reads back as that error.
+    @Test func aLibraryErrorAnsweredByTheAgentReadsBackAsTheSameError() throws {
+        let refused = PackDeliveryError(
+            .finishRefused, message: "Some downloads are not finished.", hint: "Wait.", subject: "t-1", pendingDownloadIDs: ["d-1", "d-2"])
+        let answer = AgentAPIError(refused)
+        #expect(answer.status == .conflict)
+        let body = try JSONDecoder().decode(AgentErrorBody.self, from: Data(answer.body.utf8))
+        #expect(body.error.code == "finishRefused" && body.error.message == refused.message, "\(answer.body)")
+        let error = body.libraryError
+        #expect(error.code == .finishRefused && error.hint == "Wait." && error.subject == "t-1")
+        #expect(error.pendingDownloadIDs == ["d-1", "d-2"])
+        let plain = AgentAPIError.badRequest("The body is not a JSON object.", code: "malformedJSON")
+        #expect(plain.body == #"{"error":{"code":"malformedJSON","message":"The body is not a JSON object."}}"#)
+        let fetch = FetchAnswer(transactions: [.init(id: "t-1", productIdentifier: "p", downloads: ["d-1"])])
+        #expect(try JSONDecoder().decode(FetchAnswer.self, from: Data(AgentJSON.line(fetch).utf8)) == fetch)
     }
 }

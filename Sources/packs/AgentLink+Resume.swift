@@ -1,0 +1,91 @@
+import Foundation
+import PackAgent
+import PackDelivery
+
+// `packs resume` through the agent: the agent runs the downloads, the command waits until they settle and exits as
+// the in-process resume does (0 all finished, 75 paused again, the error's code for a failure).
+extension AgentLink {
+    /// A download as the status lists it, with what deciding the exit code needs.
+    struct Followed: Decodable {
+        let id: String
+        let state: String
+        let pauseReason: String?
+        let contentIdentifier: String
+        let error: PackDeliveryError?
+    }
+
+    struct FollowedStatus: Decodable {
+        struct Transaction: Decodable {
+            let downloads: [Followed]
+        }
+        let transactions: [Transaction]
+
+        var downloads: [Followed] { self.transactions.flatMap(\.downloads) }
+    }
+
+    func followedStatus() throws -> FollowedStatus {
+        let body = try self.status()
+        guard let status = try? JSONDecoder().decode(FollowedStatus.self, from: body) else {
+            throw PackDeliveryError(.internalError, message: "The agent's status could not be read.")
+        }
+        return status
+    }
+
+    /// Resumes `ids` (every paused or failed download but those added not started, when none is named) in the agent,
+    /// showing their events as they come, and waits until each is finished, failed, paused or cancelled.
+    /// - Returns: the exit code.
+    func resume(_ ids: [String], mode: ProgressDisplay.Mode) throws -> Int32 {
+        var wanted = ids
+        if ids.isEmpty {
+            wanted = try self.followedStatus().downloads.filter {
+                ($0.state == "paused" || $0.state == "failed") && $0.pauseReason != PauseReason.notStarted.rawValue
+            }.map(\.id)
+        }
+        // Followed from before the resume, so that no change is missed.
+        let inbox = AgentEventInbox(self.client)
+        var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
+        try self.control(wanted, "resume")
+        var settled: [String: Followed] = [:]
+        while settled.count < wanted.count {
+            usleep(200_000)
+            lines.show(inbox.take())
+            let open = Dictionary(try self.followedStatus().downloads.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+            for id in wanted where settled[id] == nil {
+                // Gone from the status: its transaction was finished, so it finished.
+                guard let download = open[id] else {
+                    settled[id] = Followed(id: id, state: "finished", pauseReason: nil, contentIdentifier: "", error: nil)
+                    continue
+                }
+                if ["finished", "failed", "paused", "cancelled"].contains(download.state) { settled[id] = download }
+            }
+        }
+        // The events of the last changes may trail the status by a moment.
+        let deadline = Date().addingTimeInterval(2)
+        while Date() < deadline, !wanted.allSatisfy({ lines.showed($0, state: settled[$0]?.state ?? "") }) {
+            usleep(50_000)
+            lines.show(inbox.take())
+        }
+        lines.show(inbox.take())
+        lines.end()
+        return Self.exitCode(wanted.compactMap { settled[$0] })
+    }
+
+    /// 0 when all finished or were cancelled; a failure's code and line; else 75 with a line per paused download.
+    static func exitCode(_ downloads: [Followed]) -> Int32 {
+        if let failed = downloads.first(where: { $0.state == "failed" }) {
+            let error = failed.error ?? PackDeliveryError(.internalError, message: "The download failed.")
+            let hint = ExitStatus.hint(for: error) ?? error.hint
+            printError(
+                "packs: \(failed.id) (\(PackDeliveryError.printable(failed.contentIdentifier))) failed: "
+                    + (hint.map { "\(error.message) \($0)" } ?? error.message))
+            return ExitStatus.code(for: error)
+        }
+        let paused = downloads.filter { $0.state == "paused" }
+        for download in paused {
+            printError(
+                "packs: \(download.id) (\(PackDeliveryError.printable(download.contentIdentifier))) is paused (\(download.pauseReason ?? "user")). Run packs resume \(download.id) to continue, or packs cancel \(download.id) to discard it."
+            )
+        }
+        return paused.isEmpty ? 0 : ExitStatus.resumable
+    }
+}

@@ -1,0 +1,131 @@
+import Foundation
+import PackAgent
+import PackDelivery
+import Synchronization
+
+/// The agent's events, followed on a thread of their own from before a request, kept until taken. The thread stays
+/// blocked on the connection until the process exits (a command's run is short).
+final class AgentEventInbox: Sendable {
+    private let events = Mutex<[AgentEvent]>([])
+    private let opened = DispatchSemaphore(value: 0)
+
+    /// Starts following and waits (up to 5 s) until the agent accepted the stream.
+    init(_ client: AgentClient) {
+        Thread.detachNewThread {
+            _ = try? client.followEvents(after: nil, opened: { self.opened.signal() }) { event in
+                self.events.withLock { $0.append(event) }
+            }
+            self.opened.signal()
+        }
+        _ = self.opened.wait(timeout: .now() + 5)
+    }
+
+    func take() -> [AgentEvent] {
+        self.events.withLock { events in
+            defer { events.removeAll() }
+            return events
+        }
+    }
+}
+
+/// What `resume` through the agent prints of the downloads it follows, as the in-process resume does when its output
+/// is not a terminal: a line when a download's state or phase changes (`installed …`, `paused …`), and at the end the
+/// transactions finished. With `--json`, the events' data lines (they carry `home`).
+struct AgentResumeLines {
+    struct EventDownload: Decodable {
+        let id: String
+        let transactionID: String
+        let state: DownloadState
+        let phase: DownloadPhase?
+        let contentIdentifier: String
+        let contentVersion: String
+        let contentLength: Int64
+        let bytesReceived: Int64
+        let pauseReason: PauseReason?
+        let contentURL: String?
+        let error: PackDeliveryError?
+        let delta: Download.Delta?
+    }
+
+    struct EventTransaction: Decodable {
+        let id: String
+        let productIdentifier: String
+        let state: String
+    }
+
+    let ids: Set<String>
+    let mode: ProgressDisplay.Mode
+    private var shown: [String: String] = [:]
+    private var transactions: Set<String> = []
+    private var finished: [EventTransaction] = []
+
+    init(ids: Set<String>, mode: ProgressDisplay.Mode) {
+        self.ids = ids
+        self.mode = mode
+    }
+
+    mutating func show(_ events: [AgentEvent]) {
+        for event in events {
+            let data = Data(event.data.utf8)
+            if event.kind == "download", let download = try? JSONDecoder().decode(EventDownload.self, from: data),
+                self.ids.contains(download.id)
+            {
+                self.transactions.insert(download.transactionID)
+                if case .json = self.mode { printLine(JSONOutput.asciiControls(event.data)) }
+                guard case .plain = self.mode.plainOrTerminal else { continue }
+                let key = "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")"
+                guard self.shown[download.id] != key else { continue }
+                self.shown[download.id] = key
+                printLine(Self.summary(download))
+            } else if event.kind == "transaction", let transaction = try? JSONDecoder().decode(EventTransaction.self, from: data),
+                transaction.state == "finished", self.transactions.contains(transaction.id)
+            {
+                if case .json = self.mode { printLine(JSONOutput.asciiControls(event.data)) }
+                if !self.finished.contains(where: { $0.id == transaction.id }) { self.finished.append(transaction) }
+            }
+        }
+    }
+
+    /// Whether a line for this state was printed (or none is printed in this mode).
+    func showed(_ id: String, state: String) -> Bool {
+        guard case .plain = self.mode.plainOrTerminal else { return true }
+        return self.shown[id]?.hasPrefix(state + "/") == true
+    }
+
+    /// The transactions the agent finished, as the in-process run says it finished them.
+    func end() {
+        guard case .plain = self.mode.plainOrTerminal, !self.finished.isEmpty else { return }
+        if self.finished.count == 1, let transaction = self.finished.first {
+            printLine("finished transaction \(transaction.id) (\(PackDeliveryError.printable(transaction.productIdentifier)))")
+        } else {
+            printLine("finished \(self.finished.count) transactions")
+        }
+    }
+
+    /// ``ProgressDisplay/summary(_:color:)`` of an event's download.
+    static func summary(_ download: EventDownload) -> String {
+        let content = PackDeliveryError.printable(download.contentIdentifier)
+        let version = PackDeliveryError.printable(download.contentVersion)
+        let bytes = "\(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
+        switch download.state {
+        case .finished:
+            let how =
+                download.delta.map { ProgressDisplay.deltaSummary($0, contentLength: download.contentLength) }
+                ?? ByteFormat.string(download.contentLength)
+            return "installed \(content) \(version) (\(how)) → \(download.contentURL.map(PackDeliveryError.printable) ?? "?")"
+        case .failed: return "failed \(content) \(download.id): \(download.error?.description ?? "unknown error")"
+        case .paused: return "paused \(content) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(bytes)"
+        case .cancelled: return "cancelled \(content) \(download.id)"
+        case .waiting: return "waiting \(content) \(version) \(download.id)"
+        case .active: return "\(download.phase?.rawValue ?? "active") \(content) \(version) \(download.id) \(bytes)"
+        }
+    }
+}
+
+extension ProgressDisplay.Mode {
+    /// A terminal gets the plain lines too: the agent's downloads are not drawn as bars.
+    var plainOrTerminal: Self {
+        if case .terminal = self { return .plain }
+        return self
+    }
+}
