@@ -52,6 +52,15 @@ import Testing
             try? FileManager.default.removeItem(at: site.folder)
         }
         let agent = try AgentProcess(folder: folder)
+        // Request headers of the app's own (an API key) stay in the app: such a queue cannot hand over.
+        var keyed = DownloadQueue.Configuration()
+        (keyed.agent, keyed.agentSocket, keyed.transfer.headers) = (.required, agent.socket, ["X-Api-Key: s3cret"])
+        do {
+            _ = try DownloadQueue(home: Home(folder: folder.appending(path: "keyed")), configuration: keyed)
+            Issue.record("a queue with headers of its own handed its downloads to the agent")
+        } catch {
+            #expect(error.code == .agentUnavailable && !error.message.contains("s3cret"), "\(error)")
+        }
         let home = folder.appending(path: "home")
         let manifest = try await LoadedManifest.load(manifestURL)
         var app: DownloadQueue? = try Self.queue(home: home, socket: agent.socket, .required)

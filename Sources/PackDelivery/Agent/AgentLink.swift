@@ -16,12 +16,18 @@ struct AgentLink: Sendable {
     static let headers = ["Packs-Client-Version: \(PackDeliveryVersion.current)", "Content-Type: application/json"]
 
     /// The link for a configuration: its socket, or the default one; nil when the queue runs its downloads itself
-    /// (``AgentUse/never``, or a credentials provider the agent cannot call).
+    /// (``AgentUse/never``, or credentials only this process has, ``keepsCredentials(_:)``).
     static func link(for configuration: DownloadQueue.Configuration) -> AgentLink? {
-        guard configuration.agent != .never, configuration.credentials == nil,
+        guard configuration.agent != .never, !Self.keepsCredentials(configuration),
             let socket = configuration.agentSocket ?? AgentUse.defaultSocket()
         else { return nil }
         return AgentLink(socket: socket)
+    }
+
+    /// Whether the queue authorizes its requests with what the agent does not have: a credentials provider it cannot
+    /// call, or request headers of its own (a receipt is stored with the transaction, and the agent sends it).
+    static func keepsCredentials(_ configuration: DownloadQueue.Configuration) -> Bool {
+        configuration.credentials != nil || !configuration.transfer.headers.isEmpty
     }
 
     /// Asks the agent to serve a home: it opens the home's queue (once) and takes every download of it that no live

@@ -59,8 +59,8 @@ extension DownloadQueue {
             guard self.configuration.agent == .required else { return nil }
             throw PackDeliveryError(
                 .agentUnavailable,
-                message: self.configuration.credentials != nil
-                    ? "A queue with a credentials provider cannot hand its downloads to the agent, which cannot call it."
+                message: AgentLink.keepsCredentials(self.configuration)
+                    ? "A queue with a credentials provider or request headers of its own cannot hand its downloads to the agent, which has neither."
                     : "No agent socket is known: XDG_RUNTIME_DIR is not set.",
                 hint: "Use AgentUse.automatic or .never, or set Configuration.agentSocket.")
         }

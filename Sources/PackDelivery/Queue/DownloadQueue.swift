@@ -73,7 +73,8 @@ public final class DownloadQueue: Sendable {
         public var meteredLimit: Int64 = QueueMachine.defaultMeteredLimit
         /// Whether downloads run in the machine's agent (`packs agent`), which goes on when this process exits, or in
         /// this process: ``AgentUse/automatic`` by default (the agent when its socket answers, else this process, as
-        /// before). A queue with a ``credentials`` provider runs its downloads itself, as the agent cannot call it.
+        /// before). A queue with a ``credentials`` provider or request headers of its own (``TransferOptions/headers``) runs its
+        /// downloads itself, as the agent has neither (a receipt is stored with the transaction, and the agent sends it).
         public var agent: AgentUse = .automatic
         /// The agent's socket; nil for `$XDG_RUNTIME_DIR/packs/agent.sock` (no agent when `XDG_RUNTIME_DIR` is unset).
         public var agentSocket: String? = nil
