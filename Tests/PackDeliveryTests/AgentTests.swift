@@ -214,6 +214,51 @@ import Testing
         try waitUntil("the activated agent's idle exit", timeout: 20) { agent.log.contains("Agent stopping") }
     }
 
+    /// The agent SIGKILLed mid-download, as the OOM killer does: nothing runs until the next request, which socket
+    /// activation answers by starting the agent again (systemd keeps the socket; `systemd-socket-activate` stands in
+    /// for it here), and that agent resumes the download from the kept bytes.
+    @Test func anAgentKilledMidDownloadIsStartedByTheNextRequestAndResumes() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-killed")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        guard FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-socket-activate") else {
+            Issue.record("systemd-socket-activate is missing: install Debian's systemd package (scripts/install-deps)")
+            return
+        }
+        let (site, server, manifest) = try Self.slowSite("agent-killed-site", size: 1_000_000, bytesPerSecond: 250_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let socket = folder.appending(path: "run/agent.sock").path
+        let activate = ["/usr/bin/systemd-socket-activate", "-l", socket]
+        let first = try AgentProcess(folder: folder, launcher: activate)
+        let home = folder.appending(path: "home")
+        let fetch = try CLI.run(home: home, ["fetch", "--detach", "--socket", socket, manifest, "com.example.big"], timeout: 30)
+        #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
+        try waitUntil("200 KB received by the agent", timeout: 30) {
+            (try Self.download(first, home: home)?["bytesReceived"] as? Int ?? 0) >= 200_000
+        }
+        _ = try first.stop(SIGKILL)
+        let requestsBefore = server.requests().filter { $0.file == "big.tar" }.count
+        usleep(1_000_000)
+        #expect(server.requests().filter { $0.file == "big.tar" }.count == requestsBefore, "nothing runs with the agent gone")
+
+        // systemd listens again; the agent starts only when a client connects. (Both write to agent.log.)
+        let firstLog = first.log.count
+        let second = try AgentProcess(folder: folder, launcher: activate, waitForAnswer: false)
+        try waitUntil("the socket listened on again", timeout: 10) { second.log.dropFirst(firstLog).contains("Listening on") }
+        #expect(!second.log.dropFirst(firstLog).contains("activated"), "the agent waits for a request: \(second.log)")
+        let status = try CLI.run(home: home, ["--json", "status", "--socket", socket], timeout: 30)
+        #expect(status.status == 0, "stderr: \(status.stderr)")
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack finished by the agent the request started") { FileManager.default.fileExists(atPath: data.path) }
+        #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        let packRequests = server.requests().filter { $0.file == "big.tar" }
+        #expect(packRequests.count == 2, "\(packRequests)")
+        #expect(packRequests.last?.range?.hasPrefix("bytes=0-") == false, "the kept bytes were not fetched again: \(packRequests)")
+        #expect(try second.stop() == 0, "log: \(second.log)")
+    }
+
     @Test func anotherUserIsRefusedAndLogged() throws {
         let folder = try Fixtures.temporaryDirectory("agent-uid")
         defer { try? FileManager.default.removeItem(at: folder) }

@@ -246,15 +246,24 @@ public final class NginxServer: Sendable {
     }
 }
 
-/// Starts `executable` with `arguments`, stdin from /dev/null and stdout/stderr to files, with the
-/// default signal mask and dispositions (the test process may block or ignore some).
-func spawn(_ executable: String, _ arguments: [String], stdout: String, stderr: String) throws -> pid_t {
+/// Starts `executable` with `arguments`, stdin from /dev/null and stdout/stderr to files (appended to with `append`),
+/// with the default signal mask and dispositions (the test process may block or ignore some), and `environment`
+/// when given (else this process's).
+///
+/// Not Foundation's `Process`: it learns of a child's exit when a socket it leaves in the child closes, then blocks its
+/// one monitoring thread in `waitpid` for that child. A child that closes the fds it inherited and goes on
+/// (`systemd-socket-activate` does) blocks that thread, and no other `Process` of the test is reaped after it.
+public func spawn(
+    _ executable: String, _ arguments: [String], stdout: String, stderr: String, environment: [String: String]? = nil,
+    append: Bool = false
+) throws -> pid_t {
     var fileActions = posix_spawn_file_actions_t()
     posix_spawn_file_actions_init(&fileActions)
     defer { posix_spawn_file_actions_destroy(&fileActions) }
     posix_spawn_file_actions_addopen(&fileActions, 0, "/dev/null", O_RDONLY, 0)
-    posix_spawn_file_actions_addopen(&fileActions, 1, stdout, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
-    posix_spawn_file_actions_addopen(&fileActions, 2, stderr, O_WRONLY | O_CREAT | O_TRUNC, 0o644)
+    let mode = O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC)
+    posix_spawn_file_actions_addopen(&fileActions, 1, stdout, mode, 0o644)
+    posix_spawn_file_actions_addopen(&fileActions, 2, stderr, mode, 0o644)
     // Sockets of other test servers in this process must not leak into the child (a leaked copy
     // keeps a connection open after its owner closes it). Most are close-on-exec already; this also
     // covers one accepted a moment before its flag was set. glibc ≥ 2.34 has the call, but Swift
@@ -280,8 +289,14 @@ func spawn(_ executable: String, _ arguments: [String], stdout: String, stderr: 
 
     let argv: [UnsafeMutablePointer<CChar>?] = ([executable] + arguments).map { strdup($0) } + [nil]
     defer { for pointer in argv { free(pointer) } }
+    let environmentList: [UnsafeMutablePointer<CChar>?]? = environment.map { $0.map { strdup("\($0.key)=\($0.value)") } + [nil] }
+    defer { for pointer in environmentList ?? [] { free(pointer) } }
     var pid: pid_t = 0
-    let result = posix_spawn(&pid, executable, &fileActions, &attributes, argv, environ)
+    let result =
+        environmentList.map { list in
+            list.withUnsafeBufferPointer { posix_spawn(&pid, executable, &fileActions, &attributes, argv, $0.baseAddress) }
+        }
+        ?? posix_spawn(&pid, executable, &fileActions, &attributes, argv, environ)
     guard result == 0 else {
         throw FixtureError("Cannot start \(executable): \(String(cString: strerror(result)))")
     }

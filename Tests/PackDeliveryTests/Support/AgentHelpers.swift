@@ -11,12 +11,19 @@ final class AgentProcess {
 
     let folder: URL
     let socket: String
-    let process: Process
+    /// The agent's pid (the launcher's, which execs the agent once a client connects).
+    let pid: pid_t
+    /// The exit status once reaped: the code, or 128 + the signal.
+    private let exit = Mutex<Int32?>(nil)
 
     var log: String { (try? String(contentsOf: self.folder.appending(path: "agent.log"), encoding: .utf8)) ?? "" }
     var stateFolder: URL { self.folder.appending(path: "state") }
 
     /// Starts the agent (through `launcher` when given, e.g. systemd-socket-activate) and waits until it answers.
+    ///
+    /// Started with posix_spawn, not Foundation's `Process`: systemd-socket-activate closes the fds it inherits, which
+    /// `Process` takes for the child's exit, and its monitoring thread then blocks in `waitpid` until the agent exits,
+    /// reaping no other child of the test meanwhile (see `spawn`).
     init(
         folder: URL, arguments: [String] = [], launcher: [String] = [], environment: [String: String] = [:],
         waitForAnswer: Bool = true, socket: String? = nil
@@ -25,37 +32,42 @@ final class AgentProcess {
         let run = folder.appending(path: "run")
         try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         self.socket = socket ?? run.appending(path: "agent.sock").path
-        let process = Process()
         let agent = [CLI.binary, "agent", "--socket", self.socket] + arguments
-        if launcher.isEmpty {
-            process.executableURL = URL(filePath: CLI.binary)
-            process.arguments = Array(agent.dropFirst())
-        }
         var env = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         env["XDG_STATE_HOME"] = folder.appending(path: "state").path
+        var command = agent
         if !launcher.isEmpty {
             // systemd-socket-activate passes the program only the variables named with -E.
             let passed = (["XDG_STATE_HOME"] + environment.keys.sorted()).flatMap { ["-E", "\($0)=\(env[$0]!)"] }
-            process.executableURL = URL(filePath: launcher[0])
-            process.arguments = Array(launcher.dropFirst()) + passed + agent
+            command = launcher + passed + agent
         }
-        process.environment = env
-        _ = FileManager.default.createFile(atPath: folder.appending(path: "agent.log").path, contents: nil)
-        let log = try FileHandle(forWritingTo: folder.appending(path: "agent.log"))
-        process.standardError = log
-        process.standardOutput = log
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        self.process = process
+        let log = folder.appending(path: "agent.log").path
+        self.pid = try spawn(command[0], Array(command.dropFirst()), stdout: log, stderr: log, environment: env, append: true)
         if waitForAnswer { try self.waitUntilAnswering() }
     }
+
+    /// Whether the agent (or its launcher) has not exited yet; reaps it when it has.
+    var isRunning: Bool {
+        self.exit.withLock { exit in
+            guard exit == nil else { return false }
+            var status: Int32 = 0
+            let reaped = waitpid(self.pid, &status, WNOHANG)
+            guard reaped == self.pid else { return reaped == 0 }
+            let signal = status & 0x7f
+            exit = signal == 0 ? (status >> 8) & 0xff : 128 + signal
+            return false
+        }
+    }
+
+    /// The exit status once exited: the code, or 128 + the signal.
+    var exitStatus: Int32? { self.isRunning ? nil : self.exit.withLock { $0 } }
 
     /// Waits until `GET /v1/version` answers 200.
     func waitUntilAnswering(timeout: TimeInterval = 30) throws {
         let start = Date()
         while Date().timeIntervalSince(start) < timeout {
             if let answer = try? self.request("GET", "/v1/version", timeout: 5), answer.status == 200 { return }
-            guard self.process.isRunning || !FileManager.default.fileExists(atPath: self.socket) else { break }
+            guard self.isRunning || !FileManager.default.fileExists(atPath: self.socket) else { break }
             usleep(50_000)
         }
         throw AgentTestError("the agent on \(self.socket) did not answer GET /v1/version within \(timeout) s; log:\n\(self.log)")
@@ -104,29 +116,26 @@ final class AgentProcess {
         return Answer(status: status, body: String(result.stdout[..<newline]))
     }
 
-    /// Sends a signal and waits for the exit. - Returns: the exit status.
+    /// Sends a signal and waits for the exit. - Returns: the exit status (128 + the signal when one ended it).
     @discardableResult
     func stop(_ signal: Int32 = SIGTERM, timeout: TimeInterval = 30) throws -> Int32 {
-        if self.process.isRunning { kill(self.process.processIdentifier, signal) }
+        if self.isRunning { kill(self.pid, signal) }
         return try self.waitForExit(timeout: timeout, what: "exit after signal \(signal)")
     }
 
     func waitForExit(timeout: TimeInterval, what: String) throws -> Int32 {
         let start = Date()
-        while self.process.isRunning && Date().timeIntervalSince(start) < timeout { usleep(20_000) }
-        if self.process.isRunning {
-            kill(self.process.processIdentifier, SIGKILL)
-            self.process.waitUntilExit()
-            throw AgentTestError("the agent did not \(what) within \(timeout) s; log:\n\(self.log)")
-        }
-        self.process.waitUntilExit()
-        return self.process.terminationStatus
+        while self.isRunning && Date().timeIntervalSince(start) < timeout { usleep(20_000) }
+        if let status = self.exitStatus { return status }
+        kill(self.pid, SIGKILL)
+        while self.isRunning { usleep(20_000) }
+        throw AgentTestError("the agent did not \(what) within \(timeout) s; log:\n\(self.log)")
     }
 
     deinit {
-        if self.process.isRunning {
-            kill(self.process.processIdentifier, SIGKILL)
-            self.process.waitUntilExit()
+        if self.isRunning {
+            kill(self.pid, SIGKILL)
+            while self.isRunning { usleep(10_000) }
         }
     }
 }
