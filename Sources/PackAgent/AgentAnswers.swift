@@ -85,3 +85,17 @@ public struct ContentAnswer: Codable, Sendable {
         self.evicted = evicted
     }
 }
+
+/// `POST /v1/use`'s answer: the packs asked for, in order; the downloads to wait for when some are not installed
+/// (ask again once they finish); else each pack's installed content, in the same order.
+public struct UseAnswer: Codable, Sendable {
+    public let packs: [String]
+    public let downloads: [String]
+    public let installed: [InstalledContent]
+
+    public init(packs: [String], downloads: [String], installed: [InstalledContent]) {
+        self.packs = packs
+        self.downloads = downloads
+        self.installed = installed
+    }
+}

@@ -32,6 +32,7 @@ struct AgentRoutes: Sendable {
         }
         router.get("/v1/events") { request, _ in self.eventStream(request) }
         self.addLibraryRoutes(to: router)
+        self.addUseRoutes(to: router)
         return router
     }
 

@@ -43,8 +43,15 @@ extension AgentLink {
         }
         // Followed from before the resume, so that no change is missed.
         let inbox = AgentEventInbox(self.client)
-        var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         try self.control(wanted, "resume")
+        return try self.follow(wanted, inbox: inbox, mode: mode)
+    }
+
+    /// Shows the events of `wanted` as they come (from `inbox`, opened before they were started) and waits until each
+    /// is finished, failed, paused or cancelled.
+    /// - Returns: the exit code.
+    func follow(_ wanted: [String], inbox: AgentEventInbox, mode: ProgressDisplay.Mode) throws -> Int32 {
+        var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         var settled: [String: Followed] = [:]
         while settled.count < wanted.count {
             usleep(200_000)

@@ -138,7 +138,9 @@ extension AgentLink {
         let query = "home=" + Self.escaped(self.home) + (product.map { "&product=" + Self.segment($0) } ?? "")
         let decoder = JSONDecoder()
         decoder.dateDecodingStrategy = .iso8601
-        guard let answer = try? decoder.decode(ContentAnswer.self, from: try self.call("GET", "/v1/content?" + query)) else {
+        // Called outside `try?`, so that the library error the agent answers with reaches the caller.
+        let body = try self.call("GET", "/v1/content?" + query)
+        guard let answer = try? decoder.decode(ContentAnswer.self, from: body) else {
             throw PackDeliveryError(.internalError, message: "The agent's answer to content could not be read.")
         }
         return answer

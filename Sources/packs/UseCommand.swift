@@ -11,7 +11,7 @@ extension Packs {
                 everything else waiting (priority userInitiated): an on-demand pack, or a prefetch or paused download; a \
                 pack no download was recorded for is bought from --manifest. Folders are printed one per line once every \
                 pack is in place (with --json, the progress events, then one object per pack as content prints it). \
-                Exit codes as fetch.
+                When the agent serves the home, it fetches them and this command follows. Exit codes as fetch.
 
                 Example:
                   ls "$(packs use com.example.forest com.example.forest.music)"
@@ -29,7 +29,20 @@ extension Packs {
         @Option(help: ArgumentHelp("The manifest to fetch from when no download of a pack is recorded.", valueName: "manifest"))
         var manifest: String?
 
+        @OptionGroup var agent: AgentOptions
+
         func run() async throws {
+            // The agent runs the downloads of the homes it serves; its own transfer settings apply there.
+            if self.transfer.receipt == nil, let link = AgentLink.serving(self.global, self.agent) {
+                var shown = self.global
+                if !shown.json, isatty(STDOUT_FILENO) != 1 { shown.quiet = true }
+                let code = try AgentLink.run {
+                    try link.use(
+                        product: self.product, packs: self.packs, manifest: self.manifest, mode: ProgressDisplay.Mode(global: shown))
+                }
+                guard code == 0 else { throw ExitCode(code) }
+                return
+            }
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 var loaded: LoadedManifest?
                 if let manifest = self.manifest {

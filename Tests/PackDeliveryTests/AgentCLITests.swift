@@ -310,4 +310,55 @@ import Testing
         #expect(evictedAgent.stderr == evictedHere.stderr && evictedAgent.status == evictedHere.status)
         #expect(try agent.stop() == 0, "log: \(agent.log)")
     }
+
+    /// `packs use` through the agent: the agent fetches the paused pack ahead of everything (userInitiated), the command
+    /// shows the agent's events (with `home`) and prints the installed folder as the in-process use does; asked again,
+    /// the folder comes at once without a request; a `packs lease` keeps it from the agent's gc until it ends; a pack of
+    /// another product is refused as in-process (64).
+    @Test func useGoesThroughTheAgentAndPrintsTheFolder() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-use")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-use-site", folder: folder, bytesPerSecond: 400_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let pause = try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30)
+        #expect(pause.status == 0, "stderr: \(pause.stderr)")
+
+        let use = try CLI.run(home: home, ["--json", "use", "--socket", agent.socket, "com.example.big"], timeout: 60)
+        #expect(use.status == 0, "stderr: \(use.stderr)")
+        let pack = home.appending(path: "Caches/com.example.big")
+        let last = use.events.last
+        #expect(last?["contentURL"] as? String == pack.path && last?["missing"] as? Bool == false, "\(use.stdout)")
+        #expect(
+            use.events.contains { $0["event"] as? String == "download" && $0["home"] as? String == home.path },
+            "the agent's events: \(use.stdout)")
+        #expect(try Fixtures.sha256Hex(of: pack.appending(path: "Contents/data.bin")) == site.dataSHA256)
+        let packRequests = server.requests().filter { $0.file == "big.tar" }
+        #expect(packRequests.count == 2 && packRequests.last?.range?.hasPrefix("bytes=0-") == false, "resumed: \(packRequests)")
+
+        let again = try CLI.run(home: home, ["use", "--socket", agent.socket, "com.example.big"], timeout: 30)
+        #expect(again.status == 0 && again.stdout == pack.path + "\n", "\(again.stdout)\(again.stderr)")
+        #expect(server.requests().filter { $0.file == "big.tar" }.count == 2, "an installed pack needs no request")
+
+        // A lease stays the holding process's own (it dies with it); the agent's evictions honour it from the store.
+        let (lease, leaseOutput) = try Self.startWatch(["--home", home.path, "lease", "com.example.big"], folder: folder)
+        defer { if lease.isRunning { kill(lease.processIdentifier, SIGKILL) } }
+        try waitUntil("packs lease printing its token", timeout: 20) {
+            ((try? String(contentsOf: leaseOutput, encoding: .utf8)) ?? "").hasPrefix("leased ")
+        }
+        let held = try CLI.run(home: home, ["gc", "--socket", agent.socket, "--to", "0"], timeout: 30)
+        #expect(
+            held.status == 75 && FileManager.default.fileExists(atPath: pack.path),
+            "the leased pack stays (75: not down to 0): \(held.stdout)\(held.stderr)")
+        kill(lease.processIdentifier, SIGTERM)
+        try waitUntil("packs lease ending on SIGTERM", timeout: 20) { !lease.isRunning }
+        let released = try CLI.run(home: home, ["gc", "--socket", agent.socket, "--to", "0"], timeout: 30)
+        #expect(released.status == 0 && !FileManager.default.fileExists(atPath: pack.path), "\(released.stdout)\(released.stderr)")
+
+        let stranger = try CLI.run(home: home, ["use", "--socket", agent.socket, "com.example.big", "com.example.other"], timeout: 30)
+        #expect(stranger.status == 64 && stranger.stderr.contains("is not a pack of com.example.big"), "\(stranger.stderr)")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
 }
