@@ -1,0 +1,48 @@
+import Foundation
+import PackTestSupport
+import Testing
+
+/// schemathesis (PyPI) fuzzes the real agent over its socket (`scripts/fuzz-agent`): no 5xx, every answer matches
+/// agent-openapi.yaml, and afterwards the agent still answers and the home's store and installed pack are intact.
+@Suite(.serialized, .timeLimit(.minutes(10))) struct AgentFuzzTests {
+    @Test func schemathesisFindsNoServerErrorAndTheStoreStaysIntact() throws {
+        guard (try? Fixtures.run("python3", ["-c", "import schemathesis"], timeout: 60))?.status == 0 else {
+            Issue.record("schemathesis is missing: scripts/install-deps installs it (pip install schemathesis)")
+            return
+        }
+        let folder = try Fixtures.temporaryDirectory("agent-fuzz")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try AgentTests.slowSite("agent-fuzz-site", size: 200_000, bytesPerSecond: nil)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        try Data("{\"products\": [".utf8).write(to: site.folder.appending(path: "malformed.json"))
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "home")
+        let fetch = try CLI.run(home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack installed by the agent", timeout: 30) { FileManager.default.fileExists(atPath: data.path) }
+
+        let fuzz = try Fixtures.run(
+            CLI.packageRoot.appending(path: "scripts/fuzz-agent").path,
+            [
+                "--socket", agent.socket, "--home", home.path, "--manifest", manifest, "--manifest",
+                server.url("malformed.json").absoluteString, "--product", "com.example.big", "--client-version",
+                AgentProcess.clientVersion, "--examples", "25",
+            ], timeout: 420)
+        #expect(fuzz.status == 0, "schemathesis found something:\n\(fuzz.stdout.suffix(6000))\n\(fuzz.stderr.suffix(2000))")
+        #expect(fuzz.stdout.contains("API Operations:"), "schemathesis ran: \(fuzz.stdout.suffix(2000))")
+
+        #expect(try agent.request("GET", "/v1/version").status == 200, "the agent still answers; log: \(agent.log.suffix(3000))")
+        #expect(try agent.stop() == 0, "a clean stop after the fuzz; log: \(agent.log.suffix(3000))")
+        let integrity = try Fixtures.run("sqlite3", [home.appending(path: "state.sqlite").path, "PRAGMA integrity_check;"], timeout: 30)
+        #expect(integrity.stdout == "ok\n", "\(integrity.stdout)\(integrity.stderr)")
+        let status = try CLI.run(home: home, ["--json", "status"], timeout: 30)
+        #expect(status.status == 0, "the store reads back: \(status.stderr)")
+        // The fuzz may evict (gc) or fetch the pack again; what is installed verifies.
+        let verify = try CLI.run(home: home, ["verify"], timeout: 60)
+        #expect(verify.status == 0, "\(verify.stdout)\(verify.stderr)")
+    }
+}
