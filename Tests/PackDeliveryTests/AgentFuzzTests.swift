@@ -4,8 +4,13 @@ import Testing
 
 /// schemathesis (PyPI) fuzzes the real agent over its socket (`scripts/fuzz-agent`): no 5xx, every answer matches
 /// agent-openapi.yaml, and afterwards the agent still answers and the home's store and installed pack are intact.
+/// The agent runs as nobody: a generated home path outside the test's folder finds nothing it may write.
 @Suite(.serialized, .timeLimit(.minutes(10))) struct AgentFuzzTests {
     @Test func schemathesisFindsNoServerErrorAndTheStoreStaysIntact() throws {
+        guard getuid() == 0 else {
+            Issue.record("this test runs the agent as nobody with setpriv and needs root")
+            return
+        }
         guard (try? Fixtures.run("python3", ["-c", "import schemathesis"], timeout: 60))?.status == 0 else {
             Issue.record("schemathesis is missing: scripts/install-deps installs it (pip install schemathesis)")
             return
@@ -18,22 +23,27 @@ import Testing
             try? FileManager.default.removeItem(at: site.folder)
         }
         try Data("{\"products\": [".utf8).write(to: site.folder.appending(path: "malformed.json"))
-        let agent = try AgentProcess(folder: folder)
+        // The pack installed in-process first; then the agent runs as nobody, so that whatever the fuzzer makes it
+        // do can write only where nobody may (the fuzzer itself runs as root).
         let home = folder.appending(path: "home")
-        let fetch = try CLI.run(home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+        let fetch = try CLI.run(home: home, ["fetch", manifest, "com.example.big"], timeout: 60)
         #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
-        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
-        try waitUntil("the pack installed by the agent", timeout: 30) { FileManager.default.fileExists(atPath: data.path) }
+        let agent = try AgentProcess(folder: folder, user: "nobody")
 
         let fuzz = try Fixtures.run(
             CLI.packageRoot.appending(path: "scripts/fuzz-agent").path,
             [
                 "--socket", agent.socket, "--home", home.path, "--manifest", manifest, "--manifest",
                 server.url("malformed.json").absoluteString, "--product", "com.example.big", "--client-version",
-                AgentProcess.clientVersion, "--examples", "25",
+                AgentProcess.clientVersion, "--examples", "25", "--as-user", "nobody",
             ], timeout: 420)
         #expect(fuzz.status == 0, "schemathesis found something:\n\(fuzz.stdout.suffix(6000))\n\(fuzz.stderr.suffix(2000))")
-        #expect(fuzz.stdout.contains("API Operations:"), "schemathesis ran: \(fuzz.stdout.suffix(2000))")
+        // "Test cases:" then "  N generated, …": the fuzz reached the agent with many requests.
+        let generated = fuzz.stdout.split(separator: "\n").last { $0.contains(" generated, ") }
+            .flatMap { Int($0.trimmingCharacters(in: .whitespaces).prefix { $0.isNumber }) }
+        #expect((generated ?? 0) >= 200, "schemathesis ran: \(fuzz.stdout.suffix(2000))")
+        let agentLog = agent.log
+        #expect(agentLog.contains("Serving a home"), "the fuzz's requests reached the agent: \(agentLog.suffix(2000))")
 
         #expect(try agent.request("GET", "/v1/version").status == 200, "the agent still answers; log: \(agent.log.suffix(3000))")
         #expect(try agent.stop() == 0, "a clean stop after the fuzz; log: \(agent.log.suffix(3000))")

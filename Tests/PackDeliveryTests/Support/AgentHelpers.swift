@@ -11,6 +11,8 @@ final class AgentProcess {
 
     let folder: URL
     let socket: String
+    /// The user the agent runs as (through setpriv) when not this process's; requests then go as that user too.
+    let user: String?
     /// The agent's pid (the launcher's, which execs the agent once a client connects).
     let pid: pid_t
     /// The exit status once reaped: the code, or 128 + the signal.
@@ -26,9 +28,10 @@ final class AgentProcess {
     /// reaping no other child of the test meanwhile (see `spawn`).
     init(
         folder: URL, arguments: [String] = [], launcher: [String] = [], environment: [String: String] = [:],
-        waitForAnswer: Bool = true, socket: String? = nil
+        waitForAnswer: Bool = true, socket: String? = nil, user: String? = nil
     ) throws {
         self.folder = folder
+        self.user = user
         let run = folder.appending(path: "run")
         try FileManager.default.createDirectory(at: run, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
         self.socket = socket ?? run.appending(path: "agent.sock").path
@@ -42,6 +45,13 @@ final class AgentProcess {
             command = launcher + passed + agent
         }
         let log = folder.appending(path: "agent.log").path
+        if let user {
+            // The whole folder becomes the user's: its socket folder, state and homes.
+            _ = try Fixtures.run("chown", ["-R", "\(user):", folder.path], timeout: 30)
+            _ = FileManager.default.createFile(atPath: log, contents: nil)
+            _ = try Fixtures.run("chown", ["\(user):", log], timeout: 30)
+            command = ["/usr/bin/setpriv", "--reuid=\(user)", "--regid=nogroup", "--clear-groups"] + command
+        }
         self.pid = try spawn(command[0], Array(command.dropFirst()), stdout: log, stderr: log, environment: env, append: true)
         if waitForAnswer { try self.waitUntilAnswering() }
     }
@@ -86,6 +96,7 @@ final class AgentProcess {
         _ method: String, _ path: String, body: String? = nil, version: String? = AgentProcess.clientVersion,
         headers: [String] = [], user: String? = nil, timeout: TimeInterval = 30
     ) throws -> Answer {
+        let user = user ?? self.user
         if user == nil, headers.isEmpty, let version {
             // In this process, not through curl: a test that polls the agent spawns no process per poll.
             let client = AgentClient(socketPath: self.socket, clientVersion: version)
