@@ -12,6 +12,13 @@ public enum AgentJSON {
         guard let data = try? encoder.encode(value) else { return "{}" }
         return String(decoding: data, as: UTF8.self)
     }
+
+    /// Reads what ``line(_:)`` writes (dates in ISO 8601).
+    public static var decoder: JSONDecoder {
+        let decoder = JSONDecoder()
+        decoder.dateDecodingStrategy = .iso8601
+        return decoder
+    }
 }
 
 /// Every non-2xx answer of the agent: `{"error": {"code": "...", "message": "..."}}` with its HTTP status.

@@ -1,5 +1,6 @@
 import Foundation
 import NIOCore
+import PackDelivery
 
 /// Why the agent could not start listening: its code says which, its message what to do.
 public struct AgentStartError: Error, Sendable {
@@ -23,14 +24,15 @@ public enum AgentSocket {
     public static func defaultPath(environment: [String: String] = ProcessInfo.processInfo.environment) throws(AgentStartError)
         -> String
     {
-        guard let runtime = environment["XDG_RUNTIME_DIR"], runtime.hasPrefix("/") else {
+        // The library's path, so that a queue and the agent always meet on the same socket.
+        guard let path = AgentUse.defaultSocket(environment: environment) else {
             throw AgentStartError(
                 code: .noRuntimeDirectory,
                 message:
                     "XDG_RUNTIME_DIR is not set, so the agent has no socket path; log in with a session that sets it, or pass --socket PATH."
             )
         }
-        return URL(filePath: runtime).appending(path: "packs/agent.sock").path
+        return path
     }
 
     /// Creates the socket's folder 0700 when missing, and refuses one that another uid owns or that others may open.

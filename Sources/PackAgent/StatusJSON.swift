@@ -2,13 +2,20 @@ import Foundation
 import PackDelivery
 
 // The JSON shapes of `packs status --json` and of `--json` event lines, shared by the CLI and the agent's API
-// (`GET /v1/downloads` answers what `packs status --json` prints; `GET /v1/events` carries the event lines).
+// (`GET /v1/downloads` answers what `packs status --json` prints; `GET /v1/events` carries the event lines). Each is
+// Codable: the agent and the CLI write them, and the CLI reads them back (`AgentJSON.decoder`), with no second copy
+// of their fields.
 
 /// A value, or `null` when there is none (a synthesized `Encodable` leaves an optional's key out instead).
-public struct Nullable<Value: Encodable>: Encodable {
+public struct Nullable<Value: Codable>: Codable {
     public let value: Value?
 
     public init(_ value: Value?) { self.value = value }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        self.value = container.decodeNil() ? nil : try container.decode(Value.self)
+    }
 
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.singleValueContainer()
@@ -19,7 +26,7 @@ public struct Nullable<Value: Encodable>: Encodable {
 /// A download, in `status` and in events (`"download"`, and `"priorityChanged"` when a waiting one was given
 /// another priority): `"phase"`, `"pauseReason"`, `"contentURL"`, `"retryDate"` and
 /// `"error"` are null when unset; `"delta"` and `"deltaFallback"` are there only for a delta update.
-public struct DownloadJSON: Encodable {
+public struct DownloadJSON: Codable {
     /// `"download"` on an event line; no key in `status`.
     public var event: String?
     public let id: String
@@ -77,7 +84,7 @@ public struct DownloadJSON: Encodable {
 }
 
 /// A transaction, in `status` and in events; `"state"` is `"finished"` once finished, else its kind.
-public struct TransactionJSON: Encodable {
+public struct TransactionJSON: Codable {
     /// `"transaction"` on an event line; no key in `status`.
     public var event: String?
     public let id: String
@@ -112,7 +119,7 @@ public struct RestoreEventJSON: Encodable {
 }
 
 /// `status`: every unfinished transaction.
-public struct StatusJSON: Encodable {
+public struct StatusJSON: Codable {
     public let transactions: [TransactionJSON]
     /// Packs evicted from the caches (known, not installed; fetch them again); no key when there are none.
     public var evicted: [EvictedJSON]? = nil

@@ -6,29 +6,35 @@ import PackDelivery
 // the in-process resume does (0 all finished, 75 paused again, the error's code for a failure).
 extension AgentLink {
     /// A download as the status lists it, with what deciding the exit code needs.
-    struct Followed: Decodable {
+    struct Followed {
         let id: String
         let state: String
         let pauseReason: String?
         let contentIdentifier: String
         let error: PackDeliveryError?
-    }
 
-    struct FollowedStatus: Decodable {
-        struct Transaction: Decodable {
-            let downloads: [Followed]
+        init(id: String, state: String, pauseReason: String?, contentIdentifier: String, error: PackDeliveryError?) {
+            self.id = id
+            self.state = state
+            self.pauseReason = pauseReason
+            self.contentIdentifier = contentIdentifier
+            self.error = error
         }
-        let transactions: [Transaction]
 
-        var downloads: [Followed] { self.transactions.flatMap(\.downloads) }
+        init(_ download: DownloadJSON) {
+            self.init(
+                id: download.id, state: download.state.rawValue, pauseReason: download.pauseReason.value?.rawValue,
+                contentIdentifier: download.contentIdentifier, error: download.error.value)
+        }
     }
 
-    func followedStatus() throws -> FollowedStatus {
+    /// The downloads of the home, as `GET /v1/downloads` lists them.
+    func followed() throws -> [Followed] {
         let body = try self.status()
-        guard let status = try? JSONDecoder().decode(FollowedStatus.self, from: body) else {
+        guard let status = try? AgentJSON.decoder.decode(StatusJSON.self, from: body) else {
             throw PackDeliveryError(.internalError, message: "The agent's status could not be read.")
         }
-        return status
+        return status.transactions.flatMap(\.downloads).map(Followed.init)
     }
 
     /// Resumes `ids` (every paused or failed download but those added not started, when none is named) in the agent,
@@ -37,7 +43,7 @@ extension AgentLink {
     func resume(_ ids: [String], mode: ProgressDisplay.Mode) throws -> Int32 {
         var wanted = ids
         if ids.isEmpty {
-            wanted = try self.followedStatus().downloads.filter {
+            wanted = try self.followed().filter {
                 ($0.state == "paused" || $0.state == "failed") && $0.pauseReason != PauseReason.notStarted.rawValue
             }.map(\.id)
         }
@@ -56,7 +62,7 @@ extension AgentLink {
         while settled.count < wanted.count {
             usleep(200_000)
             lines.show(inbox.take())
-            let open = Dictionary(try self.followedStatus().downloads.map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+            let open = Dictionary(try self.followed().map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
             for id in wanted where settled[id] == nil {
                 // Gone from the status: its transaction was finished, so it finished.
                 guard let download = open[id] else {

@@ -32,32 +32,11 @@ final class AgentEventInbox: Sendable {
 /// is not a terminal: a line when a download's state or phase changes (`installed …`, `paused …`), and at the end the
 /// transactions finished. With `--json`, the events' data lines (they carry `home`).
 struct AgentResumeLines {
-    struct EventDownload: Decodable {
-        let id: String
-        let transactionID: String
-        let state: DownloadState
-        let phase: DownloadPhase?
-        let contentIdentifier: String
-        let contentVersion: String
-        let contentLength: Int64
-        let bytesReceived: Int64
-        let pauseReason: PauseReason?
-        let contentURL: String?
-        let error: PackDeliveryError?
-        let delta: Download.Delta?
-    }
-
-    struct EventTransaction: Decodable {
-        let id: String
-        let productIdentifier: String
-        let state: String
-    }
-
     let ids: Set<String>
     let mode: ProgressDisplay.Mode
     private var shown: [String: String] = [:]
     private var transactions: Set<String> = []
-    private var finished: [EventTransaction] = []
+    private var finished: [TransactionJSON] = []
 
     init(ids: Set<String>, mode: ProgressDisplay.Mode) {
         self.ids = ids
@@ -67,17 +46,17 @@ struct AgentResumeLines {
     mutating func show(_ events: [AgentEvent]) {
         for event in events {
             let data = Data(event.data.utf8)
-            if event.kind == "download", let download = try? JSONDecoder().decode(EventDownload.self, from: data),
+            if event.kind == "download", let download = try? AgentJSON.decoder.decode(DownloadJSON.self, from: data),
                 self.ids.contains(download.id)
             {
                 self.transactions.insert(download.transactionID)
                 if case .json = self.mode { printLine(JSONOutput.asciiControls(event.data)) }
                 guard case .plain = self.mode.plainOrTerminal else { continue }
-                let key = "\(download.state.rawValue)/\(download.phase?.rawValue ?? "")"
+                let key = "\(download.state.rawValue)/\(download.phase.value?.rawValue ?? "")"
                 guard self.shown[download.id] != key else { continue }
                 self.shown[download.id] = key
                 printLine(Self.summary(download))
-            } else if event.kind == "transaction", let transaction = try? JSONDecoder().decode(EventTransaction.self, from: data),
+            } else if event.kind == "transaction", let transaction = try? AgentJSON.decoder.decode(TransactionJSON.self, from: data),
                 transaction.state == "finished", self.transactions.contains(transaction.id)
             {
                 if case .json = self.mode { printLine(JSONOutput.asciiControls(event.data)) }
@@ -103,7 +82,7 @@ struct AgentResumeLines {
     }
 
     /// ``ProgressDisplay/summary(_:color:)`` of an event's download.
-    static func summary(_ download: EventDownload) -> String {
+    static func summary(_ download: DownloadJSON) -> String {
         let content = PackDeliveryError.printable(download.contentIdentifier)
         let version = PackDeliveryError.printable(download.contentVersion)
         let bytes = "\(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))"
@@ -112,12 +91,12 @@ struct AgentResumeLines {
             let how =
                 download.delta.map { ProgressDisplay.deltaSummary($0, contentLength: download.contentLength) }
                 ?? ByteFormat.string(download.contentLength)
-            return "installed \(content) \(version) (\(how)) → \(download.contentURL.map(PackDeliveryError.printable) ?? "?")"
-        case .failed: return "failed \(content) \(download.id): \(download.error?.description ?? "unknown error")"
-        case .paused: return "paused \(content) \(download.id) (\(download.pauseReason?.rawValue ?? "user")) at \(bytes)"
+            return "installed \(content) \(version) (\(how)) → \(download.contentURL.value.map(PackDeliveryError.printable) ?? "?")"
+        case .failed: return "failed \(content) \(download.id): \(download.error.value?.description ?? "unknown error")"
+        case .paused: return "paused \(content) \(download.id) (\(download.pauseReason.value?.rawValue ?? "user")) at \(bytes)"
         case .cancelled: return "cancelled \(content) \(download.id)"
         case .waiting: return "waiting \(content) \(version) \(download.id)"
-        case .active: return "\(download.phase?.rawValue ?? "active") \(content) \(version) \(download.id) \(bytes)"
+        case .active: return "\(download.phase.value?.rawValue ?? "active") \(content) \(version) \(download.id) \(bytes)"
         }
     }
 }

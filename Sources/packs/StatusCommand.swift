@@ -41,7 +41,7 @@ extension Packs {
                 printLine(JSONOutput.asciiControls(String(decoding: json, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)))
                 return
             }
-            guard let status = try? JSONDecoder().decode(StatusLines.self, from: json) else {
+            guard let status = try? AgentJSON.decoder.decode(StatusJSON.self, from: json) else {
                 throw PackDeliveryError(.internalError, message: "The agent's status could not be read.")
             }
             for line in status.lines { printLine(line) }
@@ -49,42 +49,8 @@ extension Packs {
     }
 }
 
-/// The fields of `status --json` that the human status prints.
-struct StatusLines: Decodable {
-    struct Evicted: Decodable {
-        let productIdentifier: String
-        let contentIdentifier: String
-        let contentVersion: String
-        let byteCount: Int64
-    }
-
-    struct Message: Decodable {
-        let message: String
-    }
-
-    struct Download: Decodable {
-        let id: String
-        let state: String
-        let pauseReason: String?
-        let progress: Double
-        let bytesReceived: Int64
-        let contentLength: Int64
-        let contentIdentifier: String
-        let contentVersion: String
-        let error: Message?
-    }
-
-    struct Transaction: Decodable {
-        let id: String
-        let productIdentifier: String
-        let kind: String
-        let finishable: Bool
-        let downloads: [Download]
-    }
-
-    let transactions: [Transaction]
-    let evicted: [Evicted]?
-
+/// The human status: one line per evicted pack, transaction and download.
+extension StatusJSON {
     var lines: [String] {
         var lines: [String] = []
         for content in self.evicted ?? [] {
@@ -98,14 +64,14 @@ struct StatusLines: Decodable {
         }
         for transaction in self.transactions {
             lines.append(
-                "\(transaction.id)  \(PackDeliveryError.printable(transaction.productIdentifier))  \(transaction.kind)\(transaction.finishable ? "  (finishable)" : "")"
+                "\(transaction.id)  \(PackDeliveryError.printable(transaction.productIdentifier))  \(transaction.kind.rawValue)\(transaction.finishable ? "  (finishable)" : "")"
             )
             for download in transaction.downloads {
-                var line = "  \(download.id)  \(download.state)"
-                if let reason = download.pauseReason { line += " (\(reason))" }
+                var line = "  \(download.id)  \(download.state.rawValue)"
+                if let reason = download.pauseReason.value { line += " (\(reason.rawValue))" }
                 line +=
                     "  \(Int((download.progress * 100).rounded(.down)))%  \(ByteFormat.string(download.bytesReceived))/\(ByteFormat.string(download.contentLength))  \(PackDeliveryError.printable(download.contentIdentifier)) \(PackDeliveryError.printable(download.contentVersion))"
-                if let error = download.error { line += "  — \(error.message)" }
+                if let error = download.error.value { line += "  — \(error.message)" }
                 lines.append(line)
             }
         }
