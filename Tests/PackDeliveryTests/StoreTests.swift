@@ -311,4 +311,33 @@ import Testing
         #expect(plan.contains { $0.contains("downloads_unsettled") }, "\(plan)")
         #expect(DownloadRecord.unsettled == "state NOT IN ('finished', 'cancelled')")
     }
+
+    /// Recording with `joining`: a transaction of a product already delivered joins the open delivery, whether that
+    /// was recorded before or earlier in the same write; transactions of other products are recorded. (The open
+    /// products are read once per write, not once per transaction: a whole catalog is recorded in linear time.)
+    @Test func aDeliveryRecordedBeforeOrEarlierInTheSameWriteIsJoined() throws {
+        // A live queue's owner: what it runs is a delivery others join.
+        let owner = QueueOwner.new()
+        QueueOwner.register(owner)
+        defer { QueueOwner.unregister(owner) }
+        let (store, first) = try Self.oneDownload("store-join", owner: owner)
+        defer { store.close() }
+        func transaction(_ id: String, product: String) -> Transaction {
+            var download = first
+            (download.id, download.transactionID, download.productIdentifier, download.contentIdentifier) = ("d\(id)", id, product, product)
+            return Transaction(
+                id: id, productIdentifier: product, kind: .purchased, createdAt: Date(), finishedAt: nil, autoFinish: false,
+                downloads: [download])
+        }
+        let batch = [
+            transaction("t-2", product: "p"), transaction("t-3", product: "q"), transaction("t-4", product: "q"),
+            transaction("t-5", product: "r"),
+        ]
+        let joined = try store.insert(batch, owner: owner, joining: true) { "/work/downloads/\($0.id).pack" }
+        #expect(joined == ["t-2": "t-1", "t-4": "t-3"])
+        #expect(Set(try store.transactions().map(\.id)) == ["t-1", "t-3", "t-5"])
+        let unjoined = try store.insert([transaction("t-6", product: "q")], owner: owner) { "/work/downloads/\($0.id).pack" }
+        #expect(unjoined.isEmpty)
+        #expect(Set(try store.transactions().map(\.id)) == ["t-1", "t-3", "t-5", "t-6"])
+    }
 }

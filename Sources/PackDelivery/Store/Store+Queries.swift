@@ -18,13 +18,23 @@ extension Store {
     ) throws(PackDeliveryError) -> [String: String] {
         try self.write(durable: true) { db in
             var joined: [String: String] = [:]
+            // The products with an open transaction, read once: a product with none (recorded before, or earlier in
+            // this write) has no open delivery to join, and is not looked for one by one (each look reads every open
+            // transaction: one per product of a whole catalog made recording it quadratic).
+            var openProducts: Set<String> = []
+            if joining, transactions.contains(where: { $0.downloads.contains(where: \.state.isRunning) }) {
+                openProducts = Set(
+                    try String.fetchAll(db, sql: "SELECT DISTINCT productIdentifier FROM transactions WHERE finishedAt IS NULL"))
+            }
             for transaction in transactions {
                 if joining, transaction.downloads.contains(where: \.state.isRunning),
+                    openProducts.contains(transaction.productIdentifier),
                     let open = try Self.openDelivery(like: transaction, adoptingRestores: adoptingRestores, in: db)
                 {
                     joined[transaction.id] = open
                     continue
                 }
+                openProducts.insert(transaction.productIdentifier)
                 try TransactionRecord(
                     id: transaction.id, productIdentifier: transaction.productIdentifier, kind: transaction.kind,
                     createdAt: transaction.createdAt, finishedAt: nil, autoFinish: transaction.autoFinish
