@@ -2,7 +2,7 @@ import Foundation
 
 /// A change the queue reports, in order, to observers and to ``DownloadQueue/events()``.
 ///
-/// New cases may be added: a `switch` over events needs a `default`.
+/// New cases may be added in a minor version: a `switch` over events needs a `default` (or `@unknown default`).
 ///
 /// Indirect, so that an event takes a pointer, not the size of a ``Download``, in a stream's buffer: a catalog of
 /// 10,000 transactions, recorded before the stream is read, buffers an event for each.

@@ -23,6 +23,8 @@ public struct Receipt: Sendable, Hashable {
     public var notBefore: Date
 
     /// Why a receipt was refused.
+    ///
+    /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
     public enum Problem: String, Sendable, Hashable {
         /// Not a compact JWS, or its parts are not base64url JSON objects, or an object in them names a member
         /// twice (a claim given twice: RFC 7519 §4 leaves the reader only to refuse or to take the last one).
