@@ -13,7 +13,7 @@ public indirect enum DownloadQueueEvent: Sendable, Hashable {
     case downloadUpdated(Download)
     /// Transactions were finished and leave the queue (StoreKit's `removedTransactions`).
     case transactionsRemoved([Transaction])
-    /// A restore (``DownloadQueue/restoreCompletedTransactions(productIDs:)``) delivered everything it started
+    /// A restore (``DownloadQueue/restoreCompletedTransactions(productIDs:)-6euxm``) delivered everything it started
     /// (`paymentQueueRestoreCompletedTransactionsFinished`); its transactions, finishable.
     case restoreCompleted([Transaction])
     /// A restore could not complete: a download of it failed or paused (`restoreCompletedTransactionsFailedWithError`).

@@ -93,7 +93,7 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     case insufficientStorage
     /// The process stopped while it was running; it resumes on the next launch.
     case interrupted
-    /// Added with `start: false`: it waits for ``DownloadQueue/start(_:)``, like a StoreKit download before `start`.
+    /// Added with `start: false`: it waits for ``DownloadQueue/start(_:)-17zz2``, like a StoreKit download before `start`.
     case notStarted
     /// The server refused the credentials (401, 403), even fresh ones from the credential provider; see the
     /// download's error for what the server said. Renew them, then resume: the bytes kept are kept.
@@ -346,9 +346,9 @@ public enum TransactionKind: String, Sendable, Hashable, Codable {
     case purchased, restored
 }
 
-/// A purchase or restore of one product, holding its downloads; unfinished until ``DownloadQueue/finish(_:)``.
+/// A purchase or restore of one product, holding its downloads; unfinished until ``DownloadQueue/finish(_:)-v92q``.
 public struct Transaction: Sendable, Hashable, Codable, Identifiable {
-    /// The transaction's unique id, as ``DownloadQueue/finish(_:)`` takes it.
+    /// The transaction's unique id, as ``DownloadQueue/finish(_:)-v92q`` takes it.
     public var id: String
     /// The product bought or restored.
     public var productIdentifier: String
@@ -365,7 +365,7 @@ public struct Transaction: Sendable, Hashable, Codable, Identifiable {
     /// One download per pack of the product, in the manifest's order.
     public var downloads: [Download]
 
-    /// Every essential download is finished or cancelled, so ``DownloadQueue/finish(_:)`` is allowed: prefetch and
+    /// Every essential download is finished or cancelled, so ``DownloadQueue/finish(_:)-v92q`` is allowed: prefetch and
     /// on-demand packs (``DeliveryPolicy``) need not be installed yet.
     public var isFinishable: Bool { self.downloads.allSatisfy { $0.delivery != .essential || $0.state.isSettled } }
     /// Whether the transaction has been finished (``finishedAt`` is set).
@@ -402,7 +402,7 @@ public struct InstalledContent: Sendable, Hashable, Codable {
     public var installedAt: Date
 }
 
-/// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)`` compares against.
+/// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)-aepa`` compares against.
 public struct InstalledFile: Sendable, Hashable, Codable {
     /// What the entry is.
     public enum Kind: String, Sendable, Hashable, Codable {
@@ -450,7 +450,7 @@ public struct InstalledFile: Sendable, Hashable, Codable {
     }
 }
 
-/// What ``DownloadQueue/verify(productIDs:)`` found in one installed pack.
+/// What ``DownloadQueue/verify(productIDs:)-aepa`` found in one installed pack.
 public struct VerifyResult: Sendable, Hashable {
     /// One difference between the folder and the record made at install.
     public struct Damage: Sendable, Hashable {

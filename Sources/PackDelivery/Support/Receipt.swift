@@ -101,6 +101,7 @@ public struct Receipt: Sendable, Hashable {
     ///   - token: the compact JWS.
     ///   - keys: the public keys whose receipts are trusted.
     ///   - now: the time to check against; `leeway` seconds of clock difference are allowed.
+    ///   - leeway: the seconds of clock difference allowed around `exp` and `nbf`.
     /// - Returns: the receipt, or why it was refused.
     public static func verify(
         _ token: some StringProtocol, keys: [PublisherKey], now: Date = Date(),
