@@ -36,6 +36,9 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         // Already in the graph through swift-prometheus; named for the lock-free lazy metric slots.
         .package(url: "https://github.com/apple/swift-atomics", from: "1.3.0"),
+        // `scripts/docs`: `swift package generate-documentation`, the DocC catalog as a static site. A plugin no
+        // target uses: an app that depends on the library does not resolve it (Examples/StoreClient).
+        .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
     targets: [
         // libcurl: one typed wrapper per argument kind of the variadic setopt/getinfo calls; no logic.

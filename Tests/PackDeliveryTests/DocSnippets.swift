@@ -256,6 +256,8 @@ func downloadQueue(_ queue: DownloadQueue, updatedDownloads downloads: [Download
             self.removeFromUI(download)
         case .finished:
             self.unlock(download.productIdentifier, at: download.contentURL)
+        @unknown default:
+            break    // a state a later version adds (see below): shown once the app knows it
         }
     }
 }

@@ -208,7 +208,7 @@ extension DownloadQueue {
     /// progress about once a second, read about once a second while anyone listens).
     ///
     /// Subscribe before adding a transaction to see all of its changes. The stream ends when the queue
-    /// closes; a stream asked for after ``close()`` ends at once.
+    /// closes; a stream asked for after ``close()-9kmx4`` ends at once.
     /// - Returns: a stream of events; each call returns a stream of its own.
     public func events() -> AsyncStream<DownloadQueueEvent> {
         self.events { _ in true }

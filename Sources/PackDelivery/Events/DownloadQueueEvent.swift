@@ -2,7 +2,7 @@ import Foundation
 
 /// A change the queue reports, in order, to observers and to ``DownloadQueue/events()``.
 ///
-/// New cases may be added: a `switch` over events needs a `default`.
+/// New cases may be added in a minor version: a `switch` over events needs a `default` (or `@unknown default`).
 ///
 /// Indirect, so that an event takes a pointer, not the size of a ``Download``, in a stream's buffer: a catalog of
 /// 10,000 transactions, recorded before the stream is read, buffers an event for each.
@@ -13,7 +13,7 @@ public indirect enum DownloadQueueEvent: Sendable, Hashable {
     case downloadUpdated(Download)
     /// Transactions were finished and leave the queue (StoreKit's `removedTransactions`).
     case transactionsRemoved([Transaction])
-    /// A restore (``DownloadQueue/restoreCompletedTransactions(productIDs:)``) delivered everything it started
+    /// A restore (``DownloadQueue/restoreCompletedTransactions(productIDs:)-6euxm``) delivered everything it started
     /// (`paymentQueueRestoreCompletedTransactionsFinished`); its transactions, finishable.
     case restoreCompleted([Transaction])
     /// A restore could not complete: a download of it failed or paused (`restoreCompletedTransactionsFailedWithError`).

@@ -121,6 +121,8 @@ public struct MachinePolicy: Sendable, Hashable {
     }
 
     /// Why a download waits. The first that applies is given: quiet, then the window, then the network, then slots.
+    ///
+    /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
     public enum WaitReason: String, Sendable, Hashable, Codable, CaseIterable {
         /// `quiet`: quiet is held and it is prefetch or background work; `outsideWindow`: it is background work and the
         /// window is closed; `metered`: the connection is metered and the pack is above the limit; `queued`: it may run,

@@ -9,6 +9,8 @@ public enum Destination: String, Sendable, Hashable, Codable, CaseIterable {
 }
 
 /// The state of one download, in StoreKit's vocabulary.
+///
+/// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum DownloadState: String, Sendable, Hashable, Codable, CaseIterable {
     /// `waiting`: queued for a slot; `active`: transferring, verifying, unpacking or installing (see ``Download/phase``);
     /// `paused`: stopped with its bytes kept (see ``Download/pauseReason``); `finished`: installed at ``Download/contentURL``;
@@ -22,6 +24,8 @@ public enum DownloadState: String, Sendable, Hashable, Codable, CaseIterable {
 }
 
 /// What an `active` download is doing right now (StoreKit hid this; Play Asset Delivery calls it TRANSFERRING).
+///
+/// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
     /// `downloading`: bytes are arriving; `verifying`: the SHA-256 is being checked; `unpacking`: the archive is being
     /// extracted into staging; `installing`: the unpacked folder is being moved into place.
@@ -39,6 +43,8 @@ public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
 /// downloads start `essential` and a restore's `restore`; ``DownloadQueue/setPriority(_:_:)`` changes it while a
 /// download waits. Priority decides only which waiting download takes a free slot next: a running download is never
 /// stopped for another.
+///
+/// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum DownloadPriority: String, Sendable, Hashable, Codable, CaseIterable, Comparable {
     /// Content the user asked for and waits for now: ahead of everything.
     case userInitiated
@@ -65,6 +71,8 @@ public enum DownloadPriority: String, Sendable, Hashable, Codable, CaseIterable,
 /// ``DownloadPriority/prefetch`` and are reported as they land; ``onDemand`` packs are recorded (paused,
 /// ``PauseReason/onDemand``) and nothing is fetched until ``DownloadQueue/ensureAvailable(contentIDs:from:priority:)``
 /// or a resume asks for them.
+///
+/// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum DeliveryPolicy: String, Sendable, Hashable, Codable, CaseIterable {
     /// Needed before the content can be used: the transaction waits for it (the default, and every pack of a
     /// manifest that says nothing).
@@ -76,6 +84,8 @@ public enum DeliveryPolicy: String, Sendable, Hashable, Codable, CaseIterable {
 }
 
 /// Why a download is `paused`.
+///
+/// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum PauseReason: String, Sendable, Hashable, Codable {
     /// Someone asked for it (`pause`, Ctrl-C).
     case user
@@ -83,7 +93,7 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     case insufficientStorage
     /// The process stopped while it was running; it resumes on the next launch.
     case interrupted
-    /// Added with `start: false`: it waits for ``DownloadQueue/start(_:)``, like a StoreKit download before `start`.
+    /// Added with `start: false`: it waits for ``DownloadQueue/start(_:)-17zz2``, like a StoreKit download before `start`.
     case notStarted
     /// The server refused the credentials (401, 403), even fresh ones from the credential provider; see the
     /// download's error for what the server said. Renew them, then resume: the bytes kept are kept.
@@ -206,6 +216,8 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     /// Why a delta update was not used: the whole pack is fetched instead.
     public struct DeltaFallback: Sendable, Hashable, Codable, CustomStringConvertible {
         /// Match on this, never on ``message``.
+        ///
+        /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
         public enum Reason: String, Sendable, Hashable, Codable {
             /// The server answered a range request with the whole file (200), with 416, or with another range.
             case rangesNotSupported
@@ -334,9 +346,9 @@ public enum TransactionKind: String, Sendable, Hashable, Codable {
     case purchased, restored
 }
 
-/// A purchase or restore of one product, holding its downloads; unfinished until ``DownloadQueue/finish(_:)``.
+/// A purchase or restore of one product, holding its downloads; unfinished until ``DownloadQueue/finish(_:)-v92q``.
 public struct Transaction: Sendable, Hashable, Codable, Identifiable {
-    /// The transaction's unique id, as ``DownloadQueue/finish(_:)`` takes it.
+    /// The transaction's unique id, as ``DownloadQueue/finish(_:)-v92q`` takes it.
     public var id: String
     /// The product bought or restored.
     public var productIdentifier: String
@@ -353,7 +365,7 @@ public struct Transaction: Sendable, Hashable, Codable, Identifiable {
     /// One download per pack of the product, in the manifest's order.
     public var downloads: [Download]
 
-    /// Every essential download is finished or cancelled, so ``DownloadQueue/finish(_:)`` is allowed: prefetch and
+    /// Every essential download is finished or cancelled, so ``DownloadQueue/finish(_:)-v92q`` is allowed: prefetch and
     /// on-demand packs (``DeliveryPolicy``) need not be installed yet.
     public var isFinishable: Bool { self.downloads.allSatisfy { $0.delivery != .essential || $0.state.isSettled } }
     /// Whether the transaction has been finished (``finishedAt`` is set).
@@ -390,7 +402,7 @@ public struct InstalledContent: Sendable, Hashable, Codable {
     public var installedAt: Date
 }
 
-/// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)`` compares against.
+/// A regular file or symlink of installed content, as it was unpacked: what ``DownloadQueue/verify(productIDs:)-aepa`` compares against.
 public struct InstalledFile: Sendable, Hashable, Codable {
     /// What the entry is.
     public enum Kind: String, Sendable, Hashable, Codable {
@@ -438,11 +450,13 @@ public struct InstalledFile: Sendable, Hashable, Codable {
     }
 }
 
-/// What ``DownloadQueue/verify(productIDs:)`` found in one installed pack.
+/// What ``DownloadQueue/verify(productIDs:)-aepa`` found in one installed pack.
 public struct VerifyResult: Sendable, Hashable {
     /// One difference between the folder and the record made at install.
     public struct Damage: Sendable, Hashable {
         /// How a file differs.
+        ///
+        /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
         public enum Problem: String, Sendable, Hashable, Codable {
             /// `missing`: recorded but gone; `truncated`: shorter than recorded; `changed`: same size or longer but
             /// other bytes, or another kind of file; `extra`: present but not recorded.

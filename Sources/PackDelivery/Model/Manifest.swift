@@ -123,7 +123,7 @@ public struct LoadedManifest: Sendable {
     /// The SHA-256 (hex) of the bytes it was decoded from; nil for one built in memory. A signed manifest's
     /// rollback mark keeps it, so the same version is accepted again only with the same bytes.
     public var sha256: String? = nil
-    /// Where the manifest was read from (by ``load(_:options:)``); `nil` for one built in memory.
+    /// Where the manifest was read from (by ``load(_:options:)-79u4c``); `nil` for one built in memory.
     ///
     /// A transaction added from it records this URL: when a pack's URL stops working (401 or 403 after the
     /// credentials were renewed, 404, 410 — a presigned URL that expired, a pack moved), the queue reads the

@@ -22,11 +22,11 @@ extension LoadedManifest {
     /// - Parameters:
     ///   - location: a URL, or a path (relative paths start at the current directory).
     ///   - options: transfer options for fetching an http(s) manifest and its signature.
-    ///   - publishers: the keys trusted to sign it; empty to read it unsigned, as ``load(_:options:)``.
+    ///   - publishers: the keys trusted to sign it; empty to read it unsigned, as ``load(_:options:)-79u4c``.
     ///   - now: the time to check `expires` against.
     /// - Returns: the checked manifest, with ``signedBy`` set when it was signed.
     /// - Throws: `untrustedManifest` when the signature is missing, made by another key, or does not match, or
-    ///   the manifest has expired or has no version; otherwise as ``load(_:options:)``.
+    ///   the manifest has expired or has no version; otherwise as ``load(_:options:)-79u4c``.
     public static func load(
         _ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
         now: Date = Date()

@@ -145,6 +145,8 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
     }
 
     /// The broad class of an error.
+    ///
+    /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
     public enum Kind: String, Sendable, Hashable, Codable {
         /// `usage`: the caller asked for something impossible; `badData`: the manifest, the pack or the server's
         /// file is wrong; `network`: the server or the network failed after retries; `unauthorized`: the server

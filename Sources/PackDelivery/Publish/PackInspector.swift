@@ -156,8 +156,8 @@ public enum ManifestBuilder {
     /// Writes `folder/manifest.json` (atomically) and returns the manifest.
     ///
     /// - Parameter folder: the folder holding the packs; the manifest goes into it.
-    /// - Returns: the manifest written, as ``build(folder:)`` makes it.
-    /// - Throws: what ``build(folder:)`` throws; `io` when `manifest.json` cannot be written.
+    /// - Returns: the manifest written, as ``build(folder:note:)`` makes it.
+    /// - Throws: what ``build(folder:note:)`` throws; `io` when `manifest.json` cannot be written.
     @discardableResult
     public static func write(folder: URL) throws(PackDeliveryError) -> Manifest {
         try self.write(folder: folder, signing: nil)
@@ -177,7 +177,7 @@ public enum ManifestBuilder {
     ///   - mirrors: base URLs the packs are also served from (``Manifest/mirrors``), tried in this order before the
     ///     manifest's own URL; nil or empty for none.
     /// - Returns: the manifest written.
-    /// - Throws: what ``build(folder:)`` throws; `invalidArgument` for an unusable scope; `invalidManifest` when no
+    /// - Throws: what ``build(folder:note:)`` throws; `invalidArgument` for an unusable scope; `invalidManifest` when no
     ///   version is given and the manifest it replaces has the largest one; `io` when a file cannot be written.
     @discardableResult
     public static func write(
@@ -188,7 +188,7 @@ public enum ManifestBuilder {
             folder: folder, signing: key, version: version, expires: expires, scope: scope, delivery: [:], note: note, mirrors: mirrors)
     }
 
-    /// As ``write(folder:signing:version:expires:scope:note:)``, giving packs a ``DeliveryPolicy`` (`"delivery"`
+    /// As ``write(folder:signing:version:expires:scope:note:mirrors:)``, giving packs a ``DeliveryPolicy`` (`"delivery"`
     /// in the manifest, covered by its signature like every field); packs not named say nothing, which is essential.
     ///
     /// - Parameters:
@@ -196,12 +196,12 @@ public enum ManifestBuilder {
     ///   - key: the publisher's key, or nil for an unsigned manifest.
     ///   - version: the manifest's version; nil for one more than that of the `manifest.json` it replaces, else 1.
     ///   - expires: when the signed manifest stops being valid; nil for never.
-    ///   - scope: what the signed manifest's version counts; nil as in ``write(folder:signing:version:expires:scope:note:)``.
+    ///   - scope: what the signed manifest's version counts; nil as in ``write(folder:signing:version:expires:scope:note:mirrors:)``.
     ///   - delivery: policies by content identifier.
     ///   - note: called with each thing a pack's index could not give, naming the pack.
     ///   - mirrors: base URLs the packs are also served from (``Manifest/mirrors``); nil or empty for none.
     /// - Returns: the manifest written.
-    /// - Throws: as ``write(folder:signing:version:expires:scope:note:)``; `invalidArgument` for a content identifier
+    /// - Throws: as ``write(folder:signing:version:expires:scope:note:mirrors:)``; `invalidArgument` for a content identifier
     ///   in `delivery` that no pack has.
     @discardableResult
     public static func write(

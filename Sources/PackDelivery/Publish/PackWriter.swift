@@ -67,8 +67,8 @@ public enum PackWriter {
     /// Its ``PackIndex`` (format 2, or 3 when files share frames) goes beside it, as `<output>.index.json` (``indexURL(for:)``): its JSON
     /// compressed with zstd (read it with `zstd -dc`). A tar is
     /// written so that each file's content-defined chunks can be fetched apart: in a plain tar each chunk is a
-    /// range of a file's data; in a tar.zst each chunk of a file of ``PackFrameSink/groupedFileLimit`` or more is a
-    /// zstd frame of its own, smaller files share frames of up to ``PackFrameSink/groupLimit`` bytes with their tar
+    /// range of a file's data; in a tar.zst each chunk of a file of `PackFrameSink.groupedFileLimit` or more is a
+    /// zstd frame of its own, smaller files share frames of up to `PackFrameSink.groupLimit` bytes with their tar
     /// headers (each of their chunks a slice of its frame), the other tar headers and padding are frames of their
     /// own, and the zstd seekable format's seek table ends the pack; in a
     /// tar.gz the same pieces are gzip members. Every tool reads these as ordinary archives. A zip's stored

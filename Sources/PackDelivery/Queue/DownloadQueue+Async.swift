@@ -270,7 +270,7 @@ extension DownloadQueue {
     /// calls wait for.
     /// - Parameter productIDs: products to restore, or nil for every product with a finished download.
     /// - Returns: the restore transactions (finishable at once when everything was intact), or those joined.
-    /// - Throws: a database error; `queueClosed` after ``close()``.
+    /// - Throws: a database error; `queueClosed` after ``close()-9kmx4``.
     @discardableResult
     public func restoreCompletedTransactions(productIDs: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()

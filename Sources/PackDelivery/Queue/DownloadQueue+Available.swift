@@ -85,7 +85,7 @@ extension DownloadQueue {
     ///
     /// - Parameter ids: download ids; unknown ones are left out.
     /// - Returns: the downloads found, in the order of `ids`.
-    /// - Throws: a database error; `queueClosed` after ``close()``.
+    /// - Throws: a database error; `queueClosed` after ``close()-9kmx4``.
     public func downloads(_ ids: [String]) throws(PackDeliveryError) -> [Download] {
         try self.requireOpen()
         return try self.current(ids)

@@ -11,7 +11,7 @@ extension DownloadQueue {
     ///
     /// - Parameter productIdentifier: a product, or nil for everything installed.
     /// - Returns: one entry per installed pack, oldest first; empty when nothing is installed.
-    /// - Throws: a database error when the store cannot be read; `queueClosed` after ``close()``.
+    /// - Throws: a database error when the store cannot be read; `queueClosed` after ``close()-9kmx4``.
     public func installedContent(forProductID productIdentifier: String? = nil) throws(PackDeliveryError) -> [InstalledContent] {
         try self.requireOpen()
         return try self.store.installs(productIdentifier: productIdentifier).map(\.content)
@@ -21,7 +21,7 @@ extension DownloadQueue {
     ///
     /// - Parameter productIdentifier: the product.
     /// - Returns: the folder of its most recently installed pack (see ``installedContent(forProductID:)`` for all
-    ///   the packs of a product with several). Nil after ``close()``: open a new queue to ask.
+    ///   the packs of a product with several). Nil after ``close()-9kmx4``: open a new queue to ask.
     public func contentURL(forProductID productIdentifier: String) -> URL? {
         guard let content = (try? self.installedContent(forProductID: productIdentifier))?.max(by: { $0.installedAt < $1.installedAt })
         else { return nil }

@@ -28,9 +28,9 @@ extension DownloadQueue {
     /// process resumes it within a second.
     ///
     /// - Parameter ids: download ids, or nil for every paused, failed or orphaned download of an open transaction,
-    ///   except those added with `start: false` (``PauseReason/notStarted``), which only ``start(_:)`` or their id starts.
+    ///   except those added with `start: false` (``PauseReason/notStarted``), which only ``start(_:)-17zz2`` or their id starts.
     /// - Returns: the ids of the downloads this queue now runs (not those another process runs).
-    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()-9kmx4``.
     @discardableResult
     public func resume(_ ids: [String]? = nil) throws(PackDeliveryError) -> [String] {
         try self.requireOpen()
@@ -42,7 +42,7 @@ extension DownloadQueue {
     ///
     /// - Parameter ids: download ids.
     /// - Returns: the ids of the downloads this queue now runs.
-    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()-9kmx4``.
     @discardableResult
     public func start(_ ids: [String]) throws(PackDeliveryError) -> [String] {
         try self.resume(ids)
@@ -56,7 +56,7 @@ extension DownloadQueue {
     ///   - priority: the new priority.
     /// - Returns: the ids whose priority this queue changed. A download another process runs is recorded with the new
     ///   priority, and that process takes it within a second.
-    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()-9kmx4``.
     @discardableResult
     public func setPriority(_ ids: [String], _ priority: DownloadPriority) throws(PackDeliveryError) -> [String] {
         try self.requireOpen()
@@ -83,7 +83,7 @@ extension DownloadQueue {
     ///
     /// - Parameter ids: download ids.
     /// - Returns: the ids this queue runs now (a download another process runs is asked, and resumes within a second).
-    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()``.
+    /// - Throws: `unknownDownload` for an unknown id; `queueClosed` after ``close()-9kmx4``.
     @discardableResult
     public func allowMetered(_ ids: [String]) throws(PackDeliveryError) -> [String] {
         try self.requireOpen()

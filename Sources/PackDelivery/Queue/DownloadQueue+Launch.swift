@@ -289,7 +289,7 @@ extension DownloadQueue {
     ///
     /// - Parameter productIDs: products to check, or nil for everything installed.
     /// - Returns: the restore transactions started; empty when everything is intact.
-    /// - Throws: a database error; `queueClosed` after ``close()``.
+    /// - Throws: a database error; `queueClosed` after ``close()-9kmx4``.
     @discardableResult
     public func repair(productIDs: [String]? = nil) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()

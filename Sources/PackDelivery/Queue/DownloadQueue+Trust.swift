@@ -82,7 +82,7 @@ extension DownloadQueue {
     /// from its publisher at the same URL (an older manifest of another scope replayed there). Records its version and
     /// bytes, and pins its scope to its URL on first use, otherwise.
     ///
-    /// - Parameter manifest: a manifest loaded with ``LoadedManifest/load(_:options:trusting:now:)``; an unsigned
+    /// - Parameter manifest: a manifest loaded with ``LoadedManifest/load(_:options:trusting:now:)-2r9m0``; an unsigned
     ///   one is accepted as it is.
     /// - Throws: `untrustedManifest` for a rollback or a change of scope.
     public func acceptManifest(_ manifest: LoadedManifest) throws(PackDeliveryError) {

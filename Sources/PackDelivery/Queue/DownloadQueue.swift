@@ -9,8 +9,8 @@ import Synchronization
 /// State lives in SQLite under the ``Home``, so a new queue on the same home picks up where an
 /// earlier process stopped. Safe to use from any thread or task.
 ///
-/// The queue's decisions live in value types (``QueueMachine`` for scheduling and space, one
-/// ``DownloadMachine`` per download); this class and its extensions only run what they decide:
+/// The queue's decisions live in value types (`QueueMachine` for scheduling and space, one
+/// `DownloadMachine` per download); this class and its extensions only run what they decide:
 /// `DownloadQueue+Driver` (actions, transfers, installs, saving), `DownloadQueue+Launch` (taking over
 /// downloads at launch, checking recent installs, verify and repair) and `DownloadQueue+Delivery`
 /// (observers and event streams).
@@ -363,7 +363,7 @@ public final class DownloadQueue: Sendable {
     ///   - destination: install into caches (may be purged) or documents (kept).
     ///   - autoFinish: recorded for hosts (such as a command-line tool) that finish transactions themselves.
     ///   - force: download again even when the same version is installed.
-    ///   - start: false to record the downloads without starting them (see ``add(products:from:kind:destination:autoFinish:force:start:receipt:)``).
+    ///   - start: false to record the downloads without starting them (see ``add(products:from:kind:destination:autoFinish:force:start:receipt:)-75d7v``).
     ///   - receipt: a signed receipt for the purchase (``Receipt``), stored with the transaction and sent as
     ///     `Authorization: Bearer` with each of its pack requests, through pauses and relaunches (see there).
     /// - Returns: the recorded transaction with its downloads. When a transaction for the same product is already
@@ -372,7 +372,7 @@ public final class DownloadQueue: Sendable {
     ///   anyway). That holds for a delivery another process runs on the same home too: its progress reaches this
     ///   queue's observers and events, and its downloads are taken over if that process dies.
     /// - Throws: `unknownProduct` for a product the manifest does not list; `contentIdentifierTaken` when a pack's
-    ///   content identifier is installed for another product; `queueClosed` after ``close()``; a database error
+    ///   content identifier is installed for another product; `queueClosed` after ``close()-9kmx4``; a database error
     ///   when the store cannot be written.
     @discardableResult
     public func add(
@@ -419,13 +419,13 @@ public final class DownloadQueue: Sendable {
     ///   - autoFinish: recorded for hosts that finish transactions themselves.
     ///   - force: download again even when the same version is installed.
     ///   - start: false to record the downloads without moving a byte (paused, reason `notStarted`), so the app can
-    ///     show their sizes and ask first; ``start(_:)`` starts them.
+    ///     show their sizes and ask first; ``start(_:)-17zz2`` starts them.
     ///   - receipt: a signed receipt for the purchase (``Receipt``), stored with each transaction and sent as
     ///     `Authorization: Bearer <receipt>` with its pack requests (and a reload of its manifest), through pauses,
     ///     resumes and relaunches, unless the ``Configuration/credentials`` provider gives an `Authorization` header.
-    ///     Replace it with ``setReceipt(_:forTransactions:)``. It never appears in errors, events or logs.
+    ///     Replace it with ``setReceipt(_:forTransactions:)-3uwgj``. It never appears in errors, events or logs.
     /// - Returns: the recorded transactions, in the order of `productIdentifiers`.
-    /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:start:receipt:)``; nothing is recorded when any product is refused.
+    /// - Throws: as ``add(product:from:kind:destination:autoFinish:force:start:receipt:)-8cspe``; nothing is recorded when any product is refused.
     @discardableResult
     public func add(
         products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind = .purchased,

@@ -8,7 +8,7 @@ public struct SourceStats: Sendable, Hashable, Codable {
     /// The throughput measured lately, in bytes per second (an average weighted towards the latest transfers); nil
     /// while no transfer from it has finished with bytes.
     public var bytesPerSecond: Double?
-    /// Failures lately: each adds 1, and the count halves every ``SourceRanking/failureHalfLife`` seconds.
+    /// Failures lately: each adds 1, and the count halves every `SourceRanking.failureHalfLife` seconds.
     public var failures: Double
     /// When it was last measured.
     public var updatedAt: Date

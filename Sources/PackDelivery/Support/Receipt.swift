@@ -23,6 +23,8 @@ public struct Receipt: Sendable, Hashable {
     public var notBefore: Date
 
     /// Why a receipt was refused.
+    ///
+    /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
     public enum Problem: String, Sendable, Hashable {
         /// Not a compact JWS, or its parts are not base64url JSON objects, or an object in them names a member
         /// twice (a claim given twice: RFC 7519 §4 leaves the reader only to refuse or to take the last one).
@@ -99,6 +101,7 @@ public struct Receipt: Sendable, Hashable {
     ///   - token: the compact JWS.
     ///   - keys: the public keys whose receipts are trusted.
     ///   - now: the time to check against; `leeway` seconds of clock difference are allowed.
+    ///   - leeway: the seconds of clock difference allowed around `exp` and `nbf`.
     /// - Returns: the receipt, or why it was refused.
     public static func verify(
         _ token: some StringProtocol, keys: [PublisherKey], now: Date = Date(),

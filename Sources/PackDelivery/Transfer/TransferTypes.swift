@@ -116,7 +116,7 @@ public struct CredentialRequest: Sendable, Hashable {
 /// ``CredentialRequest/refused``, after the server refused the last ones: once between a refusal and the pause
 /// that follows when the fresh ones are refused too (a resume, or bytes that move, allow one more). It runs on the queue's own
 /// thread: return headers you have, and renew slow credentials elsewhere. (A manifest is read with the
-/// ``TransferOptions/headers`` given to ``LoadedManifest/load(_:options:)``.)
+/// ``TransferOptions/headers`` given to ``LoadedManifest/load(_:options:)-79u4c``.)
 ///
 /// Put credentials in `Authorization` (or `Cookie`): libcurl drops those when a redirect leads to another
 /// host, while other headers follow redirects. A redirect from https may only lead to https.
