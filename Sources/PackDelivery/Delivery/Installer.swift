@@ -427,22 +427,27 @@ struct Installer: Sendable {
     }
 
     static func checkContentInfo(in staging: URL, for download: Download) throws(PackDeliveryError) {
-        let url = staging.appending(path: "ContentInfo.plist")
-        guard FileManager.default.fileExists(atPath: url.path) else { return }
-        let info: ContentInfo
+        let unreadable = PackDeliveryError(
+            .contentInfoMismatch,
+            message: "The pack's ContentInfo.plist cannot be read (it needs the string keys ContentVersion and IAPProductIdentifier).",
+            hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: "ContentInfo.plist")
+        // Reading and decoding fail apart: a process out of descriptors is not a broken pack.
+        let path = staging.appending(path: "ContentInfo.plist").path
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return }
+        guard (info.st_mode & S_IFMT) == S_IFREG, let data = try SmallFile.read(path, limit: 1 << 20, tooLarge: { _ in unreadable })
+        else { throw unreadable }
+        let contentInfo: ContentInfo
         do {
-            info = try PropertyListDecoder().decode(ContentInfo.self, from: Data(contentsOf: url))
+            contentInfo = try PropertyListDecoder().decode(ContentInfo.self, from: data)
         } catch {
-            throw PackDeliveryError(
-                .contentInfoMismatch,
-                message: "The pack's ContentInfo.plist cannot be read (it needs the string keys ContentVersion and IAPProductIdentifier).",
-                hint: "Nothing was installed; ask the content provider for a fixed pack.", subject: "ContentInfo.plist")
+            throw unreadable
         }
-        guard info.productIdentifier == download.productIdentifier, info.contentVersion == download.contentVersion else {
+        guard contentInfo.productIdentifier == download.productIdentifier, contentInfo.contentVersion == download.contentVersion else {
             throw PackDeliveryError(
                 .contentInfoMismatch,
                 message:
-                    "The pack's ContentInfo.plist says \(info.productIdentifier) \(info.contentVersion), but the manifest says \(download.productIdentifier) \(download.contentVersion).",
+                    "The pack's ContentInfo.plist says \(contentInfo.productIdentifier) \(contentInfo.contentVersion), but the manifest says \(download.productIdentifier) \(download.contentVersion).",
                 hint: "Nothing was installed; the manifest and the pack disagree — republish one of them.", subject: "ContentInfo.plist")
         }
     }

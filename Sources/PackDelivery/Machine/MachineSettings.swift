@@ -51,24 +51,10 @@ public struct MachineSettings: Sendable, Hashable, Codable {
     /// - Throws: `invalidSettings` when it is not a JSON object of known keys with valid values; `fileSystem` when it
     ///   cannot be read.
     public static func load(from url: URL = Self.defaultURL()) throws(PackDeliveryError) -> MachineSettings {
-        let fd = open(url.path, O_RDONLY | O_CLOEXEC)
-        if fd < 0 {
-            if errno == ENOENT { return MachineSettings() }
-            throw .io("open", path: url.path, errno: errno)
-        }
-        defer { close(fd) }
-        var data = Data()
-        var buffer = [UInt8](repeating: 0, count: 4096)
-        while true {
-            let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw .io("read", path: url.path, errno: errno)
-            }
-            if count == 0 { break }
-            data.append(contentsOf: buffer[0..<count])
-            if data.count > Self.maximumFileSize { throw .invalidSettings(path: url.path, "it is larger than 64 KiB") }
-        }
+        guard
+            let data = try SmallFile.read(
+                url.path, limit: Self.maximumFileSize, tooLarge: { .invalidSettings(path: $0, "it is larger than 64 KiB") })
+        else { return MachineSettings() }
         return try Self.decode(data, path: url.path)
     }
 

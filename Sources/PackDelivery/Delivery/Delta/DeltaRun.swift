@@ -170,9 +170,8 @@ final class DeltaRun {
         let data: Data
         do {
             try self.transfer.fetchIndex(indexURL, length: self.request.index.length, into: file)
-            guard let read = try? Data(contentsOf: file) else {
-                throw PackDeliveryError.io("read the fetched index", path: file.path, errno: EIO)
-            }
+            guard let read = try SmallFile.read(file.path, limit: Int(self.request.index.length), tooLarge: { .io("read the fetched index", path: $0, errno: EFBIG) })
+            else { throw PackDeliveryError.io("read the fetched index", path: file.path, errno: ENOENT) }
             data = read
         } catch let failure as TransferFailure {
             let error = failure.error
@@ -411,9 +410,10 @@ final class DeltaRun {
         unlink(file.path)
         defer { unlink(file.path) }
         try self.fetch(bytes, into: file) { _ in }
-        guard let data = try? Data(contentsOf: file), data.count == bytes.count else {
-            throw PackDeliveryError.io("read the fetched bytes", path: file.path, errno: EIO)
-        }
+        let count = Int(bytes.count)
+        guard let data = try SmallFile.read(file.path, limit: count, tooLarge: { .io("read the fetched bytes", path: $0, errno: EFBIG) }),
+            data.count == count
+        else { throw PackDeliveryError.io("read the fetched bytes", path: file.path, errno: EIO) }
         return [UInt8](data)
     }
 
