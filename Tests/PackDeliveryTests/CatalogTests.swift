@@ -98,7 +98,7 @@ import Testing
         defer { nginx.stop() }
         var named = 0
         var installed = 0
-        for limit in stride(from: 12, through: 36, by: 4) {
+        for limit in stride(from: 10, through: 40, by: 2) {
             let home = try Fixtures.temporaryDirectory("catalog-fd-\(limit)")
             let started = Date()
             let fetch = try Self.packs(

@@ -346,6 +346,9 @@ final class Store: Sendable {
             if error.resultCode == .SQLITE_FULL {
                 return .insufficientStorage(path: path, needed: nil, available: nil, errno: ENOSPC)
             }
+            if error.resultCode == .SQLITE_CANTOPEN, Descriptors.exhausted {
+                return .io("open the state database", path: path, errno: EMFILE)
+            }
             let code: PackDeliveryError.Code =
                 switch error.resultCode {
                 case .SQLITE_BUSY, .SQLITE_LOCKED: .databaseBusy

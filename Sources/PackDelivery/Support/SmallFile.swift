@@ -33,3 +33,14 @@ enum SmallFile {
         }
     }
 }
+
+/// Whether the process has run out of file descriptors, for failures that do not keep their errno (SQLite's "unable
+/// to open database file", a libcurl connect whose OS errno is 0): one descriptor is opened now to see.
+enum Descriptors {
+    static var exhausted: Bool {
+        let probe = open("/dev/null", O_RDONLY | O_CLOEXEC)
+        if probe < 0 { return errno == EMFILE || errno == ENFILE }
+        close(probe)
+        return false
+    }
+}

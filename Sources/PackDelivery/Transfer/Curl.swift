@@ -219,11 +219,7 @@ final class CurlEasy {
     var connectFailedForDescriptors: Bool {
         let code = self.osErrno
         if code == EMFILE || code == ENFILE { return true }
-        guard code == 0 else { return false }
-        let probe = open("/dev/null", O_RDONLY | O_CLOEXEC)
-        if probe < 0 { return errno == EMFILE || errno == ENFILE }
-        close(probe)
-        return false
+        return code == 0 && Descriptors.exhausted
     }
 
     /// The errno of the last failed connect (libcurl reports a process out of descriptors as "Couldn't connect").
