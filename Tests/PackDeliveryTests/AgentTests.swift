@@ -123,6 +123,39 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    /// One home's background work holds the machine's one slot; another home's user-initiated download starts beside
+    /// it at once, and the background download goes on (nothing running is stopped).
+    @Test func aUserInitiatedDownloadOfAnotherHomeStartsBesideBackgroundWork() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-beside")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-beside-site", size: 2_000_000, bytesPerSecond: 400_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let agent = try AgentProcess(folder: folder, arguments: ["--concurrency", "1"])
+        let (background, urgent) = (folder.appending(path: "background"), folder.appending(path: "urgent"))
+        func fetch(_ home: URL, _ priority: String) throws {
+            let body = jsonBody(["home": home.path, "manifest": manifest, "products": ["com.example.big"], "priority": priority])
+            let answer = try agent.request("POST", "/v1/fetch", body: body)
+            #expect(answer.status == 202, "\(answer.body)")
+        }
+        func state(_ home: URL) throws -> String? { try Self.download(agent, home: home)?["state"] as? String }
+        try fetch(background, "background")
+        try waitUntil("the background download running", timeout: 20) { try state(background) == "active" }
+        try fetch(urgent, "userInitiated")
+        try waitUntil("the user-initiated download running beside the background one", timeout: 3) {
+            try state(urgent) == "active"
+        }
+        #expect(try state(background) == "active", "the background download was not stopped")
+        for home in [background, urgent] {
+            let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+            try waitUntil("\(home.lastPathComponent)'s pack installed", timeout: 30) { FileManager.default.fileExists(atPath: data.path) }
+            #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        }
+        #expect(try agent.stop() == 0)
+    }
+
     @Test func withNoAgentADetachedFetchSaysSoAndExits79() throws {
         let folder = try Fixtures.temporaryDirectory("agent-none")
         defer { try? FileManager.default.removeItem(at: folder) }

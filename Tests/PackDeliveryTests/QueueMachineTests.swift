@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 @testable import PackDelivery
@@ -87,6 +88,56 @@ import Testing
         }
         #expect(
             order == ["d-6", "d-1", "d-4", "d-3", "d-5", "d-2"], "userInitiated, essential in order, restore in order, prefetch: \(order)")
+    }
+
+    /// What the user waits for now never waits for work nobody waits for: with every slot held by restore, prefetch or
+    /// background work, a user-initiated download starts beside it (each such download lends its slot to one), and
+    /// nothing running is stopped. Essential work lends nothing, and nothing but a user-initiated download borrows.
+    @Test func aUserInitiatedDownloadStartsBesideBackgroundWorkThatHoldsEverySlot() {
+        var queue = QueueMachine(concurrency: 1)
+        func add(_ n: Int, _ priority: DownloadPriority) -> [QueueMachine.Action] {
+            var machine = Self.machine(n)
+            _ = machine.setPriority(priority)
+            return queue.own(machine, position: 0)
+        }
+        #expect(Self.admitAll(&queue, add(0, .background)) == ["d-0"])
+        #expect(Self.admitAll(&queue, add(1, .essential)).isEmpty, "essential work waits for a free slot")
+        #expect(Self.admitAll(&queue, add(2, .userInitiated)) == ["d-2"], "started beside the background download")
+        #expect(queue.running == ["d-0", "d-2"] && queue.disagreements().isEmpty)
+        #expect(Self.admitAll(&queue, add(3, .userInitiated)).isEmpty, "one background download lends one slot")
+        #expect(
+            !queue.handle("d-0", .setPriority(.prefetch)).contains {
+                if case .run(_, .stopTransfer) = $0 { return true } else { return false }
+            },
+            "nothing running is stopped")
+        // The background download ends: the one beside it takes its slot, and the rest wait for it.
+        #expect(Self.admitAll(&queue, Self.complete(&queue, "d-0")).isEmpty)
+        #expect(queue.running == ["d-2"] && queue.disagreements().isEmpty)
+        #expect(Self.admitAll(&queue, Self.complete(&queue, "d-2")) == ["d-3"], "by priority: the second user-initiated one")
+        #expect(Self.admitAll(&queue, Self.complete(&queue, "d-3")) == ["d-1"])
+        // Essential work running lends nothing.
+        #expect(Self.admitAll(&queue, add(4, .userInitiated)).isEmpty, "essential work runs alone in the one slot")
+    }
+
+    /// The agent's homes follow the same rule across queues: one home's background work lends its slot to another
+    /// home's user-initiated download, not to its essential one.
+    @Test func theMachinesAdmissionOrderLendsBackgroundSlotsToUserInitiatedDownloadsOfAnyHome() {
+        let board = AdmissionBoard()
+        let grants = Mutex<[Int: AdmissionBoard.Grant]>([:])
+        let (a, _) = board.join(total: 1) { grant in grants.withLock { $0[0] = grant } }
+        let (b, _) = board.join(total: 1) { grant in grants.withLock { $0[1] = grant } }
+        board.report(a, AdmissionBoard.Demand(running: 1, beside: 0, lending: 1, heads: []))
+        let essential = AdmissionBoard.Head(rank: DownloadPriority.essential.rank, sequence: 1)
+        board.report(b, AdmissionBoard.Demand(running: 0, beside: 0, lending: 0, heads: [essential]))
+        #expect(grants.withLock { $0[1] } == AdmissionBoard.Grant(slots: 0, lent: 0), "essential work waits for a free slot")
+        let urgent = AdmissionBoard.Head(rank: DownloadPriority.userInitiated.rank, sequence: 2)
+        board.report(b, AdmissionBoard.Demand(running: 0, beside: 0, lending: 0, heads: [urgent, essential]))
+        #expect(grants.withLock { $0[1] } == AdmissionBoard.Grant(slots: 0, lent: 1), "the background slot is lent")
+        board.report(b, AdmissionBoard.Demand(running: 0, beside: 1, lending: 0, heads: [essential]))
+        #expect(grants.withLock { $0[1] } == AdmissionBoard.Grant(slots: 0, lent: 1), "held while it runs; nothing more lent")
+        board.report(a, AdmissionBoard.Demand(running: 1, beside: 0, lending: 0, heads: []))
+        board.report(b, AdmissionBoard.Demand(running: 0, beside: 1, lending: 0, heads: [urgent]))
+        #expect(grants.withLock { $0[1] }?.lent == 1, "essential work lends nothing more: \(String(describing: grants.withLock { $0[1] }))")
     }
 
     @Test func slotsAreBoundedAndTheRestWaitInOrder() {

@@ -41,8 +41,10 @@ public enum DownloadPhase: String, Sendable, Hashable, Codable, CaseIterable {
 ///
 /// From first to last: ``userInitiated``, ``essential``, ``restore``, ``prefetch``, ``background``. A purchase's
 /// downloads start `essential` and a restore's `restore`; ``DownloadQueue/setPriority(_:_:)`` changes it while a
-/// download waits. Priority decides only which waiting download takes a free slot next: a running download is never
-/// stopped for another.
+/// download waits. Priority decides which waiting download takes a free slot next, and a running download is never
+/// stopped for another; but a ``userInitiated`` download does not wait for ``restore``, ``prefetch`` or
+/// ``background`` work that holds every slot: each such running download lends its slot to one, which starts beside
+/// it (in the agent, across every home it serves).
 ///
 /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum DownloadPriority: String, Sendable, Hashable, Codable, CaseIterable, Comparable {

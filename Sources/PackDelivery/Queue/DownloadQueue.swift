@@ -318,12 +318,12 @@ public final class DownloadQueue: Sendable {
             throw error
         }
         if configuration.sharesAdmission {
-            let (key, slots) = AdmissionBoard.shared.join(total: configuration.concurrency) { [weak self] slots in
+            let (key, grant) = AdmissionBoard.shared.join(total: configuration.concurrency) { [weak self] grant in
                 guard let self else { return }
-                self.driver.async { self.change { $0.setSlots(slots) } }
+                self.driver.async { self.change { $0.setSlots(grant.slots, lent: grant.lent) } }
             }
             self.admissionKey.withLock { $0 = key }
-            self.driver.async { self.change { $0.setSlots(slots) } }
+            self.driver.async { self.change { $0.setSlots(grant.slots, lent: grant.lent) } }
         }
         configuration.networkPolicy.observe { [weak self] metered in
             guard let self else { return }

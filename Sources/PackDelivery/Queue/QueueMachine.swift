@@ -87,6 +87,12 @@ struct QueueMachine: Sendable {
     private var waiting = Heap<Waiting>()
     /// Downloads holding a slot: active, or being admitted.
     private(set) var running: Set<String> = []
+    /// Running downloads that hold a slot lent by restore, prefetch or background work: user-initiated downloads
+    /// admitted beside that work when every slot was taken (``lends``). Each takes a slot of its own as one frees.
+    private var beside: Set<String> = []
+    /// The slots the machine's admission order lends this queue (``AdmissionBoard``); nil when the queue decides
+    /// alone, and its own restore, prefetch and background work lends.
+    private(set) var lent: Int?
     private var pausedForSpace: Set<String> = []
     /// Downloads paused by the machine's policy (``PauseReason/isPolicyHold``: the network, the window, quiet).
     private var pausedByPolicy: Set<String> = []
@@ -200,7 +206,7 @@ struct QueueMachine: Sendable {
     mutating func admit(_ id: String, facts: DeliveryFacts = .none, available: Int64?, path: String, now: Date = Date()) -> [Action] {
         guard let entry = self.entries[id], entry.machine.state == .waiting, self.running.contains(id) else {
             // A download already started (an admission asked twice) keeps the slot it holds.
-            if self.entries[id]?.machine.state != .active { self.running.remove(id) }
+            if self.entries[id]?.machine.state != .active { self.release(id) }
             var actions: [Action] = []
             self.schedule(into: &actions)
             return actions
@@ -324,7 +330,7 @@ struct QueueMachine: Sendable {
     mutating func forget(_ id: String) {
         self.entries[id] = nil
         self.changed[id] = nil
-        self.running.remove(id)
+        self.release(id)
         self.pausedForSpace.remove(id)
         self.pausedByPolicy.remove(id)
         self.allowedOnMetered.remove(id)
@@ -335,9 +341,11 @@ struct QueueMachine: Sendable {
         }
     }
 
-    /// The slots the machine's admission order gives this queue now (``AdmissionBoard``); what runs beyond them goes on.
-    mutating func setSlots(_ slots: Int) -> [Action] {
+    /// The slots the machine's admission order gives this queue now, and lends it (``AdmissionBoard``); what runs
+    /// beyond them goes on.
+    mutating func setSlots(_ slots: Int, lent: Int) -> [Action] {
         self.slots = max(0, slots)
+        self.lent = max(0, lent)
         var actions: [Action] = []
         self.schedule(into: &actions)
         return actions
@@ -346,18 +354,27 @@ struct QueueMachine: Sendable {
     /// What this queue runs and its best `limit` waiting downloads, best first, for the machine's admission order.
     func demand(limit: Int) -> AdmissionBoard.Demand {
         var heads: [AdmissionBoard.Head] = []
-        guard limit > 0 else { return AdmissionBoard.Demand(running: self.running.count, heads: []) }
+        let (running, beside, lending) = (self.running.count - self.beside.count, self.beside.count, self.lending)
+        guard limit > 0 else { return AdmissionBoard.Demand(running: running, beside: beside, lending: lending, heads: []) }
         for entry in self.entries.values where entry.inHeap && entry.machine.state == .waiting {
             let head = AdmissionBoard.Head(rank: entry.heapRank, sequence: entry.sequence)
             guard heads.count < limit || head < heads[heads.count - 1] else { continue }
             heads.insert(head, at: heads.firstIndex { head < $0 } ?? heads.count)
             if heads.count > limit { heads.removeLast() }
         }
-        return AdmissionBoard.Demand(running: self.running.count, heads: heads)
+        return AdmissionBoard.Demand(running: running, beside: beside, lending: lending, heads: heads)
     }
 
     /// Changes whenever ``demand(limit:)`` may have: what runs, and the places taken in the waiting order.
-    var demandFingerprint: [Int] { [self.running.count, self.waiting.count, self.entries.count] }
+    var demandFingerprint: [Int] { [self.running.count, self.beside.count, self.lending, self.waiting.count, self.entries.count] }
+
+    /// How many running downloads lend their slot to a user-initiated one: those at restore, prefetch or background
+    /// priority that hold a slot of their own.
+    var lending: Int {
+        self.running.count { id in
+            !self.beside.contains(id) && (self.entries[id]?.machine.download.priority ?? .userInitiated) > .essential
+        }
+    }
 
     /// From now on, waiting downloads stay waiting here for ``handOver()``, none admitted.
     mutating func startHandingOver() { self.handingOver = true }
@@ -396,7 +413,11 @@ struct QueueMachine: Sendable {
         if !active.isSubset(of: self.running) { found.append("active but holding no slot: \(active.subtracting(self.running).sorted())") }
         let holding = self.running.filter { self.entries[$0].map { $0.machine.state == .active || $0.machine.state == .waiting } != true }
         if !holding.isEmpty { found.append("holding a slot, neither active nor waiting: \(holding.sorted())") }
-        if self.running.count > self.concurrency { found.append("\(self.running.count) slots of \(self.concurrency)") }
+        if !self.beside.isSubset(of: self.running) { found.append("beside but not running: \(self.beside.subtracting(self.running))") }
+        if self.running.count - self.beside.count > self.concurrency {
+            found.append("\(self.running.count - self.beside.count) slots of \(self.concurrency)")
+        }
+        if self.beside.count > self.concurrency { found.append("\(self.beside.count) lent slots of \(self.concurrency)") }
         return found
     }
 
@@ -452,7 +473,7 @@ struct QueueMachine: Sendable {
             actions.append(.priorityChanged(id: id))
         }
         // A slot is held while active, and while waiting to be admitted.
-        if after.state != .active, after.state != .waiting { self.running.remove(id) }
+        if after.state != .active, after.state != .waiting { self.release(id) }
         if after.state == .waiting, !entry.inHeap || entry.heapRank != after.priority.rank {
             // Placed by its priority; a new priority gives it a new place, and the old one is passed over.
             entry.inHeap = true
@@ -474,22 +495,46 @@ struct QueueMachine: Sendable {
     }
 
     /// Gives free slots to the next waiting downloads, in order: each is admitted once its space is measured.
+    ///
+    /// When every slot is taken, a user-initiated download is admitted beside the restore, prefetch or background work
+    /// that runs: each such download lends its slot to one (``lent``, or ``lending`` when the queue decides alone), so
+    /// that what the user waits for now never waits for work that nobody waits for. Nothing running is stopped, and
+    /// the download that runs beside takes a slot of its own as one frees.
     private mutating func schedule(into actions: inout [Action]) {
-        while !self.closed, !self.handingOver, self.running.count < min(self.concurrency, self.slots), let id = self.popWaiting() {
-            guard let destination = self.entries[id]?.machine.download.destination else { continue }
-            self.running.insert(id)
-            actions.append(.measureSpace(id: id, destination: destination))
+        let limit = min(self.concurrency, self.slots)
+        while self.running.count - self.beside.count < limit, let id = self.beside.first { self.beside.remove(id) }
+        while !self.closed, !self.handingOver, let next = self.peekWaiting() {
+            let besides: Bool
+            if self.running.count - self.beside.count < limit {
+                besides = false
+            } else if next.rank == DownloadPriority.userInitiated.rank, self.beside.count < self.lent ?? self.lending {
+                besides = true
+            } else {
+                break
+            }
+            _ = self.waiting.popMin()
+            self.entries[next.id]?.inHeap = false
+            guard let destination = self.entries[next.id]?.machine.download.destination else { continue }
+            self.running.insert(next.id)
+            if besides { self.beside.insert(next.id) }
+            actions.append(.measureSpace(id: next.id, destination: destination))
         }
     }
 
-    private mutating func popWaiting() -> String? {
-        while let next = self.waiting.popMin() {
-            guard var entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence, entry.heapRank == next.rank else {
-                continue
+    /// A download gives up its slot.
+    private mutating func release(_ id: String) {
+        self.running.remove(id)
+        self.beside.remove(id)
+    }
+
+    /// The next waiting download in order, left in place; stale places on top are dropped.
+    private mutating func peekWaiting() -> Waiting? {
+        while let next = self.waiting.min {
+            if let entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence, entry.heapRank == next.rank {
+                if entry.machine.state == .waiting { return next }
+                self.entries[next.id]?.inHeap = false
             }
-            entry.inHeap = false
-            self.entries[next.id] = entry
-            if entry.machine.state == .waiting { return next.id }
+            _ = self.waiting.popMin()
         }
         return nil
     }

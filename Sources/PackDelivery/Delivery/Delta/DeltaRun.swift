@@ -170,7 +170,9 @@ final class DeltaRun {
         let data: Data
         do {
             try self.transfer.fetchIndex(indexURL, length: self.request.index.length, into: file)
-            guard let read = try SmallFile.read(file.path, limit: Int(self.request.index.length), tooLarge: { .io("read the fetched index", path: $0, errno: EFBIG) })
+            guard
+                let read = try SmallFile.read(
+                    file.path, limit: Int(self.request.index.length), tooLarge: { .io("read the fetched index", path: $0, errno: EFBIG) })
             else { throw PackDeliveryError.io("read the fetched index", path: file.path, errno: ENOENT) }
             data = read
         } catch let failure as TransferFailure {
