@@ -11,6 +11,32 @@ final class AgentHomes: Sendable {
         let queue: DownloadQueue
         let home: Home
         let pump: Task<Void, Never>
+        let status: StatusCache
+    }
+
+    /// A home's last status answer (`GET /v1/downloads`), served again while nothing changed since (no event of its
+    /// queue but progress, no request to the agent but reads) and it is younger than ``maximumAge``: clients that
+    /// poll cost one read of the store per change or per 250 ms, not one per request.
+    final class StatusCache: Sendable {
+        /// How long an answer serves at most: what other processes change in the home's store (`packs gc`, a queue
+        /// of an app) reports no event to the agent, and shows within this.
+        static let maximumAge: Duration = .milliseconds(250)
+        /// Bumped at each event of the queue.
+        let generation = Atomic<UInt64>(0)
+        private let last = Mutex<(generation: UInt64, at: ContinuousClock.Instant, body: String)?>(nil)
+
+        /// The last answer, or a new one from `make` (kept with the generation read before it was made, so that an
+        /// event while it is made leaves it stale).
+        func answer(_ make: () async throws -> String) async rethrows -> String {
+            let generation = self.generation.load(ordering: .acquiring)
+            let now = ContinuousClock.now
+            if let last = self.last.withLock({ $0 }), last.generation == generation, now - last.at < Self.maximumAge {
+                return last.body
+            }
+            let body = try await make()
+            self.last.withLock { $0 = (generation, now, body) }
+            return body
+        }
     }
 
     private let stateFile: URL
@@ -79,6 +105,11 @@ final class AgentHomes: Sendable {
         self.save()
     }
 
+    /// Makes every home's next status answer new.
+    func statusChanged() {
+        for served in self.served.withLock({ Array($0.values) }) { served.status.generation.add(1, ordering: .releasing) }
+    }
+
     /// The served homes' keys (their state folders), sorted.
     var paths: [String] { self.served.withLock { $0.keys.sorted() } }
 
@@ -93,8 +124,18 @@ final class AgentHomes: Sendable {
 
     /// The queue of a home, opened (and from now on served) when it was not; a home is known by its state folder.
     func queue(_ home: Home, saving: Bool = true) throws(PackDeliveryError) -> DownloadQueue {
+        try self.served(home, saving: saving).queue
+    }
+
+    /// The queue of a home of one folder and its status cache, opened (and from now on served) when it was not.
+    func served(home: String) throws(PackDeliveryError) -> (queue: DownloadQueue, status: StatusCache) {
+        let served = try self.served(Home(folder: URL(filePath: home).standardizedFileURL), saving: true)
+        return (served.queue, served.status)
+    }
+
+    private func served(_ home: Home, saving: Bool) throws(PackDeliveryError) -> Served {
         let key = Self.key(home)
-        if let queue = self.served.withLock({ $0[key]?.queue }) { return queue }
+        if let served = self.served.withLock({ $0[key] }) { return served }
         var configuration = self.configuration()
         configuration.resumeInterruptedDownloads = true
         // The agent is where downloads run: its queues never hand them on.
@@ -102,18 +143,21 @@ final class AgentHomes: Sendable {
         // One admission order for every home: by priority, then first come, within the machine's slots.
         configuration.sharesAdmission = true
         let queue = try DownloadQueue(home: home, configuration: configuration, logger: nil)
+        let status = StatusCache()
+        let entry = Served(queue: queue, home: home, pump: self.pump(queue, home: key, status: status), status: status)
         let inserted = self.served.withLock { served -> Bool in
             guard served[key] == nil else { return false }
-            served[key] = Served(queue: queue, home: home, pump: self.pump(queue, home: key))
+            served[key] = entry
             return true
         }
         guard inserted else {
+            entry.pump.cancel()
             queue.close()
-            return try self.queue(home, saving: saving)
+            return try self.served(home, saving: saving)
         }
         self.logger.info("Serving a home", metadata: ["home": "\(key)"])
         if saving { self.save() }
-        return queue
+        return entry
     }
 
     /// Whether any download of a served home waits or runs.
@@ -152,11 +196,16 @@ final class AgentHomes: Sendable {
     }
 
     /// Numbers the queue's events into the log, and finishes a transaction that asked for it once it is finishable.
-    private func pump(_ queue: DownloadQueue, home: String) -> Task<Void, Never> {
+    private func pump(_ queue: DownloadQueue, home: String, status: StatusCache) -> Task<Void, Never> {
         let events = self.events
         let stream = queue.events()
         return Task.detached {
             for await event in stream {
+                // Progress alone (many a second while downloads run) shows within the answer's maximum age.
+                if case .downloadUpdated(let download) = event, download.state == .active, download.phase == .downloading {
+                } else {
+                    status.generation.add(1, ordering: .releasing)
+                }
                 let (kind, data) = AgentEventEncoding.encode(event, home: home)
                 events.append(kind: kind, data: data)
                 if case .transactionUpdated(let transaction) = event, transaction.autoFinish, transaction.isFinishable,

@@ -38,10 +38,10 @@ extension AgentRoutes {
         let downloads = try queue.fetchIfNeeded(contentIDs: packs, from: loaded)
         guard downloads.isEmpty else { return Self.json(UseAnswer(packs: packs, downloads: downloads.map(\.id), installed: [])) }
         let folders = try await queue.ensureAvailable(contentIDs: packs, from: loaded)
-        let installed = try queue.installedContent()
-        let content = zip(packs, folders).compactMap { pack, folder in
-            installed.first { $0.contentIdentifier == pack && $0.contentURL == folder }
-        }
+        // The product's packs only, by pack: a home with thousands installed is not read for a few.
+        let installed = Dictionary(
+            try queue.installedContent(forProductID: product).map { ($0.contentIdentifier, $0) }, uniquingKeysWith: { $1 })
+        let content = zip(packs, folders).compactMap { pack, folder in installed[pack].flatMap { $0.contentURL == folder ? $0 : nil } }
         return Self.json(UseAnswer(packs: packs, downloads: [], installed: content))
     }
 }

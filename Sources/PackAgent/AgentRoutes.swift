@@ -18,6 +18,7 @@ struct AgentRoutes: Sendable {
         let router = Router(context: BasicRequestContext.self)
         router.middlewares.add(ErrorShapeMiddleware())
         router.middlewares.add(VersionMiddleware(version: self.version))
+        router.middlewares.add(FreshStatusMiddleware(homes: self.homes))
         router.get("/v1/version") { request, _ in self.versionAnswer(request) }
         router.get("/v1/downloads") { request, _ in try await self.status(request) }
         router.post("/v1/fetch") { request, _ in try await self.fetch(request) }
@@ -47,9 +48,12 @@ struct AgentRoutes: Sendable {
     }
 
     static func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) -> Response {
-        Response(
-            status: status, headers: [.contentType: "application/json"],
-            body: .init(byteBuffer: ByteBuffer(string: AgentJSON.line(value) + "\n")))
+        Self.json(line: AgentJSON.line(value), status: status)
+    }
+
+    /// A JSON answer already encoded (``AgentJSON/line(_:)``).
+    static func json(line: String, status: HTTPResponse.Status = .ok) -> Response {
+        Response(status: status, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: line + "\n")))
     }
 
     static func body(_ request: Request, allowed: Set<String>, required: Set<String>) async throws -> StrictBody {
@@ -63,12 +67,16 @@ struct AgentRoutes: Sendable {
         guard let home = request.uri.queryParameters.get("home"), home.hasPrefix("/") else {
             throw AgentAPIError.badRequest("Name the home: ?home=ABSOLUTE_PATH.", code: "invalidField")
         }
-        let queue = try self.homes.queue(home: home)
-        let transactions = try await queue.transactions()
-        let evicted = try queue.evictedContent()
-        return Self.json(
-            StatusJSON(
-                transactions: transactions.map { TransactionJSON($0) }, evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }))
+        let (queue, cache) = try self.homes.served(home: home)
+        let body = try await cache.answer {
+            let transactions = try await queue.transactions()
+            let evicted = try queue.evictedContent()
+            return AgentJSON.line(
+                StatusJSON(
+                    transactions: transactions.map { TransactionJSON($0) }, evicted: evicted.isEmpty ? nil : evicted.map { EvictedJSON($0) }
+                ))
+        }
+        return Self.json(line: body)
     }
 
     /// `POST /v1/fetch`: records the purchase of products from a manifest and starts their downloads; does not wait.
@@ -212,6 +220,19 @@ struct ErrorShapeMiddleware: RouterMiddleware {
 
 /// Refuses a client of another major or minor version with 409 naming both; every request but `GET /v1/version`
 /// must say its version.
+/// A status read after a change asked of the agent sees it: every request but a read makes each home's next status
+/// answer new (``AgentHomes/StatusCache``), whether or not the queue has reported its event yet.
+struct FreshStatusMiddleware: RouterMiddleware {
+    typealias Context = BasicRequestContext
+    let homes: AgentHomes
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard request.method != .get else { return try await next(request, context) }
+        defer { self.homes.statusChanged() }
+        return try await next(request, context)
+    }
+}
+
 struct VersionMiddleware: RouterMiddleware {
     typealias Context = BasicRequestContext
     let version: String

@@ -77,12 +77,12 @@ extension Packs {
                     let ms = Double(elapsed.components.seconds) * 1_000 + Double(elapsed.components.attoseconds) / 1e15
                     printError("packs: ensureAvailable took \(String(format: "%.3f", ms)) ms")
                 }
-                let installed = try queue.installedContent()
+                // The product's packs only, by pack: a home with thousands installed is not read for a few.
+                let installed = Dictionary(
+                    try queue.installedContent(forProductID: self.product).map { ($0.contentIdentifier, $0) }, uniquingKeysWith: { $1 })
                 for (identifier, folder) in zip(packs, folders) {
                     if self.global.json {
-                        guard let content = installed.first(where: { $0.contentIdentifier == identifier && $0.contentURL == folder }) else {
-                            continue
-                        }
+                        guard let content = installed[identifier], content.contentURL == folder else { continue }
                         var object = InstalledJSON(content)
                         object.missing = false
                         printJSON(object)

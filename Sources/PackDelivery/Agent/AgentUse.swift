@@ -7,6 +7,8 @@ import Foundation
 /// queue's observers and event streams get the agent's events as it pushes them. Everything else (transactions,
 /// finishing, content, pausing) works as in this process. When the agent goes away, the queue takes its downloads
 /// back and runs them itself (``automatic``), from the bytes on disk.
+///
+/// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
 public enum AgentUse: String, Sendable, Hashable, Codable, CaseIterable {
     /// The agent when its socket answers at open; else this process, as before (logged once).
     case automatic
