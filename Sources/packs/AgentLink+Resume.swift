@@ -29,12 +29,15 @@ extension AgentLink {
     }
 
     /// The downloads of the home, as `GET /v1/downloads` lists them.
-    func followed() throws -> [Followed] {
+    func followed() throws -> [Followed] { try self.listed().map(Followed.init) }
+
+    /// The downloads of the home, as `GET /v1/downloads` lists them.
+    func listed() throws -> [DownloadJSON] {
         let body = try self.status()
         guard let status = try? AgentJSON.decoder.decode(StatusJSON.self, from: body) else {
             throw PackDeliveryError(.internalError, message: "The agent's status could not be read.")
         }
-        return status.transactions.flatMap(\.downloads).map(Followed.init)
+        return status.transactions.flatMap(\.downloads)
     }
 
     /// Resumes `ids` (every paused or failed download but those added not started, when none is named) in the agent,
@@ -62,7 +65,9 @@ extension AgentLink {
         while settled.count < wanted.count {
             usleep(200_000)
             lines.show(inbox.take())
-            let open = Dictionary(try self.followed().map { ($0.id, $0) }, uniquingKeysWith: { first, _ in first })
+            let listed = try self.listed()
+            for download in listed { lines.note(download) }
+            let open = Dictionary(listed.map { ($0.id, Followed($0)) }, uniquingKeysWith: { first, _ in first })
             for id in wanted where settled[id] == nil {
                 // Gone from the status: its transaction was finished, so it finished.
                 guard let download = open[id] else {

@@ -37,6 +37,11 @@ struct AgentResumeLines {
     private var shown: [String: String] = [:]
     private var transactions: Set<String> = []
     private var finished: [TransactionJSON] = []
+    /// With `--json`, the run's last line, as the in-process resume prints it.
+    private var summary = RunSummary()
+    private var begun: Set<String> = []
+    /// The state of each followed download's last event.
+    private var eventState: [String: String] = [:]
 
     init(ids: Set<String>, mode: ProgressDisplay.Mode) {
         self.ids = ids
@@ -50,6 +55,8 @@ struct AgentResumeLines {
                 self.ids.contains(download.id)
             {
                 self.transactions.insert(download.transactionID)
+                self.note(download, event: true)
+                self.eventState[download.id] = download.state.rawValue
                 if case .json = self.mode { printLine(JSONOutput.asciiControls(event.data)) }
                 guard case .plain = self.mode.plainOrTerminal else { continue }
                 let key = "\(download.state.rawValue)/\(download.phase.value?.rawValue ?? "")"
@@ -65,14 +72,30 @@ struct AgentResumeLines {
         }
     }
 
-    /// Whether a line for this state was printed (or none is printed in this mode).
-    func showed(_ id: String, state: String) -> Bool {
-        guard case .plain = self.mode.plainOrTerminal else { return true }
-        return self.shown[id]?.hasPrefix(state + "/") == true
+    /// A followed download as the status or an event shows it, for the summary: the first sight begins it, and only
+    /// events update it (the status may be a moment older than the last event).
+    mutating func note(_ download: DownloadJSON, event: Bool = false) {
+        guard self.ids.contains(download.id) else { return }
+        if self.begun.insert(download.id).inserted {
+            self.summary.begin(RunSummary.Seen(download))
+        } else if event {
+            self.summary.update(RunSummary.Seen(download))
+        }
     }
 
-    /// The transactions the agent finished, as the in-process run says it finished them.
-    func end() {
+    /// Whether a line for this state was printed (or none is printed in this mode).
+    func showed(_ id: String, state: String) -> Bool {
+        switch self.mode.plainOrTerminal {
+        case .plain: self.shown[id]?.hasPrefix(state + "/") == true
+        // The summary counts how each ended from the events.
+        case .json: self.eventState[id] == state
+        default: true
+        }
+    }
+
+    /// The transactions the agent finished, as the in-process run says it finished them; with `--json`, the summary.
+    mutating func end() {
+        if case .json = self.mode { printJSON(self.summary.end()) }
         guard case .plain = self.mode.plainOrTerminal, !self.finished.isEmpty else { return }
         if self.finished.count == 1, let transaction = self.finished.first {
             printLine("finished transaction \(transaction.id) (\(PackDeliveryError.printable(transaction.productIdentifier)))")

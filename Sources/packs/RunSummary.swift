@@ -1,4 +1,5 @@
 import Foundation
+import PackAgent
 import PackDelivery
 
 /// What one run of `fetch`, `resume`, `verify --repair` or `demo` did, for pipelines: the last line of its `--json`
@@ -57,8 +58,45 @@ struct RunSummary: Encodable {
         case bytesReused, bytesResumed, retries, seconds, sources
     }
 
+    /// What the summary reads of a download: of a ``Download`` in this process, or of the agent's ``DownloadJSON``.
+    struct Seen {
+        var id: String
+        var state: DownloadState
+        var phase: DownloadPhase?
+        var bytesReceived: Int64
+        var contentLength: Int64
+        var retryDate: Date?
+        var delta: Download.Delta?
+        var url: URL?
+
+        init(_ download: Download) {
+            self.id = download.id
+            self.state = download.state
+            self.phase = download.phase
+            self.bytesReceived = download.bytesReceived
+            self.contentLength = download.contentLength
+            self.retryDate = download.retryDate
+            self.delta = download.delta
+            self.url = download.url
+        }
+
+        init(_ download: DownloadJSON) {
+            self.id = download.id
+            self.state = download.state
+            self.phase = download.phase.value
+            self.bytesReceived = download.bytesReceived
+            self.contentLength = download.contentLength
+            self.retryDate = download.retryDate.value
+            self.delta = download.delta
+            self.url = URL(string: download.url)
+        }
+    }
+
+    mutating func begin(_ download: Download) { self.begin(Seen(download)) }
+    mutating func update(_ download: Download) { self.update(Seen(download)) }
+
     /// A download as the run found it.
-    mutating func begin(_ download: Download) {
+    mutating func begin(_ download: Seen) {
         self.downloads += 1
         if download.state == .finished {
             self.alreadyInstalled += 1
@@ -69,11 +107,11 @@ struct RunSummary: Encodable {
         self.tracks[download.id] = Track(
             phase: download.state == .active ? download.phase : nil, since: .now, bytes: download.bytesReceived,
             retrying: download.retryDate != nil, delta: download.delta, state: download.state)
-        if let origin = Self.origin(of: download.url) { self.origins.insert(origin) }
+        if let url = download.url, let origin = Self.origin(of: url) { self.origins.insert(origin) }
     }
 
     /// A download changed.
-    mutating func update(_ download: Download) {
+    mutating func update(_ download: Seen) {
         guard var track = self.tracks[download.id] else { return }
         let now = ContinuousClock.now
         if let phase = track.phase { self.add(now - track.since, to: phase) }

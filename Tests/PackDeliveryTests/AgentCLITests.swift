@@ -26,6 +26,31 @@ import Testing
         ((result.events.first?["transactions"] as? [[String: Any]])?.first?["downloads"] as? [[String: Any]])?.first
     }
 
+    /// `resume --json` through the agent ends as the in-process one does: with the run's summary, which counts the
+    /// bytes kept before the pause as resumed, not fetched.
+    @Test func resumeWithJSONThroughTheAgentEndsWithTheSummary() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-summary")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-summary-site", folder: folder, size: 600_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        #expect(try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30).status == 0)
+        let paused = try #require(try AgentTests.download(agent, home: home))
+        let (kept, length) = (paused["bytesReceived"] as? Int ?? 0, paused["contentLength"] as? Int ?? 0)
+        let resume = try CLI.run(home: home, ["--json", "resume", "--socket", agent.socket, id], timeout: 60)
+        #expect(resume.status == 0, "stderr: \(resume.stderr)")
+        let summary = try #require(resume.events.last, "\(resume.stdout)")
+        #expect(summary["event"] as? String == "summary", "\(resume.stdout)")
+        #expect(summary["downloads"] as? Int == 1 && summary["finished"] as? Int == 1, "\(summary)")
+        let (resumed, fetched) = (summary["bytesResumed"] as? Int ?? -1, summary["bytesFetched"] as? Int ?? -1)
+        #expect(resumed >= kept && kept > 0, "the bytes kept at the pause (\(kept)) are resumed: \(summary)")
+        #expect(resumed + fetched == length, "\(summary)")
+        #expect(summary["sources"] as? [String] == ["http://127.0.0.1:\(server.port)"], "\(summary)")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
     @Test func pauseGoesThroughTheAgentThenResumeFinishesIt() throws {
         let folder = try Fixtures.temporaryDirectory("agent-cli-pause")
         defer { try? FileManager.default.removeItem(at: folder) }
