@@ -137,8 +137,8 @@ import Testing
         defer { queue.close() }
         let recorder = Recorder(queue)
         let transaction = try await queue.add(product: "com.example.big", from: manifest)
-        try await waitUntilAsync("300 KB received by the agent", timeout: 30) {
-            (try AgentTests.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) >= 300_000
+        try await waitUntilAsync("150 KB received by the agent", timeout: 30) {
+            (try AgentTests.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) >= 150_000
         }
         #expect(try agent.stop(SIGKILL) == 128 + SIGKILL)
         try await waitUntilAsync("the transaction finishable, taken back by the app", timeout: 90) {

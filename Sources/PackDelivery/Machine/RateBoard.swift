@@ -30,20 +30,21 @@ final class RateBoard: Sendable {
         var cap: Int64?
         var tickets: [UInt64: Ticket] = [:]
         var next: UInt64 = 0
-        /// Each ticket's bytes at the last measure, and its rate measured then.
-        var measured: [UInt64: (bytes: Int64, rate: Double?)] = [:]
+        /// Each ticket's bytes at its last measure (or its start), when that was, and its rate measured then: nil
+        /// while unknown, or while the transfer takes all its share (it could take more: its demand is unknown).
+        var measured: [UInt64: (bytes: Int64, at: ContinuousClock.Instant, rate: Double?)] = [:]
         var measuredAt = ContinuousClock.now
     }
 
     private let state = Mutex(State())
 
     /// A ticket for a transfer that starts, with its share.
-    func join(priority: DownloadPriority) -> Ticket {
+    func join(priority: DownloadPriority, now: ContinuousClock.Instant = .now) -> Ticket {
         self.state.withLock { state in
             let ticket = Ticket(id: state.next, priority: priority)
             state.next += 1
             state.tickets[ticket.id] = ticket
-            state.measured[ticket.id] = (0, nil)
+            state.measured[ticket.id] = (0, now, nil)
             Self.share(&state)
             return ticket
         }
@@ -70,16 +71,28 @@ final class RateBoard: Sendable {
     /// The cap in force.
     var cap: Int64? { self.state.withLock { $0.cap } }
 
-    /// Measures each transfer's rate since the last measure (at most twice a second) and shares the cap again.
+    /// The running transfers' tickets, oldest first.
+    var tickets: [Ticket] { self.state.withLock { $0.tickets.values.sorted { $0.id < $1.id } } }
+
+    /// Measures each transfer's rate since its last measure (at most twice a second) and shares the cap again.
+    ///
+    /// A transfer that took at least 90 % of its share is limited by the share, not by its server: what it could take
+    /// is unknown, and it is shared as a newcomer is (a fair part, a user-initiated one at least half the cap). Only
+    /// one that took less is given what it took and a quarter more, and the rest goes to the others. So a transfer
+    /// started between two measures, or held low for a moment, is never kept low by its own measure.
     func remeasure(now: ContinuousClock.Instant = .now) {
         self.state.withLock { state in
-            let elapsed = Double((now - state.measuredAt) / .milliseconds(1)) / 1000
-            guard elapsed >= 0.5 else { return }
+            guard now - state.measuredAt >= .milliseconds(500) else { return }
             state.measuredAt = now
             for (id, ticket) in state.tickets {
                 let bytes = ticket.received.load(ordering: .relaxed)
-                let before = state.measured[id]?.bytes ?? 0
-                state.measured[id] = (bytes, Double(bytes - before) / elapsed)
+                let before = state.measured[id] ?? (0, now, nil)
+                let seconds = Double((now - before.at) / .microseconds(1)) / 1e6
+                guard seconds > 0.05 else { continue }
+                let rate = Double(bytes - before.bytes) / seconds
+                let share = ticket.rate.load(ordering: .relaxed)
+                let limited = share > 0 && rate >= 0.9 * Double(share)
+                state.measured[id] = (bytes, now, limited ? nil : rate)
             }
             Self.share(&state)
         }
