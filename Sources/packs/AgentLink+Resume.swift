@@ -1,6 +1,7 @@
 import Foundation
 import PackAgent
 import PackDelivery
+import Synchronization
 
 // `packs resume` through the agent: the agent runs the downloads, the command waits until they settle and exits as
 // the in-process resume does (0 all finished, 75 paused again, the error's code for a failure).
@@ -60,9 +61,27 @@ extension AgentLink {
     /// is finished, failed, paused or cancelled.
     /// - Returns: the exit code.
     func follow(_ wanted: [String], inbox: AgentEventInbox, mode: ProgressDisplay.Mode) throws -> Int32 {
+        // Stopped as the in-process run stops (RunSession.stopSignals): the downloads it follows are paused in the
+        // agent, their bytes kept, and the command exits 130 with one line.
+        let interrupted = Atomic<Bool>(false)
+        let signals = RunSession.stopSignals.map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler { interrupted.store(true, ordering: .relaxed) }
+            source.resume()
+            return source
+        }
+        defer { for signal in signals { signal.cancel() } }
         var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         var settled: [String: Followed] = [:]
         while settled.count < wanted.count {
+            if interrupted.load(ordering: .relaxed) || Output.broken.load(ordering: .relaxed) {
+                let open = wanted.filter { settled[$0] == nil }
+                try self.control(open, "pause")
+                lines.show(inbox.take())
+                lines.end()
+                return RunSession.interrupted(paused: open)
+            }
             usleep(200_000)
             lines.show(inbox.take())
             let listed = try self.listed()

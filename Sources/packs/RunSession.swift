@@ -131,15 +131,17 @@ struct RunSession {
 
     /// The run's exit status from the downloads it followed that did not finish, with their one line on stderr:
     /// interrupted (75), the first failure's code, a pause's (resumable, or no permission), else 0.
+    /// Says that a signal stopped the run and the downloads `paused` were paused; returns the exit code.
+    static func interrupted(paused: [String]) -> Int32 {
+        let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
+        printError(
+            "packs: Interrupted; the downloads are paused with their data kept. Run packs resume\(paused.isEmpty ? "" : " " + shown) to continue."
+        )
+        return ExitStatus.interrupted
+    }
+
     private static func exitStatus(left: [Download], interrupted: Bool) -> Int32 {
-        if interrupted {
-            let paused = left.filter { $0.state == .paused }.map(\.id)
-            let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
-            printError(
-                "packs: Interrupted; the downloads are paused with their data kept. Run packs resume\(paused.isEmpty ? "" : " " + shown) to continue."
-            )
-            return ExitStatus.interrupted
-        }
+        if interrupted { return Self.interrupted(paused: left.filter { $0.state == .paused }.map(\.id)) }
         let failed = left.filter { $0.state == .failed }
         if let first = failed.first {
             let error = first.error ?? PackDeliveryError(.internalError, message: "The download \(first.id) failed for no recorded reason.")

@@ -51,6 +51,33 @@ import Testing
         #expect(try agent.stop() == 0, "log: \(agent.log)")
     }
 
+    /// Ctrl-C on `resume` through the agent stops it as in-process: the downloads it follows are paused in the agent
+    /// with their bytes kept, and the command exits 130 with one line naming them.
+    @Test func interruptingResumeThroughTheAgentPausesItsDownloads() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-cli-interrupt")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-interrupt-site", folder: folder)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        #expect(try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30).status == 0)
+        let (resume, output) = try Self.startWatch(["--home", home.path, "resume", "--socket", agent.socket, id], folder: folder)
+        defer { if resume.isRunning { kill(resume.processIdentifier, SIGKILL) } }
+        try waitUntil("the download running again in the agent", timeout: 20) {
+            try AgentTests.download(agent, home: home)?["state"] as? String == "active"
+        }
+        kill(resume.processIdentifier, SIGINT)
+        try waitUntil("resume exited after SIGINT", timeout: 10) { !resume.isRunning }
+        let printed = (try? String(contentsOf: output, encoding: .utf8)) ?? ""
+        #expect(resume.terminationReason == .exit && resume.terminationStatus == 130, "\(printed)")
+        #expect(printed.contains("Interrupted; the downloads are paused with their data kept. Run packs resume \(id)"), "\(printed)")
+        let now = try #require(try AgentTests.download(agent, home: home))
+        #expect(now["state"] as? String == "paused" && now["pauseReason"] as? String == "user", "\(now)")
+        #expect(now["bytesReceived"] as? Int ?? 0 > 0, "its bytes kept: \(now)")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
     @Test func pauseGoesThroughTheAgentThenResumeFinishesIt() throws {
         let folder = try Fixtures.temporaryDirectory("agent-cli-pause")
         defer { try? FileManager.default.removeItem(at: folder) }
