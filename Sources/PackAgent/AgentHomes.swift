@@ -34,8 +34,30 @@ final class AgentHomes: Sendable {
                 return last.body
             }
             let body = try await make()
-            self.last.withLock { $0 = (generation, now, body) }
+            // An answer made later is never replaced by one begun before it.
+            self.last.withLock { last in
+                if last.map({ ($0.generation, $0.at) <= (generation, now) }) ?? true { last = (generation, now, body) }
+            }
             return body
+        }
+
+        /// Downloads whose last event said they transfer: a later such event of one of them is progress alone.
+        private let transferring = Mutex<Set<String>>([])
+
+        /// Takes an event of the queue: any change but progress makes the next answer new.
+        func note(_ event: DownloadQueueEvent) {
+            if case .downloadUpdated(let download) = event {
+                let transfers = download.state == .active && download.phase == .downloading && download.retryDate == nil
+                let progressOnly = self.transferring.withLock { set -> Bool in
+                    guard transfers else {
+                        set.remove(download.id)
+                        return false
+                    }
+                    return !set.insert(download.id).inserted
+                }
+                if progressOnly { return }
+            }
+            self.generation.add(1, ordering: .releasing)
         }
     }
 
@@ -201,11 +223,8 @@ final class AgentHomes: Sendable {
         let stream = queue.events()
         return Task.detached {
             for await event in stream {
-                // Progress alone (many a second while downloads run) shows within the answer's maximum age.
-                if case .downloadUpdated(let download) = event, download.state == .active, download.phase == .downloading {
-                } else {
-                    status.generation.add(1, ordering: .releasing)
-                }
+                // Before the event goes out: a client that saw it and then asks gets a new answer.
+                status.note(event)
                 let (kind, data) = AgentEventEncoding.encode(event, home: home)
                 events.append(kind: kind, data: data)
                 if case .transactionUpdated(let transaction) = event, transaction.autoFinish, transaction.isFinishable,

@@ -218,8 +218,6 @@ struct ErrorShapeMiddleware: RouterMiddleware {
     }
 }
 
-/// Refuses a client of another major or minor version with 409 naming both; every request but `GET /v1/version`
-/// must say its version.
 /// A status read after a change asked of the agent sees it: every request but a read makes each home's next status
 /// answer new (``AgentHomes/StatusCache``), whether or not the queue has reported its event yet.
 struct FreshStatusMiddleware: RouterMiddleware {
@@ -233,6 +231,8 @@ struct FreshStatusMiddleware: RouterMiddleware {
     }
 }
 
+/// Refuses a client of another major or minor version with 409 naming both; every request but `GET /v1/version`
+/// must say its version.
 struct VersionMiddleware: RouterMiddleware {
     typealias Context = BasicRequestContext
     let version: String

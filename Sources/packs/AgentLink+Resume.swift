@@ -64,14 +64,8 @@ extension AgentLink {
         // Stopped as the in-process run stops (RunSession.stopSignals): the downloads it follows are paused in the
         // agent, their bytes kept, and the command exits 130 with one line.
         let interrupted = Atomic<Bool>(false)
-        let signals = RunSession.stopSignals.map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler { interrupted.store(true, ordering: .relaxed) }
-            source.resume()
-            return source
-        }
-        defer { for signal in signals { signal.cancel() } }
+        let signals = SignalWatch(RunSession.stopSignals) { interrupted.store(true, ordering: .relaxed) }
+        defer { signals.cancel() }
         var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         var settled: [String: Followed] = [:]
         while settled.count < wanted.count {

@@ -24,6 +24,10 @@ extension AgentLink {
             let code = try self.follow(answer.downloads, inbox: inbox, mode: mode)
             guard code == 0 else { return code }
             answer = try self.askUse(body)
+        } else if case .json = mode {
+            // Nothing to fetch: the summary of a run that followed nothing, as in-process.
+            var summary = RunSummary()
+            printJSON(summary.end())
         }
         guard answer.downloads.isEmpty, answer.installed.count == answer.packs.count else {
             throw PackDeliveryError(

@@ -55,17 +55,11 @@ struct RunSession {
         var events: AsyncStream<DownloadQueueEvent>? = self.queue.events()
         let interrupted = Atomic<Bool>(false)
         let queue = self.queue
-        let signals = Self.stopSignals.map { number in
-            signal(number, SIG_IGN)
-            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-            source.setEventHandler {
-                interrupted.store(true, ordering: .relaxed)
-                queue.pauseAll(reason: .user)
-            }
-            source.resume()
-            return source
+        let signals = SignalWatch(Self.stopSignals) {
+            interrupted.store(true, ordering: .relaxed)
+            queue.pauseAll(reason: .user)
         }
-        defer { for signal in signals { signal.cancel() } }
+        defer { signals.cancel() }
 
         let display = ProgressDisplay(mode: .init(global: self.global))
         let follow = try start()
@@ -129,9 +123,7 @@ struct RunSession {
         return Self.exitStatus(left: notFinished.values.sorted { $0.id < $1.id }, interrupted: interrupted.load(ordering: .relaxed))
     }
 
-    /// The run's exit status from the downloads it followed that did not finish, with their one line on stderr:
-    /// interrupted (75), the first failure's code, a pause's (resumable, or no permission), else 0.
-    /// Says that a signal stopped the run and the downloads `paused` were paused; returns the exit code.
+    /// Says that a signal stopped the run and the downloads `paused` were paused; returns the exit code (130).
     static func interrupted(paused: [String]) -> Int32 {
         let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
         printError(
@@ -140,6 +132,8 @@ struct RunSession {
         return ExitStatus.interrupted
     }
 
+    /// The run's exit status from the downloads it followed that did not finish, with their one line on stderr:
+    /// interrupted (130), the first failure's code, a pause's (resumable, or no permission), else 0.
     private static func exitStatus(left: [Download], interrupted: Bool) -> Int32 {
         if interrupted { return Self.interrupted(paused: left.filter { $0.state == .paused }.map(\.id)) }
         let failed = left.filter { $0.state == .failed }
@@ -176,5 +170,28 @@ struct RunSession {
             return ExitStatus.resumable
         }
         return 0
+    }
+}
+
+/// Signals taken from their default action while a command runs: each runs `handler` (on a global queue) instead.
+/// Cancelled, they act as before again (SIGPIPE stays ignored, as the process sets it at start).
+struct SignalWatch {
+    private let numbers: [Int32]
+    private let sources: [any DispatchSourceSignal]
+
+    init(_ numbers: [Int32], handler: @escaping @Sendable () -> Void) {
+        self.numbers = numbers
+        self.sources = numbers.map { number in
+            signal(number, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+            source.setEventHandler(handler: handler)
+            source.resume()
+            return source
+        }
+    }
+
+    func cancel() {
+        for source in self.sources { source.cancel() }
+        for number in self.numbers where number != SIGPIPE { signal(number, SIG_DFL) }
     }
 }

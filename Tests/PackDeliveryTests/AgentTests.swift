@@ -156,6 +156,39 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    /// A status read after an event of the stream shows what the event said, though the agent answers status reads
+    /// from its last answer while only progress changes: a download starting is not progress.
+    @Test func aStatusReadAfterADownloadStartsShowsItActive() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-fresh")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let (site, server, manifest) = try Self.slowSite("agent-fresh-site", size: 400_000, bytesPerSecond: 200_000)
+        defer {
+            server.stop()
+            try? FileManager.default.removeItem(at: site.folder)
+        }
+        let agent = try AgentProcess(folder: folder, arguments: ["--concurrency", "1"])
+        let stream = try EventStreamClient(socket: agent.socket)
+        try waitUntil("the event stream counted", timeout: 10) {
+            try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 1
+        }
+        let (first, second) = (folder.appending(path: "first"), folder.appending(path: "second"))
+        for home in [first, second] {
+            let body = jsonBody(["home": home.path, "manifest": manifest, "products": ["com.example.big"]])
+            #expect(try agent.request("POST", "/v1/fetch", body: body).status == 202)
+        }
+        // The second waits for the one slot, and its status answer is kept.
+        #expect(try Self.download(agent, home: second)?["state"] as? String == "waiting")
+        let id = try #require(try Self.download(agent, home: second)?["id"] as? String)
+        try waitUntil("the second download's active event", timeout: 30) {
+            stream.events.contains {
+                $0.kind == "download" && $0.data.contains("\"id\":\"\(id)\"") && $0.data.contains("\"home\":\"\(second.path)\"")
+                    && $0.data.contains("\"state\":\"active\"")
+            }
+        }
+        #expect(try Self.download(agent, home: second)?["state"] as? String == "active", "the status read right after the event")
+        #expect(try agent.stop() == 0)
+    }
+
     @Test func withNoAgentADetachedFetchSaysSoAndExits79() throws {
         let folder = try Fixtures.temporaryDirectory("agent-none")
         defer { try? FileManager.default.removeItem(at: folder) }

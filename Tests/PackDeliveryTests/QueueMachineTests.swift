@@ -102,14 +102,15 @@ import Testing
         }
         #expect(Self.admitAll(&queue, add(0, .background)) == ["d-0"])
         #expect(Self.admitAll(&queue, add(1, .essential)).isEmpty, "essential work waits for a free slot")
-        #expect(Self.admitAll(&queue, add(2, .userInitiated)) == ["d-2"], "started beside the background download")
+        let urgent = add(2, .userInitiated)
+        #expect(!urgent.contains { if case .run(_, .stopTransfer) = $0 { true } else { false } }, "nothing running is stopped")
+        // A new priority while it is being admitted neither admits it twice nor frees the slot it holds.
+        let raised = queue.handle("d-2", .setPriority(.essential)) + queue.handle("d-2", .setPriority(.userInitiated))
+        #expect(Self.admitted(raised).isEmpty && queue.disagreements().isEmpty, "\(queue.disagreements())")
+        #expect(Self.admitAll(&queue, urgent) == ["d-2"], "started beside the background download")
         #expect(queue.running == ["d-0", "d-2"] && queue.disagreements().isEmpty)
         #expect(Self.admitAll(&queue, add(3, .userInitiated)).isEmpty, "one background download lends one slot")
-        #expect(
-            !queue.handle("d-0", .setPriority(.prefetch)).contains {
-                if case .run(_, .stopTransfer) = $0 { return true } else { return false }
-            },
-            "nothing running is stopped")
+        _ = queue.handle("d-0", .setPriority(.prefetch))
         // The background download ends: the one beside it takes its slot, and the rest wait for it.
         #expect(Self.admitAll(&queue, Self.complete(&queue, "d-0")).isEmpty)
         #expect(queue.running == ["d-2"] && queue.disagreements().isEmpty)
@@ -135,9 +136,10 @@ import Testing
         #expect(grants.withLock { $0[1] } == AdmissionBoard.Grant(slots: 0, lent: 1), "the background slot is lent")
         board.report(b, AdmissionBoard.Demand(running: 0, beside: 1, lending: 0, heads: [essential]))
         #expect(grants.withLock { $0[1] } == AdmissionBoard.Grant(slots: 0, lent: 1), "held while it runs; nothing more lent")
-        board.report(a, AdmissionBoard.Demand(running: 1, beside: 0, lending: 0, heads: []))
-        board.report(b, AdmissionBoard.Demand(running: 0, beside: 1, lending: 0, heads: [urgent]))
-        #expect(grants.withLock { $0[1] }?.lent == 1, "essential work lends nothing more: \(String(describing: grants.withLock { $0[1] }))")
+        // Home A's background download ends, an essential one waiting there: the borrowed slot becomes B's own.
+        board.report(a, AdmissionBoard.Demand(running: 0, beside: 0, lending: 0, heads: [essential]))
+        #expect(grants.withLock { $0[1] } == AdmissionBoard.Grant(slots: 1, lent: 0), "\(String(describing: grants.withLock { $0[1] }))")
+        #expect(grants.withLock { $0[0] }?.slots == 0, "A's essential download waits for the one slot")
     }
 
     @Test func slotsAreBoundedAndTheRestWaitInOrder() {

@@ -434,7 +434,10 @@ struct Installer: Sendable {
         // Reading and decoding fail apart: a process out of descriptors is not a broken pack.
         let path = staging.appending(path: "ContentInfo.plist").path
         var info = stat()
-        guard lstat(path, &info) == 0 else { return }
+        guard lstat(path, &info) == 0 else {
+            if errno == ENOENT { return }
+            throw .io("read", path: path, errno: errno)
+        }
         guard (info.st_mode & S_IFMT) == S_IFREG, let data = try SmallFile.read(path, limit: 1 << 20, tooLarge: { _ in unreadable })
         else { throw unreadable }
         let contentInfo: ContentInfo

@@ -91,18 +91,25 @@ final class AdmissionBoard: Sendable {
     /// The machine's slots now.
     var total: Int { self.state.withLock { $0.members.values.map(\.total).max() ?? 0 } }
 
-    /// Gives the free slots to the best waiting downloads of all members, then the slots that running restore,
+    /// Gives the free slots first to the downloads running on lent slots (each takes a slot of its own as one frees,
+    /// as in one queue), then to the best waiting downloads of all members, then the slots that running restore,
     /// prefetch and background work lends to the user-initiated ones left waiting; returns the members to tell.
     private static func allot(_ state: inout State) -> [Call] {
         let total = state.members.values.map(\.total).max() ?? 0
         var slots = state.members.mapValues(\.demand.running)
         var lent = state.members.mapValues(\.demand.beside)
         var free = total - slots.values.reduce(0, +)
-        var lendable = state.members.values.reduce(0) { $0 + $1.demand.lending - $1.demand.beside }
         if state.members.count == 1, let key = state.members.keys.first {
             slots[key] = total
             free = 0
         }
+        for key in lent.keys.sorted() where free > 0 {
+            let moved = min(free, lent[key] ?? 0)
+            slots[key, default: 0] += moved
+            lent[key, default: 0] -= moved
+            free -= moved
+        }
+        var lendable = state.members.values.reduce(0) { $0 + $1.demand.lending } - lent.values.reduce(0, +)
         let heads = state.members.flatMap { key, member in member.demand.heads.map { (head: $0, key: key) } }
             .sorted { ($0.head, $0.key) < ($1.head, $1.key) }
         for item in heads {

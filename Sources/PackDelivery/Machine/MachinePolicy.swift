@@ -16,11 +16,14 @@ import HeapModule
 /// - **Admission.** One order across all homes: running downloads keep their slots (a running download is never
 ///   stopped for another), then by priority, then first come, first served (``Candidate/sequence``), up to
 ///   ``concurrency``. The first `concurrency` are found with a bounded heap that a download behind all of them does
-///   not touch: O(n log concurrency) for n downloads at worst.
+///   not touch: O(n log concurrency) for n downloads at worst. The queues apply one rule beyond this order, which
+///   ``decide(_:)`` does not model: when restore, prefetch or background work holds every slot, each such running
+///   download lends its slot to one waiting user-initiated download (see ``DownloadPriority``).
 /// - **Rates.** The cap (``maxRate``, or the lower ``quietRate`` while quiet) is shared so the rates sum to it:
 ///   user-initiated downloads together get at least half of it (all of it when nothing else runs), the others
-///   split the rest. A download measured below its share (``Candidate/bytesPerSecond``) is given what it uses
-///   plus a quarter, and what it leaves goes to the others; what is left after every demand is spread evenly.
+///   split the rest. A download measured below its share (``Candidate/bytesPerSecond``; the rate board counts one
+///   that took 90 % of its share as unknown) is given what it uses plus a quarter, and what it leaves goes to the
+///   others; what is left after every demand is spread evenly.
 public struct MachinePolicy: Sendable, Hashable {
     /// The machine's rate cap in bytes per second; nil for none.
     public var maxRate: Int64?

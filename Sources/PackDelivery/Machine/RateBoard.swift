@@ -45,7 +45,7 @@ final class RateBoard: Sendable {
             state.next += 1
             state.tickets[ticket.id] = ticket
             state.measured[ticket.id] = (0, now, nil)
-            Self.share(&state)
+            Self.share(&state, now: now)
             return ticket
         }
     }
@@ -55,7 +55,7 @@ final class RateBoard: Sendable {
         self.state.withLock { state in
             guard state.tickets.removeValue(forKey: ticket.id) != nil else { return }
             state.measured[ticket.id] = nil
-            Self.share(&state)
+            Self.share(&state, now: .now)
         }
     }
 
@@ -64,7 +64,7 @@ final class RateBoard: Sendable {
         self.state.withLock { state in
             guard state.cap != cap else { return }
             state.cap = cap
-            Self.share(&state)
+            Self.share(&state, now: .now)
         }
     }
 
@@ -94,11 +94,12 @@ final class RateBoard: Sendable {
                 let limited = share > 0 && rate >= 0.9 * Double(share)
                 state.measured[id] = (bytes, now, limited ? nil : rate)
             }
-            Self.share(&state)
+            Self.share(&state, now: now)
         }
     }
 
-    private static func share(_ state: inout State) {
+    /// Shares the cap again. A transfer whose share changes is measured from now on, against its new share.
+    private static func share(_ state: inout State, now: ContinuousClock.Instant) {
         let tickets = state.tickets.values.sorted { $0.id < $1.id }
         guard let cap = state.cap, !tickets.isEmpty else {
             for ticket in tickets { Self.set(ticket, 0) }
@@ -110,7 +111,12 @@ final class RateBoard: Sendable {
                 bytesPerSecond: state.measured[ticket.id]?.rate, isRunning: true)
         }
         let rates = MachinePolicy.shares(of: max(cap, Int64(tickets.count)), among: candidates)
-        for (ticket, rate) in zip(tickets, rates) { Self.set(ticket, rate) }
+        for (ticket, rate) in zip(tickets, rates) where ticket.rate.load(ordering: .relaxed) != rate {
+            Self.set(ticket, rate)
+            if let measured = state.measured[ticket.id] {
+                state.measured[ticket.id] = (ticket.received.load(ordering: .relaxed), now, measured.rate)
+            }
+        }
     }
 
     private static func set(_ ticket: Ticket, _ rate: Int64) {

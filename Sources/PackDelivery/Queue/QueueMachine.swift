@@ -418,6 +418,8 @@ struct QueueMachine: Sendable {
             found.append("\(self.running.count - self.beside.count) slots of \(self.concurrency)")
         }
         if self.beside.count > self.concurrency { found.append("\(self.beside.count) lent slots of \(self.concurrency)") }
+        let placed = self.running.filter { self.entries[$0]?.inHeap == true }
+        if !placed.isEmpty { found.append("holding a slot and placed in the waiting order: \(placed.sorted())") }
         return found
     }
 
@@ -474,8 +476,9 @@ struct QueueMachine: Sendable {
         }
         // A slot is held while active, and while waiting to be admitted.
         if after.state != .active, after.state != .waiting { self.release(id) }
-        if after.state == .waiting, !entry.inHeap || entry.heapRank != after.priority.rank {
-            // Placed by its priority; a new priority gives it a new place, and the old one is passed over.
+        if after.state == .waiting, !self.running.contains(id), !entry.inHeap || entry.heapRank != after.priority.rank {
+            // Placed by its priority; a new priority gives it a new place, and the old one is passed over. One being
+            // admitted holds its slot already, and has no place.
             entry.inHeap = true
             entry.heapRank = after.priority.rank
             self.waiting.insert(Waiting(rank: entry.heapRank, sequence: entry.sequence, id: id))
@@ -527,11 +530,12 @@ struct QueueMachine: Sendable {
         self.beside.remove(id)
     }
 
-    /// The next waiting download in order, left in place; stale places on top are dropped.
+    /// The next waiting download in order, left in place; stale places on top are dropped, and so is the place of a
+    /// download that holds a slot already (being admitted when a new priority placed it again).
     private mutating func peekWaiting() -> Waiting? {
         while let next = self.waiting.min {
             if let entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence, entry.heapRank == next.rank {
-                if entry.machine.state == .waiting { return next }
+                if entry.machine.state == .waiting, !self.running.contains(next.id) { return next }
                 self.entries[next.id]?.inHeap = false
             }
             _ = self.waiting.popMin()
