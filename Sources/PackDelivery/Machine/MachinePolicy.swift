@@ -17,7 +17,7 @@ import HeapModule
 ///   stopped for another), then by priority, then first come, first served (``Candidate/sequence``), up to
 ///   ``concurrency``. The first `concurrency` are found with a bounded heap that a download behind all of them does
 ///   not touch: O(n log concurrency) for n downloads at worst. The queues apply one rule beyond this order, which
-///   ``decide(_:)`` does not model: when restore, prefetch or background work holds every slot, each such running
+///   ``decide(_:_:)`` does not model: when restore, prefetch or background work holds every slot, each such running
 ///   download lends its slot to one waiting user-initiated download (see ``DownloadPriority``).
 /// - **Rates.** The cap (``maxRate``, or the lower ``quietRate`` while quiet) is shared so the rates sum to it:
 ///   user-initiated downloads together get at least half of it (all of it when nothing else runs), the others
