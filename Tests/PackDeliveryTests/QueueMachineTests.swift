@@ -262,11 +262,13 @@ import Testing
         #expect(queue.admit("d-9", available: 0, path: "/home").isEmpty)
     }
 
-    @Test func tenThousandDownloadsEachStartOnceInOrder() {
+    /// A short version of a whole catalog's queue: the order holds over thousands of downloads. Scale (10,000 packs end to
+    /// end) is benchmark case 9's; this keeps the machine tests under 2 s.
+    @Test func twoThousandDownloadsEachStartOnceInOrder() {
         var queue = QueueMachine(concurrency: 4)
         var pending: [String] = []
         var actions: [QueueMachine.Action] = []
-        for n in 0..<10_000 { actions += queue.own(Self.machine(n), position: 0) }
+        for n in 0..<2_000 { actions += queue.own(Self.machine(n), position: 0) }
         var started: [String] = []
         while true {
             let now = Self.admitAll(&queue, actions)
@@ -276,7 +278,7 @@ import Testing
             actions = Self.complete(&queue, pending.removeFirst())
             _ = queue.takeChanges(includingProgress: false)
         }
-        #expect(started == (0..<10_000).map { "d-\($0)" })
+        #expect(started == (0..<2_000).map { "d-\($0)" })
         #expect(queue.entries.isEmpty)
     }
 
