@@ -6,20 +6,17 @@ import Testing
 /// agent, a throttled FaultServer, and the agent's event stream.
 @Suite(.serialized, .timeLimit(.minutes(3))) struct AgentCLITests {
     /// An agent running a throttled download of `com.example.big` into `home`, handed to it with `fetch --detach`.
-    static func slowDownload(
-        _ label: String, folder: URL, size: Int = 1_000_000, bytesPerSecond: Int = 100_000
-    ) throws -> (agent: AgentProcess, site: TestSite, server: FaultServer, home: URL, id: String) {
-        let (site, server, manifest) = try AgentTests.slowSite(label, size: size, bytesPerSecond: bytesPerSecond)
-        let agent = try AgentProcess(folder: folder)
-        let home = folder.appending(path: "home")
+    static func slowDownload(_ test: AgentSite) throws -> (agent: AgentProcess, home: URL, id: String) {
+        let agent = try AgentProcess(folder: test.folder)
+        let home = test.folder.appending(path: "home")
         let fetch = try CLI.run(
-            home: home, ["--json", "fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)
+            home: home, ["--json", "fetch", "--detach", "--socket", agent.socket, test.manifest, "com.example.big"], timeout: 30)
         #expect(fetch.status == 0, "stderr: \(fetch.stderr)")
         let id = try #require((fetch.events.first?["downloads"] as? [String])?.first, "\(fetch.stdout)")
         try waitUntil("the agent receiving bytes", timeout: 30) {
             (try AgentTests.download(agent, home: home)?["bytesReceived"] as? Int ?? 0) > 0
         }
-        return (agent, site, server, home, id)
+        return (agent, home, id)
     }
 
     static func firstDownload(_ result: CLI.Result) -> [String: Any]? {
@@ -29,13 +26,9 @@ import Testing
     /// `resume --json` through the agent ends as the in-process one does: with the run's summary, which counts the
     /// bytes kept before the pause as resumed, not fetched.
     @Test func resumeWithJSONThroughTheAgentEndsWithTheSummary() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-summary")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-summary-site", folder: folder, size: 600_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-summary", size: 600_000, bytesPerSecond: 100_000)
+        defer { test.remove() }
+        let (agent, home, id) = try Self.slowDownload(test)
         #expect(try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30).status == 0)
         let paused = try #require(try AgentTests.download(agent, home: home))
         let (kept, length) = (paused["bytesReceived"] as? Int ?? 0, paused["contentLength"] as? Int ?? 0)
@@ -47,20 +40,17 @@ import Testing
         let (resumed, fetched) = (summary["bytesResumed"] as? Int ?? -1, summary["bytesFetched"] as? Int ?? -1)
         #expect(resumed >= kept && kept > 0, "the bytes kept at the pause (\(kept)) are resumed: \(summary)")
         #expect(resumed + fetched == length, "\(summary)")
-        #expect(summary["sources"] as? [String] == ["http://127.0.0.1:\(server.port)"], "\(summary)")
+        #expect(summary["sources"] as? [String] == ["http://127.0.0.1:\(test.server.port)"], "\(summary)")
         #expect(try agent.stop() == 0, "log: \(agent.log)")
     }
 
     /// Ctrl-C on `resume` through the agent stops it as in-process: the downloads it follows are paused in the agent
     /// with their bytes kept, and the command exits 130 with one line naming them.
     @Test func interruptingResumeThroughTheAgentPausesItsDownloads() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-interrupt")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-interrupt-site", folder: folder)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-interrupt", size: 1_000_000, bytesPerSecond: 100_000)
+        defer { test.remove() }
+        let folder = test.folder
+        let (agent, home, id) = try Self.slowDownload(test)
         #expect(try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30).status == 0)
         let (resume, output) = try Self.startWatch(["--home", home.path, "resume", "--socket", agent.socket, id], folder: folder)
         defer { if resume.isRunning { kill(resume.processIdentifier, SIGKILL) } }
@@ -79,13 +69,10 @@ import Testing
     }
 
     @Test func pauseGoesThroughTheAgentThenResumeFinishesIt() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-pause")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-pause-site", folder: folder)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-pause", size: 1_000_000, bytesPerSecond: 100_000)
+        defer { test.remove() }
+        let folder = test.folder
+        let (agent, home, id) = try Self.slowDownload(test)
         let stream = try EventStreamClient(socket: agent.socket)
         try waitUntil("the event stream counted", timeout: 10) {
             try agent.request("GET", "/v1/version").json["eventStreams"] as? Int == 1
@@ -128,18 +115,15 @@ import Testing
             printed.contains { $0.hasPrefix("installed com.example.big ") && $0.hasSuffix("→ \(home.path)/Caches/com.example.big") },
             "\(resume.stdout)")
         #expect(printed.last == "finished transaction \(transaction) (com.example.big)", "\(resume.stdout)")
-        #expect(try Fixtures.sha256Hex(of: data) == site.dataSHA256)
+        #expect(try Fixtures.sha256Hex(of: data) == test.site.dataSHA256)
         #expect(try agent.stop() == 0, "log: \(agent.log)")
     }
 
     @Test func priorityAndCancelGoThroughTheAgentAndAnUnknownIDFailsAsInProcess() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-cancel")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-cancel-site", folder: folder)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-cancel", size: 1_000_000, bytesPerSecond: 100_000)
+        defer { test.remove() }
+        let folder = test.folder
+        let (agent, home, id) = try Self.slowDownload(test)
         let priority = try CLI.run(home: home, ["priority", "--socket", agent.socket, id, "high"], timeout: 30)
         #expect(priority.status == 0 && priority.stdout.isEmpty, "stderr: \(priority.stderr)")
         #expect(try AgentTests.download(agent, home: home)?["priority"] as? String == "userInitiated")
@@ -186,13 +170,9 @@ import Testing
     }
 
     @Test func watchFollowsADetachedFetchToTheEndAndExits0OnSIGINT() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-watch")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try AgentTests.slowSite("agent-cli-watch-site", size: 400_000, bytesPerSecond: 200_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-watch", size: 400_000, bytesPerSecond: 200_000)
+        defer { test.remove() }
+        let (folder, manifest) = (test.folder, test.manifest)
         let agent = try AgentProcess(folder: folder)
         let home = folder.appending(path: "home")
         let (json, jsonOutput) = try Self.startWatch(["--json", "watch", "--socket", agent.socket], folder: folder)
@@ -237,14 +217,10 @@ import Testing
     }
 
     @Test func watchReconnectsToARestartedAgentAndReadsTheStatusAgainOnReset() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-watch-restart")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        var (agent, site, server, home, id) = try Self.slowDownload(
-            "agent-cli-watch-restart-site", folder: folder, size: 800_000, bytesPerSecond: 200_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-watch-restart", size: 800_000, bytesPerSecond: 200_000)
+        defer { test.remove() }
+        let folder = test.folder
+        var (agent, home, id) = try Self.slowDownload(test)
         let (watch, output) = try Self.startWatch(["--json", "watch", "--socket", agent.socket], folder: folder)
         defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         let lines = {
@@ -311,14 +287,10 @@ import Testing
     }
 
     @Test func finishContentAndGCGoThroughTheAgent() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-gc")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (agent, site, server, home, id) = try Self.slowDownload(
-            "agent-cli-gc-site", folder: folder, size: 600_000, bytesPerSecond: 150_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-gc", size: 600_000, bytesPerSecond: 150_000)
+        defer { test.remove() }
+        let folder = test.folder
+        let (agent, home, id) = try Self.slowDownload(test)
         let nowhere = folder.appending(path: "nothing.sock").path
         let transaction = try #require(try AgentTests.download(agent, home: home)?["transactionID"] as? String)
         // Refused while the download runs: the same line and exit code as in-process (the pending download named).
@@ -368,13 +340,10 @@ import Testing
     /// the folder comes at once without a request; a `packs lease` keeps it from the agent's gc until it ends; a pack of
     /// another product is refused as in-process (64).
     @Test func useGoesThroughTheAgentAndPrintsTheFolder() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-cli-use")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (agent, site, server, home, id) = try Self.slowDownload("agent-cli-use-site", folder: folder, bytesPerSecond: 400_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-cli-use", size: 1_000_000, bytesPerSecond: 400_000)
+        defer { test.remove() }
+        let folder = test.folder
+        let (agent, home, id) = try Self.slowDownload(test)
         let pause = try CLI.run(home: home, ["pause", "--socket", agent.socket, id], timeout: 30)
         #expect(pause.status == 0, "stderr: \(pause.stderr)")
 
@@ -386,13 +355,13 @@ import Testing
         #expect(
             use.events.contains { $0["event"] as? String == "download" && $0["home"] as? String == home.path },
             "the agent's events: \(use.stdout)")
-        #expect(try Fixtures.sha256Hex(of: pack.appending(path: "Contents/data.bin")) == site.dataSHA256)
-        let packRequests = server.requests().filter { $0.file == "big.tar" }
+        #expect(try Fixtures.sha256Hex(of: pack.appending(path: "Contents/data.bin")) == test.site.dataSHA256)
+        let packRequests = test.server.requests().filter { $0.file == "big.tar" }
         #expect(packRequests.count == 2 && packRequests.last?.range?.hasPrefix("bytes=0-") == false, "resumed: \(packRequests)")
 
         let again = try CLI.run(home: home, ["use", "--socket", agent.socket, "com.example.big"], timeout: 30)
         #expect(again.status == 0 && again.stdout == pack.path + "\n", "\(again.stdout)\(again.stderr)")
-        #expect(server.requests().filter { $0.file == "big.tar" }.count == 2, "an installed pack needs no request")
+        #expect(test.server.requests().filter { $0.file == "big.tar" }.count == 2, "an installed pack needs no request")
 
         // A lease stays the holding process's own (it dies with it); the agent's evictions honour it from the store.
         let (lease, leaseOutput) = try Self.startWatch(["--home", home.path, "lease", "com.example.big"], folder: folder)

@@ -15,13 +15,9 @@ import Testing
             Issue.record("schemathesis is missing: scripts/install-deps installs it (pip install schemathesis)")
             return
         }
-        let folder = try Fixtures.temporaryDirectory("agent-fuzz")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try AgentTests.slowSite("agent-fuzz-site", size: 200_000, bytesPerSecond: nil)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-fuzz", size: 200_000, bytesPerSecond: nil)
+        defer { test.remove() }
+        let (folder, site, server, manifest) = (test.folder, test.site, test.server, test.manifest)
         try Data("{\"products\": [".utf8).write(to: site.folder.appending(path: "malformed.json"))
         // The pack installed in-process first; then the agent runs as nobody, so that whatever the fuzzer makes it
         // do can write only where nobody may (the fuzzer itself runs as root).

@@ -44,13 +44,9 @@ import Testing
     }
 
     @Test func theAppQuitsMidDownloadAndTheAgentFinishesIt() async throws {
-        let folder = try Fixtures.temporaryDirectory("agent-library")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifestURL) = try AgentTests.slowSite("agent-library-site", size: 1_000_000, bytesPerSecond: 250_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-library", size: 1_000_000, bytesPerSecond: 250_000)
+        defer { test.remove() }
+        let (folder, site, server, manifestURL) = (test.folder, test.site, test.server, test.manifest)
         let agent = try AgentProcess(folder: folder)
         // Request headers of the app's own (an API key) stay in the app: such a queue cannot hand over.
         var keyed = DownloadQueue.Configuration()
@@ -95,13 +91,9 @@ import Testing
     }
 
     @Test func withNoAgentARequiredQueueRefusesAndAnAutomaticOneRunsItself() async throws {
-        let folder = try Fixtures.temporaryDirectory("agent-library-none")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifestURL) = try AgentTests.slowSite("agent-library-none-site", size: 200_000, bytesPerSecond: nil)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-library-none", size: 200_000, bytesPerSecond: nil)
+        defer { test.remove() }
+        let (folder, site, manifestURL) = (test.folder, test.site, test.manifest)
         let home = folder.appending(path: "home")
         let socket = folder.appending(path: "nothing.sock").path
         do {
@@ -123,13 +115,9 @@ import Testing
     }
 
     @Test func whenTheAgentIsKilledTheAppTakesItsDownloadBackFromTheKeptBytes() async throws {
-        let folder = try Fixtures.temporaryDirectory("agent-library-kill")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifestURL) = try AgentTests.slowSite("agent-library-kill-site", size: 1_000_000, bytesPerSecond: 250_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-library-kill", size: 1_000_000, bytesPerSecond: 250_000)
+        defer { test.remove() }
+        let (folder, site, server, manifestURL) = (test.folder, test.site, test.server, test.manifest)
         let agent = try AgentProcess(folder: folder)
         let home = folder.appending(path: "home")
         let manifest = try await LoadedManifest.load(manifestURL)

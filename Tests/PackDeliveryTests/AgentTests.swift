@@ -23,13 +23,9 @@ import Testing
     }
 
     @Test func aDetachedFetchFinishesWithTheClientGone() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-detach")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-detach-site", size: 300_000, bytesPerSecond: nil)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-detach", size: 300_000, bytesPerSecond: nil)
+        defer { test.remove() }
+        let (folder, site, manifest) = (test.folder, test.site, test.manifest)
         let agent = try AgentProcess(folder: folder)
         let home = folder.appending(path: "home")
         let result = try CLI.run(
@@ -52,13 +48,9 @@ import Testing
     /// One rate cap for the machine (`packs config max-rate`): the agent's downloads of two homes share it, paced
     /// mid-transfer as each starts and ends, where each alone would take it all.
     @Test func theMachinesRateCapIsSharedByEveryDownloadOfTheAgent() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-rate")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-rate-site", size: 1_500_000, bytesPerSecond: nil)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-rate", size: 1_500_000, bytesPerSecond: nil)
+        defer { test.remove() }
+        let (folder, site, manifest) = (test.folder, test.site, test.manifest)
         let config = ["XDG_CONFIG_HOME": folder.appending(path: "config").path]
         #expect(try CLI.run(home: folder.appending(path: "unused"), ["config", "max-rate", "1M"], environment: config).status == 0)
         let agent = try AgentProcess(folder: folder, environment: config)
@@ -85,13 +77,9 @@ import Testing
     /// One admission order for the machine: with one slot (`--concurrency 1`), the agent runs one download of all its
     /// homes at a time, and a user-initiated one that came last starts before an essential one that came earlier.
     @Test func twoHomesWithPrioritiesCrossingFollowOneOrder() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-order")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-order-site", size: 600_000, bytesPerSecond: 400_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-order", size: 600_000, bytesPerSecond: 400_000)
+        defer { test.remove() }
+        let (folder, manifest) = (test.folder, test.manifest)
         let agent = try AgentProcess(folder: folder, arguments: ["--concurrency", "1"])
         let (first, earlier, urgent) = (
             folder.appending(path: "first"), folder.appending(path: "earlier"), folder.appending(path: "urgent")
@@ -126,13 +114,9 @@ import Testing
     /// One home's background work holds the machine's one slot; another home's user-initiated download starts beside
     /// it at once, and the background download goes on (nothing running is stopped).
     @Test func aUserInitiatedDownloadOfAnotherHomeStartsBesideBackgroundWork() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-beside")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-beside-site", size: 2_000_000, bytesPerSecond: 400_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-beside", size: 2_000_000, bytesPerSecond: 400_000)
+        defer { test.remove() }
+        let (folder, site, manifest) = (test.folder, test.site, test.manifest)
         let agent = try AgentProcess(folder: folder, arguments: ["--concurrency", "1"])
         let (background, urgent) = (folder.appending(path: "background"), folder.appending(path: "urgent"))
         func fetch(_ home: URL, _ priority: String) throws {
@@ -159,13 +143,9 @@ import Testing
     /// A status read after an event of the stream shows what the event said, though the agent answers status reads
     /// from its last answer while only progress changes: a download starting is not progress.
     @Test func aStatusReadAfterADownloadStartsShowsItActive() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-fresh")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-fresh-site", size: 400_000, bytesPerSecond: 200_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-fresh", size: 400_000, bytesPerSecond: 200_000)
+        defer { test.remove() }
+        let (folder, manifest) = (test.folder, test.manifest)
         let agent = try AgentProcess(folder: folder, arguments: ["--concurrency", "1"])
         let stream = try EventStreamClient(socket: agent.socket)
         try waitUntil("the event stream counted", timeout: 10) {
@@ -202,13 +182,9 @@ import Testing
     }
 
     @Test func aClientKilledMidStreamStopsNothingAndLeavesNothingBehind() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-kill-client")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-kill-site", size: 600_000, bytesPerSecond: 200_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-kill-client", size: 600_000, bytesPerSecond: 200_000)
+        defer { test.remove() }
+        let (folder, site, manifest) = (test.folder, test.site, test.manifest)
         let agent = try AgentProcess(folder: folder)
         let home = folder.appending(path: "home")
         let stream = try EventStreamClient(socket: agent.socket)
@@ -229,13 +205,9 @@ import Testing
     }
 
     @Test func sigtermKeepsTheBytesAndTheNextAgentResumesThem() throws {
-        let folder = try Fixtures.temporaryDirectory("agent-sigterm")
-        defer { try? FileManager.default.removeItem(at: folder) }
-        let (site, server, manifest) = try Self.slowSite("agent-sigterm-site", size: 1_000_000, bytesPerSecond: 250_000)
-        defer {
-            server.stop()
-            try? FileManager.default.removeItem(at: site.folder)
-        }
+        let test = try AgentSite("agent-sigterm", size: 1_000_000, bytesPerSecond: 250_000)
+        defer { test.remove() }
+        let (folder, site, server, manifest) = (test.folder, test.site, test.server, test.manifest)
         var agent = try AgentProcess(folder: folder)
         let home = folder.appending(path: "home")
         let result = try CLI.run(home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.big"], timeout: 30)

@@ -279,3 +279,30 @@ final class NotifyListener {
 
     deinit { close(self.descriptor) }
 }
+
+/// An agent test's temporary folder and the site it fetches from: a `FaultServer` serving one product
+/// (`com.example.big`, one pack of `size` bytes, paced at `bytesPerSecond` when given). `remove()` stops the server and
+/// removes both folders; each test calls it in one `defer`, so the order of cleanup is the test's, not ARC's.
+final class AgentSite {
+    let folder: URL
+    let site: TestSite
+    let server: FaultServer
+    /// The manifest's URL.
+    let manifest: String
+
+    init(_ label: String, size: Int, bytesPerSecond: Int?) throws {
+        self.folder = try Fixtures.temporaryDirectory(label)
+        do {
+            (self.site, self.server, self.manifest) = try AgentTests.slowSite("\(label)-site", size: size, bytesPerSecond: bytesPerSecond)
+        } catch {
+            try? FileManager.default.removeItem(at: self.folder)
+            throw error
+        }
+    }
+
+    func remove() {
+        self.server.stop()
+        try? FileManager.default.removeItem(at: self.site.folder)
+        try? FileManager.default.removeItem(at: self.folder)
+    }
+}
