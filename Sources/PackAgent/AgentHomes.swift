@@ -138,6 +138,15 @@ final class AgentHomes: Sendable {
     /// The key of a home: its state folder's path (for a home of one folder, the folder), as events name it.
     static func key(_ home: Home) -> String { home.stateFolder.standardizedFileURL.path }
 
+    /// Whether a home of one folder has anything to show: the agent serves it, or its store exists. A read of a home
+    /// that has none answers empty and serves nothing, so a mistyped path creates no folder and is not served
+    /// (and resumed at each start) from then on.
+    func hasStore(home: String) -> Bool {
+        let home = Home(folder: URL(filePath: home).standardizedFileURL)
+        if self.served.withLock({ $0[Self.key(home)] != nil }) { return true }
+        return FileManager.default.fileExists(atPath: home.databaseURL.path)
+    }
+
     /// The queue of a home of one folder, opened (and from now on served) when it was not.
     /// - Parameter home: an absolute path.
     func queue(home: String, saving: Bool = true) throws(PackDeliveryError) -> DownloadQueue {

@@ -19,6 +19,7 @@ extension AgentRoutes {
         guard let home = request.uri.queryParameters.get("home"), home.hasPrefix("/") else {
             throw AgentAPIError.badRequest("Name the home: ?home=ABSOLUTE_PATH.", code: "invalidField")
         }
+        guard self.homes.hasStore(home: home) else { return Self.json(ContentAnswer(installed: [], evicted: [])) }
         let product = request.uri.queryParameters.get("product")
         let queue = try self.homes.queue(home: home)
         let installed = try queue.installedContent(forProductID: product)

@@ -67,6 +67,7 @@ struct AgentRoutes: Sendable {
         guard let home = request.uri.queryParameters.get("home"), home.hasPrefix("/") else {
             throw AgentAPIError.badRequest("Name the home: ?home=ABSOLUTE_PATH.", code: "invalidField")
         }
+        guard self.homes.hasStore(home: home) else { return Self.json(StatusJSON(transactions: [], evicted: nil)) }
         let (queue, cache) = try self.homes.served(home: home)
         let body = try await cache.answer {
             let transactions = try await queue.transactions()

@@ -178,6 +178,27 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    /// A status or content read of a path with no home (a typo, a home not made yet) answers empty: it creates no folder,
+    /// and the agent does not serve the path, so it is not opened again at each start.
+    @Test func readingAHomeThatDoesNotExistCreatesAndServesNothing() throws {
+        let folder = try Fixtures.temporaryDirectory("agent-no-home")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let agent = try AgentProcess(folder: folder)
+        let home = folder.appending(path: "typo/home").path
+        let status = try agent.request("GET", "/v1/downloads?home=\(home)")
+        #expect(status.status == 200 && (status.json["transactions"] as? [Any])?.isEmpty == true, "\(status.body)")
+        let content = try agent.request("GET", "/v1/content?home=\(home)&product=com.example.big")
+        #expect(content.status == 200, "\(content.body)")
+        #expect((content.json["installed"] as? [Any])?.isEmpty == true && (content.json["evicted"] as? [Any])?.isEmpty == true)
+        #expect(!FileManager.default.fileExists(atPath: folder.appending(path: "typo").path), "no folder was created")
+        let version = try agent.request("GET", "/v1/version?home=\(home)")
+        #expect(version.json["homes"] as? Int == 0 && version.json["servesHome"] as? Bool == false, "\(version.body)")
+        #expect(try agent.stop() == 0)
+        let saved = folder.appending(path: "state/packs/agent-homes.json")
+        let savedText = (try? String(contentsOf: saved, encoding: .utf8)) ?? ""
+        #expect(!savedText.contains("typo"), "the path is not kept to be served again: \(savedText)")
+    }
+
     @Test func anotherClientVersionIsRefusedWith409NamingBoth() throws {
         let folder = try Fixtures.temporaryDirectory("agent-409")
         defer { try? FileManager.default.removeItem(at: folder) }
