@@ -37,7 +37,7 @@ extension DownloadQueue {
                 if let machine = self.driven({ $0.machine.machine(id) }) {
                     facts = self.facts(of: machine.download)
                     // Room first: evict cached packs to keep the budget, or to fit on a full disk (before pausing for space).
-                    let needed = self.driven { $0.machine.needed(machine.download, writesOnce: machine.plan(with: facts).writesOnce) }
+                    let needed = self.driven { $0.machine.spaceNeeded(id, facts: facts) } ?? 0
                     available = self.makeRoom(for: machine.download, needed: needed, available: available, folder: folder)
                 }
                 work += self.driven { $0.machine.admit(id, facts: facts, available: available, path: folder.path) }

@@ -214,7 +214,7 @@ struct QueueMachine: Sendable {
         if let reason = self.heldBy(entry.machine.download) {
             return self.update(id) { $0.pause(reason) }
         }
-        let needed = self.needed(entry.machine.download, writesOnce: entry.machine.plan(with: facts).writesOnce)
+        let needed = self.spaceNeeded(id, facts: facts) ?? 0
         if let available, needed > available {
             return self.update(id) {
                 $0.pause(.insufficientStorage, error: .insufficientStorage(path: path, needed: needed, available: available))
@@ -235,7 +235,7 @@ struct QueueMachine: Sendable {
         if let available {
             for id in self.pausedForSpace {
                 guard let machine = self.entries[id]?.machine, let free = available[machine.download.destination] else { continue }
-                let needed = self.needed(machine.download, writesOnce: machine.plan(with: machine.facts).writesOnce)
+                let needed = self.spaceNeeded(id, facts: machine.facts) ?? 0
                 if free.map({ needed <= $0 }) ?? true {
                     actions += self.update(id) { $0.spaceReturned() }
                 }
@@ -425,6 +425,13 @@ struct QueueMachine: Sendable {
 
     func download(_ id: String) -> Download? { self.entries[id]?.machine.download }
     func machine(_ id: String) -> DownloadMachine? { self.entries[id]?.machine }
+
+    /// The space a download needs to start with `facts`: ``needed(_:writesOnce:)`` for the plan the machine would
+    /// order with them. The driver asks it before the admission, to make room; nil for a download it does not own.
+    func spaceNeeded(_ id: String, facts: DeliveryFacts) -> Int64? {
+        guard let machine = self.entries[id]?.machine else { return nil }
+        return self.needed(machine.download, writesOnce: machine.plan(with: facts).writesOnce)
+    }
 
     /// Bytes still to download, plus the unpacked size, plus the margin; never overflows.
     /// - Parameter writesOnce: the download is a first install that writes each byte once (``DeliveryPlan/writeOnce``):
