@@ -65,23 +65,27 @@ extension Packs {
             let sources = (self.products.isEmpty ? 0 : 1) + (self.all ? 1 : 0) + (self.productsFrom == nil ? 0 : 1)
             if sources == 0 { throw ValidationError("Name the products to fetch, or pass --all or --products-from FILE.") }
             if sources > 1 { throw ValidationError("Give products as arguments, --all or --products-from, not several of them.") }
-            if self.detach, self.products.isEmpty { throw ValidationError("--detach takes the products as arguments.") }
         }
 
         func run() async throws {
             if self.detach {
+                // With --all or --products-from, the list is made here from the manifest (checked as in-process);
+                // the agent reads the manifest again and checks it against the home's trust.
+                var products = self.products
+                if products.isEmpty {
+                    products = try await mapErrors { () async throws(PackDeliveryError) -> [String] in
+                        try self.wanted(try await self.load())
+                    }
+                }
                 let code = DetachedFetch.run(
-                    global: self.global, socket: self.socket, manifest: self.manifest, products: self.products, destination: self.to)
+                    global: self.global, socket: self.socket, manifest: self.manifest, products: products, destination: self.to)
                 if code != 0 { throw ExitCode(code) }
                 return
             }
             let code = try await mapErrors { () async throws(PackDeliveryError) -> Int32 in
                 // The manifest first, then the queue: under a low descriptor limit the queue's files must not take
                 // the manifest request's socket.
-                let publishers =
-                    try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
-                    + DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
-                let loaded = try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
+                let loaded = try await self.load()
                 let products = try self.wanted(loaded)
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }
@@ -96,6 +100,14 @@ extension Packs {
                 }
             }
             if code != 0 { throw ExitCode(code) }
+        }
+
+        /// The manifest, checked against the publishers trusted here (`--trust` and the home's).
+        private func load() async throws(PackDeliveryError) -> LoadedManifest {
+            let publishers =
+                try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
+                + DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
+            return try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
         }
 
         /// The products asked for, checked against the manifest; duplicates and blank lines dropped.

@@ -45,6 +45,32 @@ import Testing
         #expect(saved.contains(home.lastPathComponent), "the served home is kept for the next agent: \(saved)")
     }
 
+    /// `fetch --detach --all` hands every product of the manifest to the agent, as an install script needs; with
+    /// `--products-from`, a product the manifest lacks is refused as in-process, before anything is handed over.
+    @Test func aDetachedFetchTakesAllProductsOrAListFromAFile() throws {
+        let test = try AgentSite("agent-detach-all", size: 200_000, bytesPerSecond: nil)
+        defer { test.remove() }
+        let agent = try AgentProcess(folder: test.folder)
+        let home = test.folder.appending(path: "home")
+        let all = try CLI.run(home: home, ["--json", "fetch", "--detach", "--socket", agent.socket, test.manifest, "--all"], timeout: 30)
+        #expect(all.status == 0, "stderr: \(all.stderr)")
+        #expect((all.events.first?["downloads"] as? [String])?.count == 1, "\(all.stdout)")
+        let data = home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        try waitUntil("the pack installed by the agent") { FileManager.default.fileExists(atPath: data.path) }
+        #expect(try Fixtures.sha256Hex(of: data) == test.site.dataSHA256)
+
+        let list = test.folder.appending(path: "products.txt")
+        try Data("com.example.big\ncom.example.nothing\n".utf8).write(to: list)
+        let other = test.folder.appending(path: "other")
+        let detached = try CLI.run(
+            home: other, ["fetch", "--detach", "--socket", agent.socket, test.manifest, "--products-from", list.path], timeout: 30)
+        let here = try CLI.run(home: other, ["fetch", test.manifest, "--products-from", list.path], timeout: 30)
+        #expect(detached.status == here.status && detached.status != 0, "\(detached.stderr)")
+        #expect(detached.stderr.contains("com.example.nothing") && detached.stderr == here.stderr, "\(detached.stderr)")
+        #expect(try Self.download(agent, home: other) == nil, "nothing was handed to the agent")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
     /// One rate cap for the machine (`packs config max-rate`): the agent's downloads of two homes share it, paced
     /// mid-transfer as each starts and ends, where each alone would take it all.
     @Test func theMachinesRateCapIsSharedByEveryDownloadOfTheAgent() throws {
