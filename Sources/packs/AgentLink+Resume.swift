@@ -51,33 +51,41 @@ extension AgentLink {
                 ($0.state == "paused" || $0.state == "failed") && $0.pauseReason != PauseReason.notStarted.rawValue
             }.map(\.id)
         }
-        // Followed from before the resume, so that no change is missed.
+        // Followed from before the resume, so that no change is missed; a stop signal is noted from before it too.
         let inbox = AgentEventInbox(self.client)
+        let stop = StopFlag()
+        defer { stop.cancel() }
         try self.control(wanted, "resume")
-        return try self.follow(wanted, inbox: inbox, mode: mode)
+        return try self.follow(wanted, inbox: inbox, stop: stop, mode: mode)
     }
 
     /// Shows the events of `wanted` as they come (from `inbox`, opened before they were started) and waits until each
-    /// is finished, failed, paused or cancelled.
+    /// is finished, failed, paused or cancelled; stopped (`stop` raised before or meanwhile), pauses them.
     /// - Returns: the exit code.
-    func follow(_ wanted: [String], inbox: AgentEventInbox, mode: ProgressDisplay.Mode) throws -> Int32 {
-        // Stopped as the in-process run stops (RunSession.stopSignals): the downloads it follows are paused in the
-        // agent, their bytes kept, and the command exits 130 with one line.
-        let interrupted = Atomic<Bool>(false)
-        let signals = SignalWatch(RunSession.stopSignals) { interrupted.store(true, ordering: .relaxed) }
-        defer { signals.cancel() }
+    func follow(_ wanted: [String], inbox: AgentEventInbox, stop: StopFlag, mode: ProgressDisplay.Mode) throws -> Int32 {
         var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         var settled: [String: Followed] = [:]
+        var statusRead = Date.distantPast
         while settled.count < wanted.count {
-            if interrupted.load(ordering: .relaxed) || Output.broken.load(ordering: .relaxed) {
+            if stop.raised || Output.broken.load(ordering: .relaxed) {
                 let open = wanted.filter { settled[$0] == nil }
                 try self.control(open, "pause")
                 lines.show(inbox.take())
                 lines.end()
                 return RunSession.interrupted(paused: open)
             }
-            usleep(200_000)
-            lines.show(inbox.take())
+            // Events first: a download that failed, paused or was cancelled settles when its event says so; one that
+            // finished when the status shows whether its transaction was finished too (read at once).
+            lines.show(inbox.take(waiting: 0.25))
+            for id in wanted where settled[id] == nil {
+                guard let download = lines.lastEvent[id] else { continue }
+                if download.state == .finished { statusRead = .distantPast }
+                if [.failed, .paused, .cancelled].contains(download.state) { settled[id] = Followed(download) }
+            }
+            // The status once a second besides, for what no event says: a download whose transaction was finished
+            // leaves it, and a stream that broke (an agent restarted) misses events.
+            guard settled.count < wanted.count, Date().timeIntervalSince(statusRead) >= 1 else { continue }
+            statusRead = Date()
             let listed = try self.listed()
             for download in listed { lines.note(download) }
             let open = Dictionary(listed.map { ($0.id, Followed($0)) }, uniquingKeysWith: { first, _ in first })
@@ -99,6 +107,29 @@ extension AgentLink {
         lines.show(inbox.take())
         lines.end()
         return Self.exitCode(wanted.compactMap { settled[$0] })
+    }
+
+    /// The stop signals (RunSession.stopSignals) while a command follows downloads in the agent, noted from before it
+    /// starts them: stopped, the command pauses them in the agent, their bytes kept, and exits 130 with one line, as
+    /// the in-process run does. Until `cancel()`, the signals do not end the process.
+    final class StopFlag: Sendable {
+        private final class Flag: Sendable {
+            let value = Atomic<Bool>(false)
+        }
+
+        private let flag: Flag
+        private let watch: Mutex<SignalWatch>
+
+        init() {
+            let flag = Flag()
+            self.flag = flag
+            self.watch = Mutex(SignalWatch(RunSession.stopSignals) { flag.value.store(true, ordering: .relaxed) })
+        }
+
+        var raised: Bool { self.flag.value.load(ordering: .relaxed) }
+
+        /// Gives the signals back.
+        func cancel() { self.watch.withLock { $0.cancel() } }
     }
 
     /// 0 when all finished or were cancelled; a failure's code and line; else 75 with a line per paused download.

@@ -19,9 +19,11 @@ extension AgentLink {
         let body = UseBody(home: self.home, product: product, packs: packs.isEmpty ? nil : packs, manifest: location)
         // Followed from before the downloads start, so that no change is missed.
         let inbox = AgentEventInbox(self.client)
+        let stop = StopFlag()
+        defer { stop.cancel() }
         var answer = try self.askUse(body)
         if !answer.downloads.isEmpty {
-            let code = try self.follow(answer.downloads, inbox: inbox, mode: mode)
+            let code = try self.follow(answer.downloads, inbox: inbox, stop: stop, mode: mode)
             guard code == 0 else { return code }
             answer = try self.askUse(body)
         } else if case .json = mode {

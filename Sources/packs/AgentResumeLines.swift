@@ -8,16 +8,25 @@ import Synchronization
 final class AgentEventInbox: Sendable {
     private let events = Mutex<[AgentEvent]>([])
     private let opened = DispatchSemaphore(value: 0)
+    /// Signalled at each event: a follower waits on it instead of polling.
+    private let arrived = DispatchSemaphore(value: 0)
 
     /// Starts following and waits (up to 5 s) until the agent accepted the stream.
     init(_ client: AgentClient) {
         Thread.detachNewThread {
             _ = try? client.followEvents(after: nil, opened: { self.opened.signal() }) { event in
                 self.events.withLock { $0.append(event) }
+                self.arrived.signal()
             }
             self.opened.signal()
         }
         _ = self.opened.wait(timeout: .now() + 5)
+    }
+
+    /// The events come so far; when there are none, waits up to `seconds` for the next.
+    func take(waiting seconds: TimeInterval) -> [AgentEvent] {
+        if self.events.withLock({ $0.isEmpty }) { _ = self.arrived.wait(timeout: .now() + seconds) }
+        return self.take()
     }
 
     func take() -> [AgentEvent] {
@@ -42,6 +51,8 @@ struct AgentResumeLines {
     private var begun: Set<String> = []
     /// The state of each followed download's last event.
     private var eventState: [String: String] = [:]
+    /// Each followed download's last event.
+    private(set) var lastEvent: [String: DownloadJSON] = [:]
 
     init(ids: Set<String>, mode: ProgressDisplay.Mode) {
         self.ids = ids
@@ -57,6 +68,7 @@ struct AgentResumeLines {
                 self.transactions.insert(download.transactionID)
                 self.note(download, event: true)
                 self.eventState[download.id] = download.state.rawValue
+                self.lastEvent[download.id] = download
                 if case .json = self.mode { printLine(JSONOutput.asciiControls(event.data)) }
                 guard case .plain = self.mode.plainOrTerminal else { continue }
                 let key = "\(download.state.rawValue)/\(download.phase.value?.rawValue ?? "")"
