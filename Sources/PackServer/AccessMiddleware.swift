@@ -60,6 +60,7 @@ struct AuthorizationMiddleware<Context: RequestContext>: RouterMiddleware {
         if grant.decision != .allow { self.metrics?.refusal(grant) }
         switch grant.decision {
         case .allow:
+            self.metrics?.allowed(grant)
             if case .catalog = resource.kind, let products = grant.products,
                 let answer = self.index.catalog(for: products, logger: context.logger)
             {
@@ -90,8 +91,11 @@ struct AuthorizationMiddleware<Context: RequestContext>: RouterMiddleware {
 /// `proxy_set_header X-Original-URI $request_uri;`): 204 when the ``PackAuthorizer`` allows the
 /// `Authorization` header to have that file, 401 (with `WWW-Authenticate: Bearer`) or 403 when not.
 /// A subrequest without `X-Original-URI`, or with one that is not a path inside the site, gets 403.
+/// The 204 and 403 answers to a genuine receipt say its environment, `X-Receipt-Environment: production` or
+/// `sandbox`, which nginx can take with `auth_request_set` (for its log, a header to the client or upstream).
 struct AuthGateMiddleware<Context: RequestContext>: RouterMiddleware {
     static var originalURI: HTTPField.Name { HTTPField.Name("X-Original-URI")! }
+    static var receiptEnvironment: HTTPField.Name { HTTPField.Name("X-Receipt-Environment")! }
 
     static var unauthorized: HTTPError {
         HTTPError(.unauthorized, headers: [.wwwAuthenticate: "Bearer realm=\"packs\""], message: "A bearer credential is required.")
@@ -111,13 +115,16 @@ struct AuthGateMiddleware<Context: RequestContext>: RouterMiddleware {
         let grant = self.authorizer.authorize(authorization: request.headers[.authorization], resource: resource)
         (context as? PackRequestContext)?.notes.credential = grant.credential
         if grant.decision != .allow { self.metrics?.refusal(grant) }
+        var headers = HTTPFields()
+        if let environment = grant.environment { headers[Self.receiptEnvironment] = environment.label }
         switch grant.decision {
         case .allow:
-            return Response(status: .noContent)
+            self.metrics?.allowed(grant)
+            return Response(status: .noContent, headers: headers)
         case .unauthorized:
             return Response(status: .unauthorized, headers: [.wwwAuthenticate: "Bearer realm=\"packs\""])
         case .forbidden:
-            return Response(status: .forbidden)
+            return Response(status: .forbidden, headers: headers)
         }
     }
 }

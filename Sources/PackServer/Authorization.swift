@@ -52,6 +52,10 @@ public struct AccessGrant: Sendable, Hashable {
     /// (``ReceiptAuthorizer``: `no_credential`, a ``Receipt/Problem`` raw value, `other_product` or `unlisted`);
     /// `nil` when allowed, or when the authorizer does not say (then the decision's name is counted).
     public var refusal: String?
+    /// The environment of the receipt presented, when the credential is a genuine receipt (``ReceiptAuthorizer``):
+    /// for the `environment` label of `packs_auth_receipts_total` and the `X-Receipt-Environment` header of
+    /// `--auth-only`'s answers; `nil` for other credentials.
+    public var environment: Receipt.Environment?
 
     /// Creates a grant.
     ///
@@ -185,19 +189,32 @@ public enum BearerCredentials {
     }
 }
 
-/// `packs serve --receipt-key store.pub`: every pack needs a signed receipt (``Receipt``) that names its
-/// product. No receipt, a bad signature, an `alg` other than `EdDSA` (`none`, `HS256` keyed with the public
-/// key…), a header with `crit`, a header or claims naming a member twice, an expired one or one not yet valid
-/// get 401; a valid receipt for other products gets 403 for the
-/// pack. The catalog is open to any valid receipt.
+/// `packs serve --receipt-key store.pub [--sandbox-receipt-key test.pub]`: every pack needs a signed receipt
+/// (``Receipt``) that names its product. No receipt, a bad signature, an `alg` other than `EdDSA` (`none`, `HS256`
+/// keyed with the public key…), a header with `crit`, a header or claims naming a member twice, an expired one or
+/// one not yet valid, a sandbox receipt with no sandbox key trusted, or one whose `environment` claim is not its
+/// key's get 401; a valid receipt for other products gets 403 for the pack. The catalog is open to any valid
+/// receipt. Production keys are tried first, sandbox keys second (``Receipt/verify(_:keys:sandboxKeys:now:leeway:)``);
+/// a sandbox receipt opens the same products as a production one, and the grant says which it was.
 public struct ReceiptAuthorizer: PackAuthorizer {
     private let keys: [PublisherKey]
+    private let sandboxKeys: [PublisherKey]
 
-    /// Creates the authorizer.
+    /// Creates the authorizer for production receipts only.
     ///
     /// - Parameter keys: the store's public keys whose receipts are honoured.
     public init(keys: [PublisherKey]) {
+        self.init(keys: keys, sandboxKeys: [])
+    }
+
+    /// Creates the authorizer for production receipts and sandbox (test) ones.
+    ///
+    /// - Parameters:
+    ///   - keys: the store's public keys whose production receipts are honoured.
+    ///   - sandboxKeys: the public keys whose sandbox receipts are honoured; none refuses every sandbox receipt.
+    public init(keys: [PublisherKey], sandboxKeys: [PublisherKey]) {
         self.keys = keys
+        self.sandboxKeys = sandboxKeys
     }
 
     /// Checks the bearer receipt against the resource.
@@ -206,36 +223,57 @@ public struct ReceiptAuthorizer: PackAuthorizer {
     }
 
     /// Checks the bearer receipt against the resource; the grant names the receipt's products (the catalog
-    /// shows only those) and, for the log, its id and subject — also for a genuine receipt that expired.
+    /// shows only those), its environment and, for the log, its id and subject — also for a genuine receipt that
+    /// expired.
     public func authorize(authorization: String?, resource: ProtectedResource) -> AccessGrant {
         guard let authorization, let token = BearerCredentials.token(in: authorization) else {
             return AccessGrant(.unauthorized, refusal: "no_credential")
         }
         let receipt: Receipt
-        switch Receipt.verify(token, keys: self.keys) {
+        switch Receipt.verify(token, keys: self.keys, sandboxKeys: self.sandboxKeys) {
         case .success(let valid):
             receipt = valid
         case .failure(let refusal):
-            return AccessGrant(
+            var grant = AccessGrant(
                 .unauthorized, refusal: refusal.problem.rawValue,
                 credential: refusal.receipt.map { Self.describe($0) + " (\(refusal.problem.rawValue))" })
+            grant.environment = refusal.receipt?.environment
+            return grant
         }
         let credential = Self.describe(receipt)
+        var grant: AccessGrant
         switch resource.kind {
         case .catalog:
-            return AccessGrant(.allow, products: receipt.products, credential: credential)
+            grant = AccessGrant(.allow, products: receipt.products, credential: credential)
         case .pack(let products):
-            guard products.contains(where: receipt.products.contains) else {
-                return AccessGrant(.forbidden, refusal: "other_product", products: receipt.products, credential: credential)
-            }
-            return AccessGrant(.allow, products: receipt.products, credential: credential)
+            grant =
+                products.contains(where: receipt.products.contains)
+                ? AccessGrant(.allow, products: receipt.products, credential: credential)
+                : AccessGrant(.forbidden, refusal: "other_product", products: receipt.products, credential: credential)
         case .unlisted:
-            return AccessGrant(.forbidden, refusal: "unlisted", products: receipt.products, credential: credential)
+            grant = AccessGrant(.forbidden, refusal: "unlisted", products: receipt.products, credential: credential)
         }
+        grant.environment = receipt.environment
+        return grant
     }
 
-    /// `receipt=<id> subject=<subject>`, printable and short (claims are the store's, but a log line stays one line).
+    /// `receipt=<id> subject=<subject>`, then `environment=sandbox` for a sandbox receipt (a production one's line
+    /// is as before sandbox receipts existed); printable and short (claims are the store's, but a log line stays
+    /// one line).
     static func describe(_ receipt: Receipt) -> String {
-        "receipt=\(PackDeliveryError.printable(String(receipt.id.prefix(64)))) subject=\(PackDeliveryError.printable(String(receipt.subject.prefix(128))))"
+        let sandbox = receipt.environment == .sandbox ? " environment=sandbox" : ""
+        return
+            "receipt=\(PackDeliveryError.printable(String(receipt.id.prefix(64)))) subject=\(PackDeliveryError.printable(String(receipt.subject.prefix(128))))\(sandbox)"
+    }
+}
+
+extension Receipt.Environment {
+    /// `production` or `sandbox`: the `environment` metric label, the `X-Receipt-Environment` header's value and
+    /// the request log's `environment=`.
+    var label: String {
+        switch self {
+        case .production: "production"
+        case .sandbox: "sandbox"
+        }
     }
 }

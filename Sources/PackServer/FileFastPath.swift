@@ -39,18 +39,22 @@ struct FileFastPath: Sendable {
         // Never a file: the router answers it, before any credential is asked for.
         if HealthMiddleware<PackRequestContext>.isHealthPath(target) { return nil }
         var credential: String?
+        var grant: AccessGrant?
         if let authorizer = self.authorizer {
             guard let resource = self.index.resource(forRequestTarget: target) else { return nil }
-            let grant = authorizer.authorize(authorization: head.headerFields.value(.authorization), resource: resource)
+            let decided = authorizer.authorize(authorization: head.headerFields.value(.authorization), resource: resource)
             // Refusals, and a catalog made for the credential's products, are the router's.
-            guard grant.decision == .allow else { return nil }
-            if case .catalog = resource.kind, grant.products != nil { return nil }
-            credential = grant.credential
+            guard decided.decision == .allow else { return nil }
+            if case .catalog = resource.kind, decided.products != nil { return nil }
+            credential = decided.credential
+            grant = decided
         }
         guard case .file(let file) = self.folder.resolve(encodedPath: target),
             case .send(let response) = PackFileMiddleware<PackRequestContext>.outcome(
                 method: head.method, path: target, headers: head.headerFields, file: file)
         else { return nil }
+        // Counted only when answered here: a request left to the router is counted there, once.
+        if let grant { self.metrics?.allowed(grant) }
         return Answer(target: target, file: file, response: response, credential: credential)
     }
 }

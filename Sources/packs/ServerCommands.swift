@@ -13,9 +13,12 @@ extension Packs {
                 or the variable, which do not show in ps. With --auth-only nothing is served: the server answers nginx \
                 auth_request subrequests (204, 401 or 403) for the pack named by X-Original-URI, and nginx sends the bytes.
 
+                With --receipt-key, a pack is served to a signed receipt naming its product. --sandbox-receipt-key also                 accepts test receipts (packs receipt --sandbox) signed with a sandbox key: production keys are tried                 first, sandbox keys second, and a key signs for one environment only (a receipt claiming the other is                 refused with 401). A sandbox receipt opens the same products; the request log marks it                 environment=sandbox, the metrics count it under environment="sandbox", and --auth-only answers                 X-Receipt-Environment: sandbox (production otherwise). --no-sandbox refuses every sandbox receipt                 with 401.
+
                 Examples:
                   packs serve ./site --port 8080 --token-file /etc/packs/token
                   PACKS_TOKEN=s3cret packs serve ./site --auth-only --port 9090
+                  packs serve ./site --receipt-key store.pub --sandbox-receipt-key test.pub
                 """)
 
         @Argument(help: "The folder to serve (with --auth-only: the folder holding manifest.json).") var directory: String
@@ -31,6 +34,16 @@ extension Packs {
                 "Serve a pack only to a signed receipt (packs receipt) that names its product, checked with this store public key; repeatable.",
                 valueName: "pub"))
         var receiptKeys: [String] = []
+        @Option(
+            name: .customLong("sandbox-receipt-key"),
+            help: ArgumentHelp(
+                "Also serve sandbox (test) receipts (packs receipt --sandbox) checked with this key, after the --receipt-key ones; repeatable.",
+                valueName: "pub"))
+        var sandboxReceiptKeys: [String] = []
+        @Flag(
+            name: .customLong("no-sandbox"),
+            help: "Refuse every sandbox receipt with 401 (for a server that must); not with --sandbox-receipt-key.")
+        var noSandbox = false
         @Flag(name: .customLong("auth-only"), help: "Serve no file: answer nginx auth_request subrequests with 204, 401 or 403.")
         var authOnly = false
         @Flag(name: .customLong("serve-dotfiles"), help: "Also serve files and folders whose names start with '.' (.git, .env).")
@@ -59,6 +72,9 @@ extension Packs {
 
         func validate() throws {
             if self.token != nil && self.tokenFile != nil { throw ValidationError("Give --token or --token-file, not both.") }
+            if self.noSandbox && !self.sandboxReceiptKeys.isEmpty {
+                throw ValidationError("--no-sandbox refuses sandbox receipts, which --sandbox-receipt-key accepts: give one of them.")
+            }
             for (name, value) in [
                 ("--request-timeout", self.requestTimeout), ("--idle-timeout", self.idleTimeout), ("--send-timeout", self.sendTimeout),
             ]
@@ -98,15 +114,7 @@ extension Packs {
                         hint: "Pass the folder holding manifest.json and its packs."))
             }
             let token = try self.resolvedToken()
-            var authorizer: (any PackAuthorizer)?
-            if !self.receiptKeys.isEmpty {
-                do throws(PackDeliveryError) {
-                    authorizer = ReceiptAuthorizer(
-                        keys: try self.receiptKeys.map { path throws(PackDeliveryError) in try readPublisherKey(path) })
-                } catch {
-                    throw fail(error)
-                }
-            }
+            let authorizer = try self.receiptAuthorizer()
             if self.authOnly && token == nil && authorizer == nil {
                 throw fail(
                     PackDeliveryError(
@@ -144,6 +152,26 @@ extension Packs {
             } catch {
                 throw fail(
                     PackDeliveryError(.networkFailure, message: "The server stopped: \(error).", hint: "Is the port free? Try --port 0."))
+            }
+        }
+
+        /// The authorizer of --receipt-key and --sandbox-receipt-key, or nil when neither is given.
+        private func receiptAuthorizer() throws -> (any PackAuthorizer)? {
+            guard !self.receiptKeys.isEmpty || !self.sandboxReceiptKeys.isEmpty else { return nil }
+            do throws(PackDeliveryError) {
+                let keys = try self.receiptKeys.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
+                let sandboxKeys = try self.sandboxReceiptKeys.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
+                if let index = sandboxKeys.firstIndex(where: keys.contains) {
+                    throw PackDeliveryError(
+                        .invalidArgument,
+                        message:
+                            "\(PackDeliveryError.printable(self.sandboxReceiptKeys[index])) is given as both a --receipt-key and a --sandbox-receipt-key.",
+                        hint: "A key signs for one environment only: sign test receipts with a key of their own (packs keygen).",
+                        subject: self.sandboxReceiptKeys[index])
+                }
+                return ReceiptAuthorizer(keys: keys, sandboxKeys: sandboxKeys)
+            } catch {
+                throw fail(error)
             }
         }
 

@@ -139,16 +139,21 @@ extension Packs {
             abstract: "Print a signed receipt (a compact JWS, alg EdDSA) for products, as a store's backend makes one after a purchase.",
             discussion: """
                 packs serve --receipt-key KEY.pub serves packs only to a receipt that names their product; clients present \
-                it with packs fetch --receipt FILE|TOKEN.
+                it with packs fetch --receipt FILE|TOKEN. With --sandbox the receipt is a test one ("environment": \
+                "Sandbox"): sign it with a key kept for test receipts, which servers trust with --sandbox-receipt-key \
+                (a server refuses a sandbox receipt signed by a production key).
 
-                Example:
+                Examples:
                   packs receipt --key store.key --product com.example.forest --subject user-42 --expires 1h > receipt.jws
+                  packs receipt --sandbox --key test.key --product com.example.forest --subject reviewer-1 > test.jws
                 """)
 
         @Option(help: ArgumentHelp("The store's private key (packs keygen).", valueName: "key")) var key: String
         @Option(help: "A product bought (repeatable).") var product: [String] = []
         @Option(help: "Who bought them.") var subject: String
         @Option(help: ArgumentHelp("How long the receipt is valid: 30d, 12h or 90m.", valueName: "duration")) var expires = "1h"
+        @Flag(help: "Issue a sandbox (test) receipt, for servers that trust --key's public key as a --sandbox-receipt-key.")
+        var sandbox = false
 
         func validate() throws {
             if self.product.isEmpty { throw ValidationError("Name at least one --product.") }
@@ -167,7 +172,8 @@ extension Packs {
                 let key = try PublisherSigningKey(pem: text)
                 printLine(
                     try Receipt.issue(
-                        products: self.product, subject: self.subject, lifetime: MakeManifest.seconds(self.expires) ?? 3600, key: key))
+                        products: self.product, subject: self.subject, lifetime: MakeManifest.seconds(self.expires) ?? 3600, key: key,
+                        environment: self.sandbox ? .sandbox : .production))
             }
         }
     }

@@ -62,6 +62,7 @@ struct ServerNginxGateTests {
         #expect(whole.status == 200, "\(nginx.errorLogText())")
         #expect(whole.body == site.a)
         #expect(whole.header("ETag") != nil)
+        #expect(whole.header("X-Receipt-Environment") == nil, "a token has no environment: nginx adds no empty header")
 
         let ranged = try await curl(url, auth + ["-r", "1000-1999"])
         #expect(ranged.status == 206)
@@ -182,5 +183,54 @@ struct ServerNginxGateTests {
             #expect(try await gateStatus(token) == 401, "\(name) at the gate")
         }
         #expect(!gate.log.contains(good) && !refused.contains { gate.log.contains($0.1) }, "the gate logged a token")
+    }
+
+    @Test("a sandbox receipt gets its product's pack through nginx, which passes on X-Receipt-Environment; a key signs for one environment")
+    func sandboxReceipts() async throws {
+        let site = try twoProductSite("gate-sandbox-receipt")
+        defer { try? FileManager.default.removeItem(at: site.root) }
+        let keys = try Fixtures.temporaryDirectory("gate-sandbox-receipt-keys")
+        defer { try? FileManager.default.removeItem(at: keys) }
+        let store = try PublisherSigningKey.generate()
+        let test = try PublisherSigningKey.generate()
+        for (name, key) in [("store.pub", store), ("test.pub", test)] {
+            try Data(key.publicKey.pem.utf8).write(to: keys.appendingPathComponent(name))
+        }
+        let gate = try PackServeProcess(
+            binary: CLI.binary,
+            [
+                site.root.path, "--auth-only", "--receipt-key", keys.appendingPathComponent("store.pub").path,
+                "--sandbox-receipt-key", keys.appendingPathComponent("test.pub").path,
+            ])
+        defer { gate.stop() }
+        let nginx = try NginxServer(root: site.root, serverBlock: try readmeServerBlock(root: site.root, gatePort: gate.port))
+        defer { nginx.stop() }
+        func receipt(_ key: PublisherSigningKey, _ environment: Receipt.Environment) throws -> [String] {
+            let token = try Receipt.issue(
+                products: ["com.example.a"], subject: "reviewer-1", lifetime: 3600, key: key, environment: environment)
+            return ["-H", "Authorization: Bearer \(token)"]
+        }
+        let a = nginx.baseURL.appendingPathComponent("a.zip").absoluteString
+        let b = nginx.baseURL.appendingPathComponent("packs/b.zip").absoluteString
+
+        let sandbox = try await curl(a, try receipt(test, .sandbox))
+        #expect(sandbox.status == 200, "\(nginx.errorLogText())")
+        #expect(sandbox.body == site.a)
+        #expect(sandbox.header("X-Receipt-Environment") == "sandbox")
+        let ranged = try await curl(a, try receipt(test, .sandbox) + ["-r", "1000-1999"])
+        #expect(ranged.status == 206 && ranged.body == site.a[1000..<2000])
+        let production = try await curl(a, try receipt(store, .production))
+        #expect(production.status == 200 && production.header("X-Receipt-Environment") == "production")
+        let otherProduct = try await curl(b, try receipt(test, .sandbox))
+        #expect(otherProduct.status == 403 && !otherProduct.body.contains(site.b.prefix(64)))
+        for (name, arguments) in [
+            ("Sandbox by the store key", try receipt(store, .sandbox)), ("production by the test key", try receipt(test, .production)),
+        ] {
+            let refused = try await curl(a, arguments)
+            #expect(refused.status == 401, "\(name)")
+            #expect(refused.header("WWW-Authenticate") == "Bearer realm=\"packs\"", "\(name)")
+            #expect(!refused.body.contains(site.a.prefix(64)), "\(name)")
+        }
+        #expect(gate.log.contains("environment=sandbox"), "\(gate.log)")
     }
 }

@@ -8,6 +8,11 @@ import Foundation
 /// is refused before any signature is looked at, as is one whose header lists critical extensions (`crit`);
 /// a header or claims that name a member twice make it malformed. Made and checked with the same OpenSSL
 /// Ed25519 as signed manifests (``PublisherSigningKey``, ``PublisherKey``).
+///
+/// A receipt is a production one or a sandbox (test) one, as a store's are (``Receipt/Environment-swift.enum``): the claim
+/// `environment` says which (`"Sandbox"`; absent, or `"Production"`, for production), and a key signs for one
+/// environment only, so a server trusts a store's real key and its test key apart
+/// (``Receipt/verify(_:keys:sandboxKeys:now:leeway:)``).
 public struct Receipt: Sendable, Hashable {
     /// The products bought (claim `products`).
     public var products: [String]
@@ -21,6 +26,19 @@ public struct Receipt: Sendable, Hashable {
     public var expires: Date
     /// When it starts being valid (claim `nbf`).
     public var notBefore: Date
+    /// Whether a real purchase or a test one made it (claim `environment`; absent: production).
+    public var environment: Environment = .production
+
+    /// Which store issued a receipt: the real one, or its test environment (App Review, TestFlight, a
+    /// developer's purchases), as Apple's receipts say in their `environment` field.
+    ///
+    /// New cases may be added in a minor version: switch with a `default` or `@unknown default`.
+    public enum Environment: String, Sendable, Hashable, CaseIterable {
+        /// Real purchases: a receipt without the claim, or with `"environment": "Production"`.
+        case production = "Production"
+        /// Test purchases: `"environment": "Sandbox"`, signed by a sandbox key.
+        case sandbox = "Sandbox"
+    }
 
     /// Why a receipt was refused.
     ///
@@ -40,6 +58,14 @@ public struct Receipt: Sendable, Hashable {
         case expired
         /// Before `nbf`.
         case notYetValid
+        /// Its `environment` claim does not name the environment of the key that signed it: a production key's
+        /// receipt that claims `Sandbox` (or an environment not known here), or a sandbox key's that does not
+        /// claim `Sandbox`. A key signs for one environment only.
+        case environment
+        /// A sandbox receipt checked where no sandbox key is trusted: what Apple's production validator
+        /// answers with status 21007 ("this receipt is from the test environment"). Its signature was not
+        /// checked by any key (none is trusted for it), so the receipt is not returned.
+        case sandbox
     }
 
     private struct Header: Codable {
@@ -54,12 +80,17 @@ public struct Receipt: Sendable, Hashable {
         var iat: Int64
         var exp: Int64
         var nbf: Int64
+        var environment: String?
+    }
+    /// Only the claim that decides which keys to try, read from claims whose signature did not verify.
+    private struct ClaimedEnvironment: Decodable {
+        var environment: String?
     }
 
     /// The longest lifetime a receipt may be issued with: 100 years (36,500 days), in seconds.
     public static let maxLifetime: TimeInterval = 36_500 * 86_400
 
-    /// Makes and signs a receipt.
+    /// Makes and signs a production receipt.
     ///
     /// - Parameters:
     ///   - products: the products bought.
@@ -72,6 +103,25 @@ public struct Receipt: Sendable, Hashable {
         products: [String], subject: String, lifetime: TimeInterval, key: PublisherSigningKey,
         now: Date = Date()
     ) throws(PackDeliveryError) -> String {
+        try Self.issue(products: products, subject: subject, lifetime: lifetime, key: key, environment: .production, now: now)
+    }
+
+    /// Makes and signs a receipt for an environment: a sandbox receipt carries `"environment": "Sandbox"` and
+    /// must be signed with a sandbox key (one that servers trust as such), a production one carries no
+    /// `environment` claim (as receipts made before the claim existed).
+    ///
+    /// - Parameters:
+    ///   - products: the products bought.
+    ///   - subject: who bought them.
+    ///   - lifetime: how long it is valid, from now.
+    ///   - key: the store's signing key for that environment.
+    ///   - environment: production or sandbox.
+    ///   - now: the issue time.
+    /// - Returns: the compact JWS, `header.claims.signature`.
+    public static func issue(
+        products: [String], subject: String, lifetime: TimeInterval, key: PublisherSigningKey,
+        environment: Environment, now: Date = Date()
+    ) throws(PackDeliveryError) -> String {
         guard lifetime > 0, lifetime <= Self.maxLifetime, now.timeIntervalSince1970.magnitude < 1e15 else {
             throw PackDeliveryError(
                 .invalidArgument, message: "A receipt's lifetime must be above 0 and at most 100 years.",
@@ -80,7 +130,8 @@ public struct Receipt: Sendable, Hashable {
         let issued = Int64(now.timeIntervalSince1970)
         let claims = Claims(
             products: products, sub: subject, jti: UUID().uuidString.lowercased(), iat: issued,
-            exp: issued + Int64(lifetime.rounded(.up)), nbf: issued)
+            exp: issued + Int64(lifetime.rounded(.up)), nbf: issued,
+            environment: environment == .production ? nil : environment.rawValue)
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         guard let header = try? encoder.encode(Header(alg: "EdDSA", typ: "JWT", kid: key.publicKey.id)),
@@ -92,10 +143,9 @@ public struct Receipt: Sendable, Hashable {
         return signingInput + "." + Self.base64URL(try key.sign(Data(signingInput.utf8)))
     }
 
-    /// Checks a receipt: its form, `alg`, `crit`, signature (by any of `keys`), `exp` and `nbf`.
-    ///
-    /// The header and the claims must each be one strict JSON object in which no object names a member twice;
-    /// a header with `crit` is refused, since no extension is understood here.
+    /// Checks a production receipt: its form, `alg`, `crit`, signature (by any of `keys`), `environment`, `exp` and
+    /// `nbf`; ``Receipt/verify(_:keys:sandboxKeys:now:leeway:)`` with no sandbox key. A sandbox receipt is refused with
+    /// ``Receipt/Problem/sandbox``.
     ///
     /// - Parameters:
     ///   - token: the compact JWS.
@@ -105,6 +155,36 @@ public struct Receipt: Sendable, Hashable {
     /// - Returns: the receipt, or why it was refused.
     public static func verify(
         _ token: some StringProtocol, keys: [PublisherKey], now: Date = Date(),
+        leeway: TimeInterval = 30
+    ) -> Result<Receipt, ReceiptRefusal> {
+        Self.verify(token, keys: keys, sandboxKeys: [], now: now, leeway: leeway)
+    }
+
+    /// Checks a receipt: its form, `alg`, `crit`, signature (by any of `keys`, else any of `sandboxKeys`),
+    /// `environment`, `exp` and `nbf`.
+    ///
+    /// The production keys are tried first and the sandbox keys second, as Apple's TN2387 (In-App Purchase Best
+    /// Practices, "Always verify your receipt with the production URL first") asks of a receipt validator: verify
+    /// with production first, even for an app running in the sandbox (App Review tests the production build with
+    /// sandbox purchases), and on status 21007 — a sandbox receipt sent to production — verify it with the sandbox.
+    /// Here the key that verifies the signature says the environment, and the receipt's `environment` claim
+    /// must name that same one (absent means production): a key signs for one environment only, so a receipt that
+    /// claims `Sandbox` signed by a production key, or a production one signed by a sandbox key, is refused
+    /// (``Receipt/Problem/environment``). A receipt that claims `Sandbox`, when no sandbox key is given and no production
+    /// key verifies it, is refused with ``Receipt/Problem/sandbox``, the 21007 of this check.
+    ///
+    /// The header and the claims must each be one strict JSON object in which no object names a member twice;
+    /// a header with `crit` is refused, since no extension is understood here.
+    ///
+    /// - Parameters:
+    ///   - token: the compact JWS.
+    ///   - keys: the public keys whose production receipts are trusted.
+    ///   - sandboxKeys: the public keys whose sandbox (test) receipts are trusted; none refuses every sandbox receipt.
+    ///   - now: the time to check against; `leeway` seconds of clock difference are allowed.
+    ///   - leeway: the seconds of clock difference allowed around `exp` and `nbf`.
+    /// - Returns: the receipt, its `environment` the one its key signs for, or why it was refused.
+    public static func verify(
+        _ token: some StringProtocol, keys: [PublisherKey], sandboxKeys: [PublisherKey], now: Date = Date(),
         leeway: TimeInterval = 30
     ) -> Result<Receipt, ReceiptRefusal> {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
@@ -119,17 +199,32 @@ public struct Receipt: Sendable, Hashable {
         // No extension is understood here, so a header that makes any critical is refused (RFC 7515 §4.1.11).
         guard !headerNames.contains("crit") else { return .failure(ReceiptRefusal(problem: .critical)) }
         let signingInput = Data("\(parts[0]).\(parts[1])".utf8)
-        guard keys.contains(where: { $0.verifies(signature, of: signingInput) }) else {
+        let signedFor: Environment
+        if keys.contains(where: { $0.verifies(signature, of: signingInput) }) {
+            signedFor = .production
+        } else if sandboxKeys.contains(where: { $0.verifies(signature, of: signingInput) }) {
+            signedFor = .sandbox
+        } else {
+            // TN2387's 21007: a sandbox receipt, and no sandbox key to check it with.
+            if sandboxKeys.isEmpty, let claimed = try? JSONDecoder().decode(ClaimedEnvironment.self, from: bodyData),
+                claimed.environment == Environment.sandbox.rawValue
+            {
+                return .failure(ReceiptRefusal(problem: .sandbox))
+            }
             return .failure(ReceiptRefusal(problem: .signature))
         }
         guard StrictJSON.memberNames(ofObject: bodyData) != nil, let claims = try? JSONDecoder().decode(Claims.self, from: bodyData) else {
             return .failure(ReceiptRefusal(problem: .malformed))
         }
+        // A key signs for one environment only: the claim must name the key's (absent: production).
+        guard (claims.environment ?? Environment.production.rawValue) == signedFor.rawValue else {
+            return .failure(ReceiptRefusal(problem: .environment))
+        }
         let receipt = Receipt(
             products: claims.products, subject: claims.sub, id: claims.jti,
             issuedAt: Date(timeIntervalSince1970: TimeInterval(claims.iat)),
             expires: Date(timeIntervalSince1970: TimeInterval(claims.exp)),
-            notBefore: Date(timeIntervalSince1970: TimeInterval(claims.nbf)))
+            notBefore: Date(timeIntervalSince1970: TimeInterval(claims.nbf)), environment: signedFor)
         if now.timeIntervalSince(receipt.expires) >= leeway { return .failure(ReceiptRefusal(problem: .expired, receipt: receipt)) }
         if receipt.notBefore.timeIntervalSince(now) > leeway { return .failure(ReceiptRefusal(problem: .notYetValid, receipt: receipt)) }
         return .success(receipt)
@@ -148,7 +243,8 @@ public struct Receipt: Sendable, Hashable {
     }
 }
 
-/// Why ``Receipt/verify(_:keys:now:leeway:)`` refused a receipt, with the receipt when its signature held.
+/// Why ``Receipt/verify(_:keys:sandboxKeys:now:leeway:)`` (or ``Receipt/verify(_:keys:now:leeway:)``) refused a
+/// receipt, with the receipt when its signature held.
 public struct ReceiptRefusal: Error, Sendable, Hashable {
     /// What was wrong.
     public var problem: Receipt.Problem
