@@ -352,16 +352,16 @@ struct QueueMachine: Sendable {
     }
 
     /// What this queue runs and its best `limit` waiting downloads, best first, for the machine's admission order.
-    func demand(limit: Int) -> AdmissionBoard.Demand {
-        var heads: [AdmissionBoard.Head] = []
+    ///
+    /// The heads are taken from the top of the waiting order and put back (dropping the places that went stale, as
+    /// admission does): O(limit · log n), not a scan of every download. It runs at each change of a queue on the
+    /// board, so a scan made a catalog of 10,000 downloads through the agent quadratic (3.6 × the in-process time).
+    mutating func demand(limit: Int) -> AdmissionBoard.Demand {
         let (running, beside, lending) = (self.running.count - self.beside.count, self.beside.count, self.lending)
-        guard limit > 0 else { return AdmissionBoard.Demand(running: running, beside: beside, lending: lending, heads: []) }
-        for entry in self.entries.values where entry.inHeap && entry.machine.state == .waiting {
-            let head = AdmissionBoard.Head(rank: entry.heapRank, sequence: entry.sequence)
-            guard heads.count < limit || head < heads[heads.count - 1] else { continue }
-            heads.insert(head, at: heads.firstIndex { head < $0 } ?? heads.count)
-            if heads.count > limit { heads.removeLast() }
-        }
+        var taken: [Waiting] = []
+        while taken.count < limit, self.peekWaiting() != nil, let next = self.waiting.popMin() { taken.append(next) }
+        for item in taken { self.waiting.insert(item) }
+        let heads = taken.map { AdmissionBoard.Head(rank: $0.rank, sequence: $0.sequence) }
         return AdmissionBoard.Demand(running: running, beside: beside, lending: lending, heads: heads)
     }
 
