@@ -191,6 +191,24 @@ final class AgentHomes: Sendable {
         return entry
     }
 
+    /// Stops serving the homes whose store was removed (their folder deleted by the user or an uninstaller): their
+    /// downloads could only fail one after another, and, having come first, would hold the machine's slots from the
+    /// other homes' meanwhile. Logged; the list of served homes is saved without them.
+    func dropRemoved() async {
+        let gone = self.served.withLock { served -> [(key: String, value: Served)] in
+            let gone = served.filter { !FileManager.default.fileExists(atPath: $0.value.home.databaseURL.path) }
+            for key in gone.keys { served.removeValue(forKey: key) }
+            return gone.sorted { $0.key < $1.key }
+        }
+        guard !gone.isEmpty else { return }
+        for (key, served) in gone {
+            self.logger.warning("A served home's store was removed; it is no longer served", metadata: ["home": "\(key)"])
+            await served.queue.close()
+            served.pump.cancel()
+        }
+        self.save()
+    }
+
     /// Whether any download of a served home waits or runs.
     func isBusy() async -> Bool {
         for queue in self.served.withLock({ $0.values.map(\.queue) }) {

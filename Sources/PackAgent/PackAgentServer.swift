@@ -169,13 +169,15 @@ public struct PackAgentServer: Sendable {
         }
     }
 
-    /// Stops after the idle timeout with no client connected and nothing waiting or running in any served home.
+    /// Stops after the idle timeout with no client connected and nothing waiting or running in any served home; on the
+    /// way, at most once a second, stops serving the homes whose store was removed.
     private func watchIdle(homes: AgentHomes, connections: ConnectionCount, stop: AsyncStream<Stop>.Continuation) async {
         let timeout = self.configuration.idleTimeout
         let step = min(1, max(0.05, timeout / 4))
         var idleSince: Date?
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(step))
+            await homes.dropRemoved()
             let idle = connections.current == 0 ? !(await homes.isBusy()) : false
             guard idle else {
                 idleSince = nil

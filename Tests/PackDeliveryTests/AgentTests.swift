@@ -166,6 +166,39 @@ import Testing
         #expect(try agent.stop() == 0)
     }
 
+    /// A home deleted while the agent runs its download (an uninstall) is no longer served: its download stops holding
+    /// the machine's one slot, so another home's download, which came later, starts at once.
+    @Test func aHomeDeletedUnderTheAgentIsDroppedAndFreesItsSlot() throws {
+        let test = try AgentSite("agent-deleted", size: 4_000_000, bytesPerSecond: 200_000)
+        defer { test.remove() }
+        let agent = try AgentProcess(folder: test.folder, arguments: ["--concurrency", "1"])
+        let (deleted, other) = (test.folder.appending(path: "deleted"), test.folder.appending(path: "other"))
+        for home in [deleted, other] {
+            let body = jsonBody(["home": home.path, "manifest": test.manifest, "products": ["com.example.big"]])
+            let answer = try agent.request("POST", "/v1/fetch", body: body)
+            #expect(answer.status == 202, "\(answer.body)")
+        }
+        try waitUntil("the first home's download running", timeout: 20) {
+            try Self.download(agent, home: deleted)?["state"] as? String == "active"
+        }
+        #expect(try Self.download(agent, home: other)?["state"] as? String == "waiting", "one slot: the second home waits")
+        try FileManager.default.removeItem(at: deleted)
+        // 4 MB at 200 KB/s: the deleted home's download would hold the slot for about 20 s more.
+        do {
+            try waitUntil("the other home's download running", timeout: 6) {
+                try Self.download(agent, home: other)?["state"] as? String == "active"
+            }
+        } catch {
+            Issue.record("\(error); agent log:\n\(agent.log)")
+            throw error
+        }
+        let version = try agent.request("GET", "/v1/version?home=\(deleted.path)")
+        #expect(version.json["servesHome"] as? Bool == false && version.json["homes"] as? Int == 1, "\(version.body)")
+        #expect(agent.log.contains("A served home's store was removed"), "\(agent.log)")
+        #expect(!FileManager.default.fileExists(atPath: deleted.path), "nothing was written again where the home was")
+        #expect(try agent.stop() == 0, "log: \(agent.log)")
+    }
+
     /// A status read after an event of the stream shows what the event said, though the agent answers status reads
     /// from its last answer while only progress changes: a download starting is not progress.
     @Test func aStatusReadAfterADownloadStartsShowsItActive() throws {
