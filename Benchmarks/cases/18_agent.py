@@ -102,6 +102,26 @@ class Agent:
         self.log.close()
 
 
+def download_events(agent, connection):
+    """The `download` events of /v1/events, each as its parsed data, until the stream ends or is closed. The stream
+    is open when this returns (events after it are not missed); the events come as the result is iterated."""
+    connection.request("GET", "/v1/events", headers={"Packs-Client-Version": agent.version})
+    return parse_download_events(connection.getresponse())
+
+
+def parse_download_events(response):
+    kind = None
+    try:
+        for raw in response:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind == "download":
+                yield json.loads(line[6:])
+    except (OSError, ValueError, AttributeError):
+        return  # the stream closed (AttributeError: http.client's, when close() comes mid-read)
+
+
 class Events:
     """Follows /v1/events on a thread: each download's last bytesReceived and state, and when each event came."""
 
@@ -110,25 +130,15 @@ class Events:
         self.bytes = {}          # download id -> last bytesReceived
         self.arrivals = []       # (monotonic time, download id, state)
         self.connection = UnixConnection(agent.socket, timeout=600)
-        self.connection.request("GET", "/v1/events", headers={"Packs-Client-Version": agent.version})
-        self.response = self.connection.getresponse()
+        self.stream = download_events(agent, self.connection)
         threading.Thread(target=self.follow, daemon=True).start()
 
     def follow(self):
-        kind = None
-        try:
-            for raw in self.response:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: ") and kind == "download":
-                    event = json.loads(line[6:])
-                    now = time.monotonic()
-                    with self.lock:
-                        self.bytes[event["id"]] = event["bytesReceived"]
-                        self.arrivals.append((now, event["id"], event["state"]))
-        except (OSError, ValueError):
-            pass
+        for event in self.stream:
+            now = time.monotonic()
+            with self.lock:
+                self.bytes[event["id"]] = event["bytesReceived"]
+                self.arrivals.append((now, event["id"], event["state"]))
 
     def total(self, ids=None):
         with self.lock:

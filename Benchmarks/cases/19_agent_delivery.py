@@ -50,27 +50,17 @@ class Finished:
         self.done = {}
         self.bytes = {}
         self.connection = agent_case.UnixConnection(agent.socket, timeout=3600)
-        self.connection.request("GET", "/v1/events", headers={"Packs-Client-Version": agent.version})
-        self.response = self.connection.getresponse()
+        self.stream = agent_case.download_events(agent, self.connection)
         threading.Thread(target=self.follow, daemon=True).start()
 
     def follow(self):
-        kind = None
-        try:
-            for raw in self.response:
-                line = raw.decode().rstrip("\n")
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: ") and kind == "download":
-                    event = json.loads(line[6:])
-                    with self.lock:
-                        self.bytes[event["id"]] = event.get("bytesReceived", 0)
-                        if event["state"] == "finished":
-                            self.done.setdefault(event["id"], time.perf_counter())
-                        elif event["state"] in ("failed", "cancelled"):
-                            self.done.setdefault(event["id"], None)
-        except (OSError, ValueError, AttributeError):
-            pass  # the stream closed (AttributeError: http.client's, when close() comes mid-read)
+        for event in self.stream:
+            with self.lock:
+                self.bytes[event["id"]] = event.get("bytesReceived", 0)
+                if event["state"] == "finished":
+                    self.done.setdefault(event["id"], time.perf_counter())
+                elif event["state"] in ("failed", "cancelled"):
+                    self.done.setdefault(event["id"], None)
 
     def wait(self, ids, timeout, what):
         deadline = time.perf_counter() + timeout
@@ -120,27 +110,38 @@ def run(b):
         log(f"case 19: {row[1]}: {row[2]} ({row[7]})")
 
 
-def big_pack(b, agent, folder, rows):
-    big = b.data["big"]
-    manifest = f"{b.base}/big/manifest.json"
+def alternated(b, agent, folder, label, here, detached, timeout, expected=None):
+    """The in-process `here` command (argv or shell line, given the home) and `fetch --detach` of `detached` waited
+    for on the events, alternated b.reps times; returns (agent walls, in-process walls). The agent's homes stay (it
+    serves them; removed with the run's folder), the in-process ones go."""
     agent_walls, here_walls = [], []
     for rep in range(max(1, b.reps)):
         order = ("agent", "here") if rep % 2 == 0 else ("here", "agent")
         for who in order:
-            home = os.path.join(folder, f"big-{who}-{rep}")
+            home = os.path.join(folder, f"{label}-{who}-{rep}")
             if who == "here":
-                run = timed(b.packs_cmd(home, "fetch", manifest, "com.bench.big"), b.tmp)
+                run = timed(here(home), b.tmp, timeout=timeout)
                 if run.code != 0:
-                    raise Failure(f"case 19: packs fetch exited {run.code}: {run.err[-500:]}")
+                    raise Failure(f"case 19: {label} in-process exited {run.code}: {run.err[-500:]}")
                 here_walls.append(run.wall)
+                subprocess.run(["rm", "-rf", home])
             else:
                 events = Finished(agent)
                 start = time.perf_counter()
-                ids = detach(b, agent, home, manifest, ["com.bench.big"])
-                agent_walls.append(events.wait(ids, 600, "the 1 GiB pack") - start)
+                ids = detach(b, agent, home, *detached)
+                if expected is not None and len(ids) != expected:
+                    raise Failure(f"case 19: {label}: fetch --detach handed over {len(ids)} downloads of {expected}")
+                agent_walls.append(events.wait(ids, timeout, label) - start)
                 events.close()
-            if who == "here":  # the agent's homes stay: it serves them (removed with the run's folder)
-                subprocess.run(["rm", "-rf", home])
+    return agent_walls, here_walls
+
+
+def big_pack(b, agent, folder, rows):
+    big = b.data["big"]
+    manifest = f"{b.base}/big/manifest.json"
+    agent_walls, here_walls = alternated(
+        b, agent, folder, "big", lambda home: b.packs_cmd(home, "fetch", manifest, "com.bench.big"),
+        (manifest, ["com.bench.big"]), 600)
     peak = agent.status_kib("VmHWM")
     ratio = median(agent_walls) / median(here_walls)
     rows.append(("19", "1 GiB pack through the agent (fetch --detach, waited for on the events) ÷ in-process fetch",
@@ -180,27 +181,10 @@ def big_pack(b, agent, folder, rows):
 
 def catalog(b, agent, folder, rows):
     manifest = f"{b.base}/catalog10000/manifest.json"
-    agent_walls, here_walls = [], []
-    for rep in range(max(1, b.reps)):
-        order = ("agent", "here") if rep % 2 == 0 else ("here", "agent")
-        for who in order:
-            home = os.path.join(folder, f"catalog-{who}-{rep}")
-            if who == "here":
-                cmd = f"ulimit -n 1024 && exec {shlex.join(b.packs_cmd(home, 'fetch', manifest, '--all'))}"
-                run = timed(cmd, b.tmp, timeout=1800)
-                if run.code != 0:
-                    raise Failure(f"case 19: packs fetch --all exited {run.code}: {run.err[-500:]}")
-                here_walls.append(run.wall)
-            else:
-                events = Finished(agent)
-                start = time.perf_counter()
-                ids = detach(b, agent, home, manifest, ["--all"])
-                if len(ids) != len(b.data["catalog10000"]):
-                    raise Failure(f"case 19: fetch --detach --all handed over {len(ids)} downloads")
-                agent_walls.append(events.wait(ids, 1800, "the 10,000-pack catalog") - start)
-                events.close()
-            if who == "here":
-                subprocess.run(["rm", "-rf", home])
+    agent_walls, here_walls = alternated(
+        b, agent, folder, "catalog",
+        lambda home: f"ulimit -n 1024 && exec {shlex.join(b.packs_cmd(home, 'fetch', manifest, '--all'))}",
+        (manifest, ["--all"]), 1800, expected=len(b.data["catalog10000"]))
     ratio = median(agent_walls) / median(here_walls)
     rows.append(("19", "10,000 tiny packs through the agent (fetch --detach, waited for) ÷ in-process fetch --all",
                  f"{median(agent_walls):.1f} s", "in-process", f"{median(here_walls):.1f} s", f"{ratio:.2f}", "≤ 1.2",
