@@ -98,7 +98,7 @@ let package = Package(
         .target(
             name: "PackAgent",
             dependencies: [
-                "PackDelivery",
+                "PackDelivery", "CLinux",
                 .product(name: "Hummingbird", package: "hummingbird", condition: tools),
                 .product(name: "HummingbirdCore", package: "hummingbird", condition: tools),
                 .product(name: "NIOCore", package: "swift-nio", condition: tools),

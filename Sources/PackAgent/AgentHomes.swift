@@ -210,12 +210,8 @@ final class AgentHomes: Sendable {
     }
 
     /// Whether any download of a served home waits or runs.
-    func isBusy() async -> Bool {
-        for queue in self.served.withLock({ $0.values.map(\.queue) }) {
-            guard let transactions = try? await queue.transactions() else { continue }
-            if transactions.contains(where: { $0.downloads.contains { $0.state.isRunning } }) { return true }
-        }
-        return false
+    func isBusy() -> Bool {
+        self.served.withLock { $0.values.map(\.queue) }.contains { $0.hasRunningDownloads }
     }
 
     /// Closes every queue: running downloads pause as interrupted with their bytes kept, for the next agent.

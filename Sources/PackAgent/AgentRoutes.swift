@@ -1,8 +1,9 @@
+import CLinux
 import Foundation
 import HTTPTypes
 import Hummingbird
 import NIOCore
-import PackDelivery
+@_spi(Agent) import PackDelivery
 
 /// The agent's HTTP API, version 1 (Sources/PackAgent/agent-openapi.yaml describes it; a test holds the two alike).
 struct AgentRoutes: Sendable {
@@ -105,11 +106,10 @@ struct AgentRoutes: Sendable {
         let queue = try self.homes.queue(home: home)
         try queue.acceptManifest(loaded)
         let transactions = try await queue.add(
-            products: Array(Set(products)).sorted(), from: loaded, kind: .purchased, destination: destination ?? .caches,
-            autoFinish: true)
-        if let priority {
-            _ = try queue.setPriority(transactions.flatMap(\.downloads).map(\.id), priority)
-        }
+            products: Array(Set(products)).sorted(), from: loaded, destination: destination ?? .caches, autoFinish: true,
+            priority: priority)
+        // The manifest's parse and the recording of a catalog leave much freed memory in glibc's heaps: give it back.
+        defer { _ = clinux_malloc_trim(0) }
         let added = transactions.map {
             FetchAnswer.Added(
                 id: $0.id, productIdentifier: $0.productIdentifier, downloads: $0.downloads.map(\.id))

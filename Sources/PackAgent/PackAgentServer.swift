@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Hummingbird
 import HummingbirdCore
@@ -175,11 +176,18 @@ public struct PackAgentServer: Sendable {
         let timeout = self.configuration.idleTimeout
         let step = min(1, max(0.05, timeout / 4))
         var idleSince: Date?
+        var busy = true
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(step))
             await homes.dropRemoved()
-            let idle = connections.current == 0 ? !(await homes.isBusy()) : false
-            guard idle else {
+            let wasBusy = busy
+            busy = homes.isBusy()
+            if wasBusy && !busy {
+                // Nothing waits or runs any more: what the deliveries used goes back to the system, not kept in
+                // glibc's heaps for later (an agent with nothing to do should be small, clients connected or not).
+                _ = clinux_malloc_trim(0)
+            }
+            guard connections.current == 0 && !busy else {
                 idleSince = nil
                 continue
             }

@@ -73,6 +73,26 @@ extension DownloadQueue {
         }
     }
 
+    /// For the agent: whether any download this queue owns waits or runs (an agent with none may stop when idle).
+    /// Asks the queue's machine, not the store, so that it costs nothing next to a large queue.
+    @_spi(Agent) public var hasRunningDownloads: Bool {
+        self.driven { $0.machine.entries.values.contains { $0.machine.state.isRunning } }
+    }
+
+    /// For the agent's `POST /v1/fetch`: ``add(products:from:kind:destination:autoFinish:force:start:receipt:)`` of
+    /// purchases with the downloads' priority given, so that they are recorded and first admitted with it (not
+    /// admitted as essential, then changed).
+    @_spi(Agent) public func add(
+        products productIdentifiers: [String], from manifest: LoadedManifest, destination: Destination,
+        autoFinish: Bool, priority: DownloadPriority?
+    ) async throws(PackDeliveryError) -> [Transaction] {
+        try await Blocking.run { () throws(PackDeliveryError) in
+            try self.add(
+                products: productIdentifiers, from: manifest, kind: .purchased, destination: destination,
+                autoFinish: autoFinish, force: false, start: true, receipt: nil, priority: priority)
+        }
+    }
+
     /// Takes over downloads no live queue owns (`ids`, or every unsettled download of an open transaction
     /// that `wanted` accepts), finishing or rolling back a move into place a crash interrupted.
     /// - Returns: the ids taken.

@@ -432,6 +432,17 @@ public final class DownloadQueue: Sendable {
         destination: Destination = .caches, autoFinish: Bool = false, force: Bool = false,
         start: Bool = true, receipt: String? = nil
     ) throws(PackDeliveryError) -> [Transaction] {
+        try self.add(
+            products: productIdentifiers, from: manifest, kind: kind, destination: destination, autoFinish: autoFinish,
+            force: force, start: start, receipt: receipt, priority: nil)
+    }
+
+    /// As the public `add(products:…)`, with the downloads' priority given (nil: essential, or restore for a restore),
+    /// so that they are recorded and first admitted with it.
+    func add(
+        products productIdentifiers: [String], from manifest: LoadedManifest, kind: TransactionKind,
+        destination: Destination, autoFinish: Bool, force: Bool, start: Bool, receipt: String?, priority: DownloadPriority?
+    ) throws(PackDeliveryError) -> [Transaction] {
         try self.requireOpen()
         let products = try Self.products(productIdentifiers, in: manifest)
         // The facts (what is installed, which folders exist), then the decision (AddPlan), then the record.
@@ -466,7 +477,7 @@ public final class DownloadQueue: Sendable {
             }
             var downloads = try AddPlan.downloads(
                 for: product, transactionID: transactionID, urls: urls, destination: destination, force: force,
-                priority: kind == .restored ? .restore : .essential, installs: byContent, presentFolders: present,
+                priority: priority ?? (kind == .restored ? .restore : .essential), installs: byContent, presentFolders: present,
                 newID: { Self.newID("d") }
             ).get()
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
