@@ -66,6 +66,8 @@ extension AgentLink {
         var lines = AgentResumeLines(ids: Set(wanted), mode: mode)
         var settled: [String: Followed] = [:]
         var statusRead = Date.distantPast
+        // Settled because the status no longer lists them: their transaction was finished, and its event is awaited.
+        var gone: [String] = []
         while settled.count < wanted.count {
             if stop.raised || Output.broken.load(ordering: .relaxed) {
                 let open = wanted.filter { settled[$0] == nil }
@@ -93,14 +95,18 @@ extension AgentLink {
                 // Gone from the status: its transaction was finished, so it finished.
                 guard let download = open[id] else {
                     settled[id] = Followed(id: id, state: "finished", pauseReason: nil, contentIdentifier: "", error: nil)
+                    gone.append(id)
                     continue
                 }
                 if ["finished", "failed", "paused", "cancelled"].contains(download.state) { settled[id] = download }
             }
         }
-        // The events of the last changes may trail the status by a moment.
-        let deadline = Date().addingTimeInterval(2)
-        while Date() < deadline, !wanted.allSatisfy({ lines.showed($0, state: settled[$0]?.state ?? "") }) {
+        // The events of the last changes may trail the status by a moment (longer on a busy machine).
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline,
+            !wanted.allSatisfy({ lines.showed($0, state: settled[$0]?.state ?? "") })
+                || !gone.allSatisfy({ lines.transactionFinished(of: $0) })
+        {
             usleep(50_000)
             lines.show(inbox.take())
         }

@@ -95,6 +95,12 @@ struct AgentResumeLines {
         }
     }
 
+    /// Whether the event saying that this download's transaction finished came.
+    func transactionFinished(of id: String) -> Bool {
+        guard let transaction = self.lastEvent[id]?.transactionID else { return false }
+        return self.finished.contains { $0.id == transaction }
+    }
+
     /// Whether a line for this state was printed (or none is printed in this mode).
     func showed(_ id: String, state: String) -> Bool {
         switch self.mode.plainOrTerminal {

@@ -471,15 +471,17 @@ struct QueueMachine: Sendable {
 
     // MARK: Bookkeeping
 
-    private mutating func update(_ id: String, _ change: (inout DownloadMachine) -> [DownloadMachine.Action]) -> [Action] {
-        guard var entry = self.entries[id] else { return [] }
-        let before = entry.machine.download
-        let held = !entry.machine.reportable
-        let downloadActions = change(&entry.machine)
-        self.entries[id] = entry
+    /// - Parameter scheduling: give free slots to waiting downloads afterwards (not when ``schedule(into:)`` itself
+    ///   changes a download it passes over).
+    private mutating func update(
+        _ id: String, scheduling: Bool = true, _ change: (inout DownloadMachine) -> [DownloadMachine.Action]
+    ) -> [Action] {
+        guard let (before, held) = self.entries[id].map({ ($0.machine.download, !$0.machine.reportable) }) else { return [] }
+        // Changed in its place in the table: a copy of the entry would copy its machine's box (``Entry``).
+        let downloadActions = change(&self.entries[id]!.machine)
         var actions = downloadActions.map { Action.run(id: id, $0) }
         self.track(id, before: before, held: held, into: &actions, acted: !downloadActions.isEmpty)
-        self.schedule(into: &actions)
+        if scheduling { self.schedule(into: &actions) }
         return actions
     }
 
@@ -549,7 +551,15 @@ struct QueueMachine: Sendable {
             }
             _ = self.waiting.popMin()
             self.entries[next.id]?.inHeap = false
-            guard let destination = self.entries[next.id]?.machine.download.destination else { continue }
+            guard let download = self.entries[next.id]?.machine.download else { continue }
+            if let reason = self.heldBy(download) {
+                // Held by the policy (outside the window, quiet, a metered network): paused here, with no slot taken
+                // and no space measured, and the next one is looked at. A machine's whole background queue outside
+                // its window costs no round trip to the driver for each download.
+                actions += self.update(next.id, scheduling: false) { $0.pause(reason) }
+                continue
+            }
+            let destination = download.destination
             self.running.insert(next.id)
             if besides { self.beside.insert(next.id) }
             actions.append(.measureSpace(id: next.id, destination: destination))
