@@ -209,6 +209,21 @@ public struct MachinePolicy: Sendable, Hashable {
         return min(quietRate, self.maxRate ?? .max)
     }
 
+    /// What ``blocked(_:_:)`` reads of the conditions: under conditions with the same verdicts, it holds the same
+    /// downloads (the time of day changes each second; whether it is inside the window, seldom).
+    struct Verdicts: Hashable {
+        var quiet: Bool
+        var outsideWindow: Bool
+        var metered: Bool
+    }
+
+    func verdicts(_ conditions: Conditions) -> Verdicts {
+        Verdicts(
+            quiet: conditions.quietHeld,
+            outsideWindow: self.window.map { !$0.contains(second: conditions.secondOfDay) } ?? false,
+            metered: conditions.metered)
+    }
+
     /// Why a download may not run now, or nil when it may.
     func blocked(_ candidate: Candidate, _ conditions: Conditions) -> WaitReason? {
         let background = candidate.priority >= .restore

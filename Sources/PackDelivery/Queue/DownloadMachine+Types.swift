@@ -50,7 +50,10 @@ extension DownloadMachine {
     ///
     /// The tokens are those of the work the stage waits for: an event whose token is not the stage's comes from
     /// work that was stopped or replaced, and changes nothing. ``Kind/successors`` lists the legal transitions.
-    enum Stage: Sendable, Hashable {
+    ///
+    /// Indirect: its errors are large and most downloads of a large queue wait with none, so a waiting machine keeps
+    /// one word for its stage (the benchmark's case 19 holds 100,000 of them).
+    indirect enum Stage: Sendable, Hashable {
         /// Waiting for a slot (`waiting`).
         case waiting
         /// A transfer runs (`active`, `downloading`); `error` is the previous attempt's, shown until bytes move.

@@ -121,6 +121,9 @@ struct QueueMachine: Sendable {
     private var pausedForSpace: Set<String> = []
     /// Downloads paused by the machine's policy (``PauseReason/isPolicyHold``: the network, the window, quiet).
     private var pausedByPolicy: Set<String> = []
+    /// A download came into this queue paused by the policy (adopted from an earlier process): the next tick checks
+    /// whether the policy still holds it. Otherwise holds are checked when the policy's verdicts change, not at each tick.
+    private var holdsUnchecked = false
     /// Downloads allowed on a metered connection (``Event/allowMetered``).
     private var allowedOnMetered: Set<String> = []
     /// The machine's policy (``MachinePolicy``: the window for background work, quiet, the metered limit) and what it is
@@ -256,7 +259,10 @@ struct QueueMachine: Sendable {
             actions += self.update(id) { $0.tick(now: now) }
         }
         // Adopted from an earlier process while held by the policy, which may hold it no more.
-        actions += self.releaseHolds()
+        if self.holdsUnchecked {
+            self.holdsUnchecked = false
+            actions += self.releaseHolds()
+        }
         if let available {
             for id in self.pausedForSpace {
                 guard let machine = self.entries[id]?.machine, let free = available[machine.download.destination] else { continue }
@@ -282,10 +288,12 @@ struct QueueMachine: Sendable {
     /// ``PauseReason/outsideWindow``, ``PauseReason/quiet``; bytes kept), and waiting ones are held at admission; those
     /// it held and holds no more wait for a slot again.
     mutating func conditionsChanged(_ conditions: MachinePolicy.Conditions, policy: MachinePolicy? = nil) -> [Action] {
-        let before = (self.conditions, self.policy)
+        let before = (self.policy.verdicts(self.conditions), self.policy)
         self.conditions = conditions
         if let policy { self.policy = policy }
-        guard before != (self.conditions, self.policy) else { return [] }
+        // The time of day moves each second; what it decides, seldom: 100,000 held downloads are looked at again only
+        // then, not at each tick.
+        guard before != (self.policy.verdicts(self.conditions), self.policy) else { return [] }
         var actions: [Action] = []
         let held = self.running.compactMap { id -> (String, PauseReason)? in
             guard let download = self.entries[id]?.machine.download, download.state == .active, download.phase == .downloading,
@@ -523,7 +531,7 @@ struct QueueMachine: Sendable {
             self.pausedForSpace.remove(id)
         }
         if after.state == .paused, after.pauseReason?.isPolicyHold == true {
-            self.pausedByPolicy.insert(id)
+            if self.pausedByPolicy.insert(id).inserted, before == nil { self.holdsUnchecked = true }
         } else {
             self.pausedByPolicy.remove(id)
         }
