@@ -16,6 +16,9 @@ Consistent snapshots are on. Actions:
   endless-timestamp    serves a timestamp.json of 20,000 bytes (more than python-tuf's 16,384 limit)
   duplicate-root-key   root v+1 whose root threshold 2 is met only by the same key under two key ids
   rotate-root          root v+1 (already expired) and v+2, each with a new root key, signed by old and new
+  key-types            root v+1 whose root threshold 3 needs the ed25519 key, a new rsa (rsassa-pss-sha256) and a
+                       new ecdsa (ecdsa-sha2-nistp256) key
+  key-types-broken K   root v+1 signed by the three, with key K's (rsa or ecdsa) signature of another text
   corrupt-target       replaces the served bytes of files/hello.txt (metadata unchanged)
 """
 
@@ -26,6 +29,7 @@ import shutil
 import sys
 
 from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from securesystemslib.signer import CryptoSigner, Signature
 from tuf.api.metadata import (
@@ -59,8 +63,13 @@ class Repo:
     def path(self, *parts: str) -> str:
         return os.path.join(self.folder, *parts)
 
-    def new_key(self, name: str) -> CryptoSigner:
-        key = Ed25519PrivateKey.generate()
+    def new_key(self, name: str, kind: str = "ed25519") -> CryptoSigner:
+        if kind == "rsa":
+            key = rsa.generate_private_key(65537, 3072)
+        elif kind == "ecdsa":
+            key = ec.generate_private_key(ec.SECP256R1())
+        else:
+            key = Ed25519PrivateKey.generate()
         pem = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
@@ -168,6 +177,29 @@ def rotate_root(repo: Repo) -> None:
         previous = name
 
 
+def key_types(repo: Repo) -> None:
+    root = repo.load("root")
+    root.signed.version += 1
+    for kind in ("rsa", "ecdsa"):
+        root.signed.add_key(repo.new_key(kind, kind).public_key, "root")
+    root.signed.roles["root"].threshold = 3
+    repo.write(root, "root", ["root", "rsa", "ecdsa"])
+
+
+def key_types_broken(repo: Repo, kind: str) -> None:
+    root = repo.load("root")
+    root.signed.version += 1
+    root.signatures.clear()
+    for name in ("root", "rsa", "ecdsa"):
+        signer = repo.signer(name)
+        if name == kind:
+            other = signer.sign(b"another text")
+            root.signatures[other.keyid] = other
+        else:
+            root.sign(signer, append=True)
+    repo.save(root.to_bytes(), root, "root")
+
+
 def main() -> int:
     folder, action = sys.argv[1], sys.argv[2]
     repo = Repo(folder)
@@ -186,6 +218,10 @@ def main() -> int:
         duplicate_root_key(repo)
     elif action == "rotate-root":
         rotate_root(repo)
+    elif action == "key-types":
+        key_types(repo)
+    elif action == "key-types-broken":
+        key_types_broken(repo, sys.argv[3])
     elif action == "corrupt-target":
         target = repo.load("targets").signed.targets["files/hello.txt"]
         served = repo.path("targets", "files", f"{target.hashes['sha256']}.hello.txt")

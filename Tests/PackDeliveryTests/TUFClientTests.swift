@@ -191,4 +191,20 @@ import Testing
         #expect(download.stderr.contains("No target"), "\(download.stderr)")
         #expect(try treeContents(setup.targetDir).isEmpty)
     }
+
+    /// A root whose threshold needs an ed25519, an rsassa-pss-sha256 and an ecdsa-sha2-nistp256 signature is
+    /// accepted; the next root, with the rsa or the ecdsa signature of another text, is refused.
+    @Test(arguments: ["rsa", "ecdsa"]) func everyKeyTypeIsCheckedThroughOpenSSL(broken: String) throws {
+        let setup = try Setup("tuf-key-types-" + broken)
+        try setup.change("key-types")
+        let refresh = try setup.refresh()
+        #expect(refresh.status == 0, "\(refresh.stderr)")
+        #expect(try setup.version("root") == 2)
+        let before = try setup.trusted()
+        try setup.change("key-types-broken", broken)
+        let refused = try setup.refresh()
+        #expect(refused.status == 1)
+        #expect(refused.stderr.contains("root metadata version 3") && refused.stderr.contains("threshold not met"), "\(refused.stderr)")
+        #expect(try setup.trusted() == before)
+    }
 }

@@ -141,15 +141,7 @@ struct TUFTrustedSet {
         if let why = meta.mismatch(data) { throw TUFRefusal.error(role, version: meta.version, why) }
         let metadata = try TUFMetadata(data, type: "targets", role: role)
         let targets = try TUFTargets(metadata, role: role)
-        let signedByDelegator: Bool
-        if delegator == "root" {
-            signedByDelegator = self.root.verifies(metadata, as: role)
-        } else if let parent = self.targets[delegator] {
-            signedByDelegator = parent.verifies(metadata, as: role)
-        } else {
-            preconditionFailure("the delegator is loaded first")
-        }
-        guard signedByDelegator else {
+        guard self.delegatorVerifies(metadata, role: role, delegator: delegator) else {
             throw TUFRefusal.error(role, version: metadata.version, "threshold not met for the role delegated by \(delegator)")
         }
         guard metadata.version == meta.version else {
@@ -157,5 +149,12 @@ struct TUFTrustedSet {
         }
         guard !metadata.isExpired(at: self.now) else { throw TUFRefusal.error(role, version: metadata.version, "expired") }
         self.targets[role] = targets
+    }
+
+    /// Whether `metadata` of `role` meets the threshold `delegator` (root, or loaded targets) sets for it.
+    func delegatorVerifies(_ metadata: TUFMetadata, role: String, delegator: String) -> Bool {
+        if delegator == "root" { return self.root.verifies(metadata, as: role) }
+        guard let parent = self.targets[delegator] else { preconditionFailure("the delegator is loaded first") }
+        return parent.verifies(metadata, as: role)
     }
 }

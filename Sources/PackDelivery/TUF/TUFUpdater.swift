@@ -120,7 +120,14 @@ public struct TUFUpdater {
     }
 
     private func loadTargets(_ set: inout TUFTrustedSet, role: String, delegator: String) throws(PackDeliveryError) {
-        if set.targets[role] != nil { return }
+        if let loaded = set.targets[role] {
+            // Reached again through another delegator (a diamond): it must meet this delegator's threshold too,
+            // not inherit the authority of the path that loaded it.
+            guard set.delegatorVerifies(loaded.metadata, role: role, delegator: delegator) else {
+                throw TUFRefusal.error(role, version: loaded.metadata.version, "threshold not met for the role delegated by \(delegator)")
+            }
+            return
+        }
         if let local = try? self.storage.load(role) {
             do {
                 try set.updateTargets(local, role: role, delegator: delegator)
