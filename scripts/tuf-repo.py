@@ -19,6 +19,10 @@ Consistent snapshots are on. Actions:
   key-types            root v+1 whose root threshold 3 needs the ed25519 key, a new rsa (rsassa-pss-sha256) and a
                        new ecdsa (ecdsa-sha2-nistp256) key
   key-types-broken K   root v+1 signed by the three, with key K's (rsa or ecdsa) signature of another text
+  rotate-timestamp-key root v+1 with a new timestamp key, and a timestamp signed by it that starts again at
+                       version 1 (fast-forward recovery after a compromised timestamp key)
+  unusual-text         targets, snapshot and timestamp v+1: a target whose path and custom field hold non-ASCII
+                       text, quotes, backslashes and control characters (canonical JSON as securesystemslib writes it)
   corrupt-target       replaces the served bytes of files/hello.txt (metadata unchanged)
 """
 
@@ -200,6 +204,43 @@ def key_types_broken(repo: Repo, kind: str) -> None:
     repo.save(root.to_bytes(), root, "root")
 
 
+def rotate_timestamp_key(repo: Repo) -> None:
+    root = repo.load("root")
+    root.signed.version += 1
+    old = repo.signer("timestamp").public_key
+    root.signed.revoke_key(old.keyid, "timestamp")
+    root.signed.add_key(repo.new_key("timestamp2").public_key, "timestamp")
+    repo.write(root, "root", ["root"])
+    timestamp = repo.load("timestamp")
+    timestamp.signed.version = 1
+    repo.write(timestamp, "timestamp", ["timestamp2"])
+
+
+UNUSUAL_PATH = 'files/caf\u00e9 "quoted" \\ back.txt'
+
+
+def unusual_text(repo: Repo) -> None:
+    targets = repo.load("targets")
+    targets.signed.version += 1
+    target = repo.add_target(UNUSUAL_PATH, HELLO)
+    target.unrecognized_fields["custom"] = {
+        "note": 'tab\t, newline\n, quote " and backslash \\, \u00e9 \U0001F600 \u0001 \u2028',
+        "n": -12,
+        "flags": [True, False, None],
+        "\u00e9": {"b": 1, "a": 2, "B": 3},
+    }
+    targets.signed.targets[UNUSUAL_PATH] = target
+    data = repo.write(targets, "targets", ["targets"])
+    snapshot = repo.load("snapshot")
+    snapshot.signed.version += 1
+    snapshot.signed.meta["targets.json"] = MetaFile(targets.signed.version, len(data), None)
+    snapshot_bytes = repo.write(snapshot, "snapshot", ["snapshot"])
+    timestamp = repo.load("timestamp")
+    timestamp.signed.version += 1
+    timestamp.signed.snapshot_meta = MetaFile.from_data(snapshot.signed.version, snapshot_bytes, ["sha256"])
+    repo.write(timestamp, "timestamp", ["timestamp"])
+
+
 def main() -> int:
     folder, action = sys.argv[1], sys.argv[2]
     repo = Repo(folder)
@@ -222,6 +263,10 @@ def main() -> int:
         key_types(repo)
     elif action == "key-types-broken":
         key_types_broken(repo, sys.argv[3])
+    elif action == "rotate-timestamp-key":
+        rotate_timestamp_key(repo)
+    elif action == "unusual-text":
+        unusual_text(repo)
     elif action == "corrupt-target":
         target = repo.load("targets").signed.targets["files/hello.txt"]
         served = repo.path("targets", "files", f"{target.hashes['sha256']}.hello.txt")

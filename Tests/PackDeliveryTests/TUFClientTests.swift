@@ -207,4 +207,33 @@ import Testing
         #expect(refused.stderr.contains("root metadata version 3") && refused.stderr.contains("threshold not met"), "\(refused.stderr)")
         #expect(try setup.trusted() == before)
     }
+
+    /// Fast-forward recovery: a timestamp pushed to version 3 (as an attacker with the timestamp key could), then the
+    /// timestamp key rotated in root and the timestamp started again at version 1: the client accepts it.
+    @Test func aRotatedTimestampKeyRecoversFromAFastForwardedTimestamp() throws {
+        let setup = try Setup("tuf-fast-forward")
+        try setup.change("timestamp")
+        try setup.change("timestamp")
+        #expect(try setup.refresh().status == 0)
+        #expect(try setup.version("timestamp") == 3)
+        try setup.change("rotate-timestamp-key")
+        let refresh = try setup.refresh()
+        #expect(refresh.status == 0, "\(refresh.stderr)")
+        #expect(try setup.version("root") == 2)
+        let served = try Data(contentsOf: setup.repository.appending(path: "metadata/timestamp.json"))
+        #expect(try setup.trusted()["timestamp.json"] == served)
+        #expect(try setup.version("timestamp") == 1)
+    }
+
+    /// Signatures cover securesystemslib's canonical JSON: targets whose path and custom field hold non-ASCII text
+    /// (escaped as \\u in the file, a surrogate pair among them), quotes, backslashes and control characters verify,
+    /// and the target with such a path downloads.
+    @Test func canonicalJSONMatchesSecuresystemslibOnUnusualText() throws {
+        let setup = try Setup("tuf-canonical")
+        try setup.change("unusual-text")
+        let download = try setup.download("files/caf\u{e9} \"quoted\" \\ back.txt")
+        #expect(download.status == 0, "\(download.stderr)")
+        #expect(try setup.version("targets") == 2)
+        #expect(try treeContents(setup.targetDir) == ["files%2Fcaf%C3%A9%20%22quoted%22%20%5C%20back.txt": Self.hello])
+    }
 }

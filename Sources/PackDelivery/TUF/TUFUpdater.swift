@@ -85,6 +85,8 @@ public struct TUFUpdater {
     }
 
     private func loadRoot(_ set: inout TUFTrustedSet) throws(PackDeliveryError) {
+        let original = set.root
+        defer { self.forgetRotated(from: original, to: set.root) }
         let first = set.root.metadata.version + 1
         for version in first..<(first + Self.maxRootRotations) {
             let data: Data
@@ -96,6 +98,21 @@ public struct TUFUpdater {
             try set.updateRoot(data)
             try self.storage.store(data, role: "root")
         }
+    }
+
+    /// 5.3.11, fast-forward recovery: when the new root rotated the timestamp keys, the stored timestamp is deleted;
+    /// when it rotated the snapshot keys, the stored timestamp and snapshot are. (A stored file the new keys do not
+    /// verify is ignored anyway; deleting it keeps a stale one from outliving a refresh that fails later.)
+    private func forgetRotated(from original: TUFRoot, to root: TUFRoot) {
+        func rotated(_ role: String) -> Bool {
+            guard let old = original.roles[role], let new = root.roles[role] else { return false }
+            return Set(old.keyIDs) != Set(new.keyIDs) || old.threshold != new.threshold
+        }
+        let snapshotRotated = rotated("snapshot")
+        guard snapshotRotated || rotated("timestamp") else { return }
+        unlink(self.storage.localURL("timestamp").path)
+        if snapshotRotated { unlink(self.storage.localURL("snapshot").path) }
+        try? Durability.syncFolder(self.storage.folder)
     }
 
     private func loadTimestamp(_ set: inout TUFTrustedSet) throws(PackDeliveryError) {
