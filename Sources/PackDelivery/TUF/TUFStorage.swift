@@ -76,12 +76,20 @@ struct TUFStorage: Sendable {
 
     /// Fetches `name` under the metadata URL, refusing more than `limit` bytes.
     func fetch(_ name: String, role: String, version: Int?, limit: Int) throws(PackDeliveryError) -> Data {
-        var base = self.metadataURL.absoluteString
-        if !base.hasSuffix("/") { base += "/" }
-        guard let url = URL(string: base + name) else {
+        guard let url = Self.url(self.metadataURL, appending: name) else {
             throw PackDeliveryError(.invalidArgument, message: "The metadata URL \(self.metadataURL.redacted) cannot name \(name).")
         }
         return try Self.fetch(url, role: role, version: version, limit: limit, options: self.options)
+    }
+
+    /// `base` with a percent-encoded relative path added to its path (after a `/`), its query kept: a signed URL's
+    /// query string stays a query string.
+    static func url(_ base: URL, appending encodedPath: String) -> URL? {
+        guard var components = URLComponents(url: base, resolvingAgainstBaseURL: false) else { return nil }
+        var path = components.percentEncodedPath
+        if !path.hasSuffix("/") { path += "/" }
+        components.percentEncodedPath = path + encodedPath
+        return components.url
     }
 
     static func fetch(_ url: URL, role: String, version: Int?, limit: Int, options: TransferOptions) throws(PackDeliveryError) -> Data {

@@ -216,10 +216,10 @@ public struct TUFUpdater {
             let slash = name.lastIndex(of: "/").map { name.index(after: $0) } ?? name.startIndex
             name = String(name[..<slash]) + hash + "." + String(name[slash...])
         }
-        var text = base.absoluteString
-        if !text.hasSuffix("/") { text += "/" }
-        let encoded = name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name
-        guard let url = URL(string: text + encoded) else {
+        var allowed = CharacterSet.urlPathAllowed
+        allowed.remove(charactersIn: ";")
+        let encoded = name.addingPercentEncoding(withAllowedCharacters: allowed) ?? name
+        guard let url = TUFStorage.url(base, appending: encoded) else {
             throw PackDeliveryError(
                 .invalidArgument, message: "The target base URL cannot name \(PackDeliveryError.printable(target.path)).")
         }
