@@ -1,0 +1,103 @@
+import Foundation
+
+/// The metadata folder of a TUF client, and the repository it fetches from.
+///
+/// Metadata is stored as downloaded, byte for byte, under unversioned names (`root.json`, `timestamp.json`,
+/// `snapshot.json`, `targets.json`, and a delegated role's name percent-encoded as Python's
+/// `urllib.parse.quote(name, "")` does), each written to a temporary file that is synced and renamed over the old
+/// one, then the folder synced: a power cut leaves the old file or the new one, never a mix.
+struct TUFStorage: Sendable {
+    let folder: URL
+    let metadataURL: URL
+    let options: TransferOptions
+
+    /// python-tuf's default limits, in bytes, on a metadata file whose length nothing names.
+    static let rootMaxLength = 512_000
+    static let timestampMaxLength = 16_384
+    static let snapshotMaxLength = 2_000_000
+    static let targetsMaxLength = 5_000_000
+
+    /// Python's `urllib.parse.quote(text, safe="")`: everything but letters, digits and `_.-~` percent-encoded.
+    static func quote(_ text: String) -> String {
+        var out = ""
+        for byte in text.utf8 {
+            switch byte {
+            case 0x30...0x39, 0x41...0x5A, 0x61...0x7A, UInt8(ascii: "_"), UInt8(ascii: "."), UInt8(ascii: "-"), UInt8(ascii: "~"):
+                out.unicodeScalars.append(Unicode.Scalar(byte))
+            default:
+                out += String(format: "%%%02X", byte)
+            }
+        }
+        return out
+    }
+
+    func localURL(_ role: String) -> URL { self.folder.appending(path: Self.quote(role) + ".json") }
+
+    /// The stored copy of a role's metadata, or nil when there is none.
+    func load(_ role: String) throws(PackDeliveryError) -> Data? {
+        try SmallFile.read(self.localURL(role).path, limit: 64 << 20) { path in
+            TUFRefusal.error(role, "the stored copy \(PackDeliveryError.printable(path)) is too large")
+        }
+    }
+
+    /// Stores verified metadata atomically and durably.
+    func store(_ data: Data, role: String) throws(PackDeliveryError) {
+        try Self.writeAtomically(data, to: self.localURL(role))
+    }
+
+    static func writeAtomically(_ data: Data, to url: URL) throws(PackDeliveryError) {
+        let temporary = url.deletingLastPathComponent().appending(path: "." + url.lastPathComponent + ".new").path
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw .io("create", path: temporary, errno: errno) }
+        var written = 0
+        var code: Int32 = 0
+        while written < data.count {
+            let count = data.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else {
+                code = count < 0 ? errno : EIO
+                break
+            }
+            written += count
+        }
+        if code == 0, fsync(fd) != 0 { code = errno }
+        close(fd)
+        guard code == 0 else {
+            unlink(temporary)
+            throw .io("write", path: temporary, errno: code)
+        }
+        guard rename(temporary, url.path) == 0 else {
+            let failure = errno
+            unlink(temporary)
+            throw .io("rename", path: temporary, errno: failure)
+        }
+        try Durability.syncFolder(url.deletingLastPathComponent())
+    }
+
+    /// Fetches `name` under the metadata URL, refusing more than `limit` bytes.
+    func fetch(_ name: String, role: String, version: Int?, limit: Int) throws(PackDeliveryError) -> Data {
+        guard let url = Self.url(self.metadataURL, appending: name) else {
+            throw PackDeliveryError(.invalidArgument, message: "The metadata URL \(self.metadataURL.redacted) cannot name \(name).")
+        }
+        return try Self.fetch(url, role: role, version: version, limit: limit, options: self.options)
+    }
+
+    /// `base` with a percent-encoded relative path added to its path (after a `/`), its query kept: a signed URL's
+    /// query string stays a query string.
+    static func url(_ base: URL, appending encodedPath: String) -> URL? {
+        guard var components = URLComponents(url: base, resolvingAgainstBaseURL: false) else { return nil }
+        var path = components.percentEncodedPath
+        if !path.hasSuffix("/") { path += "/" }
+        components.percentEncodedPath = path + encodedPath
+        return components.url
+    }
+
+    static func fetch(_ url: URL, role: String, version: Int?, limit: Int, options: TransferOptions) throws(PackDeliveryError) -> Data {
+        do throws(PackDeliveryError) {
+            return try Curl.fetch(url, options: options, maxBytes: limit)
+        } catch  where error.code == .invalidManifest {
+            // Curl.fetch's only invalidManifest: more bytes than the limit.
+            throw TUFRefusal.error(role, version: version, "length exceeded: more than \(limit) bytes")
+        }
+    }
+}
