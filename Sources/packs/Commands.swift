@@ -61,10 +61,24 @@ extension Packs {
         @Option(help: ArgumentHelp("With --detach: the agent's socket (default $XDG_RUNTIME_DIR/packs/agent.sock).", valueName: "path"))
         var socket: String?
 
+        @Option(
+            name: .customLong("seed"),
+            help: ArgumentHelp(
+                "A folder that may hold chunks of the packs (an installed tree of an earlier or the same version, on a disk or a share); repeatable. Each chunk of an indexed tar or tar.zst pack found there, and verified, is copied instead of fetched. A folder that cannot be read during the install is dropped with a warning and its chunks fetched.",
+                valueName: "dir"))
+        var seeds: [String] = []
+
         func validate() throws {
             let sources = (self.products.isEmpty ? 0 : 1) + (self.all ? 1 : 0) + (self.productsFrom == nil ? 0 : 1)
             if sources == 0 { throw ValidationError("Name the products to fetch, or pass --all or --products-from FILE.") }
             if sources > 1 { throw ValidationError("Give products as arguments, --all or --products-from, not several of them.") }
+            if self.detach, !self.seeds.isEmpty { throw ValidationError("--seed is read by this process: leave out --detach.") }
+            for seed in self.seeds {
+                var isFolder: ObjCBool = false
+                guard FileManager.default.fileExists(atPath: seed, isDirectory: &isFolder), isFolder.boolValue else {
+                    throw ValidationError("--seed \(SafeOutput.line(seed)): no such folder. Pass a folder that holds an installed tree.")
+                }
+            }
         }
 
         func run() async throws {
@@ -87,7 +101,12 @@ extension Packs {
                 // the manifest request's socket.
                 let loaded = try await self.load()
                 let products = try self.wanted(loaded)
-                let queue = try openQueue(self.global, self.transfer.configuration())
+                var configuration = self.transfer.configuration()
+                configuration.seeds = self.seeds.map { URL(filePath: $0).absoluteURL }
+                configuration.onSeedDropped = { folder, error in
+                    printError("warning: the seed \(folder.path) is dropped, its chunks are fetched: \(error.message)")
+                }
+                let queue = try openQueue(self.global, configuration)
                 defer { queue.close() }
                 try queue.acceptManifest(loaded)
                 let session = RunSession(queue: queue, global: self.global)

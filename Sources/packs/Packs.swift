@@ -21,7 +21,7 @@ struct Packs: AsyncParsableCommand {
         version: Packs.version,
         subcommands: [
             Fetch.self, Resume.self, Status.self, Pause.self, Priority.self, Cancel.self, Finish.self, Content.self, Verify.self,
-            Remove.self, GC.self, Config.self, Quiet.self, Lease.self, Sources.self, Use.self,
+            Remove.self, GC.self, Config.self, Quiet.self, Lease.self, Sources.self, Use.self, Export.self,
             Serve.self, Agent.self, Watch.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self,
             TUFClient.self,
         ]

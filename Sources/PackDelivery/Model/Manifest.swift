@@ -160,8 +160,10 @@ public struct LoadedManifest: Sendable {
     /// The schemes a pack or index URL may have: http(s), and `file` for a local manifest's.
     private var allowedSchemes: Set<String> { self.baseURL.isFileURL ? ["http", "https", "file"] : ["http", "https"] }
 
-    /// Every URL a text from the manifest names: itself when absolute, else resolved against each base in order.
+    /// Every URL a text from the manifest names: itself when absolute, else resolved against each base in order; only
+    /// the export's copy of it when the manifest was read from an export that holds one (``OfflineExport``).
     private func resolve(_ text: String) -> [URL] {
+        if let copy = self.exportedCopy(text) { return [copy] }
         if let url = URL(string: text), url.scheme != nil { return [url.absoluteURL] }
         return self.bases.compactMap { URL(string: text, relativeTo: $0)?.absoluteURL }
     }

@@ -293,7 +293,12 @@ extension DownloadQueue {
             DeltaTransfer.Request(
                 id: transfer, download: download, index: index, install: install, installedFiles: files,
                 folder: self.home.deltaURL(for: download), options: options, writer: self.configuration.writer,
-                maxEntries: self.installer.limits.maxEntries, engine: engine, joinedWindow: self.configuration.joinedWindow))
+                maxEntries: self.installer.limits.maxEntries, engine: engine, joinedWindow: self.configuration.joinedWindow,
+                seeds: self.configuration.seeds,
+                onSeedDropped: { [logger, configuration] folder, error in
+                    logger.warning("seed dropped", metadata: ["folder": "\(folder.path)", "error": "\(error.message)"])
+                    configuration.onSeedDropped?(folder, error)
+                }))
         self.driven { $0.work[download.id] = .delta(delta) }
         delta.start { [weak self] event in
             guard let self else { return }

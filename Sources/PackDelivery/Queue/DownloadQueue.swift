@@ -59,6 +59,17 @@ public final class DownloadQueue: Sendable {
         /// fetched with range requests, checked and written straight into the new version's files, and no archive is
         /// kept. false fetches and keeps whole packs.
         public var deltaUpdates = true
+        /// Folders on this machine that may hold chunks of the packs (casync's `--seed`): an installed tree of an earlier
+        /// or the same version copied to a disk, a share or a backup. Each chunk of an indexed tar or tar.zst pack (see
+        /// ``deltaUpdates``) found in their files, and verified against the SHA-256 the pack's index gives it, is copied
+        /// from there instead of fetched, in updates and first installs alike; a file changed since is caught chunk by
+        /// chunk, and its changed chunks are fetched. A folder that cannot be read (gone, a failing disk) is dropped,
+        /// ``onSeedDropped`` is told, and its chunks are fetched. The agent does not read seeds: a queue with seeds
+        /// should set ``agent`` to ``AgentUse/never`` (`packs fetch --seed` does).
+        public var seeds: [URL] = []
+        /// Told of each seed folder dropped because it could not be read, with the error (`fileSystem`, naming the
+        /// folder); the install goes on, fetching its chunks. Called on a worker.
+        public var onSeedDropped: (@Sendable (URL, PackDeliveryError) -> Void)? = nil
         /// The most bytes of installed content the caches may hold; nil uses the home's setting
         /// (``setCacheBudget(_:)``), and none there means no budget. Before a pack is installed into the caches,
         /// and when the disk is too full for a download, cached packs are evicted (see ``evictCaches(downTo:dryRun:)``).

@@ -22,8 +22,23 @@ struct ChunkAssembly {
     var installed: URL
     var writer: any FileWriting
     var isCancelled: () -> Bool
+    /// The seed folders, by number (``ChunkPlan/LocalChunk/seed``).
+    var seeds: [URL] = []
 
     func chunkFile(_ sha256: String) -> URL { self.folder.appending(path: "c\(sha256.lowercased())") }
+
+    /// Files to cut for chunks: `files`, paths relative to `root`, the installed version's folder (`seed` nil) or the
+    /// seed folder number `seed` (``SeedFolders``).
+    struct Candidates {
+        var root: URL
+        var files: [String]
+        var seed: Int?
+    }
+
+    /// The file that holds a chunk found on this machine: in the installed version's folder, or in a seed folder.
+    func file(of local: ChunkPlan.LocalChunk) -> URL {
+        (local.seed.map { self.seeds[$0] } ?? self.installed).appending(path: local.path)
+    }
 
     /// The chunks of the installed files `seeds` whose SHA-256 is in `wanted`, found by cutting each file (read once)
     /// as the new pack's files were cut, and hashing each chunk. A file that cannot be read is passed over.
@@ -32,38 +47,81 @@ struct ChunkAssembly {
     static func inventory(
         of seeds: [InstalledFileRecord], root: URL, chunker: Chunker, wanted: Set<String>, isCancelled: () -> Bool
     ) throws(DeltaAssembly.Stopped) -> [String: ChunkPlan.LocalChunk] {
+        try Self.inventory(
+            of: [Candidates(root: root, files: seeds.map(\.path), seed: nil)], chunker: chunker, wanted: wanted, isCancelled: isCancelled,
+            dropped: { _, _ in })
+    }
+
+    /// The chunks of the files of `folders` whose SHA-256 is in `wanted`, as above, the first folder that holds a chunk
+    /// giving it. A seed folder one of whose files fails to read (an I/O error: a failing disk, a stick unplugged) gives
+    /// nothing: it is dropped whole, and `dropped` is told its number and the error. A file that is gone or not readable
+    /// is passed over (one changed since is caught when its chunks are read back, each against its SHA-256).
+    ///
+    /// - Throws: ``DeltaAssembly/Stopped`` when `isCancelled` says stop.
+    static func inventory(
+        of folders: [Candidates], chunker: Chunker, wanted: Set<String>, isCancelled: () -> Bool, dropped: (Int, Int32) -> Void
+    ) throws(DeltaAssembly.Stopped) -> [String: ChunkPlan.LocalChunk] {
         var found: [String: ChunkPlan.LocalChunk] = [:]
         guard !wanted.isEmpty else { return found }
         let stream = ChunkStream(chunker: chunker)
         let hasher = SHA256Hasher()
         let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 1 << 20, alignment: 16)
         defer { buffer.deallocate() }
-        for file in seeds {
-            if isCancelled() { throw DeltaAssembly.Stopped() }
-            let fd = open(root.appending(path: file.path).path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
-            guard fd >= 0 else { continue }
-            defer { close(fd) }
-            var info = stat()
-            guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { continue }
-            var offset: Int64 = 0
-            func add(_ chunk: UnsafeRawBufferPointer) {
-                hasher.reset()
-                hasher.update(chunk)
-                let digest = hasher.hexDigest()
-                if wanted.contains(digest), found[digest] == nil {
-                    found[digest] = ChunkPlan.LocalChunk(path: file.path, offset: offset, size: Int64(chunk.count))
+        for folder in folders {
+            var own: [String: ChunkPlan.LocalChunk] = [:]
+            var failure: Int32?
+            for path in folder.files {
+                if isCancelled() { throw DeltaAssembly.Stopped() }
+                let fd = open(folder.root.appending(path: path).path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+                guard fd >= 0 else {
+                    if folder.seed != nil, ![ENOENT, EACCES, ELOOP, ENOTDIR].contains(errno) { failure = errno }
+                    if failure != nil { break } else { continue }
                 }
-                offset += Int64(chunk.count)
+                defer { close(fd) }
+                var info = stat()
+                guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else { continue }
+                var offset: Int64 = 0
+                let error = Self.cut(fd, stream: stream, buffer: buffer) { chunk in
+                    hasher.reset()
+                    hasher.update(chunk)
+                    let digest = hasher.hexDigest()
+                    if wanted.contains(digest), own[digest] == nil, found[digest] == nil {
+                        own[digest] = ChunkPlan.LocalChunk(path: path, offset: offset, size: Int64(chunk.count), seed: folder.seed)
+                    }
+                    offset += Int64(chunk.count)
+                }
+                if let error, folder.seed != nil {
+                    failure = error
+                    break
+                }
             }
-            while true {
-                let count = read(fd, buffer.baseAddress, buffer.count)
-                if count < 0, errno == EINTR { continue }
-                if count <= 0 { break }
-                stream.add(UnsafeRawBufferPointer(rebasing: buffer[..<count]), add)
+            if let failure, let seed = folder.seed {
+                dropped(seed, failure)
+                continue
             }
-            stream.finish(add)
+            found.merge(own) { old, _ in old }
         }
         return found
+    }
+
+    /// Cuts the file `fd` into chunks, read to its end, each handed to `add` in order.
+    /// - Returns: the error of a read that failed (the chunks handed over before are then not all the file's).
+    private static func cut(
+        _ fd: Int32, stream: ChunkStream, buffer: UnsafeMutableRawBufferPointer, _ add: (UnsafeRawBufferPointer) -> Void
+    ) -> Int32? {
+        while true {
+            let count = read(fd, buffer.baseAddress, buffer.count)
+            if count < 0, errno == EINTR { continue }
+            if count < 0 {
+                let error = errno
+                stream.finish { _ in }
+                return error
+            }
+            if count == 0 { break }
+            stream.add(UnsafeRawBufferPointer(rebasing: buffer[..<count]), add)
+        }
+        stream.finish(add)
+        return nil
     }
 
     /// A complete range's file (the pack's bytes `range.start..<range.end`): each of its chunks decoded as its
@@ -310,6 +368,8 @@ struct ChunkAssembly {
             else {
                 let source: String
                 switch piece.source {
+                case .local(let local) where local.seed != nil:
+                    source = "the seed file \(PackDeliveryError.printable(self.file(of: local).path)) changed or could not be read"
                 case .local(let local):
                     source = "the installed file \(PackDeliveryError.printable(local.path)) changed during the delta update"
                 case .fetched:
@@ -352,7 +412,7 @@ struct ChunkAssembly {
     /// block hashed into `hashing` (the file's SHA-256) and the piece's own; false when they cannot all be read or do
     /// not have the piece's SHA-256 (what was written is then not the piece's). `target` is the file and its size, for
     /// the error of a write that fails.
-    private func copy(
+    func copy(
         _ piece: ChunkPlan.Piece, into fd: Int32, at offset: Int64, target: (file: URL, size: Int64), hashing: SHA256Hasher,
         buffer: UnsafeMutableRawBufferPointer, sources: inout [String: Int32]
     ) throws -> Bool {
@@ -362,11 +422,12 @@ struct ChunkAssembly {
         defer { if owned >= 0 { close(owned) } }
         switch piece.source {
         case .local(let local):
-            var fd = sources[local.path] ?? -1
+            let path = self.file(of: local).path
+            var fd = sources[path] ?? -1
             if fd < 0 {
-                fd = open(self.installed.appending(path: local.path).path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+                fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
                 guard fd >= 0 else { return false }
-                sources[local.path] = fd
+                sources[path] = fd
             }
             (input, start) = (fd, local.offset)
         case .fetched:

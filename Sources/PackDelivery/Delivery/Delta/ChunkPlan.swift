@@ -10,11 +10,14 @@ import Foundation
 /// Fetched chunks that lie close together are fetched as one range. Folders and symlinks are made as the index
 /// gives them (a symlink's target from the index, or from an installed symlink with the same SHA-256).
 struct ChunkPlan: Sendable, Hashable {
-    /// Where a chunk of the installed version lies: bytes `offset..<offset + size` of the installed file `path`.
+    /// Where a chunk found on this machine lies: bytes `offset..<offset + size` of the file `path`, in the installed
+    /// version's folder, or in the seed folder number `seed` (``SeedFolders``).
     struct LocalChunk: Sendable, Hashable {
         var path: String
         var offset: Int64
         var size: Int64
+        /// The seed folder (its number in ``DeltaTransfer/Request/seeds``) that holds the file; nil: the installed version.
+        var seed: Int? = nil
     }
 
     /// Where one piece of a new file comes from.

@@ -11,7 +11,7 @@ extension DeltaRun {
         try self.prepareFolder()
         let assembly = ChunkAssembly(
             folder: self.folder, index: self.index, installed: self.installedRoot,
-            writer: self.request.writer, isCancelled: { [transfer] in transfer.isStopped })
+            writer: self.request.writer, isCancelled: { [transfer] in transfer.isStopped }, seeds: self.request.seeds)
         let exists = { (number: Int) in FileManager.default.fileExists(atPath: assembly.chunkFile(plan.fetch[number].sha256).path) }
         var missing = plan.fetch.indices.filter { !exists($0) }
         func partial(_ missing: [Int]) -> Int64 {

@@ -129,7 +129,7 @@ final class DeltaRun {
             return .firstInstall(
                 try ChunkPlan.make(
                     index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength, installed: [],
-                    damaged: [], local: [:]
+                    damaged: [], local: try self.localChunks(index: index, installed: nil)
                 ).get())
         }
         if let first = damaged.first {
@@ -138,20 +138,40 @@ final class DeltaRun {
                 "the installed file \(PackDeliveryError.printable(first)) does not verify (\(damaged.count) file\(damaged.count == 1 ? "" : "s") changed since the install)"
             )
         }
-        var local: [String: ChunkPlan.LocalChunk] = [:]
-        // The installed files are cut as the new version's files were (the index's sizes and level, not this
-        // version's defaults), so that the chunks they share have the same boundaries.
-        if let chunker = index.chunking?.chunker {
-            local = try ChunkAssembly.inventory(
-                of: ChunkPlan.seeds(index: index, installed: installed, all: self.request.installedFiles),
-                root: self.installedRoot, chunker: chunker,
-                wanted: ChunkPlan.wantedChunks(index: index, installed: installed), isCancelled: { [transfer] in transfer.isStopped })
-        }
         return .chunks(
             try ChunkPlan.make(
                 index: index, packLength: download.contentLength, unpackedLength: download.unpackedLength, installed: installed,
-                damaged: [], local: local
+                damaged: [], local: try self.localChunks(index: index, installed: installed)
             ).get())
+    }
+
+    /// The chunks of `index` found on this machine: in the installed version's files (`installed`, those that may be
+    /// reused whole; nil for a first install), then in the seed folders' (``SeedFolders``). Every file is cut as the
+    /// new version's files were (the index's sizes and level, not this version's defaults), so that the chunks they
+    /// share have the same boundaries. A seed folder that cannot be read is dropped (``DeltaTransfer/Request/onSeedDropped``).
+    func localChunks(index: PackIndex, installed: [InstalledFileRecord]?) throws -> [String: ChunkPlan.LocalChunk] {
+        guard let chunker = index.chunking?.chunker else { return [:] }
+        var folders: [ChunkAssembly.Candidates] = []
+        if let installed {
+            let files = ChunkPlan.seeds(index: index, installed: installed, all: self.request.installedFiles)
+            folders.append(ChunkAssembly.Candidates(root: self.installedRoot, files: files.map(\.path), seed: nil))
+        }
+        for (number, seed) in self.request.seeds.enumerated() {
+            if self.stopped { throw Stop() }
+            do {
+                let files = try SeedFolders.files(in: seed, index: index, limit: self.request.maxEntries)
+                folders.append(ChunkAssembly.Candidates(root: seed, files: files, seed: number))
+            } catch {
+                self.request.onSeedDropped(seed, SeedFolders.dropped(seed, errno: error.errno))
+            }
+        }
+        guard !folders.isEmpty else { return [:] }
+        return try ChunkAssembly.inventory(
+            of: folders, chunker: chunker, wanted: ChunkPlan.wantedChunks(index: index, installed: installed ?? []),
+            isCancelled: { [transfer] in transfer.isStopped },
+            dropped: { number, error in
+                self.request.onSeedDropped(self.request.seeds[number], SeedFolders.dropped(self.request.seeds[number], errno: error))
+            })
     }
 
     /// The pack's index, fetched beside the pack's other downloads and held to the length and SHA-256 the manifest

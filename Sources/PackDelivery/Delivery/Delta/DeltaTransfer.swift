@@ -42,6 +42,10 @@ final class DeltaTransfer: Sendable {
         var engine: TransferEngine
         /// The smallest window from which a first install's consecutive windows share one request (``joinedWindow``).
         var joinedWindow: Int64 = DeltaTransfer.joinedWindow
+        /// Folders whose files may hold chunks of the pack (``DownloadQueue/Configuration/seeds``).
+        var seeds: [URL] = []
+        /// Told of a seed folder dropped because it could not be read (its chunks are fetched instead).
+        var onSeedDropped: @Sendable (URL, PackDeliveryError) -> Void = { _, _ in }
     }
 
     /// The windows from which consecutive windows of a first install share one request: windows of 4 MiB or more

@@ -21,7 +21,7 @@ extension DeltaRun {
         try self.prepareFolder()
         let assembly = ChunkAssembly(
             folder: self.folder, index: self.index, installed: self.installedRoot, writer: self.request.writer,
-            isCancelled: { [transfer] in transfer.isStopped })
+            isCancelled: { [transfer] in transfer.isStopped }, seeds: self.request.seeds)
         let destinations = ChunkAssembly.destinations(plan)
         let verified = try assembly.prepareTree(plan, destinations: destinations)
         // With several sources, windows of 1 MiB: a source that serves wrong bytes is caught within two windows of the
@@ -32,8 +32,9 @@ extension DeltaRun {
             : min(1 << 20, ChunkPlan.window(packLength: self.request.download.contentLength))
         var missing = plan.fetch.indices.filter { !verified.contains($0) }
         let kept = ChunkPlan.storedLength(verified, in: plan.fetch)
-        // The bytes between chunks (tar headers) are fetched with them: the total is what the ranges fetch.
-        self.total = max(self.request.download.contentLength, plan.bytesToFetch)
+        // The bytes between chunks (tar headers) are fetched with them: the total is what the ranges fetch (the whole
+        // pack, unless chunks come from seed folders).
+        self.total = plan.chunksReused > 0 ? plan.bytesToFetch : max(self.request.download.contentLength, plan.bytesToFetch)
         self.fetched = min(kept, self.total)
         self.report(self.fetched, force: true)
         var refetched = Set<Int>()
@@ -81,6 +82,7 @@ extension DeltaRun {
             self.total += ChunkPlan.storedLength(bad, in: plan.fetch)
         }
         if self.stopped { throw Stop() }
+        if plan.chunksReused > 0 { try assembly.writeSeeded(plan) }
         let tree = try assembly.finish(plan)
         return (.assembled(fetched: self.fetched), tree)
     }
