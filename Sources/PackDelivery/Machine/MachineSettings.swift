@@ -121,22 +121,7 @@ public struct MachineSettings: Sendable, Hashable, Codable {
         encoder.outputFormatting = [.sortedKeys, .prettyPrinted]
         let data: Data
         do { data = try encoder.encode(self) } catch { throw .init(.internalError, message: "The settings could not be encoded.") }
-        let temporary = url.path + ".\(getpid()).new"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw .io("create", path: temporary, errno: errno) }
-        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        let code = written == data.count ? (fsync(fd) == 0 ? 0 : errno) : (written < 0 ? errno : EIO)
-        close(fd)
-        guard code == 0 else {
-            unlink(temporary)
-            throw .io("write", path: temporary, errno: code)
-        }
-        guard rename(temporary, url.path) == 0 else {
-            let failure = errno
-            unlink(temporary)
-            throw .io("rename", path: temporary, errno: failure)
-        }
-        try Durability.syncFolder(folder)
+        try SmallFile.write(data, to: url)
     }
 
     /// `mkdir -p`, each new folder 0700.

@@ -32,6 +32,40 @@ enum SmallFile {
             if data.count > limit { throw tooLarge(path) }
         }
     }
+
+    /// Writes `data` to `url` atomically and durably: a new file beside it (named for this process, so that two
+    /// processes never write the same one), written whole and synced, renamed over the old one, the folder synced. A
+    /// power cut leaves the old file or the new one, never a mix.
+    /// - Throws: ``PackDeliveryError/io(_:path:errno:)`` when it cannot be written (the old file is then unchanged,
+    ///   and the new one removed).
+    static func write(_ data: Data, to url: URL) throws(PackDeliveryError) {
+        let temporary = url.path + ".\(getpid()).new"
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw .io("create", path: temporary, errno: errno) }
+        var written = 0
+        var code: Int32 = 0
+        while written < data.count {
+            let count = data.withUnsafeBytes { Foundation.write(fd, $0.baseAddress! + written, $0.count - written) }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else {
+                code = count < 0 ? errno : EIO
+                break
+            }
+            written += count
+        }
+        if code == 0, fsync(fd) != 0 { code = errno }
+        close(fd)
+        guard code == 0 else {
+            unlink(temporary)
+            throw .io("write", path: temporary, errno: code)
+        }
+        guard rename(temporary, url.path) == 0 else {
+            let failure = errno
+            unlink(temporary)
+            throw .io("rename", path: temporary, errno: failure)
+        }
+        try Durability.syncFolder(url.deletingLastPathComponent())
+    }
 }
 
 /// Whether the process has run out of file descriptors, for failures that do not keep their errno (SQLite's "unable

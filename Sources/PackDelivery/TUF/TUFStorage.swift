@@ -42,36 +42,7 @@ struct TUFStorage: Sendable {
 
     /// Stores verified metadata atomically and durably.
     func store(_ data: Data, role: String) throws(PackDeliveryError) {
-        try Self.writeAtomically(data, to: self.localURL(role))
-    }
-
-    static func writeAtomically(_ data: Data, to url: URL) throws(PackDeliveryError) {
-        let temporary = url.deletingLastPathComponent().appending(path: "." + url.lastPathComponent + ".new").path
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw .io("create", path: temporary, errno: errno) }
-        var written = 0
-        var code: Int32 = 0
-        while written < data.count {
-            let count = data.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }
-            if count < 0, errno == EINTR { continue }
-            guard count > 0 else {
-                code = count < 0 ? errno : EIO
-                break
-            }
-            written += count
-        }
-        if code == 0, fsync(fd) != 0 { code = errno }
-        close(fd)
-        guard code == 0 else {
-            unlink(temporary)
-            throw .io("write", path: temporary, errno: code)
-        }
-        guard rename(temporary, url.path) == 0 else {
-            let failure = errno
-            unlink(temporary)
-            throw .io("rename", path: temporary, errno: failure)
-        }
-        try Durability.syncFolder(url.deletingLastPathComponent())
+        try SmallFile.write(data, to: self.localURL(role))
     }
 
     /// Fetches `name` under the metadata URL, refusing more than `limit` bytes.

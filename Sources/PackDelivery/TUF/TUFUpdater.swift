@@ -65,7 +65,7 @@ public struct TUFUpdater {
     /// - Throws: `fileSystem` when it cannot be written.
     public static func initialize(metadataFolder: URL, trustedRoot: Data) throws(PackDeliveryError) {
         try Home.makeDirectories(metadataFolder)
-        try TUFStorage.writeAtomically(trustedRoot, to: metadataFolder.appending(path: "root.json"))
+        try SmallFile.write(trustedRoot, to: metadataFolder.appending(path: "root.json"))
     }
 
     /// Brings the trusted root, timestamp, snapshot and top-level targets up to date (client workflow 5.3–5.6).
@@ -230,7 +230,7 @@ public struct TUFUpdater {
         }
         if let why = TUFTargetFile.hashMismatch(target.hashes, data) { throw TUFRefusal.error("target \(target.path)", why) }
         try Home.makeDirectories(folder)
-        try TUFStorage.writeAtomically(data, to: local)
+        try SmallFile.write(data, to: local)
         return local
     }
 }
