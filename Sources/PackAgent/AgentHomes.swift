@@ -210,8 +210,9 @@ final class AgentHomes: Sendable {
     }
 
     /// Whether any download of a served home waits or runs.
-    func isBusy() -> Bool {
-        self.served.withLock { $0.values.map(\.queue) }.contains { $0.hasRunningDownloads }
+    func isBusy() async -> Bool {
+        for queue in self.served.withLock({ $0.values.map(\.queue) }) where await queue.hasRunningDownloads { return true }
+        return false
     }
 
     /// Closes every queue: running downloads pause as interrupted with their bytes kept, for the next agent.

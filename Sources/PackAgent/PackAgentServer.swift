@@ -181,7 +181,7 @@ public struct PackAgentServer: Sendable {
             try? await Task.sleep(for: .seconds(step))
             await homes.dropRemoved()
             let wasBusy = busy
-            busy = homes.isBusy()
+            busy = await homes.isBusy()
             if wasBusy && !busy {
                 // Nothing waits or runs any more: what the deliveries used goes back to the system, not kept in
                 // glibc's heaps for later (an agent with nothing to do should be small, clients connected or not).

@@ -74,9 +74,13 @@ extension DownloadQueue {
     }
 
     /// For the agent: whether any download this queue owns waits or runs (an agent with none may stop when idle).
-    /// Asks the queue's machine, not the store, so that it costs nothing next to a large queue.
+    /// Asks the queue's machine, not the store, so that it costs nothing next to a large queue; waits for the driver
+    /// (busy for seconds while a catalog is recorded) on a thread of its own, not on the caller's.
     @_spi(Agent) public var hasRunningDownloads: Bool {
-        self.driven { $0.machine.entries.values.contains { $0.machine.state.isRunning } }
+        get async {
+            (try? await Blocking.run { self.driven { $0.machine.entries.values.contains { $0.machine.state.isRunning } } })
+                ?? false
+        }
     }
 
     /// For the agent's `POST /v1/fetch`: ``add(products:from:kind:destination:autoFinish:force:start:receipt:)`` of
