@@ -1,14 +1,12 @@
 import Foundation
 import Logging
 
-/// Runs blocking work (SQLite, libcurl, the file system) on threads of its own, never on Swift
+/// Runs blocking work (SQLite, libcurl, the file system) on the ``WorkerPool``'s threads, never on Swift
 /// concurrency's cooperative threads, and resumes the awaiting task with the result.
 enum Blocking {
-    static let queue = DispatchQueue(label: "PackDelivery.blocking", qos: .userInitiated, attributes: .concurrent)
-
     static func run<T: Sendable>(_ body: @escaping @Sendable () throws(PackDeliveryError) -> T) async throws(PackDeliveryError) -> T {
         let result: Result<T, PackDeliveryError> = await withCheckedContinuation { continuation in
-            Self.queue.async {
+            WorkerPool.shared.run {
                 do throws(PackDeliveryError) { continuation.resume(returning: .success(try body())) } catch {
                     continuation.resume(returning: .failure(error))
                 }
@@ -247,7 +245,7 @@ extension DownloadQueue {
     /// ``close()`` without blocking the caller's thread.
     public func close() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            Blocking.queue.async {
+            WorkerPool.shared.run {
                 self.close()
                 continuation.resume()
             }

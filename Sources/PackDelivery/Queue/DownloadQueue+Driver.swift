@@ -105,7 +105,7 @@ extension DownloadQueue {
                     .archive(recheck: machine.recheckArchive, streamed: taken?.stream, index: taken?.index)
                 }
             let installer = self.installer
-            DispatchQueue.global().async { [weak self] in
+            WorkerPool.shared.run { [weak self] in
                 let progress: (DownloadPhase, Double) -> Void = { phase, fraction in
                     guard let self else { return }
                     self.driver.async { self.change { $0.handle(id, .installProgress(token: token, phase: phase, fraction: fraction)) } }
@@ -176,7 +176,7 @@ extension DownloadQueue {
     /// 1,000-pack catalog ran 1.16 × slower: each pack's sync stalled every other download); a save the driver makes
     /// meanwhile never overwrites the finished row (``Store/save(_:)`` skips finished rows).
     private func commit(_ pack: InstalledPack, row: DownloadRecord, id: String, token: Int) {
-        DispatchQueue.global().async { [weak self] in
+        WorkerPool.shared.run { [weak self] in
             guard let self else { return }
             let recorded: Result<URL, PackDeliveryError>
             do throws(PackDeliveryError) {
@@ -401,7 +401,7 @@ extension DownloadQueue {
         options.headers += self.credentialHeaders(for: download, url: manifestURL, refused: false, receipt: access?.receipt)
         let manifestOptions = options
         self.logger.info("reading the manifest again", metadata: ["download": "\(download.id)", "manifest": "\(manifestURL.redacted)"])
-        DispatchQueue.global().async { [weak self] in
+        WorkerPool.shared.run { [weak self] in
             let result = Result { () throws(PackDeliveryError) in
                 try Redelivery.packURL(of: download, in: try LoadedManifest.load(location, options: manifestOptions))
             }

@@ -71,7 +71,7 @@ final class DeltaTransfer: Sendable {
 
     /// Starts the update on a worker; events arrive in order.
     func start(onEvent: @escaping @Sendable (TransferEvent) -> Void) {
-        DispatchQueue.global().async { [self] in
+        WorkerPool.shared.run { [self] in
             let outcome = DeltaRun(self, onEvent: onEvent).run()
             if case .assembled = outcome.0 { self.tree.withLock { $0 = outcome.1 } }
             onEvent(.finished(id: self.request.id, outcome: outcome.0))

@@ -72,7 +72,7 @@ final class IndexFetch: Sendable {
                 report: { [self] event in
                     guard case .finished(_, let outcome) = event else { return }
                     // Not on the engine's thread: reading an index of a large pack takes a while.
-                    DispatchQueue.global().async { self.end(self.read(outcome)) }
+                    WorkerPool.shared.run { self.end(self.read(outcome)) }
                 }))
     }
 

@@ -21,10 +21,10 @@ import Synchronization
 ///
 /// The work is spread over the cores: the transfer thread gathers each chunk's stored bytes (one copy, from the
 /// transfer's buffer) and hands about ``checkBytes`` of chunks at a time to a check (decoding and SHA-256, the most CPU
-/// of the install) on the global queue; `writes` takes the checked chunks in the pack's order, writes them into the
-/// files (``DirectFile``) and hands each window's batch to the committer. On 2 cores the checks run one at a time (the
-/// transfer is the pool's other thread): measured, queues of their own that ran two at once made the install no faster,
-/// as the writes set its pace (their direct writes, one at a time: ext4 serializes the writes that extend a file). At most
+/// of the install) on the ``WorkerPool``; `writes` takes the checked chunks in the pack's order, writes them into the
+/// files (``DirectFile``) and hands each window's batch to the committer. Measured on 2 cores (when the checks ran on
+/// libdispatch's global queue, one at a time beside the transfer), queues of their own that ran two at once made the
+/// install no faster, as the writes set its pace (their direct writes, one at a time: ext4 serializes the writes that extend a file). At most
 /// ``checksInFlight`` checks run or wait to be written (`consume` waits for room beyond that), and at most
 /// ``SinkCommitter/batchesInFlight`` batches wait to be committed. Read its results only after ``drain()``.
 final class ChunkSink: TransferSink, @unchecked Sendable {
@@ -312,7 +312,7 @@ final class ChunkSink: TransferSink, @unchecked Sendable {
         self.checking.wait()
         let check = Check()
         let chunks = self.chunks
-        DispatchQueue.global().async {
+        WorkerPool.shared.run {
             defer { check.done.signal() }
             for (numbers, stored) in gathered {
                 var frames = ChunkAssembly.FrameCache()
