@@ -53,4 +53,33 @@ struct RateBoardTests {
         board.leave(urgent)
         #expect(background.dropFirst().allSatisfy { $0.rate.load(ordering: .relaxed) > 5_000_000 }, "the urgent share goes to the others")
     }
+
+    /// A ticket paces the requests that hold it one after another as one body: a request started after a gap takes the
+    /// gap's worth at once (a delta run's ranges keep their share between them), and no more; a new rate paces from
+    /// its change on, with a fresh burst.
+    @Test func aTicketsPaceHoldsAcrossTheRequestsThatShareIt() throws {
+        let board = RateBoard()
+        board.setCap(1_000_000)
+        let ticket = board.join(priority: .userInitiated)
+        let start = Date()
+        let burst = Int(RateBoard.Ticket.paceBurst(1_000_000))
+        #expect(ticket.pace(burst, own: nil, now: start) == nil)
+        let wait = try #require(ticket.pace(100_000, own: nil, now: start))
+        #expect(abs(wait - 0.1) < 0.001)
+        #expect(ticket.pace(100_000, own: nil, now: start + 0.1) == nil)
+        // The request ended at 0.1 s; the next starts 50 ms later, and takes those 50 ms' worth at once.
+        #expect(ticket.pace(50_000, own: nil, now: start + 0.15) == nil)
+        let more = try #require(ticket.pace(50_000, own: nil, now: start + 0.15))
+        #expect(abs(more - 0.05) < 0.001)
+        #expect(ticket.received.load(ordering: .relaxed) == Int64(burst + 150_000))
+
+        // The cap halves: paced at the new rate from now, after a burst.
+        board.setCap(500_000)
+        #expect(ticket.pace(burst, own: nil, now: start + 0.2) == nil)
+        let halved = try #require(ticket.pace(50_000, own: nil, now: start + 0.2))
+        #expect(abs(halved - 0.1) < 0.001)
+        // A transfer's own lower limit paces it below the share.
+        let own = try #require(ticket.pace(50_000, own: 250_000, now: start + 0.2))
+        #expect(own > halved)
+    }
 }

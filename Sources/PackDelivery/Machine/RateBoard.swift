@@ -19,11 +19,54 @@ final class RateBoard: Sendable {
         let generation = Atomic<UInt64>(0)
         /// Body bytes taken so far, for the rate measured.
         let received = Atomic<Int64>(0)
+        /// The pacing of the transfers that hold the ticket, one at a time (``pace(_:own:now:)``).
+        private let pacing = Mutex(Pacing())
+
+        /// Since when the body is paced at `rate`, and the bytes taken since.
+        private struct Pacing {
+            var start: Date?
+            var rate: Int64 = 0
+            var generation: UInt64 = 0
+            var taken: Int64 = 0
+        }
 
         init(id: UInt64, priority: DownloadPriority) {
             self.id = id
             self.priority = priority
         }
+
+        /// How long to wait before taking `count` more body bytes, so that they arrive no faster than the ticket's
+        /// share, or `own` (a transfer's own limit) when lower, but for a first burst of ``paceBurst(_:)``; nil to take
+        /// them now (they are then counted).
+        ///
+        /// The pace holds across the transfers that share the ticket: a delta run's range requests, one after another,
+        /// keep its share through the moments between them, and a request catches up on the gap before it. A change
+        /// of the rate paces from then on.
+        func pace(_ count: Int, own: Int64?, now: Date) -> TimeInterval? {
+            let share = self.rate.load(ordering: .relaxed)
+            guard let rate = share > 0 ? min(share, own ?? .max) : own else {
+                self.received.add(Int64(count), ordering: .relaxed)
+                return nil
+            }
+            let generation = self.generation.load(ordering: .acquiring)
+            let wait = self.pacing.withLock { pacing -> TimeInterval? in
+                if pacing.start == nil || pacing.generation != generation || pacing.rate != rate {
+                    pacing = Pacing(start: now, rate: rate, generation: generation, taken: 0)
+                }
+                let allowed = Double(rate) * now.timeIntervalSince(pacing.start ?? now) + Double(Self.paceBurst(rate))
+                let wanted = Double(pacing.taken + Int64(count))
+                // A millisecond's slack: the wait that was computed has passed when the bytes come again.
+                if wanted > allowed + Double(rate) / 1000 { return (wanted - allowed) / Double(rate) }
+                pacing.taken += Int64(count)
+                return nil
+            }
+            if wait == nil { self.received.add(Int64(count), ordering: .relaxed) }
+            return wait
+        }
+
+        /// The body bytes a rate-limited transfer takes at once before it is paced: an eighth of a second's worth, at
+        /// most libcurl's buffer under a limit (16 KiB).
+        static func paceBurst(_ rate: Int64) -> Int64 { min(16 << 10, max(1, rate / 8)) }
     }
 
     private struct State {

@@ -45,13 +45,10 @@ final class CurlTransfer {
     private var serverSaid = Data()
     /// When a byte (header or body) last arrived; the transfer loop stops a transfer silent for the stall timeout.
     private(set) var lastActivity = Date()
-    /// Under a rate limit: when the body's first byte arrived, and the body bytes taken since (``pace(_:)``).
-    private var paceStart: Date?
-    private var paced: Int64 = 0
-    /// This transfer's share of the machine's rate cap (taken at its first body byte), and the share's generation
-    /// ``pace(_:)`` last saw.
+    /// This transfer's share of the machine's rate cap, which paces its body (``pace(_:)``): the request's (a delta
+    /// run's, held across its range requests), or one of its own taken at its first body byte and given back at its end.
     private var ticket: RateBoard.Ticket?
-    private var ticketGeneration: UInt64 = 0
+    private var ownsTicket = false
     /// Until when the transfer is paused to keep to the rate limit; the engine unpauses it then (``resume()``).
     private(set) var pausedUntil: Date?
 
@@ -154,7 +151,7 @@ final class CurlTransfer {
     }
 
     deinit {
-        if let ticket = self.ticket { RateBoard.shared.leave(ticket) }
+        if let ticket = self.ticket, self.ownsTicket { RateBoard.shared.leave(ticket) }
         self.pending.deallocate()
         if self.fd >= 0 { close(self.fd) }
     }
@@ -170,42 +167,23 @@ final class CurlTransfer {
     }
 
     /// How long to wait before taking `count` more body bytes, so that the body arrives no faster than
-    /// ``TransferOptions/maxBytesPerSecond`` (but for a first burst of ``paceBurst(_:)``); nil to take them now.
+    /// ``TransferOptions/maxBytesPerSecond`` (but for a first burst of ``RateBoard/Ticket/paceBurst(_:)``); nil to take them now.
     ///
     /// libcurl's own limit (`CURLOPT_MAX_RECV_SPEED_LARGE`, set too) is checked between its reads, and one read takes
     /// whatever the socket holds, up to a second's worth: a body that arrives in one read (a first install's range of
     /// 1 MiB, a pack smaller than its buffer) was never slowed (issue 43: 17 MiB in 0.4 s at `--max-rate 4M`).
     private func pace(_ count: Int) -> TimeInterval? {
-        let ticket = self.ticket ?? RateBoard.shared.join(priority: self.request.options.ratePriority)
-        self.ticket = ticket
+        let ticket: RateBoard.Ticket
+        if let held = self.ticket {
+            ticket = held
+        } else {
+            ticket = self.request.ticket ?? RateBoard.shared.join(priority: self.request.options.ratePriority)
+            self.ticket = ticket
+            self.ownsTicket = self.request.ticket == nil
+        }
         let own = self.request.options.maxBytesPerSecond.flatMap { $0 > 0 ? $0 : nil }
-        let share = ticket.rate.load(ordering: .relaxed)
-        guard let rate = share > 0 ? min(share, own ?? .max) : own else {
-            ticket.received.add(Int64(count), ordering: .relaxed)
-            return nil
-        }
-        let generation = ticket.generation.load(ordering: .acquiring)
-        if generation != self.ticketGeneration {
-            // The share changed: paced at the new rate from now on.
-            self.ticketGeneration = generation
-            self.paceStart = nil
-            self.paced = 0
-        }
-        let now = Date()
-        let start = self.paceStart ?? now
-        self.paceStart = start
-        let allowed = Double(rate) * now.timeIntervalSince(start) + Double(Self.paceBurst(rate))
-        let wanted = Double(self.paced + Int64(count))
-        // A millisecond's slack: the wait that was computed has passed when the bytes come again.
-        if wanted > allowed + Double(rate) / 1000 { return (wanted - allowed) / Double(rate) }
-        self.paced += Int64(count)
-        ticket.received.add(Int64(count), ordering: .relaxed)
-        return nil
+        return ticket.pace(count, own: own, now: Date())
     }
-
-    /// The body bytes a rate-limited transfer takes at once before it is paced: an eighth of a second's worth, at
-    /// most libcurl's buffer under a limit (16 KiB).
-    static func paceBurst(_ rate: Int64) -> Int64 { min(16 << 10, max(1, rate / 8)) }
 
     /// The pause for the rate limit is over (the engine unpauses the easy handle right after): a paused transfer was not
     /// silent, so the stall timeout counts from now.

@@ -162,6 +162,9 @@ struct TransferRequest: Sendable {
     /// Takes the body instead of `file` (which is then neither created nor read): a first install's range, whose
     /// chunks are checked and placed as they arrive.
     var sink: (any TransferSink)? = nil
+    /// The share of the machine's rate cap that paces the body, when the caller holds one across several requests (a
+    /// delta run's ranges); nil for one of the transfer's own.
+    var ticket: RateBoard.Ticket? = nil
 }
 
 /// Takes a transfer's body as it arrives, in place of a partial file. Called on the transfer thread only, one call

@@ -66,6 +66,10 @@ final class DeltaTransfer: Sendable {
     /// The queue's answer to `.deltaPlanned` (``answer(_:)``): nil until it comes, then go on (`.some(nil)`) or the refusal.
     private let answered = Mutex<Download.DeltaFallback??>(nil)
     private let answerArrived = DispatchSemaphore(value: 0)
+    /// The download's share of the machine's rate cap, held from its first range request to the end of the run: its
+    /// requests come one after another, and each taking a share anew left it to the others between them (a
+    /// user-initiated download beside background work got 46 % of the cap, not at least half; case 18).
+    private let ticket = Mutex<RateBoard.Ticket?>(nil)
 
     init(_ request: Request) { self.request = request }
 
@@ -73,6 +77,7 @@ final class DeltaTransfer: Sendable {
     func start(onEvent: @escaping @Sendable (TransferEvent) -> Void) {
         WorkerPool.shared.run { [self] in
             let outcome = DeltaRun(self, onEvent: onEvent).run()
+            if let ticket = self.ticket.withLock({ $0 }) { RateBoard.shared.leave(ticket) }
             if case .assembled = outcome.0 { self.tree.withLock { $0 = outcome.1 } }
             onEvent(.finished(id: self.request.id, outcome: outcome.0))
             self.done.signal()
@@ -141,6 +146,16 @@ final class DeltaTransfer: Sendable {
         try self.fetch(url, length: length, range: nil, into: file, validator: nil) { _, _ in }
     }
 
+    /// The run's share of the rate cap for its range requests, taken at the first.
+    private func rangeTicket() -> RateBoard.Ticket {
+        self.ticket.withLock { held in
+            if let held { return held }
+            let ticket = RateBoard.shared.join(priority: self.request.options.ratePriority)
+            held = ticket
+            return ticket
+        }
+    }
+
     /// One transfer through the engine (a range of the pack, or the whole index), as the delta's next part; waits.
     private func fetch(
         _ url: URL, length: Int64, range: ByteRange?, into file: URL, sink: (any TransferSink)? = nil, validator: String?,
@@ -156,6 +171,7 @@ final class DeltaTransfer: Sendable {
         }
         self.answerArrived.signal()
         guard let id else { throw DeltaRun.Stop() }
+        let ticket = range == nil ? nil : self.rangeTicket()
         self.request.engine.start(
             TransferRequest(
                 id: id, url: url, file: file, expectedLength: length, validator: validator,
@@ -168,7 +184,7 @@ final class DeltaTransfer: Sendable {
                         ended.signal()
                     case .durable, .deltaPlanned: break
                     }
-                }, sink: sink))
+                }, sink: sink, ticket: ticket))
         ended.wait()
         self.ranges.withLock { $0.current = nil }
         switch finished.withLock({ $0 }) {
