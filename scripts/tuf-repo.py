@@ -24,6 +24,9 @@ Consistent snapshots are on. Actions:
   unusual-text         targets, snapshot and timestamp v+1: a target whose path and custom field hold non-ASCII
                        text, quotes, backslashes and control characters (canonical JSON as securesystemslib writes it)
   corrupt-target       replaces the served bytes of files/hello.txt (metadata unchanged)
+  add-targets SRC      targets, snapshot and timestamp v+1: every file under SRC a target at its path relative to
+                       SRC, served under that plain path and, for consistent snapshots, under its hash-prefixed name
+                       (as a manifest and its packs are published for packs fetch)
 """
 
 import datetime
@@ -241,6 +244,36 @@ def unusual_text(repo: Repo) -> None:
     repo.write(timestamp, "timestamp", ["timestamp"])
 
 
+def publish_targets(repo: Repo, targets: Metadata) -> None:
+    """Writes targets v+1 (already changed), then snapshot and timestamp v+1 naming it."""
+    targets.signed.version += 1
+    data = repo.write(targets, "targets", ["targets"])
+    snapshot = repo.load("snapshot")
+    snapshot.signed.version += 1
+    snapshot.signed.meta["targets.json"] = MetaFile(targets.signed.version, len(data), None)
+    snapshot_bytes = repo.write(snapshot, "snapshot", ["snapshot"])
+    timestamp = repo.load("timestamp")
+    timestamp.signed.version += 1
+    timestamp.signed.snapshot_meta = MetaFile.from_data(snapshot.signed.version, snapshot_bytes, ["sha256"])
+    repo.write(timestamp, "timestamp", ["timestamp"])
+
+
+def add_targets(repo: Repo, source: str) -> None:
+    targets = repo.load("targets")
+    for folder, _, files in os.walk(source):
+        for name in sorted(files):
+            full = os.path.join(folder, name)
+            path = os.path.relpath(full, source).replace(os.sep, "/")
+            with open(full, "rb") as f:
+                data = f.read()
+            targets.signed.targets[path] = repo.add_target(path, data)
+            plain = repo.path("targets", path)
+            os.makedirs(os.path.dirname(plain), exist_ok=True)
+            with open(plain, "wb") as f:
+                f.write(data)
+    publish_targets(repo, targets)
+
+
 def main() -> int:
     folder, action = sys.argv[1], sys.argv[2]
     repo = Repo(folder)
@@ -267,6 +300,8 @@ def main() -> int:
         rotate_timestamp_key(repo)
     elif action == "unusual-text":
         unusual_text(repo)
+    elif action == "add-targets":
+        add_targets(repo, sys.argv[3])
     elif action == "corrupt-target":
         target = repo.load("targets").signed.targets["files/hello.txt"]
         served = repo.path("targets", "files", f"{target.hashes['sha256']}.hello.txt")
