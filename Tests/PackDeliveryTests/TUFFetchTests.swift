@@ -104,6 +104,25 @@ import Testing
         #expect(list.status == 0 && list.stdout.contains("TUF repository \(setup.metadataURL)"), "\(list.stdout)")
     }
 
+    /// A fetch when nothing changed in the repository: the metadata it asks for is the next root (404, as the
+    /// specification's step 5.3 requires) and timestamp.json, and nothing else; the numbers are printed for the record.
+    @Test func aRefreshWhenNothingChangedAsksForTheNextRootAndTheTimestampOnly() throws {
+        let setup = try Setup("tuf-fetch-unchanged")
+        #expect(try setup.fetch().status == 0)
+        let first = setup.nginx.requests().count
+        let again = try setup.fetch()
+        #expect(again.status == 0, "\(again.stderr)")
+        let metadata = setup.nginx.requests().dropFirst(first).filter { $0.uri.hasPrefix("/metadata/") }
+        #expect(metadata.map(\.uri) == ["/metadata/2.root.json", "/metadata/timestamp.json"], "\(metadata)")
+        #expect(metadata.map(\.status) == [404, 200], "\(metadata)")
+        let timestampBytes = setup.nginx.bodyBytesSent(path: "/metadata/timestamp.json") / 2
+        #expect(timestampBytes <= 1024, "timestamp.json: \(timestampBytes) bytes")
+        let rootBytes = setup.nginx.bodyBytesSent(path: "/metadata/2.root.json") / 2
+        print(
+            "TUF refresh, nothing changed: \(metadata.count) metadata requests, 2.root.json (404) \(rootBytes) bytes, timestamp.json \(timestampBytes) bytes"
+        )
+    }
+
     @Test func aTamperedManifestIsRefusedAndNothingRecorded() throws {
         let setup = try Setup("tuf-fetch-tampered")
         try setup.refresh()

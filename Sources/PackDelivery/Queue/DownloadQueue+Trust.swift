@@ -58,7 +58,7 @@ extension DownloadQueue {
 
     /// Trusts a TUF repository for this home, from a root the publisher handed over out of band: from then on a
     /// manifest read from under `targetsBaseURL` is checked through TUF, with each of its packs, before anything is
-    /// recorded or downloaded (``LoadedManifest/load(_:options:trusting:repositories:now:)``). Trusting the same
+    /// recorded or downloaded (`LoadedManifest.load(_:options:trusting:repositories:now:)`). Trusting the same
     /// metadata URL again starts its trusted metadata over from `root`.
     ///
     /// - Parameters:

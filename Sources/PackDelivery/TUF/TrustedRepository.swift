@@ -6,7 +6,7 @@ import Foundation
 /// A manifest read from under ``targetsBaseURL`` is a TUF target: before anything is recorded or downloaded, the
 /// repository's metadata is refreshed (timestamp, snapshot, targets, delegations), the manifest's bytes must match
 /// the target at its path (its URL relative to ``targetsBaseURL``), and each pack's length and SHA-256 must match the
-/// target at its own path. See ``LoadedManifest/load(_:options:trusting:repositories:now:)``.
+/// target at its own path. See `LoadedManifest.load(_:options:trusting:repositories:now:)`.
 public struct TrustedRepository: Sendable, Hashable {
     /// The repository's id (`tuf-` and 16 hex digits of the SHA-256 of its metadata URL): what names it in
     /// ``DownloadQueue/untrust(id:)`` and `packs trust list`.
