@@ -44,7 +44,13 @@ public enum TUFRepositoryWriter {
     /// Adds (or replaces) targets of `role` (`targets` or a delegated role): each file copied under its path, and its
     /// length and SHA-256 in the role's next version, signed by `key`.
     ///
-    /// - Parameter files: target paths (`packs/forest.tar`) and the files holding their bytes.
+    /// - Parameters:
+    ///   - folder: the repository folder.
+    ///   - files: target paths (`packs/forest.tar`) and the files holding their bytes.
+    ///   - role: `targets`, or a delegated role.
+    ///   - key: the role's key.
+    ///   - days: how many days the new version is valid.
+    ///   - now: the time expiry counts from.
     public static func addTargets(
         folder: URL, files: [(path: String, file: URL)], role: String = "targets", key: PublisherSigningKey, expires days: Int = 90,
         now: Date = Date()

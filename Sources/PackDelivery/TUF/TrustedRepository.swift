@@ -29,8 +29,9 @@ public struct TrustedRepository: Sendable, Hashable {
         "tuf-" + TUFDigest.sha256(metadataURL.absoluteString).prefix(8).map { String(format: "%02x", $0) }.joined()
     }
 
-    /// The target path of `url` in this repository (percent-decoded, relative to ``targetsBaseURL``), or nil when it is
-    /// not under it: another scheme, host, port or path, or with a query or fragment the base does not have.
+    /// The target path of `url` in this repository (percent-decoded, relative to ``targetsBaseURL``; a query, such as
+    /// a signed URL's, is not part of it), or nil when it is not under it: another scheme, host, port or path, a
+    /// fragment, or a `..` segment.
     public func targetPath(of url: URL) -> String? {
         guard let base = URLComponents(url: self.targetsBaseURL, resolvingAgainstBaseURL: true),
             let other = URLComponents(url: url.absoluteURL, resolvingAgainstBaseURL: true),
