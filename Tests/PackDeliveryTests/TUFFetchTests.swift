@@ -194,6 +194,25 @@ import Testing
         #expect(again.status == 0, "\(again.stderr)")
     }
 
+    /// A root whose signature does not match (its version changed after signing) is refused with exit 65 and nothing
+    /// is trusted; `--targets` without `--repository` is a usage error.
+    @Test func aRootNotSignedByItsOwnKeysIsNotTrusted() throws {
+        let setup = try Setup("tuf-fetch-bad-root", trust: false)
+        var json = try #require(
+            try JSONSerialization.jsonObject(with: Data(contentsOf: setup.repository.appending(path: "root.json"))) as? [String: Any])
+        var signed = try #require(json["signed"] as? [String: Any])
+        signed["version"] = 7
+        json["signed"] = signed
+        let forged = setup.home.appending(path: "forged-root.json")
+        try JSONSerialization.data(withJSONObject: json).write(to: forged)
+        let added = try setup.packs(["trust", "add", forged.path, "--repository", setup.metadataURL])
+        #expect(added.status == 65, "\(added.stderr)")
+        #expect(added.stderr.contains("root metadata version 7") && added.stderr.contains("threshold not met"), "\(added.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: setup.home.appending(path: "tuf").path))
+        let usage = try setup.packs(["trust", "add", forged.path, "--targets", setup.metadataURL])
+        #expect(usage.status == 64, "\(usage.stderr)")
+    }
+
     /// The library: a queue trusts a root; the loaded manifest names the repository that vouched for it, and an
     /// injected clock a year and more later makes the same load a refusal coded `untrustedManifest`.
     @Test func theLibraryTrustsARootAndChecksExpiryAgainstAnInjectedClock() throws {
