@@ -40,13 +40,7 @@ import Testing
 
         deinit {
             self.nginx.stop()
-            for folder in [
-                self.repository, self.site.folder, self.home,
-                self.site.folder.deletingLastPathComponent()
-                    .appending(path: self.site.folder.lastPathComponent + "-content"),
-            ] {
-                try? FileManager.default.removeItem(at: folder)
-            }
+            for folder in [self.repository, self.site.folder, self.home] { try? FileManager.default.removeItem(at: folder) }
         }
 
         func packs(_ arguments: [String], environment: [String: String] = [:]) throws -> CLI.Result {

@@ -41,7 +41,6 @@ import Testing
             for folder in [self.keys, self.repository, self.home, self.client, self.site.folder] {
                 try? FileManager.default.removeItem(at: folder)
             }
-            try? FileManager.default.removeItem(atPath: self.site.folder.path + "-content")
         }
 
         func key(_ name: String) -> String { self.keys.appending(path: name + ".key").path }
