@@ -24,6 +24,19 @@ Consistent snapshots are on. Actions:
   unusual-text         targets, snapshot and timestamp v+1: a target whose path and custom field hold non-ASCII
                        text, quotes, backslashes and control characters (canonical JSON as securesystemslib writes it)
   corrupt-target       replaces the served bytes of files/hello.txt (metadata unchanged)
+  expired-snapshot     snapshot and timestamp v+1, the snapshot expired a day ago (a freeze)
+  expired-targets      targets, snapshot and timestamp v+1, the targets expired a day ago (a freeze)
+  old-snapshot         timestamp v+1 naming the snapshot version before the newest (a snapshot rollback)
+  old-targets          snapshot and timestamp v+1, the snapshot naming targets version 1 (a targets rollback)
+  mix-and-match        snapshot and timestamp v+1, the snapshot naming targets v+1, served with the bytes of
+                       targets v (an older targets file under the newer name)
+  terminating FLAG     targets, snapshot and timestamp v+1 delegating shared/* to "first" (terminating when FLAG is
+                       true; no targets) then to "second" (signs shared/x.txt), each with its own key
+  compromised-online   an attacker holding the online keys (timestamp and snapshot): targets v+1 with a target
+                       evil/x.txt signed by them, snapshot and timestamp v+1 signed as usual
+  add-targets SRC      targets, snapshot and timestamp v+1: every file under SRC a target at its path relative to
+                       SRC, served under that plain path and, for consistent snapshots, under its hash-prefixed name
+                       (as a manifest and its packs are published for packs fetch)
 """
 
 import datetime
@@ -241,6 +254,108 @@ def unusual_text(repo: Repo) -> None:
     repo.write(timestamp, "timestamp", ["timestamp"])
 
 
+def publish_targets(repo: Repo, targets: Metadata) -> None:
+    """Writes targets v+1 (already changed), then snapshot and timestamp v+1 naming it."""
+    targets.signed.version += 1
+    data = repo.write(targets, "targets", ["targets"])
+    snapshot = repo.load("snapshot")
+    snapshot.signed.version += 1
+    snapshot.signed.meta["targets.json"] = MetaFile(targets.signed.version, len(data), None)
+    snapshot_bytes = repo.write(snapshot, "snapshot", ["snapshot"])
+    timestamp = repo.load("timestamp")
+    timestamp.signed.version += 1
+    timestamp.signed.snapshot_meta = MetaFile.from_data(snapshot.signed.version, snapshot_bytes, ["sha256"])
+    repo.write(timestamp, "timestamp", ["timestamp"])
+
+
+def add_targets(repo: Repo, source: str) -> None:
+    targets = repo.load("targets")
+    for folder, _, files in os.walk(source):
+        for name in sorted(files):
+            full = os.path.join(folder, name)
+            path = os.path.relpath(full, source).replace(os.sep, "/")
+            with open(full, "rb") as f:
+                data = f.read()
+            targets.signed.targets[path] = repo.add_target(path, data)
+            plain = repo.path("targets", path)
+            os.makedirs(os.path.dirname(plain), exist_ok=True)
+            with open(plain, "wb") as f:
+                f.write(data)
+    publish_targets(repo, targets)
+
+
+def publish_snapshot(repo: Repo, targets_version: int | None = None, expires: datetime.datetime | None = None) -> None:
+    """Snapshot v+1 (naming the newest targets, or targets_version) and timestamp v+1."""
+    snapshot = repo.load("snapshot")
+    snapshot.signed.version += 1
+    if expires:
+        snapshot.signed.expires = expires
+    version = targets_version or repo.load("targets").signed.version
+    snapshot.signed.meta["targets.json"] = MetaFile(version, None, None)
+    snapshot_bytes = repo.write(snapshot, "snapshot", ["snapshot"])
+    timestamp = repo.load("timestamp")
+    timestamp.signed.version += 1
+    timestamp.signed.snapshot_meta = MetaFile.from_data(snapshot.signed.version, snapshot_bytes, ["sha256"])
+    repo.write(timestamp, "timestamp", ["timestamp"])
+
+
+def write_targets(repo: Repo, targets: Metadata, signers: list[str], expires: datetime.datetime | None = None) -> None:
+    targets.signed.version += 1
+    if expires:
+        targets.signed.expires = expires
+    repo.write(targets, "targets", signers)
+
+
+def old_snapshot(repo: Repo) -> None:
+    snapshot = repo.load("snapshot")
+    old = snapshot.signed.version - 1
+    with open(repo.path("metadata", f"{old}.snapshot.json"), "rb") as f:
+        data = f.read()
+    timestamp = repo.load("timestamp")
+    timestamp.signed.version += 1
+    timestamp.signed.snapshot_meta = MetaFile.from_data(old, data, ["sha256"])
+    repo.write(timestamp, "timestamp", ["timestamp"])
+
+
+def mix_and_match(repo: Repo) -> None:
+    targets = repo.load("targets")
+    version = targets.signed.version
+    shutil.copyfile(repo.path("metadata", f"{version}.targets.json"), repo.path("metadata", f"{version + 1}.targets.json"))
+    publish_snapshot(repo, targets_version=version + 1)
+
+
+def terminating(repo: Repo, flag: bool) -> None:
+    signers = {name: repo.new_key(name) for name in ("first", "second")}
+    first = Metadata(Targets(expires=future()))
+    second = Metadata(Targets(expires=future()))
+    second.signed.targets["shared/x.txt"] = repo.add_target("shared/x.txt", HELLO)
+    repo.write(first, "first", ["first"])
+    repo.write(second, "second", ["second"])
+    targets = repo.load("targets")
+    roles = dict(targets.signed.delegations.roles)
+    roles["first"] = DelegatedRole("first", [], 1, flag, paths=["shared/*"])
+    roles["second"] = DelegatedRole("second", [], 1, False, paths=["shared/*"])
+    targets.signed.delegations = Delegations(targets.signed.delegations.keys, roles)
+    for name in ("first", "second"):
+        targets.signed.add_key(signers[name].public_key, name)
+    write_targets(repo, targets, ["targets"])
+    snapshot = repo.load("snapshot")
+    snapshot.signed.meta["first.json"] = MetaFile(1, None, None)
+    snapshot.signed.meta["second.json"] = MetaFile(1, None, None)
+    snapshot.signatures.clear()
+    snapshot.sign(repo.signer("snapshot"))
+    with open(repo.path("state", "snapshot.json"), "wb") as f:
+        f.write(snapshot.to_bytes())
+    publish_snapshot(repo)
+
+
+def compromised_online(repo: Repo) -> None:
+    targets = repo.load("targets")
+    targets.signed.targets["evil/x.txt"] = repo.add_target("evil/x.txt", b"an attacker's target\n")
+    write_targets(repo, targets, ["timestamp", "snapshot"])
+    publish_snapshot(repo)
+
+
 def main() -> int:
     folder, action = sys.argv[1], sys.argv[2]
     repo = Repo(folder)
@@ -267,6 +382,23 @@ def main() -> int:
         rotate_timestamp_key(repo)
     elif action == "unusual-text":
         unusual_text(repo)
+    elif action == "expired-snapshot":
+        publish_snapshot(repo, expires=future(-1))
+    elif action == "expired-targets":
+        write_targets(repo, repo.load("targets"), ["targets"], expires=future(-1))
+        publish_snapshot(repo)
+    elif action == "old-snapshot":
+        old_snapshot(repo)
+    elif action == "old-targets":
+        publish_snapshot(repo, targets_version=1)
+    elif action == "mix-and-match":
+        mix_and_match(repo)
+    elif action == "terminating":
+        terminating(repo, sys.argv[3] == "true")
+    elif action == "compromised-online":
+        compromised_online(repo)
+    elif action == "add-targets":
+        add_targets(repo, sys.argv[3])
     elif action == "corrupt-target":
         target = repo.load("targets").signed.targets["files/hello.txt"]
         served = repo.path("targets", "files", f"{target.hashes['sha256']}.hello.txt")

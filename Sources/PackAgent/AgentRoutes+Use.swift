@@ -21,7 +21,9 @@ extension AgentRoutes {
         var loaded: LoadedManifest?
         if let manifest = try body.string("manifest") {
             let publishers = try DownloadQueue.trustedPublishers(home: Home(folder: URL(filePath: home)))
-            let manifest = try await LoadedManifest.load(manifest, options: TransferOptions(), trusting: publishers)
+            let repositories = try DownloadQueue.trustedRepositories(home: Home(folder: URL(filePath: home)))
+            let manifest = try await LoadedManifest.load(
+                manifest, options: TransferOptions(), trusting: publishers, repositories: repositories)
             try queue.acceptManifest(manifest)
             loaded = manifest
         }

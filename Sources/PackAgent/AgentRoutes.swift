@@ -96,7 +96,8 @@ struct AgentRoutes: Sendable {
             return destination
         }
         let publishers = try DownloadQueue.trustedPublishers(home: Home(folder: URL(filePath: home)))
-        let loaded = try await LoadedManifest.load(manifest, options: TransferOptions(), trusting: publishers)
+        let repositories = try DownloadQueue.trustedRepositories(home: Home(folder: URL(filePath: home)))
+        let loaded = try await LoadedManifest.load(manifest, options: TransferOptions(), trusting: publishers, repositories: repositories)
         let known = Set(loaded.manifest.products.map(\.productIdentifier))
         if let unknown = products.first(where: { !known.contains($0) }) {
             throw AgentAPIError(

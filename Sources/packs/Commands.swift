@@ -126,7 +126,9 @@ extension Packs {
             let publishers =
                 try self.trust.map { path throws(PackDeliveryError) in try readPublisherKey(path) }
                 + DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
-            return try await LoadedManifest.load(self.manifest, options: self.transfer.options, trusting: publishers)
+            return try await LoadedManifest.load(
+                self.manifest, options: self.transfer.options, trusting: publishers,
+                repositories: DownloadQueue.trustedRepositories(home: self.global.resolvedHome))
         }
 
         /// The products asked for, checked against the manifest; duplicates and blank lines dropped.

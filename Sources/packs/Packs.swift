@@ -22,7 +22,8 @@ struct Packs: AsyncParsableCommand {
         subcommands: [
             Fetch.self, Resume.self, Status.self, Pause.self, Priority.self, Cancel.self, Finish.self, Content.self, Verify.self,
             Remove.self, GC.self, Config.self, Quiet.self, Lease.self, Sources.self, Use.self, Export.self,
-            Serve.self, Agent.self, Watch.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Demo.self,
+            Serve.self, Agent.self, Watch.self, Pack.self, MakeManifest.self, Keygen.self, MakeReceipt.self, Trust.self, Repo.self,
+            Demo.self,
             TUFClient.self,
         ]
     )

@@ -6,6 +6,16 @@ import PackDelivery
     import Glibc
 #endif
 
+/// A URL as shown: without credentials, query or fragment.
+func shownURL(_ url: URL) -> String {
+    guard var components = URLComponents(url: url, resolvingAgainstBaseURL: true) else { return "(a URL)" }
+    components.user = nil
+    components.password = nil
+    components.query = nil
+    components.fragment = nil
+    return SafeOutput.line(components.string ?? "(a URL)")
+}
+
 /// Reads a publisher's public key file (PEM), saying which file when it is not one.
 func readPublisherKey(_ path: String) throws(PackDeliveryError) -> PublisherKey {
     guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
@@ -66,18 +76,50 @@ extension Packs {
 
     struct Trust: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
-            abstract: "Trust a manifest publisher for this home: every later fetch needs a manifest it signed.",
-            discussion: "Example:\n  packs trust add publisher.pub",
+            abstract: "Trust a manifest publisher or a TUF repository for this home: every later fetch needs a manifest it vouches for.",
+            discussion: """
+                Examples:
+                  packs trust add publisher.pub
+                  packs trust add root.json --repository https://cdn.example.com/metadata/
+                  packs trust add root.json --repository https://cdn.example.com/metadata/ --targets https://cdn.example.com/content/
+                """,
             subcommands: [Add.self, List.self, Remove.self])
 
         struct Add: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
-                abstract: "Trust the publisher of this public key (a .pub file from packs keygen).")
+                abstract:
+                    "Trust the publisher of this public key (a .pub file from packs keygen), or, with --repository, a TUF repository from its root.json.",
+                discussion: """
+                    With --repository, a manifest read from under the repository's targets URL is a TUF target: before \
+                    anything is recorded or downloaded, the repository's metadata is refreshed, and the manifest and each \
+                    of its packs (its URL relative to the targets URL) must match the length and SHA-256 of its target. A \
+                    refusal exits 65 and names the role, the version and the rule broken. Trusting the same metadata URL \
+                    again starts its trusted metadata over from the root given.
+                    """)
             @OptionGroup var global: GlobalOptions
-            @Argument(help: "The public key file.") var key: String
+            @Argument(help: "The public key file, or with --repository the repository's root.json.") var key: String
+            @Option(
+                name: .customLong("repository"),
+                help: ArgumentHelp(
+                    "Trust the TUF repository whose metadata is at this URL; the file is its root.json.", valueName: "metadata-url"))
+            var repository: String?
+            @Option(
+                name: .customLong("targets"),
+                help: ArgumentHelp(
+                    "With --repository: the URL its targets (manifests and packs) are under (default: targets/ beside the metadata folder).",
+                    valueName: "targets-url"))
+            var targets: String?
+
+            func validate() throws {
+                if self.targets != nil, self.repository == nil { throw ValidationError("--targets goes with --repository.") }
+            }
 
             func run() async throws {
                 try await mapErrors { () async throws(PackDeliveryError) in
+                    if let repository = self.repository {
+                        try self.addRepository(repository)
+                        return
+                    }
                     let publisher = try readPublisherKey(self.key)
                     let queue = try openQueue(self.global, lookingConfiguration())
                     defer { queue.close() }
@@ -87,10 +129,35 @@ extension Packs {
                     }
                 }
             }
+
+            private func addRepository(_ metadata: String) throws(PackDeliveryError) {
+                guard let metadataURL = URL(string: metadata), metadataURL.host != nil else {
+                    throw PackDeliveryError(.invalidArgument, message: "--repository takes an http(s) URL.", subject: metadata)
+                }
+                let targetsURL = try self.targets.map { text throws(PackDeliveryError) in
+                    guard let url = URL(string: text), url.host != nil else {
+                        throw PackDeliveryError(.invalidArgument, message: "--targets takes an http(s) URL.", subject: text)
+                    }
+                    return url
+                }
+                guard let root = FileManager.default.contents(atPath: self.key) else {
+                    throw PackDeliveryError(
+                        .invalidArgument, message: "Cannot read the root \(PackDeliveryError.printable(self.key)).",
+                        hint: "Pass the repository's root.json.", subject: self.key)
+                }
+                let queue = try openQueue(self.global, lookingConfiguration())
+                defer { queue.close() }
+                let trusted = try queue.trust(root: root, metadataURL: metadataURL, targetsBaseURL: targetsURL)
+                if !self.global.quiet {
+                    printLine(
+                        "trusting the TUF repository \(trusted.id) (targets under \(shownURL(trusted.targetsBaseURL))) for \(self.global.resolvedHome.stateFolder.path)"
+                    )
+                }
+            }
         }
 
         struct List: AsyncParsableCommand {
-            static let configuration = CommandConfiguration(abstract: "List the publisher keys this home trusts.")
+            static let configuration = CommandConfiguration(abstract: "List the publisher keys and TUF repositories this home trusts.")
             @OptionGroup var global: GlobalOptions
 
             func run() async throws {
@@ -101,6 +168,11 @@ extension Packs {
                     for record in records {
                         printLine(PackDeliveryError.printable(record.id) + (record.key == nil ? " (unreadable)" : ""))
                     }
+                    for repository in try queue.trustedRepositories() {
+                        printLine(
+                            "\(repository.id) TUF repository \(shownURL(repository.metadataURL)), targets under \(shownURL(repository.targetsBaseURL))"
+                        )
+                    }
                     // An unreadable key fails the command, with the error every fetch now ends with.
                     _ = try queue.trustedPublishers()
                 }
@@ -109,7 +181,7 @@ extension Packs {
 
         struct Remove: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
-                abstract: "Stop trusting a publisher key, named as packs trust list shows it (an unreadable one too).",
+                abstract: "Stop trusting a publisher key or a TUF repository, named as packs trust list shows it (an unreadable one too).",
                 discussion: "Example:\n  packs trust remove 3f9a1c2e7b5d4a60")
             @OptionGroup var global: GlobalOptions
             @Argument(help: "The key's id, as packs trust list shows it.") var id: String
@@ -120,11 +192,12 @@ extension Packs {
                     defer { queue.close() }
                     guard try queue.untrust(id: self.id) else {
                         throw PackDeliveryError(
-                            .invalidArgument, message: "This home trusts no publisher key '\(PackDeliveryError.printable(self.id))'.",
+                            .invalidArgument,
+                            message: "This home trusts no publisher key or TUF repository '\(PackDeliveryError.printable(self.id))'.",
                             hint: "See packs trust list.", subject: self.id)
                     }
                     if !self.global.quiet {
-                        printLine("no longer trusting the publisher key \(PackDeliveryError.printable(self.id))")
+                        printLine("no longer trusting \(PackDeliveryError.printable(self.id))")
                     }
                 }
             }

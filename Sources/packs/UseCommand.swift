@@ -47,7 +47,9 @@ extension Packs {
                 var loaded: LoadedManifest?
                 if let manifest = self.manifest {
                     let publishers = try DownloadQueue.trustedPublishers(home: self.global.resolvedHome)
-                    loaded = try await LoadedManifest.load(manifest, options: self.transfer.options, trusting: publishers)
+                    loaded = try await LoadedManifest.load(
+                        manifest, options: self.transfer.options, trusting: publishers,
+                        repositories: DownloadQueue.trustedRepositories(home: self.global.resolvedHome))
                 }
                 let queue = try openQueue(self.global, self.transfer.configuration())
                 defer { queue.close() }

@@ -120,6 +120,9 @@ public struct LoadedManifest: Sendable {
     public var baseURL: URL
     /// The ``PublisherKey/id`` whose signature was checked, when it was loaded trusting publishers.
     public var signedBy: String? = nil
+    /// The ``TrustedRepository/id`` of the TUF repository whose targets metadata vouched for it and for each of its
+    /// packs, when it was loaded with trusted repositories.
+    public var tufRepository: String? = nil
     /// The SHA-256 (hex) of the bytes it was decoded from; nil for one built in memory. A signed manifest's
     /// rollback mark keeps it, so the same version is accepted again only with the same bytes.
     public var sha256: String? = nil

@@ -31,6 +31,31 @@ extension LoadedManifest {
         _ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
         now: Date = Date()
     ) throws(PackDeliveryError) -> LoadedManifest {
+        try self.load(location, options: options, trusting: publishers, repositories: [], now: now)
+    }
+
+    /// Reads a manifest and checks it against what a home trusts: TUF repositories and publisher keys.
+    ///
+    /// A manifest read from under the targets URL of one of `repositories` is a TUF target: the repository's
+    /// metadata is refreshed (timestamp, snapshot, targets, delegations; the trusted metadata on disk replaced only by
+    /// metadata that passed), the manifest's bytes must match the target at its path (its URL relative to
+    /// ``TrustedRepository/targetsBaseURL``), and each pack's length and SHA-256 must match the target at the pack's
+    /// path. Any other manifest is checked against `publishers` as ``load(_:options:trusting:now:)-2r9m0`` does; when
+    /// there are repositories but no publishers, it is refused.
+    /// - Parameters:
+    ///   - location: a URL, or a path (relative paths start at the current directory).
+    ///   - options: transfer options for fetching the manifest, its signature and TUF metadata.
+    ///   - publishers: the publisher keys trusted to sign it.
+    ///   - repositories: the TUF repositories trusted (``DownloadQueue/trustedRepositories(home:)``).
+    ///   - now: the time to check expiry against (a signed manifest's `expires`, and every TUF role's).
+    /// - Returns: the checked manifest; ``tufRepository`` is set when a TUF repository vouched for it.
+    /// - Throws: `untrustedManifest` when TUF refuses the metadata (naming the role, the version and the rule), the
+    ///   manifest or a pack does not match its target, or a signature check fails; otherwise as
+    ///   ``load(_:options:)-79u4c``.
+    public static func load(
+        _ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
+        repositories: [TrustedRepository], now: Date = Date()
+    ) throws(PackDeliveryError) -> LoadedManifest {
         let url: URL
         if let parsed = URL(string: location), let scheme = parsed.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
             url = parsed
@@ -41,6 +66,11 @@ extension LoadedManifest {
         }
         let data = try Self.read(url, options: options)
         let place = url.redacted
+        if !repositories.isEmpty,
+            let loaded = try Self.checkTUF(data, from: url, options: options, repositories: repositories, publishers: publishers, now: now)
+        {
+            return loaded
+        }
         if Metalink.names(url) {
             // A Metalink file (`.meta4`) of one pack: it carries no signature of this kind, so it is never trusted.
             guard publishers.isEmpty else {
@@ -96,6 +126,31 @@ extension LoadedManifest {
         }
         loaded.signedBy = key.id
         loaded.source = url
+        return loaded
+    }
+
+    /// The manifest checked through the TUF repository whose targets `url` is under; nil when it is under none and
+    /// `publishers` are to check it.
+    private static func checkTUF(
+        _ data: Data, from url: URL, options: TransferOptions, repositories: [TrustedRepository], publishers: [PublisherKey], now: Date
+    ) throws(PackDeliveryError) -> LoadedManifest? {
+        guard let repository = TUFManifestCheck.repository(for: url, in: repositories) else {
+            guard publishers.isEmpty else { return nil }
+            let place = url.redacted
+            throw PackDeliveryError(
+                .untrustedManifest,
+                message:
+                    "The manifest at \(place) is not trusted: it is not under the targets of a TUF repository this home trusts, and no publisher key is trusted to sign it.",
+                hint: "Nothing was downloaded; read the manifest from under the repository's targets URL.", subject: place)
+        }
+        let check = TUFManifestCheck(repository: repository, options: options, now: now)
+        var updater = try check.checkManifest(data, url: url)
+        var loaded =
+            Metalink.names(url)
+            ? try LoadedManifest(manifest: try Metalink.manifest(data, from: url), baseURL: url) : try self.decode(data, from: url)
+        loaded.source = url
+        try check.checkPacks(loaded, updater: &updater)
+        loaded.tufRepository = repository.id
         return loaded
     }
 

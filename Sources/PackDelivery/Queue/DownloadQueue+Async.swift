@@ -340,4 +340,14 @@ extension LoadedManifest {
     ) async throws(PackDeliveryError) -> LoadedManifest {
         try await Blocking.run { () throws(PackDeliveryError) in try Self.load(location, options: options, trusting: publishers, now: now) }
     }
+
+    /// `load(_:options:trusting:repositories:now:)` without blocking the caller's thread.
+    public static func load(
+        _ location: String, options: TransferOptions = TransferOptions(), trusting publishers: [PublisherKey],
+        repositories: [TrustedRepository], now: Date = Date()
+    ) async throws(PackDeliveryError) -> LoadedManifest {
+        try await Blocking.run { () throws(PackDeliveryError) in
+            try Self.load(location, options: options, trusting: publishers, repositories: repositories, now: now)
+        }
+    }
 }

@@ -45,13 +45,51 @@ extension DownloadQueue {
         try self.store.trust(id: publisher.id, pem: publisher.pem)
     }
 
-    /// Stops trusting a publisher key, readable or not, named by its recorded id (``TrustedPublisherRecord/id``).
+    /// Stops trusting a publisher key, readable or not, named by its recorded id (``TrustedPublisherRecord/id``), or a
+    /// TUF repository named by its ``TrustedRepository/id`` (its trusted metadata is removed with it).
     ///
-    /// - Returns: false when no key of this home has that id.
+    /// - Returns: false when this home trusts no key and no repository of that id.
     @discardableResult
     public func untrust(id: String) throws(PackDeliveryError) -> Bool {
         try self.requireOpen()
+        if try TrustedRepositories.remove(self.home, id: id) { return true }
         return try self.store.untrust(id: id)
+    }
+
+    /// Trusts a TUF repository for this home, from a root the publisher handed over out of band: from then on a
+    /// manifest read from under `targetsBaseURL` is checked through TUF, with each of its packs, before anything is
+    /// recorded or downloaded (`LoadedManifest.load(_:options:trusting:repositories:now:)`). Trusting the same
+    /// metadata URL again starts its trusted metadata over from `root`.
+    ///
+    /// - Parameters:
+    ///   - root: the repository's `root.json`, as published (any version; later ones are walked to by each refresh).
+    ///   - metadataURL: where its metadata is.
+    ///   - targetsBaseURL: the URL its targets are under; by default `targets/` beside the metadata folder
+    ///     (``TrustedRepository/defaultTargetsURL(for:)``).
+    /// - Returns: the repository, with its id.
+    /// - Throws: `untrustedManifest` when `root` is not TUF root metadata signed by its own root threshold,
+    ///   `invalidArgument` for a URL that is not http(s), `fileSystem`.
+    @discardableResult
+    public func trust(root: Data, metadataURL: URL, targetsBaseURL: URL? = nil) throws(PackDeliveryError) -> TrustedRepository {
+        try self.requireOpen()
+        return try TrustedRepositories.add(
+            self.home, root: root, metadataURL: metadataURL,
+            targetsBaseURL: targetsBaseURL ?? TrustedRepository.defaultTargetsURL(for: metadataURL))
+    }
+
+    /// The TUF repositories this home trusts (added with ``trust(root:metadataURL:targetsBaseURL:)``).
+    ///
+    /// - Throws: `unreadableTrustedKey` when one cannot be read (the home then refuses every manifest).
+    public func trustedRepositories() throws(PackDeliveryError) -> [TrustedRepository] {
+        try self.requireOpen()
+        return try TrustedRepositories.list(self.home)
+    }
+
+    /// The TUF repositories a home trusts, read without opening a queue.
+    ///
+    /// - Throws: as ``trustedRepositories()``.
+    public static func trustedRepositories(home: Home) throws(PackDeliveryError) -> [TrustedRepository] {
+        try TrustedRepositories.list(home)
     }
 
     private static func records(_ rows: [(id: String, pem: String)]) -> [TrustedPublisherRecord] {

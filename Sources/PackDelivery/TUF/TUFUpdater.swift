@@ -29,6 +29,10 @@ public struct TUFUpdater {
         public let length: Int
         /// Its hashes by algorithm (`sha256`, `sha512`), hex.
         public let hashes: [String: String]
+        /// The role whose metadata names it (`targets`, or a delegated role).
+        public var role: String = "targets"
+        /// The version of that role's metadata.
+        public var roleVersion: Int = 0
     }
 
     /// The most root versions walked in one refresh.
@@ -173,7 +177,9 @@ public struct TUFUpdater {
             let (role, delegator) = next
             try self.loadTargets(&set, role: role, delegator: delegator)
             guard let targets = set.targets[role] else { return nil }
-            if let file = targets.targets[path] { return Target(path: path, length: file.length, hashes: file.hashes) }
+            if let file = targets.targets[path] {
+                return Target(path: path, length: file.length, hashes: file.hashes, role: role, roleVersion: targets.metadata.version)
+            }
             visited += 1
             var children: [(role: String, delegator: String)] = []
             for child in targets.roles(for: path) {
@@ -186,6 +192,18 @@ public struct TUFUpdater {
             toVisit += children.reversed()
         }
         return nil
+    }
+
+    /// The version of the trusted metadata of `role` after a refresh (`timestamp`, `snapshot`, `targets`, or a delegated
+    /// role already visited), or nil.
+    public func trustedVersion(_ role: String) -> Int? {
+        guard let set = self.trusted else { return nil }
+        switch role {
+        case "root": return set.root.metadata.version
+        case "timestamp": return set.timestamp?.version
+        case "snapshot": return set.snapshot?.version
+        default: return set.targets[role]?.metadata.version
+        }
     }
 
     /// The local file of a target in `folder`: its path percent-encoded into one file name.

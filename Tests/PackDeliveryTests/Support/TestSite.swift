@@ -75,6 +75,8 @@ struct TestSite {
     ) throws -> TestSite {
         let folder = try Fixtures.temporaryDirectory(label)
         let content = try Fixtures.temporaryDirectory(label + "-content")
+        // Only the pack is kept: the folder it was made from would outlive the test.
+        defer { try? FileManager.default.removeItem(at: content) }
         try FileManager.default.createDirectory(at: content.appending(path: "Contents"), withIntermediateDirectories: true)
         try Fixtures.randomFile(at: content.appending(path: "Contents/data.bin"), size: size)
         try PackWriter.write(

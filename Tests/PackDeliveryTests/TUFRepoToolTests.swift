@@ -1,0 +1,134 @@
+import Foundation
+import PackDelivery
+import PackTestSupport
+import Testing
+
+/// `packs repo` keeps a TUF repository folder, served by nginx, that python-tuf's `ngclient.Updater` accepts (run
+/// from python3, installed by scripts/install-deps) and that `packs fetch` installs from, each step run with its own
+/// key file.
+@Suite(.timeLimit(.minutes(3))) struct TUFRepoToolTests {
+    final class Setup {
+        let keys: URL
+        let repository: URL
+        let site: TestSite
+        let home: URL
+        let client: URL
+        let nginx: NginxServer
+        var metadataURL: String { self.nginx.baseURL.appending(path: "metadata/").absoluteString }
+        var targetsURL: String { self.nginx.baseURL.appending(path: "targets/").absoluteString }
+
+        init(_ label: String) throws {
+            self.keys = try Fixtures.temporaryDirectory(label + "-keys")
+            self.repository = try Fixtures.temporaryDirectory(label + "-repo")
+            self.home = try Fixtures.temporaryDirectory(label + "-home")
+            self.client = try Fixtures.temporaryDirectory(label + "-client")
+            self.site = try TestSite.random(label + "-site", size: 30_000)
+            self.nginx = try NginxServer(root: self.repository)
+            for name in ["root", "root2", "timestamp", "snapshot", "targets", "studio"] {
+                try self.tool(["keygen", self.key(name).replacingOccurrences(of: ".key", with: "")])
+            }
+            try self.tool([
+                "repo", "init", self.repository.path, "--root-key", self.key("root"), "--timestamp-key", self.key("timestamp"),
+                "--snapshot-key", self.key("snapshot"), "--targets-key", self.key("targets"),
+            ])
+            let files = ["manifest.json", "big.tar", "big.tar.index.json"].map { self.site.folder.appending(path: $0).path }
+            try self.tool(["repo", "add", self.repository.path] + files + ["--from", self.site.folder.path, "--key", self.key("targets")])
+            try self.publish()
+        }
+
+        deinit {
+            self.nginx.stop()
+            for folder in [self.keys, self.repository, self.home, self.client, self.site.folder] {
+                try? FileManager.default.removeItem(at: folder)
+            }
+        }
+
+        func key(_ name: String) -> String { self.keys.appending(path: name + ".key").path }
+
+        /// `packs ARGS…`, which must succeed.
+        @discardableResult func tool(_ arguments: [String]) throws -> String {
+            let result = try Fixtures.run(CLI.binary, arguments, timeout: 60)
+            guard result.status == 0 else { throw FixtureError("packs \(arguments): \(result.stderr)") }
+            return result.stdout
+        }
+
+        /// A new snapshot (snapshot key) and timestamp (timestamp key alone).
+        func publish() throws {
+            try self.tool(["repo", "sign", self.repository.path, "--key", self.key("snapshot")])
+            try self.tool(["repo", "timestamp", self.repository.path, "--key", self.key("timestamp")])
+        }
+
+        /// python-tuf's ngclient.Updater: refreshes from the repository's first root, downloads `target`, and prints
+        /// the trusted root's version and the downloaded file's path.
+        func ngclient(_ target: String) throws -> (status: Int32, stdout: String, stderr: String) {
+            let script = """
+                import os, shutil, sys
+                from tuf.ngclient import Updater
+                meta, root, url, targets, out, name = sys.argv[1:7]
+                if not os.path.exists(os.path.join(meta, "root.json")):
+                    os.makedirs(meta, exist_ok=True)
+                    shutil.copyfile(root, os.path.join(meta, "root.json"))
+                os.makedirs(out, exist_ok=True)
+                updater = Updater(meta, url, out, targets, bootstrap=None)
+                updater.refresh()
+                info = updater.get_targetinfo(name)
+                if info is None:
+                    sys.exit("no target " + name)
+                path = updater.download_target(info)
+                print(updater._trusted_set.root.version, path)
+                """
+            return try Fixtures.run(
+                "python3",
+                [
+                    "-c", script, self.client.appending(path: "metadata").path,
+                    self.repository.appending(path: "metadata/1.root.json").path, self.metadataURL, self.targetsURL,
+                    self.client.appending(path: "targets").path, target,
+                ], timeout: 60)
+        }
+    }
+
+    @Test func aRepositoryWrittenByPacksRepoIsAcceptedByPythonTUFAndInstallsWithFetch() throws {
+        let setup = try Setup("tuf-repo-tool")
+        let python = try setup.ngclient("manifest.json")
+        #expect(python.status == 0, "\(python.stderr)")
+        let downloaded = python.stdout.split(separator: " ").last.map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) }
+        #expect(try downloaded.map { try Data(contentsOf: URL(filePath: $0)) } == (try Data(contentsOf: setup.site.manifestURL)))
+        let trust = try CLI.run(
+            home: setup.home,
+            ["trust", "add", setup.repository.appending(path: "metadata/1.root.json").path, "--repository", setup.metadataURL])
+        #expect(trust.status == 0, "\(trust.stderr)")
+        let fetch = try CLI.run(home: setup.home, ["fetch", setup.targetsURL + "manifest.json", "com.example.big"])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        let data = setup.home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        #expect(try Fixtures.sha256Hex(of: data) == setup.site.dataSHA256)
+    }
+
+    /// The root key rotated (old and new root keys), a delegated role with its own key: python-tuf walks to root
+    /// version 2 and finds the delegated target; `packs fetch` walks there too.
+    @Test func aRotatedRootAndADelegatedRoleAreAcceptedByPythonTUFAndPacks() throws {
+        let setup = try Setup("tuf-repo-rotate")
+        let trust = try CLI.run(
+            home: setup.home,
+            ["trust", "add", setup.repository.appending(path: "metadata/1.root.json").path, "--repository", setup.metadataURL])
+        #expect(trust.status == 0, "\(trust.stderr)")
+        try setup.tool(["repo", "rotate", setup.repository.path, "--root-key", setup.key("root"), "--new-key", setup.key("root2")])
+        try setup.tool([
+            "repo", "delegate", setup.repository.path, "studio", "--paths", "studio/*", "--key", setup.key("targets"), "--delegate-key",
+            setup.key("studio"),
+        ])
+        let note = setup.keys.appending(path: "note.txt")
+        try Data("a studio's target\n".utf8).write(to: note)
+        try setup.tool([
+            "repo", "add", setup.repository.path, note.path, "--prefix", "studio/", "--role", "studio", "--key", setup.key("studio"),
+        ])
+        try setup.publish()
+        let python = try setup.ngclient("studio/note.txt")
+        #expect(python.status == 0, "\(python.stderr)")
+        #expect(python.stdout.hasPrefix("2 "), "\(python.stdout)")
+        let fetch = try CLI.run(home: setup.home, ["fetch", setup.targetsURL + "manifest.json", "com.example.big"])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        let metadata = setup.home.appending(path: "tuf").appending(path: TrustedRepository.id(metadataURL: URL(string: setup.metadataURL)!))
+        let root = try Data(contentsOf: metadata.appending(path: "metadata/root.json"))
+        #expect(root == (try Data(contentsOf: setup.repository.appending(path: "metadata/2.root.json"))))
+    }
+}
