@@ -15,6 +15,8 @@ struct FileFastPath: Sendable {
     let logger: Logger
     /// Counts the answers sent here, when metrics are on.
     var metrics: ServerMetrics? = nil
+    /// Whether `/keys/…` is the router's (``KeyMiddleware``), never a file.
+    var answersKeys = false
 
     /// What to send for a request answered on the event loop.
     struct Answer {
@@ -38,6 +40,7 @@ struct FileFastPath: Sendable {
         let target = String(path.prefix { $0 != "?" })
         // Never a file: the router answers it, before any credential is asked for.
         if HealthMiddleware<PackRequestContext>.isHealthPath(target) { return nil }
+        if self.answersKeys, KeyMiddleware<PackRequestContext>.isKeyPath(target) { return nil }
         var credential: String?
         var grant: AccessGrant?
         if let authorizer = self.authorizer {

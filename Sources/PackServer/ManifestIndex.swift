@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import PackDelivery
 import Synchronization
 
 #if canImport(Glibc)
@@ -14,6 +15,13 @@ final class ManifestIndex: Sendable {
     private struct Snapshot {
         var key: [Int]
         var owners: [String: [String]]
+        var preloads: [String: PreloadEntry] = [:]
+    }
+
+    /// The products whose packs a preload key opens, and its release date as the manifest gives it.
+    struct PreloadEntry: Sendable, Hashable {
+        var products: [String]
+        var releases: String
     }
 
     /// The manifest file, absolute.
@@ -45,25 +53,39 @@ final class ManifestIndex: Sendable {
         return ProtectedResource(kind: .unlisted, path: path)
     }
 
+    /// The products of the packs the manifest marks with this preload key, and the key's release date (the latest
+    /// when packs disagree); nil when no pack names the key.
+    func preload(keyID: String) -> PreloadEntry? {
+        self.current().preloads[keyID]
+    }
+
     /// Pack path → the products that list it, from the manifest as it is on disk now.
-    private func owners() -> [String: [String]] {
+    private func owners() -> [String: [String]] { self.current().owners }
+
+    private func current() -> Snapshot {
         var info = stat()
         let key: [Int] =
             stat(self.manifestPath, &info) == 0
             ? [Int(info.st_ino), Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec), Int(info.st_size)] : []
         if let current = self.snapshot.withLock({ $0 }), current.key == key {
-            return current.owners
+            return current
         }
-        let owners = self.load()
-        self.snapshot.withLock { $0 = Snapshot(key: key, owners: owners) }
-        return owners
+        var loaded = self.load()
+        loaded.key = key
+        self.snapshot.withLock { $0 = loaded }
+        return loaded
     }
 
     private struct ManifestShape: Decodable {
         struct Product: Decodable {
             struct Content: Decodable {
                 struct Index: Decodable { var url: String }
+                struct Preload: Decodable {
+                    var keyID: String
+                    var releases: String
+                }
                 var url: String
+                var preload: Preload?
                 /// A zip pack's index (`<pack>.index.json`) belongs to the same products as the pack.
                 var index: Index?
             }
@@ -73,18 +95,29 @@ final class ManifestIndex: Sendable {
         var products: [Product]
     }
 
-    private func load() -> [String: [String]] {
+    private func load() -> Snapshot {
         guard let data = FileManager.default.contents(atPath: self.manifestPath) else {
             self.logger.warning("No manifest at \(self.manifestPath): every pack counts as unlisted.")
-            return [:]
+            return Snapshot(key: [], owners: [:])
         }
         guard let manifest = try? JSONDecoder().decode(ManifestShape.self, from: data) else {
             self.logger.error("\(self.manifestPath) is not a manifest (products[].contents[].url): every pack counts as unlisted.")
-            return [:]
+            return Snapshot(key: [], owners: [:])
         }
         var owners: [String: [String]] = [:]
+        var preloads: [String: PreloadEntry] = [:]
         for product in manifest.products {
             for content in product.contents {
+                if let preload = content.preload {
+                    var entry = preloads[preload.keyID] ?? PreloadEntry(products: [], releases: preload.releases)
+                    if !entry.products.contains(product.productIdentifier) { entry.products.append(product.productIdentifier) }
+                    if let date = Manifest.Content.Preload.date(preload.releases),
+                        Manifest.Content.Preload.date(entry.releases).map({ date > $0 }) ?? true
+                    {
+                        entry.releases = preload.releases
+                    }
+                    preloads[preload.keyID] = entry
+                }
                 for url in [content.url] + (content.index.map { [$0.url] } ?? []) {
                     guard let path = Self.packPath(url) else { continue }
                     if !(owners[path]?.contains(product.productIdentifier) ?? false) {
@@ -93,7 +126,7 @@ final class ManifestIndex: Sendable {
                 }
             }
         }
-        return owners
+        return Snapshot(key: [], owners: owners, preloads: preloads)
     }
 
     /// `manifest.json` with only `products` (those a receipt names), every other field as published; `nil` to

@@ -101,6 +101,11 @@ public struct PackServerConfiguration: Sendable {
     /// Where to serve `GET /metrics` (Prometheus text), on a listener of its own; `nil` (the default)
     /// counts nothing and serves no metrics.
     public var metricsAddress: MetricsAddress? = nil
+    /// The preload keys to hand out at `GET /keys/<keyID>` (`packs serve --keys DIR`), with ``authorizer``'s receipts
+    /// and the manifest's release dates; nil (the default) answers no key path. Needs an ``authorizer``.
+    public var preloadKeys: PreloadKeyStore? = nil
+    /// The clock the release dates of ``preloadKeys`` are compared with (tests set their own).
+    public var now: @Sendable () -> Date = { Date() }
 
     /// The address of the metrics listener (`packs serve --metrics-address HOST:PORT`).
     ///
@@ -308,7 +313,8 @@ public enum PackServer {
             authorizer: configuration.effectiveAuthorizer,
             index: ManifestIndex(folder: folder.rootPath, logger: logger),
             logger: logger,
-            metrics: metrics
+            metrics: metrics,
+            answersKeys: configuration.preloadKeys != nil
         )
     }
 
@@ -334,6 +340,12 @@ public enum PackServer {
             router.add(middleware: AuthGateMiddleware<PackRequestContext>(authorizer: authorizer, index: index, metrics: metrics))
         case .files:
             router.add(middleware: RequestGuardMiddleware<PackRequestContext>())
+            if let keys = configuration.preloadKeys {
+                guard let authorizer else { throw PackServerError.keysWithoutCredential }
+                router.add(
+                    middleware: KeyMiddleware<PackRequestContext>(
+                        store: keys, authorizer: authorizer, index: index, now: configuration.now, metrics: metrics))
+            }
             if let authorizer {
                 router.add(middleware: AuthorizationMiddleware<PackRequestContext>(authorizer: authorizer, index: index, metrics: metrics))
             }
@@ -446,6 +458,7 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
         case directoryNotFound(String)
         case stoppedBeforeListening
         case authOnlyWithoutCredential
+        case keysWithoutCredential
         case portOutOfRange(Int)
     }
 
@@ -459,6 +472,8 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
     public static var authOnlyWithoutCredential: Self { Self(code: .authOnlyWithoutCredential) }
     /// A port of the configuration is outside 0–65535.
     public static func portOutOfRange(_ port: Int) -> Self { Self(code: .portOutOfRange(port)) }
+    /// Preload keys (``PackServerConfiguration/preloadKeys``) need an authorizer.
+    public static var keysWithoutCredential: Self { Self(code: .keysWithoutCredential) }
 
     public var description: String {
         switch self.code {
@@ -468,6 +483,8 @@ public struct PackServerError: Error, CustomStringConvertible, Sendable {
             return "The server stopped before it started listening."
         case .authOnlyWithoutCredential:
             return "The auth-only gate needs a token or an authorizer to decide with."
+        case .keysWithoutCredential:
+            return "Preload keys are handed out only to credentials an authorizer checks."
         case .portOutOfRange(let port):
             return "The port \(port) is not a port: ports run from 0 (any free one) to 65535."
         }

@@ -42,7 +42,7 @@ enum ExitStatus {
             Self.usage
         case .unknownProduct, .invalidManifest, .untrustedManifest, .contentIdentifierTaken, .unsupportedURL, .lengthMismatch,
             .checksumMismatch, .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack,
-            .contentInfoMismatch, .contentDamaged, .indexMismatch:
+            .contentInfoMismatch, .contentDamaged, .indexMismatch, .preloadKeyMismatch, .preloadDecryptionFailed:
             Self.badData
         case .httpStatus where error.httpStatus == 404 || error.httpStatus == 410:
             Self.badData  // nothing at that URL: the manifest (or the URL given) is wrong

@@ -68,10 +68,18 @@ extension Packs {
                 "Serve Prometheus metrics at http://HOST:PORT/metrics, a listener of its own (e.g. 127.0.0.1:9464; port 0 picks a free one).",
                 valueName: "host:port"))
         var metricsAddress: String?
+        @Option(
+            help: ArgumentHelp(
+                "Hand out the preload keys of this folder (files of 32 bytes, packs keygen --preload) at GET /keys/KEYID: to a receipt of a product whose pack the manifest marks with the key, from the manifest's release date on (403 before). Needs --receipt-key.",
+                valueName: "dir"))
+        var keys: String?
         @Flag(name: [.short, .long], help: "Print only errors.") var quiet = false
 
         func validate() throws {
             if self.token != nil && self.tokenFile != nil { throw ValidationError("Give --token or --token-file, not both.") }
+            if self.keys != nil, self.receiptKeys.isEmpty && self.sandboxReceiptKeys.isEmpty || self.authOnly {
+                throw ValidationError("--keys hands keys to receipts: give --receipt-key, and no --auth-only.")
+            }
             if self.noSandbox && !self.sandboxReceiptKeys.isEmpty {
                 throw ValidationError("--no-sandbox refuses sandbox receipts, which --sandbox-receipt-key accepts: give one of them.")
             }
@@ -138,6 +146,12 @@ extension Packs {
                 servesDotfiles: self.serveDotfiles, limits: limits)
             let metricsAddress = self.metricsAddress.flatMap(Self.parseAddress)
             configuration.metricsAddress = metricsAddress
+            if let keys = self.keys {
+                do throws(PackDeliveryError) {
+                    configuration.preloadKeys = try PreloadKeyStore(folder: URL(filePath: keys).absoluteURL)
+                } catch { throw fail(error) }
+                configuration.now = TestHooks.serverClock()
+            }
             do {
                 try await PackServer.run(configuration, logger: logger) { (port: Int, metricsPort: Int?) in
                     let what = self.authOnly ? "Answering auth subrequests for" : "Serving"
@@ -223,6 +237,13 @@ extension Packs {
                 "The average chunk size in KiB, a power of two from 1 to 16384 (chunks run from half of it to eight times it).",
                 valueName: "KiB"))
         var chunkAverage: Int = Chunker.standard.average >> 10
+        @Option(
+            help: ArgumentHelp(
+                "Encrypt the pack for a preload with this key (a file of 32 bytes, from packs keygen --preload NAME): writes the pack encrypted with AES-256-GCM and OUTPUT.preload.json for packs manifest. Needs --product, --version and --releases.",
+                valueName: "keyfile"))
+        var encrypt: String?
+        @Option(help: ArgumentHelp("When a preload's key is released, ISO 8601 (2026-12-01T00:00:00Z).", valueName: "date"))
+        var releases: String?
 
         /// The default (32) gives ``Chunker/standard``.
         var chunker: Chunker? {
@@ -231,6 +252,11 @@ extension Packs {
 
         func validate() throws {
             if (self.product == nil) != (self.version == nil) { throw ValidationError("Give --product and --version together.") }
+            if (self.encrypt == nil) != (self.releases == nil) { throw ValidationError("Give --encrypt and --releases together.") }
+            if self.encrypt != nil, self.product == nil { throw ValidationError("--encrypt needs --product and --version.") }
+            if let releases, Manifest.Content.Preload.date(releases) == nil {
+                throw ValidationError("--releases takes an ISO 8601 date and time, like 2026-12-01T00:00:00Z.")
+            }
             if self.chunker == nil { throw ValidationError("--chunk-average takes a power of two from 1 to 16384 (KiB).") }
             if PackFormat(fileName: self.output) == nil {
                 throw ValidationError("Cannot tell the format of '\(self.output)': use .zip, .tar, .tar.gz, .tar.bz2, .tar.xz or .tar.zst.")
@@ -241,6 +267,16 @@ extension Packs {
             try await mapErrors { () async throws(PackDeliveryError) in
                 let output = URL(filePath: self.output).absoluteURL
                 let info = self.product.flatMap { product in self.version.map { (productIdentifier: product, contentVersion: $0) } }
+                if let encrypt = self.encrypt, let info, let releases = self.releases {
+                    let key = try PreloadKey(contentsOf: URL(filePath: encrypt))
+                    let unpacked = try PreloadPack.write(
+                        folder: URL(filePath: self.folder).absoluteURL, to: output, format: PackFormat(fileName: self.output)!,
+                        contentInfo: info, chunker: self.chunker ?? .standard, key: key, releases: releases)
+                    printLine(
+                        "wrote \(output.path) (\(unpacked) bytes of content, encrypted with key \(key.keyID), released \(releases)), its index and \(PreloadPack.descriptionURL(for: output).lastPathComponent)"
+                    )
+                    return
+                }
                 let unpacked = try PackWriter.write(
                     folder: URL(filePath: self.folder).absoluteURL, to: output,
                     format: PackFormat(fileName: self.output)!, contentInfo: info, chunker: self.chunker ?? .standard)

@@ -16,6 +16,21 @@ enum TestHooks {
             }
         #endif
     }
+
+    /// The clock `packs serve --keys` compares release dates with: the system's, or in a debug build with
+    /// `PACKS_TEST_CLOCK_FILE=PATH`, the ISO 8601 date written in that file, read at each key request (so that a test
+    /// moves a running server's time past a release).
+    static func serverClock() -> @Sendable () -> Date {
+        #if DEBUG
+            if let path = ProcessInfo.processInfo.environment["PACKS_TEST_CLOCK_FILE"], !path.isEmpty {
+                return {
+                    let text = (try? String(contentsOfFile: path, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+                    return text.flatMap(Manifest.Content.Preload.date) ?? Date()
+                }
+            }
+        #endif
+        return { Date() }
+    }
 }
 
 #if DEBUG

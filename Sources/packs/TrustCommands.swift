@@ -43,33 +43,48 @@ extension Packs {
                 """)
 
         @Argument(help: "The key's name, or a path without extension.") var name: String
+        @Flag(
+            help:
+                "Make a preload key instead: NAME.preloadkey, 32 random bytes (mode 0600) for packs pack --encrypt and packs serve --keys.")
+        var preload = false
 
         func run() async throws {
             try await mapErrors { () async throws(PackDeliveryError) in
+                if self.preload {
+                    let key = PreloadKey.generate()
+                    let path = self.name + ".preloadkey"
+                    try Self.createSecret(path, bytes: Array(key.data))
+                    printLine("wrote \(path) (keep it secret until the release; key id \(key.keyID))")
+                    return
+                }
                 let key = try PublisherSigningKey.generate()
                 let privatePath = self.name + ".key"
                 let publicPath = self.name + ".pub"
-                // O_EXCL: never overwrite a key that may already sign published manifests.
-                let fd = open(privatePath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
-                guard fd >= 0 else {
-                    let code = errno
-                    throw PackDeliveryError(
-                        code == EEXIST ? .invalidArgument : .fileSystem,
-                        message: "Cannot create \(privatePath): \(String(cString: strerror(code))).",
-                        hint: code == EEXIST ? "Choose another name; an existing key is never overwritten." : nil, subject: privatePath)
-                }
-                let bytes = Array(key.pem.utf8)
-                let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-                let synced = fsync(fd) == 0
-                close(fd)
-                guard written == bytes.count, synced else {
-                    unlink(privatePath)
-                    throw PackDeliveryError(.fileSystem, message: "Cannot write \(privatePath).", subject: privatePath)
-                }
+                try Self.createSecret(privatePath, bytes: Array(key.pem.utf8))
                 do { try key.publicKey.pem.write(toFile: publicPath, atomically: true, encoding: .utf8) } catch {
                     throw PackDeliveryError(.fileSystem, message: "Cannot write \(publicPath).", subject: publicPath)
                 }
                 printLine("wrote \(privatePath) (private, keep it secret) and \(publicPath) (key \(key.publicKey.id))")
+            }
+        }
+
+        /// Creates a secret file (mode 0600) holding `bytes`, synced; O_EXCL: never overwrites a key that may already
+        /// be in use.
+        static func createSecret(_ path: String, bytes: [UInt8]) throws(PackDeliveryError) {
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+            guard fd >= 0 else {
+                let code = errno
+                throw PackDeliveryError(
+                    code == EEXIST ? .invalidArgument : .fileSystem,
+                    message: "Cannot create \(path): \(String(cString: strerror(code))).",
+                    hint: code == EEXIST ? "Choose another name; an existing key is never overwritten." : nil, subject: path)
+            }
+            let written = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            let synced = fsync(fd) == 0
+            close(fd)
+            guard written == bytes.count, synced else {
+                unlink(path)
+                throw PackDeliveryError(.fileSystem, message: "Cannot write \(path).", subject: path)
             }
         }
     }

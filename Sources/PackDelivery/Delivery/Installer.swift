@@ -53,6 +53,8 @@ struct Installer: Sendable {
     var janitor: DispatchQueue
     /// The home's reserved paths (``Home/reservedPaths``), standardized once: every install is checked against them.
     let reservedPaths: [String]
+    /// The preload keys held for installs, in memory only.
+    let keyring = PreloadKeyring()
 
     init(
         home: Home, store: Store, limits: UnpackLimitsPolicy, writer: any FileWriting, hook: (@Sendable (InstallStep) -> Void)?,
@@ -110,9 +112,18 @@ struct Installer: Sendable {
                 summary = tree.summary
                 progress(.unpacking, 0)
             case .archive(let recheck, let streamed, let index):
-                summary = try self.unpacked(
-                    download, archive: archive, staging: staging, recheck: recheck, streamed: streamed, index: index,
-                    progress: progress, cancel: cancel)
+                if let plain = try self.decryptedPreload(download, archive: archive, recheck: recheck) {
+                    // A preload: its plain pack, decrypted now, is unpacked (the stream saw only ciphertext).
+                    streamed?.discard()
+                    defer { unlink(plain.path) }
+                    summary = try self.unpacked(
+                        download, archive: plain, staging: staging, recheck: false, streamed: nil, index: index, progress: progress,
+                        cancel: cancel)
+                } else {
+                    summary = try self.unpacked(
+                        download, archive: archive, staging: staging, recheck: recheck, streamed: streamed, index: index,
+                        progress: progress, cancel: cancel)
+                }
             }
             if !summary.filesHashed {
                 var index: IndexFetch?

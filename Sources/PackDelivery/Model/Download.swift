@@ -113,6 +113,10 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     /// Prefetch or background work while someone holds quiet (``DownloadQueue/holdQuiet(reason:)``, `packs quiet`): it
     /// waits, its bytes kept, and goes on by itself once every hold is released.
     case quiet
+    /// A preload pack (``Manifest/Content/preload``) whose bytes are in and checked, kept encrypted: it waits for its key,
+    /// which the queue asks the key server for (with backoff) until the release, then decrypts and installs it without
+    /// fetching its bytes again.
+    case awaitingRelease
 
     /// Held by the machine's policy (the network, the window, quiet), not by anyone's action: it goes on by itself.
     var isPolicyHold: Bool { self == .waitingForUnmeteredNetwork || self == .outsideWindow || self == .quiet }

@@ -46,6 +46,9 @@ public struct Manifest: Sendable, Hashable, Codable {
         public var delivery: DeliveryPolicy? = nil
         /// ``delivery``, essential when the manifest says nothing.
         public var deliveryPolicy: DeliveryPolicy { self.delivery ?? .essential }
+        /// Marks the pack as a preload (`"preload"`): its bytes are encrypted, and it installs once its key is released.
+        /// Nil for a plain pack.
+        public var preload: Preload? = nil
         /// Creates a pack entry.
         ///
         /// - Parameters:
@@ -281,6 +284,10 @@ public struct LoadedManifest: Sendable {
             "an index sha256 that is not 64 hex digits (0-9, a-f)"
         } else if let index = content.index, let problem = Self.textProblem(index.url, maxBytes: 8192) {
             "an index url with \(problem)"
+        } else if let preload = content.preload, !PreloadKey.isKeyID(preload.keyID) {
+            "a preload keyID that is not 1 to 64 hex digits (0-9, a-f)"
+        } else if let preload = content.preload, preload.releaseDate == nil {
+            "a preload releases date that is not ISO 8601"
         } else if let urls = content.urls, urls.count > Self.maxSources {
             "\(urls.count) urls, more than \(Self.maxSources)"
         } else if let problem = content.urls?.lazy.compactMap({ Self.textProblem($0, maxBytes: 8192) }).first {

@@ -98,6 +98,12 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         /// the pack is not in it, a file it lists is not in the pack, or a file has another size or kind (see
         /// ``subject`` for the path). The files' SHA-256 would be taken from it, so nothing is installed.
         public static let indexMismatch = Code("indexMismatch")
+        /// The key given for a preload pack is not the one it is encrypted with (see ``subject`` for the pack); the
+        /// encrypted pack is kept.
+        public static let preloadKeyMismatch = Code("preloadKeyMismatch")
+        /// A preload pack does not decrypt with its key: its bytes were changed (see ``subject`` for the pack); the
+        /// encrypted pack is kept and nothing is installed.
+        public static let preloadDecryptionFailed = Code("preloadDecryptionFailed")
 
         // This machine.
         /// Not enough free space (see ``neededBytes`` and ``availableBytes``).
@@ -133,7 +139,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
             case .unknownProduct, .invalidManifest, .untrustedManifest, .unreadableTrustedKey, .contentIdentifierTaken, .lengthMismatch,
                 .checksumMismatch,
                 .unsafeEntry, .corruptArchive, .encryptedArchive, .unpackLimitExceeded, .emptyPack, .contentInfoMismatch,
-                .unsupportedURL, .contentDamaged, .indexMismatch, .invalidSettings:
+                .unsupportedURL, .contentDamaged, .indexMismatch, .invalidSettings, .preloadKeyMismatch, .preloadDecryptionFailed:
                 .badData
             case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled: .network
             case .unauthorized: .unauthorized

@@ -109,7 +109,13 @@ public enum ManifestBuilder {
         var order: [String] = []
         for name in names where Self.packExtensions.contains(where: { name.hasSuffix($0) }) {
             let url = folder.appending(path: name)
-            let summary = try PackInspector.inspect(url)
+            let description = try PreloadPack.description(of: url)
+            let summary: PackInspector.Summary
+            if let description {
+                summary = PackInspector.Summary(contentInfo: description.contentInfo, unpackedLength: description.unpackedLength)
+            } else {
+                summary = try PackInspector.inspect(url)
+            }
             guard let info = summary.contentInfo else {
                 throw PackDeliveryError(
                     .contentInfoMismatch, message: "\(name) has no ContentInfo.plist, so its product and version are unknown.",
@@ -124,7 +130,13 @@ public enum ManifestBuilder {
                 url: name.addingPercentEncoding(withAllowedCharacters: .urlPathAllowed) ?? name,
                 contentLength: length, sha256: try SHA256Hasher.hexDigest(ofFile: url),
                 unpackedLength: summary.unpackedLength)
-            content.index = try Self.index(of: url, length: length, sha256: content.sha256, note: note)
+            if let description {
+                // The index describes the plain pack, whose ranges are those of the encrypted one.
+                content.index = try Self.index(of: url, length: description.plain.length, sha256: description.plain.sha256, note: note)
+                content.preload = description.preload
+            } else {
+                content.index = try Self.index(of: url, length: length, sha256: content.sha256, note: note)
+            }
             if products[info.productIdentifier] == nil { order.append(info.productIdentifier) }
             products[info.productIdentifier, default: []].append(content)
         }

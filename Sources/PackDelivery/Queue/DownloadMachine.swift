@@ -358,6 +358,8 @@ struct DownloadMachine: Sendable, Hashable {
             return self.enterPaused(.insufficientStorage, error: error)
         case .failure(let error) where error.code == .cancelled:
             return []
+        case .failure(let error) where error.code == Installer.awaitingRelease:
+            return self.enterPaused(.awaitingRelease, error: nil)
         case .failure(let error) where error.code == .fileSystem && error.underlying == .init(.errno, Int(ENOENT)) && self.verified:
             // The archive went missing under the queue's feet: fetch it again rather than fail for good.
             self.archive = .partial

@@ -546,6 +546,7 @@ extension DownloadQueue {
         RateBoard.shared.setCap(self.driven { $0.machine.policy.cap($0.machine.conditions) })
         RateBoard.shared.remeasure()
         self.moveSlowTransfers(now: Date())
+        if self.installer.keyring.isWaiting || ticks % 20 == 0 { self.askForPreloadKeys() }
         if ticks % 2 == 0 {
             self.save(includingProgress: true)
         } else {

@@ -492,7 +492,8 @@ public final class DownloadQueue: Sendable {
                 newID: { Self.newID("d") }
             ).get()
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
-                downloads[offset].index = manifest.resolvedIndex(for: content)
+                // A preload's bytes are fetched whole and kept encrypted: no chunk of it is written before its key.
+                downloads[offset].index = content.preload == nil ? manifest.resolvedIndex(for: content) : nil
                 if sources[offset].count > 1 {
                     downloads[offset].sources = sources[offset]
                     downloads[offset].credentialsToAllSources = manifest.manifest.credentialsToAllSources ?? false
