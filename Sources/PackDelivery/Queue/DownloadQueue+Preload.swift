@@ -26,7 +26,7 @@ extension DownloadQueue {
             } else {
                 options = options.withoutCredentials
             }
-            DispatchQueue.global().async { [weak self, options] in
+            WorkerPool.shared.run { [weak self, options] in
                 let answer: Result<PreloadKey, PackDeliveryError>
                 do throws(PackDeliveryError) {
                     let data = try Curl.fetch(url, options: options, maxBytes: PreloadKey.length)
