@@ -17,7 +17,7 @@ public struct PreloadKeyStore: Sendable {
         do { names = try FileManager.default.contentsOfDirectory(atPath: folder.path) } catch {
             throw PackDeliveryError(
                 .invalidArgument, message: "Cannot list the key folder \(PackDeliveryError.printable(folder.path)).",
-                hint: "Pass a folder of preload keys (packs keygen --preload NAME).", subject: folder.path)
+                hint: "Pass a folder of preload key files (NAME.preloadkey, 32 bytes each).", subject: folder.path)
         }
         var keys: [String: PreloadKey] = [:]
         for name in names where !name.hasPrefix(".") {

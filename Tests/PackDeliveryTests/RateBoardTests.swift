@@ -81,5 +81,12 @@ struct RateBoardTests {
         // A transfer's own lower limit paces it below the share.
         let own = try #require(ticket.pace(50_000, own: 250_000, now: start + 0.2))
         #expect(own > halved)
+
+        // After 30 s unused at that rate (a retry's backoff), a quarter second's worth is taken at once, not 30 s' worth.
+        let later = start + 30.2
+        let lowBurst = Int(RateBoard.Ticket.paceBurst(250_000))
+        #expect(ticket.pace(62_500 + lowBurst, own: 250_000, now: later) == nil)
+        let paced = try #require(ticket.pace(25_000, own: 250_000, now: later))
+        #expect(abs(paced - 0.1) < 0.001)
     }
 }

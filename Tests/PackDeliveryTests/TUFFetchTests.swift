@@ -188,6 +188,21 @@ import Testing
         #expect(again.status == 0, "\(again.stderr)")
     }
 
+    /// A trusted repository whose record was lost (a `trust add` killed midway, a file removed) refuses every manifest,
+    /// naming the repository, until it is removed and trusted again: never read as "nothing trusted", which would take an
+    /// unsigned manifest from anywhere.
+    @Test func aRepositoryWhoseRecordIsLostRefusesEveryManifest() throws {
+        let setup = try Setup("tuf-fetch-lost")
+        let id = TrustedRepository.id(metadataURL: URL(string: setup.metadataURL)!)
+        try FileManager.default.removeItem(at: setup.metadataDir.deletingLastPathComponent().appending(path: "repository.json"))
+        let unsigned = try setup.packs(["fetch", setup.site.manifestURL.path, "com.example.big"])
+        #expect(unsigned.status == 65, "\(unsigned.stderr)")
+        #expect(unsigned.stderr.contains(id), "\(unsigned.stderr)")
+        let vouched = try setup.fetch()
+        #expect(vouched.status == 65, "\(vouched.stderr)")
+        try setup.expectNothingRecordedOrDownloaded()
+    }
+
     /// A root whose signature does not match (its version changed after signing) is refused with exit 65 and nothing
     /// is trusted; `--targets` without `--repository` is a usage error.
     @Test func aRootNotSignedByItsOwnKeysIsNotTrusted() throws {

@@ -53,6 +53,12 @@ final class RateBoard: Sendable {
                 if pacing.start == nil || pacing.generation != generation || pacing.rate != rate {
                     pacing = Pacing(start: now, rate: rate, generation: generation, taken: 0)
                 }
+                // Time left unused is credit of at most a quarter second's worth (a burst at least): a gap between two
+                // requests is caught up on, a long one (an assembly, a retry's backoff) is not taken unpaced after it.
+                let credit = Double(max(Self.paceBurst(rate), rate / 4))
+                if let start = pacing.start {
+                    pacing.start = max(start, now.addingTimeInterval(-(Double(pacing.taken) + credit) / Double(rate)))
+                }
                 let allowed = Double(rate) * now.timeIntervalSince(pacing.start ?? now) + Double(Self.paceBurst(rate))
                 let wanted = Double(pacing.taken + Int64(count))
                 // A millisecond's slack: the wait that was computed has passed when the bytes come again.

@@ -143,7 +143,9 @@ extension LoadedManifest {
                     "The manifest at \(place) is not trusted: it is not under the targets of a TUF repository this home trusts, and no publisher key is trusted to sign it.",
                 hint: "Nothing was downloaded; read the manifest from under the repository's targets URL.", subject: place)
         }
-        let check = TUFManifestCheck(repository: repository, options: options, now: now)
+        // The manifest's credentials (a receipt, a token) go to the metadata only on the manifest's own origin.
+        let sameOrigin = Download.origin(repository.metadataURL) == Download.origin(url)
+        let check = TUFManifestCheck(repository: repository, options: sameOrigin ? options : options.withoutCredentials, now: now)
         var updater = try check.checkManifest(data, url: url)
         var loaded =
             Metalink.names(url)

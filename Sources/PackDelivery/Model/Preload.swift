@@ -24,7 +24,7 @@ public struct PreloadKey: Sendable, Hashable, CustomStringConvertible {
         guard bytes.count == Self.length else {
             throw PackDeliveryError(
                 .invalidArgument, message: "A preload key is \(Self.length) bytes, not \(bytes.count).",
-                hint: "Make one with 32 random bytes (head -c 32 /dev/urandom).")
+                hint: "A preload key is a file of exactly 32 random bytes.")
         }
         self.bytes = Array(bytes)
         let hasher = SHA256Hasher()
@@ -52,7 +52,7 @@ public struct PreloadKey: Sendable, Hashable, CustomStringConvertible {
             throw PackDeliveryError(
                 .invalidArgument,
                 message: "\(PackDeliveryError.printable(url.path)) is not a preload key: a key file holds exactly 32 bytes.",
-                hint: "Make one with 32 random bytes (head -c 32 /dev/urandom).", subject: url.path)
+                hint: "A preload key is a file of exactly 32 random bytes.", subject: url.path)
         }
         try self.init(bytes: data)
     }

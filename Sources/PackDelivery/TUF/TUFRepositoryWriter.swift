@@ -264,7 +264,8 @@ private struct Layout {
                 url.path, limit: 64 << 20, tooLarge: { PackDeliveryError(.invalidArgument, message: "\($0) is too large.") })
         else {
             throw PackDeliveryError(
-                .invalidArgument, message: "\(url.path) is missing: is \(self.folder.path) a repository made by packs repo init?",
+                .invalidArgument,
+                message: "\(url.path) is missing: is \(self.folder.path) a repository folder (metadata, targets and state)?",
                 subject: url.path)
         }
         return data

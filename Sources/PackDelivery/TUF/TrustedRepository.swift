@@ -66,11 +66,11 @@ enum TrustedRepositories {
         for name in names where name.hasPrefix("tuf-") && !name.contains(".") {
             let folder = Self.folder(home).appending(path: name)
             let file = folder.appending(path: "repository.json")
-            guard
-                let data = try SmallFile.read(
-                    file.path, limit: 1 << 20, tooLarge: { PackDeliveryError(.unreadableTrustedKey, message: "\($0) is too large.") })
-            else { continue }
-            guard let record = try? JSONDecoder().decode(Record.self, from: data), let metadata = URL(string: record.metadataURL),
+            // A folder without its record is refused, not skipped: skipping it would stop checking that repository's
+            // manifests through TUF (a home trusting nothing else would then take unsigned ones).
+            let data = try SmallFile.read(
+                file.path, limit: 1 << 20, tooLarge: { PackDeliveryError(.unreadableTrustedKey, message: "\($0) is too large.") })
+            guard let data, let record = try? JSONDecoder().decode(Record.self, from: data), let metadata = URL(string: record.metadataURL),
                 let targets = URL(string: record.targetsBaseURL)
             else {
                 throw PackDeliveryError(
@@ -101,11 +101,24 @@ enum TrustedRepositories {
         let folder = Self.folder(home).appending(path: id)
         let repository = TrustedRepository(
             id: id, metadataURL: metadataURL, targetsBaseURL: targetsBaseURL, metadataFolder: folder.appending(path: "metadata"))
-        try? FileManager.default.removeItem(at: repository.metadataFolder)
-        try TUFUpdater.initialize(metadataFolder: repository.metadataFolder, trustedRoot: root)
         let record = Record(metadataURL: metadataURL.absoluteString, targetsBaseURL: targetsBaseURL.absoluteString)
         let data: Data
         do { data = try JSONEncoder().encode(record) } catch { throw PackDeliveryError(.fileSystem, message: "Cannot encode \(id).") }
+        guard FileManager.default.fileExists(atPath: folder.path) else {
+            // A new repository is built aside and renamed into place whole: a kill leaves it trusted or not at all.
+            let staging = Self.folder(home).appending(path: ".adding-\(id)-\(getpid())")
+            try? FileManager.default.removeItem(at: staging)
+            defer { try? FileManager.default.removeItem(at: staging) }
+            try TUFUpdater.initialize(metadataFolder: staging.appending(path: "metadata"), trustedRoot: root)
+            try SmallFile.write(data, to: staging.appending(path: "repository.json"))
+            guard rename(staging.path, folder.path) == 0 else { throw .io("rename", path: folder.path, errno: errno) }
+            try Durability.syncFolder(Self.folder(home))
+            return repository
+        }
+        // Replaced in place: a kill midway leaves the record without its metadata, which refuses every manifest of the
+        // repository until it is trusted again (never a manifest taken unchecked).
+        try? FileManager.default.removeItem(at: repository.metadataFolder)
+        try TUFUpdater.initialize(metadataFolder: repository.metadataFolder, trustedRoot: root)
         try SmallFile.write(data, to: folder.appending(path: "repository.json"))
         return repository
     }
