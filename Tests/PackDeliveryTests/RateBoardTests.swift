@@ -86,7 +86,16 @@ struct RateBoardTests {
         let later = start + 30.2
         let lowBurst = Int(RateBoard.Ticket.paceBurst(250_000))
         #expect(ticket.pace(62_500 + lowBurst, own: 250_000, now: later) == nil)
-        let paced = try #require(ticket.pace(25_000, own: 250_000, now: later))
-        #expect(abs(paced - 0.1) < 0.001)
+        let paced = try #require(ticket.pace(25_000, own: 250_000, now: later), "30 s' worth was taken unpaced")
+        #expect(paced > 0.03)
+
+        // A read larger than a quarter second's worth (16 KiB at 4 KiB/s) waits its time, then is taken.
+        let tiny = RateBoard().join(priority: .background)
+        let at = Date()
+        let tinyBurst = Int(RateBoard.Ticket.paceBurst(4096))
+        #expect(tiny.pace(tinyBurst, own: 4096, now: at) == nil)
+        let tinyWait = try #require(tiny.pace(16_384, own: 4096, now: at))
+        #expect(abs(tinyWait - 4.0) < 0.01)
+        #expect(tiny.pace(16_384, own: 4096, now: at + tinyWait) == nil, "taken once its wait is over")
     }
 }

@@ -53,9 +53,10 @@ final class RateBoard: Sendable {
                 if pacing.start == nil || pacing.generation != generation || pacing.rate != rate {
                     pacing = Pacing(start: now, rate: rate, generation: generation, taken: 0)
                 }
-                // Time left unused is credit of at most a quarter second's worth (a burst at least): a gap between two
-                // requests is caught up on, a long one (an assembly, a retry's backoff) is not taken unpaced after it.
-                let credit = Double(max(Self.paceBurst(rate), rate / 4))
+                // Time left unused is credit of at most a quarter second's worth, or this read (a burst at least): a gap
+                // between two requests is caught up on, a long one (an assembly, a retry's backoff) is not taken
+                // unpaced after it, and a read larger than that credit (16 KiB at `--max-rate 4K`) still gets its turn.
+                let credit = Double(max(Self.paceBurst(rate), rate / 4, Int64(count)))
                 if let start = pacing.start {
                     pacing.start = max(start, now.addingTimeInterval(-(Double(pacing.taken) + credit) / Double(rate)))
                 }
