@@ -10,15 +10,37 @@ import Synchronization
 public enum Fixtures {
     /// Creates a fresh, empty folder under the system's temporary folder.
     ///
+    /// The folder is removed when the test process exits (a test may remove it sooner), so that a run of the suite
+    /// leaves nothing behind in the temporary folder. Set `PACKS_KEEP_TEST_FOLDERS=1` to keep them for inspection.
+    ///
     /// - Parameter label: A readable part of the folder name (e.g. the test's name).
-    /// - Returns: The folder's URL; the caller removes it when done (or leaves it for inspection).
+    /// - Returns: The folder's URL.
     /// - Throws: When the folder cannot be created.
     public static func temporaryDirectory(_ label: String) throws -> URL {
         let safeLabel = String(label.map { $0.isLetter || $0.isNumber || $0 == "-" ? $0 : "-" }.prefix(40))
         let url = FileManager.default.temporaryDirectory
             .appendingPathComponent("PackDelivery-\(safeLabel)-\(UUID().uuidString.prefix(8))", isDirectory: true)
         try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+        self.removedAtExit.withLock { folders in
+            if folders.isEmpty, ProcessInfo.processInfo.environment["PACKS_KEEP_TEST_FOLDERS"] == nil {
+                atexit { Fixtures.removeTemporaryDirectories() }
+            }
+            folders.append(url.path)
+        }
         return url
+    }
+
+    /// The folders ``temporaryDirectory(_:)`` created, removed at exit.
+    private static let removedAtExit = Mutex<[String]>([])
+
+    private static func removeTemporaryDirectories() {
+        let folders = self.removedAtExit.withLock { folders in
+            defer { folders = [] }
+            return folders
+        }
+        for folder in folders {
+            try? FileManager.default.removeItem(atPath: folder)
+        }
     }
 
     /// Writes `size` pseudo-random bytes to `url` (creating parent folders), replacing any file there.
