@@ -34,8 +34,10 @@ final class AgentHomes: Sendable {
                 return last.body
             }
             let body = try await make()
-            // An answer made later is never replaced by one begun before it.
+            // An answer made later is never replaced by one begun before it, and one that an event made stale while it
+            // was made is not kept (a home's answer may be megabytes: it is held only while it can serve).
             self.last.withLock { last in
+                guard self.generation.load(ordering: .acquiring) == generation else { return }
                 if last.map({ ($0.generation, $0.at) <= (generation, now) }) ?? true { last = (generation, now, body) }
             }
             return body
@@ -58,6 +60,7 @@ final class AgentHomes: Sendable {
                 if progressOnly { return }
             }
             self.generation.add(1, ordering: .releasing)
+            self.last.withLock { $0 = nil }
         }
     }
 
