@@ -104,6 +104,11 @@ enum ExitStatus {
             return error.hint
         case .unreadableTrustedKey:
             let id = PackDeliveryError.printable(error.subject ?? "ID")
+            // A TUF repository's id starts with tuf- (TrustedRepository.id): it is trusted again from its root.
+            guard !id.hasPrefix("tuf-") else {
+                return
+                    "Run packs trust remove '\(id)', then packs trust add ROOT.json --repository METADATA_URL with the repository's root."
+            }
             return "Run packs trust remove '\(id)', then packs trust add PUBLISHER.pub with the publisher's public key."
         case .tooManyOpenFiles:
             return

@@ -154,6 +154,28 @@ import Testing
     /// A home that trusts a publisher and accepted its version 2: after 4 KiB of `state.sqlite` are damaged and
     /// `packs status` rebuilds it, the rebuild message says the trust was kept; an unsigned manifest is refused, and
     /// so is the rollback to version 1; version 3 installs.
+    /// A trusted TUF repository whose record no longer reads (garbage, or too large to be one) fails closed like a
+    /// publisher key, and the hint says how a repository is trusted again: from its root, not from a publisher key.
+    @Test(arguments: ["garbage", "huge"])
+    func anUnreadableTUFRepositoryRecordFailsClosed(_ damage: String) throws {
+        let site = try TestSite.samples("r4-tuf-\(damage)-site")
+        let home = try Fixtures.temporaryDirectory("r4-tuf-\(damage)-home")
+        let id = "tuf-0123456789abcdef"
+        let record = home.appending(path: "tuf/\(id)/repository.json")
+        try FileManager.default.createDirectory(at: record.deletingLastPathComponent(), withIntermediateDirectories: true)
+        try (damage == "garbage" ? Data("not a record".utf8) : Data(repeating: 0x20, count: 2 << 20)).write(to: record)
+
+        let fetch = try CLI.run(home: home, ["fetch", site.manifestURL.path, "com.example.forest"])
+        #expect(fetch.status == 65, "\(fetch.stderr)")
+        #expect(
+            fetch.stderr.contains(id) && fetch.stderr.contains("packs trust remove '\(id)'")
+                && fetch.stderr.contains("--repository") && !fetch.stderr.contains("PUBLISHER.pub"), "\(fetch.stderr)")
+        #expect(!Self.installed(home, "com.example.forest"))
+        #expect(try CLI.run(home: home, ["trust", "remove", id]).status == 0)
+        let unsigned = try CLI.run(home: home, ["fetch", site.manifestURL.path, "com.example.forest"])
+        #expect(unsigned.status == 0, "trusting nothing again, an unsigned manifest installs: \(unsigned.stderr)")
+    }
+
     @Test func aRebuiltStoreKeepsItsTrust() throws {
         let publisher = try Self.publisher("r4-rebuild")
         let site = try TestSite.samples("r4-rebuild-site")

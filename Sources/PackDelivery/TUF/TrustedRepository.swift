@@ -69,7 +69,12 @@ enum TrustedRepositories {
             // A folder without its record is refused, not skipped: skipping it would stop checking that repository's
             // manifests through TUF (a home trusting nothing else would then take unsigned ones).
             let data = try SmallFile.read(
-                file.path, limit: 1 << 20, tooLarge: { PackDeliveryError(.unreadableTrustedKey, message: "\($0) is too large.") })
+                file.path, limit: 1 << 20,
+                tooLarge: {
+                    PackDeliveryError(
+                        .unreadableTrustedKey, message: "The record of the trusted TUF repository '\(name)' (\($0)) is too large.",
+                        hint: "Remove the repository '\(name)' from what this home trusts, then trust its root again.", subject: name)
+                })
             guard let data, let record = try? JSONDecoder().decode(Record.self, from: data), let metadata = URL(string: record.metadataURL),
                 let targets = URL(string: record.targetsBaseURL)
             else {
