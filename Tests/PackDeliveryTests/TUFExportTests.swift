@@ -59,6 +59,21 @@ import Testing
         #expect(trusted["targets.json"] == carried["targets.json"])
     }
 
+    /// The root rotated twice (through an expired intermediate root) before the export: a home that trusts the first
+    /// root walks the chain from the export's copies of versions 2 and 3, with no request.
+    @Test func aHomeTrustingAnOlderRootWalksTheExportedRootChain() throws {
+        let setup = try Setup("tuf-export-rotated")
+        try TUFClientTests.Setup.script(setup.repository, "rotate-root")
+        let folder = try self.export(setup, "tuf-export-rotated")
+        let other = try self.otherHome(setup, "tuf-export-rotated")
+        defer { for url in [folder, other] { try? FileManager.default.removeItem(at: url) } }
+        let fetch = try self.installOffline(setup, home: other, export: folder)
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        let id = TrustedRepository.id(metadataURL: URL(string: setup.metadataURL)!)
+        let root = try Data(contentsOf: other.appending(path: "tuf").appending(path: id).appending(path: "metadata/root.json"))
+        #expect(root == (try Data(contentsOf: setup.repository.appending(path: "metadata/3.root.json"))))
+    }
+
     /// The export's timestamp removed, its timestamp's signed part changed (the signature no longer holds), or its
     /// manifest changed after the export: refused, nothing installed.
     @Test(arguments: ["missing", "altered", "manifest"]) func anExportWithMissingOrBadTUFMetadataIsRefused(fault: String) throws {
