@@ -11,7 +11,10 @@ extension Packs {
                 manifest.json.sig, when it has one) and checked against the trusted publishers; each of the product's \
                 packs and indexes is fetched and checked against the manifest's SHA-256 and length, into DIR/packs/. \
                 On the other machine, packs fetch DIR/manifest.json PRODUCT installs from those copies (export.json \
-                beside the manifest says to use them), checked as any fetch, with no network.
+                beside the manifest says to use them), checked as any fetch, with no network. A manifest read from \
+                under a trusted TUF repository is checked through TUF, and the export carries the repository's \
+                metadata (DIR/tuf/metadata/): the other home must trust the same repository's root, and installs only \
+                what that metadata, brought up to date from the export, vouches for.
 
                 Example:
                   packs export com.example.forest --to /media/usb/forest
@@ -41,10 +44,13 @@ extension Packs {
                     product: self.product, to: folder, trusting: publishers, options: self.transfer.configuration().transfer)
                 if self.global.json {
                     printJSON(
-                        ExportJSON(manifest: export.manifest.path, signed: export.signed, packs: export.packs, bytes: export.bytes))
+                        ExportJSON(
+                            manifest: export.manifest.path, signed: export.signed, packs: export.packs, bytes: export.bytes,
+                            tufRepository: export.tufRepository))
                 } else if !self.global.quiet {
+                    let tufNote = export.tufRepository.map { ", with the metadata of the TUF repository \($0)" } ?? ""
                     printLine(
-                        "Exported \(self.product) (\(export.packs.count) pack\(export.packs.count == 1 ? "" : "s"), \(export.bytes) bytes\(export.signed ? ", signed manifest" : "")) to \(folder.path)."
+                        "Exported \(self.product) (\(export.packs.count) pack\(export.packs.count == 1 ? "" : "s"), \(export.bytes) bytes\(export.signed ? ", signed manifest" : "")\(tufNote)) to \(folder.path)."
                     )
                     printLine("Install it elsewhere with: packs fetch \(export.manifest.path) \(self.product)")
                 }
@@ -60,4 +66,6 @@ struct ExportJSON: Encodable {
     let signed: Bool
     let packs: [String]
     let bytes: Int64
+    /// The TUF repository whose metadata the export carries, when one vouched for the manifest.
+    let tufRepository: String?
 }

@@ -66,6 +66,11 @@ extension LoadedManifest {
         }
         let data = try Self.read(url, options: options)
         let place = url.redacted
+        if url.isFileURL, let tuf = OfflineExport.Marker.read(beside: url)?.tuf {
+            // An export of a product a TUF repository vouched for: checked through TUF again, from the export's copy of
+            // the metadata, never by anything weaker.
+            return try Self.checkExportTUF(data, from: url, tuf: tuf, repositories: repositories, now: now)
+        }
         if !repositories.isEmpty,
             let loaded = try Self.checkTUF(data, from: url, options: options, repositories: repositories, publishers: publishers, now: now)
         {
@@ -131,7 +136,7 @@ extension LoadedManifest {
 
     /// The manifest checked through the TUF repository whose targets `url` is under; nil when it is under none and
     /// `publishers` are to check it.
-    private static func checkTUF(
+    static func checkTUF(
         _ data: Data, from url: URL, options: TransferOptions, repositories: [TrustedRepository], publishers: [PublisherKey], now: Date
     ) throws(PackDeliveryError) -> LoadedManifest? {
         guard let repository = TUFManifestCheck.repository(for: url, in: repositories) else {

@@ -46,7 +46,21 @@ struct TUFStorage: Sendable {
     }
 
     /// Fetches `name` under the metadata URL, refusing more than `limit` bytes.
+    /// A `file:` metadata URL is a folder of metadata files (an offline export's `tuf/metadata/`): `name` is read
+    /// from it as is, and a missing file answers as a 404 would.
     func fetch(_ name: String, role: String, version: Int?, limit: Int) throws(PackDeliveryError) -> Data {
+        if self.metadataURL.isFileURL {
+            let path = self.metadataURL.path + (self.metadataURL.path.hasSuffix("/") ? "" : "/") + name
+            let data = try SmallFile.read(path, limit: limit) { _ in
+                TUFRefusal.error(role, version: version, "length exceeded: more than \(limit) bytes")
+            }
+            guard let data else {
+                throw PackDeliveryError(
+                    .httpStatus, message: "The TUF metadata file \(PackDeliveryError.printable(name)) is missing.", subject: role,
+                    httpStatus: 404)
+            }
+            return data
+        }
         guard let url = Self.url(self.metadataURL, appending: name) else {
             throw PackDeliveryError(.invalidArgument, message: "The metadata URL \(self.metadataURL.redacted) cannot name \(name).")
         }

@@ -21,6 +21,9 @@ public struct OfflineExport: Sendable, Hashable {
     public var packs: [String]
     /// Bytes of packs and indexes written.
     public var bytes: Int64
+    /// The ``TrustedRepository/id`` of the TUF repository that vouched for the manifest, when one did: the export then
+    /// holds its metadata (`tuf/metadata/`), and reading the export checks the manifest and packs through TUF again.
+    public var tufRepository: String?
 
     /// The file beside an exported manifest that marks the folder as an export.
     public static let markerName = "export.json"
@@ -71,6 +74,9 @@ extension DownloadQueue {
     ) throws(PackDeliveryError) -> OfflineExport {
         let source = try self.exportSource(product)
         try Self.makeFolder(folder)
+        // A former export's marker and TUF metadata go first: the manifest written next is checked as this export's.
+        unlink(folder.appending(path: OfflineExport.markerName).path)
+        try? FileManager.default.removeItem(at: folder.appending(path: "tuf"))
         let data = try LoadedManifest.fetchBytes(source, options: options)
         let manifestFile = folder.appending(path: "manifest.json")
         let signatureURL = source.deletingLastPathComponent().appending(path: ManifestSignature.fileName(for: source.lastPathComponent))
@@ -78,16 +84,21 @@ extension DownloadQueue {
         let signatureFile = folder.appending(path: ManifestSignature.fileName(for: "manifest.json"))
         try Self.write(data, to: manifestFile)
         if let signature { try Self.write(signature, to: signatureFile) } else { unlink(signatureFile.path) }
-        // The export's own copy is what is checked: signed by a trusted publisher when this home trusts any.
-        let trusted = publishers + (try DownloadQueue.trustedPublishers(home: self.home))
-        _ = try LoadedManifest.load(manifestFile.path, options: options, trusting: trusted)
+        // Under a TUF repository this home trusts, the manifest is checked through TUF, and the export carries the
+        // repository's metadata; otherwise the export's own copy is checked: signed by a trusted publisher when this
+        // home trusts any.
+        let tuf = try self.exportTUF(data, source: source, folder: folder, options: options)
+        if tuf == nil {
+            let trusted = publishers + (try DownloadQueue.trustedPublishers(home: self.home))
+            _ = try LoadedManifest.load(manifestFile.path, options: options, trusting: trusted)
+        }
         let original = try LoadedManifest.decode(data, from: source)
         guard let entry = original.manifest.products.first(where: { $0.productIdentifier == product }) else {
             throw PackDeliveryError(
                 .unknownProduct, message: "The manifest \(source.redacted) no longer lists '\(PackDeliveryError.printable(product))'.",
                 subject: product)
         }
-        var export = OfflineExport(manifest: manifestFile, signed: signature != nil, packs: [], bytes: 0)
+        var export = OfflineExport(manifest: manifestFile, signed: signature != nil, packs: [], bytes: 0, tufRepository: tuf?.repository)
         let fetcher = ExportFetcher(options: options, logger: self.logger)
         defer { fetcher.shutdown() }
         for content in entry.contents {
@@ -108,8 +119,8 @@ extension DownloadQueue {
             }
             export.packs.append(content.contentIdentifier)
         }
-        let marker = Data("{\"format\":1,\"product\":\(JSONOutputString.quoted(product))}\n".utf8)
-        try Self.write(marker, to: folder.appending(path: OfflineExport.markerName))
+        let marker = OfflineExport.Marker(format: 1, product: product, tuf: tuf)
+        try Self.write(marker.encoded(), to: folder.appending(path: OfflineExport.markerName))
         return export
     }
 
@@ -155,14 +166,6 @@ extension LoadedManifest {
     /// The bytes at `url` (a local file or http(s)), as a manifest or signature is read.
     static func fetchBytes(_ url: URL, options: TransferOptions) throws(PackDeliveryError) -> Data {
         url.isFileURL ? try Self.readLocal(url.path) : try Curl.fetch(url, options: options)
-    }
-}
-
-/// JSON string literals for the export's marker.
-enum JSONOutputString {
-    static func quoted(_ text: String) -> String {
-        let data = (try? JSONEncoder().encode(text)) ?? Data("\"\"".utf8)
-        return String(decoding: data, as: UTF8.self)
     }
 }
 
