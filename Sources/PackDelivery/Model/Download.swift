@@ -189,6 +189,10 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var delivery: DeliveryPolicy = .essential
     /// The pack's index (absolute URL), when the manifest names one.
     var index: Manifest.IndexReference? = nil
+    /// For a preload pack (``Manifest/Content/preload``): when its key is released, from the manifest; nil for any other
+    /// pack. Until then the download is `paused` (``PauseReason/awaitingRelease``) once its encrypted bytes are in, and
+    /// no key is asked for; from then on the queue asks for it.
+    public var releaseDate: Date? = nil
 
     /// A delta update: the new version built from the installed files that did not change and the changed
     /// entries of the new pack, fetched with range requests.
