@@ -113,9 +113,12 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     /// Prefetch or background work while someone holds quiet (``DownloadQueue/holdQuiet(reason:)``, `packs quiet`): it
     /// waits, its bytes kept, and goes on by itself once every hold is released.
     case quiet
-    /// A preload pack (``Manifest/Content/preload``) whose bytes are in and checked, kept encrypted: it waits for its key,
-    /// which the queue asks the key server for (with backoff) until the release, then decrypts and installs it without
-    /// fetching its bytes again.
+    /// A preload pack (``Manifest/Content/preload``) whose bytes are in and checked, kept encrypted: it waits for its key.
+    /// From ``Download/releaseDate`` on (never before), the queue asks the key server for it, with backoff (1 s doubling
+    /// to 5 min, never sooner than the server's `Retry-After`), then decrypts and installs it without fetching its bytes
+    /// again. A refusal for good (a credential that does not cover the product, a key the server does not hand out)
+    /// keeps it paused here, its bytes kept, with ``Download/error`` set (``PackDeliveryError/Code/preloadKeyRefused``):
+    /// show it and offer to renew the purchase; the key is asked for again when the download is resumed.
     case awaitingRelease
 
     /// Held by the machine's policy (the network, the window, quiet), not by anyone's action: it goes on by itself.
