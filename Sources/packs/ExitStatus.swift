@@ -21,7 +21,10 @@ enum ExitStatus {
     static let summary: [(code: Int32, meaning: String)] = [
         (0, "done"), (usage, "usage error"), (badData, "bad data (manifest, unknown product, checksum, unsafe or corrupt pack)"),
         (network, "server or network failure after retries"), (io, "local I/O failure"),
-        (resumable, "stopped before finishing but resumable (paused, out of disk space, or waiting for an unmetered connection)"),
+        (
+            resumable,
+            "stopped before finishing but resumable (paused, out of disk space, waiting for an unmetered connection, or a preload waiting for its release date)"
+        ),
         (noPermission, "the server refused the credentials"),
         (config, "the agent's socket folder is unsafe (another owner, open to others) or no socket path is known"),
         (
@@ -48,7 +51,7 @@ enum ExitStatus {
             Self.badData  // nothing at that URL: the manifest (or the URL given) is wrong
         case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled:
             Self.network
-        case .unauthorized:
+        case .unauthorized, .preloadKeyRefused:
             Self.noPermission
         case .insufficientStorage:
             Self.resumable

@@ -69,9 +69,10 @@ struct RunSession {
         /// Downloads that ended failed, paused or cancelled, by id (running and finished ones are not kept).
         var notFinished: [String: Download] = [:]
         var summary = RunSummary()
+        let clock = TestHooks.clock()
         transactionOf.reserveCapacity(follow.downloads.reduce(0) { $0 + $1.count })
         func record(_ download: Download) {
-            if download.state.isRunning { running.insert(download.id) } else { running.remove(download.id) }
+            if Self.goesOn(download, now: clock()) { running.insert(download.id) } else { running.remove(download.id) }
             if download.state.isSettled { unsettled.remove(download.id) } else { unsettled.insert(download.id) }
             if download.state == .finished || download.state.isRunning {
                 notFinished[download.id] = nil
@@ -123,6 +124,14 @@ struct RunSession {
         return Self.exitStatus(left: notFinished.values.sorted { $0.id < $1.id }, interrupted: interrupted.load(ordering: .relaxed))
     }
 
+    /// Whether a run waits for `download`: it waits or runs, or it is a preload whose release date has come that waits
+    /// for its key (the queue asks for it, then installs), unless the key was refused.
+    static func goesOn(_ download: Download, now: Date) -> Bool {
+        if download.state.isRunning { return true }
+        guard download.state == .paused, download.pauseReason == .awaitingRelease, download.error == nil else { return false }
+        return (download.releaseDate ?? .distantPast) <= now
+    }
+
     /// Says that a signal stopped the run and the downloads `paused` were paused; returns the exit code (130).
     static func interrupted(paused: [String]) -> Int32 {
         let shown = paused.prefix(20).joined(separator: " ") + (paused.count > 20 ? " …" : "")
@@ -151,6 +160,13 @@ struct RunSession {
             if paused.pauseReason == .waitingForUnmeteredNetwork {
                 printError(
                     "packs: \(paused.id) (\(PackDeliveryError.printable(paused.contentIdentifier)), \(paused.contentLength) bytes) waits for an unmetered connection, its bytes kept. Run packs resume --allow-metered \(paused.id) to fetch it now, or packs resume \(paused.id) once the connection is not metered."
+                )
+                return ExitStatus.resumable
+            }
+            if paused.pauseReason == .awaitingRelease {
+                let date = paused.releaseDate.map { $0.formatted(.iso8601) } ?? "its release date"
+                printError(
+                    "packs: \(paused.id) (\(PackDeliveryError.printable(paused.contentIdentifier))) is a preload: its bytes are downloaded and kept encrypted until its release on \(date). Run the same packs fetch again after \(date) to install it, or leave it to packs agent, which installs it then."
                 )
                 return ExitStatus.resumable
             }

@@ -150,7 +150,7 @@ extension Packs {
                 do throws(PackDeliveryError) {
                     configuration.preloadKeys = try PreloadKeyStore(folder: URL(filePath: keys).absoluteURL)
                 } catch { throw fail(error) }
-                configuration.now = TestHooks.serverClock()
+                configuration.now = TestHooks.clock()
             }
             do {
                 try await PackServer.run(configuration, logger: logger) { (port: Int, metricsPort: Int?) in

@@ -14,13 +14,14 @@ enum TestHooks {
             if let window = ProcessInfo.processInfo.environment["PACKS_TEST_JOINED_WINDOW"].flatMap(Int64.init) {
                 configuration.joinedWindow = window
             }
+            configuration.clock = Self.clock()
         #endif
     }
 
-    /// The clock `packs serve --keys` compares release dates with: the system's, or in a debug build with
-    /// `PACKS_TEST_CLOCK_FILE=PATH`, the ISO 8601 date written in that file, read at each key request (so that a test
-    /// moves a running server's time past a release).
-    static func serverClock() -> @Sendable () -> Date {
+    /// The clock `packs serve --keys` and a client's queue compare preload release dates with: the system's, or in a
+    /// debug build with `PACKS_TEST_CLOCK_FILE=PATH`, the ISO 8601 date written in that file, read at each use (so that
+    /// a test moves a running server's or client's time past a release).
+    static func clock() -> @Sendable () -> Date {
         #if DEBUG
             if let path = ProcessInfo.processInfo.environment["PACKS_TEST_CLOCK_FILE"], !path.isEmpty {
                 return {

@@ -5,16 +5,22 @@ import Synchronization
     import Glibc
 #endif
 
-/// The keys of preload packs (``PreloadPack``) a queue holds, in memory only: a key is taken from the key server when
-/// its pack's install needs it and forgotten once the pack is decrypted. Never written to disk, never logged.
+/// The keys of preload packs (``PreloadPack``) a queue holds, in memory only, and the downloads that wait for one: a key
+/// is taken from the key server when its pack's install needs it and forgotten once the pack is decrypted, or its
+/// download is cancelled or settled. Never written to disk, never logged.
 final class PreloadKeyring: Sendable {
-    /// A download paused for its key's release (``PauseReason/awaitingRelease``): the key it waits for, and when to ask
-    /// for it next.
+    /// A download paused for its key's release (``PauseReason/awaitingRelease``): the key it waits for, when it is
+    /// released, and when to ask for it next.
     struct Wanted: Sendable, Hashable {
         var keyID: String
+        /// The manifest's release date; nil (a download recorded before release dates were) asks at once.
+        var releases: Date?
         var attempt = 0
+        /// The next request's earliest time, on the real clock (backoff and `Retry-After`).
         var next = Date.distantPast
         var asking = false
+        /// Refused for good (``PackDeliveryError/Code/preloadKeyRefused``): not asked again until wanted again.
+        var refused = false
     }
 
     private struct State {
@@ -24,52 +30,90 @@ final class PreloadKeyring: Sendable {
 
     private let state = Mutex(State())
 
-    /// The longest wait between two requests for a key that is not released yet.
-    static let maxDelay: TimeInterval = 8
+    /// The first wait after a key request that did not get the key; it doubles at each one, up to ``maxDelay``.
+    static let firstDelay: TimeInterval = 1
+    /// The longest wait between two requests for a key, unless the server's `Retry-After` asks for longer.
+    static let maxDelay: TimeInterval = 300
+    /// The longest `Retry-After` honoured (a server's clock far behind the release must not stop asking for days).
+    static let maxRetryAfter: TimeInterval = 86_400
 
     func key(_ keyID: String) -> PreloadKey? { self.state.withLock { $0.keys[keyID] } }
 
-    /// Keeps a key the server released (until ``forget(_:)``).
-    func keep(_ key: PreloadKey) { self.state.withLock { $0.keys[key.keyID] = key } }
+    /// The ids of the keys held (for tests: a key never outlives its install).
+    var heldKeyIDs: [String] { self.state.withLock { $0.keys.keys.sorted() } }
 
-    /// Forgets a key: its pack is decrypted.
+    /// Keeps a key the server released for `downloadID`, while that download still waits for it (until its install
+    /// decrypts, or ``drop(_:)``); a key for a download that no longer waits is not kept. Returns whether it was kept.
+    @discardableResult
+    func keep(_ key: PreloadKey, for downloadID: String) -> Bool {
+        self.state.withLock { state in
+            guard state.wanted[downloadID]?.keyID == key.keyID else { return false }
+            state.keys[key.keyID] = key
+            state.wanted[downloadID]?.asking = false
+            return true
+        }
+    }
+
+    /// Forgets a key: its pack is decrypted (or could not be).
     func forget(_ keyID: String) { _ = self.state.withLock { $0.keys.removeValue(forKey: keyID) } }
 
-    /// Notes that `downloadID` waits for `keyID`.
-    func want(_ downloadID: String, keyID: String) {
+    /// Notes that `downloadID` waits for `keyID`, released at `releases` (a download refused for good is asked for again).
+    func want(_ downloadID: String, keyID: String, releases: Date?) {
         self.state.withLock { state in
-            if state.wanted[downloadID]?.keyID != keyID { state.wanted[downloadID] = Wanted(keyID: keyID) }
+            if let wanted = state.wanted[downloadID], wanted.keyID == keyID, !wanted.refused { return }
+            state.wanted[downloadID] = Wanted(keyID: keyID, releases: releases)
         }
     }
 
-    /// Claims a request for the key `downloadID` waits for, when one is due and none runs: the key's id, or nil.
-    func claim(_ downloadID: String, now: Date, keyID: () -> String?) -> String? {
+    /// Claims a request for each key due: its download waits for it, none runs for it, its release date has come by
+    /// `clock` and its backoff has passed by `now`. Visits only the downloads that wait for a key.
+    func claimDue(now: Date, clock: Date) -> [(downloadID: String, keyID: String)] {
         self.state.withLock { state in
-            if state.wanted[downloadID] == nil, let id = keyID() { state.wanted[downloadID] = Wanted(keyID: id) }
-            guard var wanted = state.wanted[downloadID], !wanted.asking, wanted.next <= now else { return nil }
-            wanted.asking = true
-            state.wanted[downloadID] = wanted
-            return wanted.keyID
+            var due: [(downloadID: String, keyID: String)] = []
+            for (id, wanted) in state.wanted
+            where !wanted.asking && !wanted.refused && state.keys[wanted.keyID] == nil && wanted.next <= now
+                && (wanted.releases ?? .distantPast) <= clock
+            {
+                state.wanted[id]?.asking = true
+                due.append((id, wanted.keyID))
+            }
+            return due
         }
     }
 
-    /// The request for `downloadID`'s key was answered without the key: the next waits longer (0.5 s, doubling, at
-    /// most ``maxDelay``).
-    func refused(_ downloadID: String, now: Date) {
+    /// The request for `downloadID`'s key was answered without the key, for now: the next waits `retryAfter` when the
+    /// server gave one (at most ``maxRetryAfter``), and at least the backoff (``firstDelay``, doubling, at most
+    /// ``maxDelay``).
+    func notYet(_ downloadID: String, retryAfter: TimeInterval?, now: Date) {
         self.state.withLock { state in
             guard var wanted = state.wanted[downloadID] else { return }
+            let backoff = min(Self.maxDelay, Self.firstDelay * pow(2, Double(min(wanted.attempt, 16))))
             wanted.asking = false
-            wanted.next = now.addingTimeInterval(min(Self.maxDelay, 0.5 * pow(2, Double(min(wanted.attempt, 10)))))
+            wanted.next = now.addingTimeInterval(max(backoff, min(retryAfter ?? 0, Self.maxRetryAfter)))
             wanted.attempt += 1
             state.wanted[downloadID] = wanted
         }
     }
 
-    /// Whether some download waits for a key.
-    var isWaiting: Bool { self.state.withLock { !$0.wanted.isEmpty } }
+    /// The request for `downloadID`'s key was refused for good: not asked again until ``want(_:keyID:releases:)``.
+    func refused(_ downloadID: String) {
+        self.state.withLock { state in
+            state.wanted[downloadID]?.asking = false
+            state.wanted[downloadID]?.refused = true
+        }
+    }
 
-    /// `downloadID` waits for nothing any more.
-    func settled(_ downloadID: String) { _ = self.state.withLock { $0.wanted.removeValue(forKey: downloadID) } }
+    /// Whether some download waits for a key that may be asked for.
+    var isWaiting: Bool { self.state.withLock { state in state.wanted.values.contains { !$0.refused && state.keys[$0.keyID] == nil } } }
+
+    /// `downloadID` waits for nothing any more (cancelled, finished, failed, or paused by someone): it is forgotten, and
+    /// so is the key it waited for, unless another download waits for the same key.
+    func drop(_ downloadID: String) {
+        self.state.withLock { state in
+            guard let wanted = state.wanted.removeValue(forKey: downloadID) else { return }
+            if !state.wanted.values.contains(where: { $0.keyID == wanted.keyID }) { state.keys[wanted.keyID] = nil }
+        }
+    }
 }
 
 extension Installer {
@@ -96,15 +140,18 @@ extension Installer {
                 hint: "It is fetched again.", subject: archive.path)
         }
         guard let key = self.keyring.key(layout.keyID) else {
-            self.keyring.want(download.id, keyID: layout.keyID)
+            self.keyring.want(download.id, keyID: layout.keyID, releases: download.releaseDate)
             throw PackDeliveryError(
                 Self.awaitingRelease, message: "The preload pack \(PackDeliveryError.printable(name)) waits for its key's release.",
                 subject: name)
         }
+        // Used once, whatever the decryption's outcome: a wrong key or a failure asks for it again if ever needed.
+        defer {
+            self.keyring.drop(download.id)
+            self.keyring.forget(layout.keyID)
+        }
         let plain = Self.decryptedURL(for: archive)
         try PreloadPack.decrypt(archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part")
-        self.keyring.forget(layout.keyID)
-        self.keyring.settled(download.id)
         return plain
     }
 }

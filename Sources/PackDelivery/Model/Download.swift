@@ -113,9 +113,12 @@ public enum PauseReason: String, Sendable, Hashable, Codable {
     /// Prefetch or background work while someone holds quiet (``DownloadQueue/holdQuiet(reason:)``, `packs quiet`): it
     /// waits, its bytes kept, and goes on by itself once every hold is released.
     case quiet
-    /// A preload pack (``Manifest/Content/preload``) whose bytes are in and checked, kept encrypted: it waits for its key,
-    /// which the queue asks the key server for (with backoff) until the release, then decrypts and installs it without
-    /// fetching its bytes again.
+    /// A preload pack (``Manifest/Content/preload``) whose bytes are in and checked, kept encrypted: it waits for its key.
+    /// From ``Download/releaseDate`` on (never before), the queue asks the key server for it, with backoff (1 s doubling
+    /// to 5 min, never sooner than the server's `Retry-After`), then decrypts and installs it without fetching its bytes
+    /// again. A refusal for good (a credential that does not cover the product, a key the server does not hand out)
+    /// keeps it paused here, its bytes kept, with ``Download/error`` set (``PackDeliveryError/Code/preloadKeyRefused``):
+    /// show it and offer to renew the purchase; the key is asked for again when the download is resumed.
     case awaitingRelease
 
     /// Held by the machine's policy (the network, the window, quiet), not by anyone's action: it goes on by itself.
@@ -189,6 +192,10 @@ public struct Download: Sendable, Hashable, Codable, Identifiable {
     public var delivery: DeliveryPolicy = .essential
     /// The pack's index (absolute URL), when the manifest names one.
     var index: Manifest.IndexReference? = nil
+    /// For a preload pack (``Manifest/Content/preload``): when its key is released, from the manifest; nil for any other
+    /// pack. Until then the download is `paused` (``PauseReason/awaitingRelease``) once its encrypted bytes are in, and
+    /// no key is asked for; from then on the queue asks for it.
+    public var releaseDate: Date? = nil
 
     /// A delta update: the new version built from the installed files that did not change and the changed
     /// entries of the new pack, fetched with range requests.

@@ -104,6 +104,12 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         /// A preload pack does not decrypt with its key: its bytes were changed (see ``subject`` for the pack); the
         /// encrypted pack is kept and nothing is installed.
         public static let preloadDecryptionFailed = Code("preloadDecryptionFailed")
+        /// The key server refused a preload pack's key for good (``httpStatus``: 401 or 403 without `Retry-After`, a
+        /// credential that does not cover the product; 404 or 410, a key it does not hand out), or sent another key:
+        /// the download stays paused (``PauseReason/awaitingRelease``) with its encrypted bytes, and its key is not asked
+        /// for again until it is resumed (with other credentials, or once the server is fixed). See ``subject`` for the
+        /// pack.
+        public static let preloadKeyRefused = Code("preloadKeyRefused")
 
         // This machine.
         /// Not enough free space (see ``neededBytes`` and ``availableBytes``).
@@ -143,6 +149,7 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
                 .badData
             case .httpStatus, .networkUnreachable, .timedOut, .tooSlow, .networkFailure, .stalled: .network
             case .unauthorized: .unauthorized
+            case .preloadKeyRefused: .unauthorized
             case .insufficientStorage: .insufficientStorage
             case .cancelled: .cancelled
             default: .io

@@ -16,6 +16,7 @@ extension DownloadQueue {
             switch action {
             case .run(let id, let action):
                 if case .stopTransfer = action { stopped.insert(id) }
+                if case .deleteFiles = action { self.installer.keyring.drop(id) }  // cancelled: its preload key goes
                 if case .deleteFiles(let staging) = action, stopped.contains(id),
                     let download = self.driven({ $0.machine.download(id) })
                 {
@@ -546,7 +547,7 @@ extension DownloadQueue {
         RateBoard.shared.setCap(self.driven { $0.machine.policy.cap($0.machine.conditions) })
         RateBoard.shared.remeasure()
         self.moveSlowTransfers(now: Date())
-        if self.installer.keyring.isWaiting || ticks % 20 == 0 { self.askForPreloadKeys() }
+        if self.installer.keyring.isWaiting { self.askForPreloadKeys() }
         if ticks % 2 == 0 {
             self.save(includingProgress: true)
         } else {
@@ -584,7 +585,8 @@ extension DownloadQueue {
         // the purchase this queue joined waits for it.
         let orphans = records.filter { record in
             joined.contains(record.transactionID) && !(record.owner?.isAlive ?? false)
-                && (record.state.isRunning || record.phase != nil || record.pauseReason == .interrupted)
+                && (record.state.isRunning || record.phase != nil || record.pauseReason == .interrupted
+                    || record.pauseReason == .awaitingRelease)
         }
         if !orphans.isEmpty, let taken = try? self.take(orphans.map(\.id)) { self.resumeInterrupted(taken) }
         // Joined until this queue runs them, or they settled.

@@ -46,7 +46,8 @@ extension DownloadQueue {
     @discardableResult
     func takeOrphans(resumingInterrupted: Bool) throws(PackDeliveryError) -> [String] {
         let taken = try self.take(nil) { record in
-            record.state.isRunning || record.phase != nil || (resumingInterrupted && record.pauseReason == .interrupted)
+            record.state.isRunning || record.phase != nil
+                || (resumingInterrupted && (record.pauseReason == .interrupted || record.pauseReason == .awaitingRelease))
         }
         if resumingInterrupted { self.resumeInterrupted(taken) }
         return taken
@@ -115,6 +116,8 @@ extension DownloadQueue {
             }
             self.change { $0.own(machine, position: record.position) }
         }
+        // Those that wait for a preload's key: asked for from their release date on.
+        self.awaitKeys(of: taken)
         return taken
     }
 
@@ -163,21 +166,33 @@ extension DownloadQueue {
                     }
                     // downloads/<id>.pack; staging/<id>, or staging/<id>.s<token> for an unpack that followed a transfer.
                     // downloads/<id>.delta for the entries a delta update fetched, downloads/<id>.t<token>.index for an index.
+                    // A preload's plain pack, downloads/<id>.pack.decrypted (and .<id>.pack.decrypted.part while written):
+                    // kept only while its owner lives (a kill leaves no plaintext; the install decrypts again).
+                    let plain = Self.plainPackName(name)
                     let id =
                         folder == "downloads" && !name.hasSuffix(".index")
-                        ? [".pack", ".delta"].first(where: name.hasSuffix).map { String(name.dropLast($0.count)) } ?? name
+                        ? [".pack", ".delta"].first(where: (plain ?? name).hasSuffix).map { String((plain ?? name).dropLast($0.count)) }
+                            ?? name
                         : String(name.prefix { $0 != "." })
                     let record: DownloadRecord?
                     do { record = try self.store.downloadRecord(id) } catch { continue }  // the store cannot be read: leave it
                     if let record {
                         if let owner = record.owner, owner.isAlive { continue }
-                        if !record.state.isSettled, folder == "downloads" { continue }
+                        if !record.state.isSettled, folder == "downloads", plain == nil { continue }
                         if folder == "staging", name == id, record.stagingInode != nil, !record.state.isSettled { continue }
                     }
                     self.discard(item)
                 }
             }
         }
+    }
+
+    /// For the name of a preload's plain pack (``Installer/decryptedURL(for:)``, or the hidden `.part` it is written as),
+    /// the archive's name; nil for any other name.
+    static func plainPackName(_ name: String) -> String? {
+        if name.hasPrefix("."), name.hasSuffix(".decrypted.part") { return String(name.dropFirst().dropLast(".decrypted.part".count)) }
+        if name.hasSuffix(".decrypted") { return String(name.dropLast(".decrypted".count)) }
+        return nil
     }
 
     // MARK: Recent installs, verify and repair

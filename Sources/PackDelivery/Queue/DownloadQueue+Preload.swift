@@ -1,24 +1,38 @@
 import Foundation
 
 extension DownloadQueue {
-    /// Every tick: for each download paused for its key's release (``PauseReason/awaitingRelease``) whose next request is
-    /// due, asks the key server for the key (`GET /keys/<keyID>` at the pack's origin) through the same transfer options
-    /// and credentials as its pack; a key served is held in memory and the download goes on to its install (decrypting
-    /// the bytes it kept: no pack byte is fetched again). A refusal (403 before the release) is asked again later, with
-    /// backoff. Neither the key nor the credentials are logged.
+    /// Each tick while a download waits for a preload's key (``PauseReason/awaitingRelease``; only those, by the
+    /// keyring's set, are visited): asks the key server for the keys due (`GET /keys/<keyID>` at the pack's origin)
+    /// through the same transfer options and credentials as the pack.
+    ///
+    /// - No key is asked for before the manifest's release date (``Download/releaseDate``, by the queue's clock).
+    /// - A key served is held in memory and the download goes on to its install, which decrypts the bytes it kept (no
+    ///   pack byte is fetched again) and forgets the key.
+    /// - An answer that is not the key yet (403 with `Retry-After` before the release on the server's clock, 429, 5xx, a
+    ///   network failure) is asked again after a backoff: 1 s doubling to 5 min, and no sooner than the server's
+    ///   `Retry-After`.
+    /// - A refusal for good (401; 403 without `Retry-After`, a receipt of another product; 404 or 410, a key the server
+    ///   does not hand out; another key's bytes) leaves the download `paused(.awaitingRelease)`, its encrypted bytes
+    ///   kept, with ``Download/error`` set to ``PackDeliveryError/Code/preloadKeyRefused`` (the HTTP status in
+    ///   ``PackDeliveryError/httpStatus``): a store shows it and offers to renew the purchase; nothing is asked again
+    ///   until the download is resumed (``resume(_:)``) or the queue opens again.
+    ///
+    /// Neither the key nor the credentials are logged or put into an error.
     func askForPreloadKeys() {
-        let waiting = self.driven { state in
-            state.machine.entries.values.map(\.machine.download).filter { $0.state == .paused && $0.pauseReason == .awaitingRelease }
-        }
-        let now = Date()
         let keyring = self.installer.keyring
-        for download in waiting {
-            let archive = self.home.archiveURL(for: download)
-            guard
-                let keyID = keyring.claim(
-                    download.id, now: now, keyID: { try? PreloadPack.layout(of: archive, name: download.contentIdentifier).keyID })
-            else { continue }
-            guard let url = URL(string: "/keys/\(keyID)", relativeTo: download.url)?.absoluteURL else { continue }
+        let due = keyring.claimDue(now: Date(), clock: self.configuration.clock())
+        guard !due.isEmpty else { return }
+        let downloads = self.driven { state in due.map { state.machine.entries[$0.downloadID]?.machine.download } }
+        for ((downloadID, keyID), download) in zip(due, downloads) {
+            guard let download, download.state == .paused, download.pauseReason == .awaitingRelease else {
+                // Paused by someone, resumed or gone since: its install wants the key again if it still needs it.
+                keyring.drop(downloadID)
+                continue
+            }
+            guard let url = URL(string: "/keys/\(keyID)", relativeTo: download.url)?.absoluteURL else {
+                keyring.drop(downloadID)
+                continue
+            }
             var options = self.configuration.transfer
             let access = self.recordedAccess(download.transactionID)
             if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
@@ -26,39 +40,102 @@ extension DownloadQueue {
             } else {
                 options = options.withoutCredentials
             }
+            let name = download.contentIdentifier
             WorkerPool.shared.run { [weak self, options] in
-                let answer: Result<PreloadKey, PackDeliveryError>
+                let answer: KeyAnswer
                 do throws(PackDeliveryError) {
-                    let data = try Curl.fetch(url, options: options, maxBytes: PreloadKey.length)
-                    let key = try PreloadKey(bytes: data)
-                    guard key.keyID == keyID else {
-                        throw PackDeliveryError(.preloadKeyMismatch, message: "The key server sent another key.", subject: keyID)
-                    }
-                    answer = .success(key)
+                    answer = KeyAnswer(try Curl.get(url, options: options, maxBytes: 4096), keyID: keyID, name: name)
                 } catch {
-                    answer = .failure(error)
+                    answer = .notYet(status: error.code.rawValue, retryAfter: nil)
                 }
                 guard let self else { return }
-                self.driver.async { self.keyAnswered(answer, for: download.id, keyID: keyID) }
+                self.driver.async { self.keyAnswered(answer, for: downloadID, keyID: keyID) }
             }
         }
     }
 
-    private func keyAnswered(_ answer: Result<PreloadKey, PackDeliveryError>, for id: String, keyID: String) {
+    /// What a key request brought.
+    enum KeyAnswer: Sendable {
+        case key(PreloadKey)
+        /// Not yet: asked again after a backoff, no sooner than `retryAfter`.
+        case notYet(status: String, retryAfter: TimeInterval?)
+        case refused(PackDeliveryError)
+
+        /// What an HTTP answer to a key request means.
+        init(_ answer: (status: Int, body: Data, retryAfter: TimeInterval?), keyID: String, name: String) {
+            let printable = PackDeliveryError.printable(name)
+            switch answer.status {
+            case 200..<300:
+                if let key = try? PreloadKey(bytes: answer.body), key.keyID == keyID {
+                    self = .key(key)
+                } else {
+                    self = .refused(
+                        PackDeliveryError(
+                            .preloadKeyRefused,
+                            message: "The key server sent something else than the key of the preload pack \(printable).",
+                            hint: "Its encrypted bytes are kept; resume it once the server is fixed.", subject: name))
+                }
+            case 403 where answer.retryAfter != nil:
+                // Not released yet by the server's clock.
+                self = .notYet(status: "403", retryAfter: answer.retryAfter)
+            case 401, 403, 404, 410:
+                let why =
+                    answer.status == 404 || answer.status == 410
+                    ? "does not hand out the key of the preload pack \(printable)"
+                    : "refused the credentials for the key of the preload pack \(printable): they do not cover it"
+                self = .refused(
+                    PackDeliveryError(
+                        .preloadKeyRefused, message: "The key server \(why) (HTTP \(answer.status)).",
+                        hint:
+                            "Its encrypted bytes are kept; resume it with a receipt for the product, or once the server hands the key out.",
+                        subject: name, underlying: .init(.http, answer.status), httpStatus: answer.status))
+            default:
+                self = .notYet(status: String(answer.status), retryAfter: answer.retryAfter)
+            }
+        }
+    }
+
+    private func keyAnswered(_ answer: KeyAnswer, for id: String, keyID: String) {
         let keyring = self.installer.keyring
+        let awaiting = self.driven { $0.machine.entries[id]?.machine.download.pauseReason == .awaitingRelease }
         switch answer {
-        case .success(let key):
-            keyring.keep(key)
-            keyring.settled(id)
+        case .key(let key):
             self.logger.info("preload key released", metadata: ["download": "\(id)", "key": "\(keyID)"])
-            // Resumed only while it still waits for the key (not if someone paused or cancelled it meanwhile).
-            let awaiting = self.driven { $0.machine.entries[id]?.machine.download.pauseReason == .awaitingRelease }
-            if awaiting { self.change { $0.handle(id, .resume) } }
-        case .failure(let error):
-            keyring.refused(id, now: Date())
-            self.logger.info(
-                "preload key not served yet",
-                metadata: ["download": "\(id)", "key": "\(keyID)", "status": "\(error.httpStatus.map(String.init) ?? error.code.rawValue)"])
+            // Resumed only while it still waits for the key (not if someone paused or cancelled it meanwhile, and then
+            // the key is not kept).
+            if awaiting, keyring.keep(key, for: id) {
+                self.change { $0.handle(id, .resume) }
+            } else {
+                keyring.drop(id)
+            }
+        case .notYet(let status, let retryAfter):
+            keyring.notYet(id, retryAfter: retryAfter, now: Date())
+            self.logger.info("preload key not served yet", metadata: ["download": "\(id)", "key": "\(keyID)", "status": "\(status)"])
+        case .refused(let error):
+            keyring.refused(id)
+            self.logger.warning(
+                "preload key refused",
+                metadata: ["download": "\(id)", "key": "\(keyID)", "status": "\(error.httpStatus.map(String.init) ?? "-")"])
+            if awaiting { self.change { $0.handle(id, .abort(error)) } }
+        }
+    }
+
+    /// Notes in the keyring the downloads just taken that wait for their key (``PauseReason/awaitingRelease``), so that
+    /// it is asked for from their release date on.
+    func awaitKeys(of taken: [String]) {
+        for id in taken {
+            guard let download = self.driven({ $0.machine.download(id) }), download.pauseReason == .awaitingRelease else { continue }
+            let archive = self.home.archiveURL(for: download)
+            guard let keyID = try? PreloadPack.layout(of: archive, name: download.contentIdentifier).keyID else { continue }
+            self.installer.keyring.want(id, keyID: keyID, releases: download.releaseDate)
+        }
+    }
+
+    /// Whether a joined transaction has a download paused for its preload key's release (``PauseReason/awaitingRelease``)
+    /// that this queue does not run: it is taken over (``takeOverJoinedDeliveries()``) to ask for the key.
+    func awaitsKeyUnrun(_ transaction: Transaction) -> Bool {
+        transaction.downloads.contains { download in
+            download.pauseReason == .awaitingRelease && self.driven { $0.machine.entries[download.id] == nil }
         }
     }
 }

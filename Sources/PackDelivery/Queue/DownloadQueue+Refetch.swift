@@ -44,10 +44,12 @@ extension DownloadQueue {
         try self.onDriver { () throws(PackDeliveryError) in
             let idle = try self.store.downloadRecords(transactionIDs: ids).filter { record in
                 !record.state.isSettled && !(record.owner?.isAlive ?? false)
-                    && (record.state.isRunning || record.pauseReason == .interrupted)
+                    && (record.state.isRunning || record.pauseReason == .interrupted || record.pauseReason == .awaitingRelease)
             }
+            // One that waits for its preload key stays paused: taking it asks for the key from the release date on.
             let taken = try self.take(idle.map(\.id))
-            for id in taken where self.driven({ $0.machine.download(id)?.state == .paused }) {
+            for id in taken
+            where self.driven({ $0.machine.download(id).map { $0.state == .paused && $0.pauseReason != .awaitingRelease } ?? false }) {
                 self.change { $0.handle(id, .resume) }
             }
             // Saved at once: another process that joins it reads it resumed, not paused as it was left.

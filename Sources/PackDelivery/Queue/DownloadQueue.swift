@@ -97,6 +97,9 @@ public final class DownloadQueue: Sendable {
         /// The smallest window (``ChunkPlan/window(packLength:)``, 4 MiB for a pack of 256 MiB or more) from which a first
         /// install's consecutive windows share one range request; test-only, so that a small pack takes that path too.
         @_spi(Testing) public var joinedWindow: Int64 = DeltaTransfer.joinedWindow
+        /// The wall clock preload release dates (``Download/releaseDate``) are compared with; test-only, so that a test
+        /// moves a queue's time past a release. Backoff between key requests runs on the real clock.
+        @_spi(Testing) public var clock: @Sendable () -> Date = { Date() }
 
         /// A configuration; every parameter has the default a long-running host wants.
         public init(
@@ -474,7 +477,7 @@ public final class DownloadQueue: Sendable {
         for (position, product) in products.enumerated() {
             if let running = AddPlan.joined(product, destination: destination, force: force, open: open) {
                 joined[position] = try self.asFollowed(running)
-                if running.downloads.contains(where: { elsewhere.contains($0.id) }) {
+                if self.awaitsKeyUnrun(running) || running.downloads.contains(where: { elsewhere.contains($0.id) }) {
                     self.driven { _ = $0.joinedElsewhere.insert(running.id) }
                 }
                 continue
@@ -494,6 +497,7 @@ public final class DownloadQueue: Sendable {
             for (offset, content) in product.contents.enumerated() where offset < downloads.count {
                 // A preload's bytes are fetched whole and kept encrypted: no chunk of it is written before its key.
                 downloads[offset].index = content.preload == nil ? manifest.resolvedIndex(for: content) : nil
+                downloads[offset].releaseDate = content.preload?.releaseDate
                 if sources[offset].count > 1 {
                     downloads[offset].sources = sources[offset]
                     downloads[offset].credentialsToAllSources = manifest.manifest.credentialsToAllSources ?? false

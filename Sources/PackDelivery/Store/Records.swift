@@ -78,13 +78,15 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
     }
     /// When the pack is delivered; NULL (rows from before delivery policies) is `essential`.
     var delivery: DeliveryPolicy?
+    /// A preload's release date (``Download/releaseDate``); NULL for any other pack.
+    var releaseDate: Date?
 
     /// Every column of the table, for the queries that name one (`StoreTests` checks they match the table).
     enum Columns: String, ColumnExpression, CaseIterable {
         case id, transactionID, position, productIdentifier, contentIdentifier, contentVersion, contentLength, state
         case phase, progress, pauseReason, contentURL, error, url, sha256, unpackedLength, destination, bytesReceived
         case validator, partialPath, stagingInode, retriedFromZero, verified, request, ownerPID, ownerStart
-        case ownerQueue, indexReference, priority, sources, delivery
+        case ownerQueue, indexReference, priority, sources, delivery, releaseDate
     }
 
     init(
@@ -115,6 +117,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
         self.priority = download.priority
         self.sources = download.sources.map { .value(StoredSources(urls: $0, credentialsToAllSources: download.credentialsToAllSources)) }
         self.delivery = download.delivery
+        self.releaseDate = download.releaseDate
         self.stagingInode = stagingInode
         self.retriedFromZero = retriedFromZero
         self.verified = verified
@@ -146,7 +149,7 @@ struct DownloadRecord: Codable, FetchableRecord, PersistableRecord, Sendable {
             },
             url: URL(string: self.url) ?? URL(filePath: "/"), sha256: self.sha256, unpackedLength: self.unpackedLength,
             destination: self.destination, bytesReceived: self.bytesReceived, priority: self.priority ?? .essential,
-            delivery: self.delivery ?? .essential, index: self.indexReference?.value)
+            delivery: self.delivery ?? .essential, index: self.indexReference?.value, releaseDate: self.releaseDate)
         if let stored = self.sources?.value {
             download.sources = stored.urls
             download.credentialsToAllSources = stored.credentialsToAllSources

@@ -61,7 +61,8 @@ extension Store {
     /// The open transaction delivering the packs `transaction` would (its product, the same content identifiers and
     /// versions, into the same destination, none cancelled), with a download not yet settled that a live queue runs;
     /// with `adoptingRestores`, also a restore nobody runs (its unsettled downloads left running by a dead process or
-    /// paused `interrupted`, as a launch's repair leaves them in a process that does not resume), to take over.
+    /// paused `interrupted`, as a launch's repair leaves them in a process that does not resume), to take over; and a
+    /// preload nobody runs that waits for its key (``PauseReason/awaitingRelease``), to take over and ask for the key.
     static func openDelivery(like transaction: Transaction, adoptingRestores: Bool, in db: Database) throws -> String? {
         let wanted = Set(transaction.downloads.map { "\($0.contentIdentifier)\u{0}\($0.contentVersion)" })
         let destinations = Set(transaction.downloads.map(\.destination))
@@ -77,8 +78,11 @@ extension Store {
             let unsettled = downloads.filter { !$0.state.isSettled }
             if unsettled.contains(where: { $0.owner?.isAlive ?? false }) { return id }
             let idle = unsettled.allSatisfy {
-                ($0.owner.map { !$0.isAlive } ?? true) && ($0.state.isRunning || $0.pauseReason == .interrupted)
+                ($0.owner.map { !$0.isAlive } ?? true)
+                    && ($0.state.isRunning || $0.pauseReason == .interrupted || $0.pauseReason == .awaitingRelease)
             }
+            // A preload whose bytes are in, waiting for its key: joined and taken over, to ask for the key.
+            if idle, unsettled.contains(where: { $0.pauseReason == .awaitingRelease }) { return id }
             if adoptingRestores, (row["kind"] as String?) == TransactionKind.restored.rawValue, !unsettled.isEmpty, idle { return id }
         }
         return nil

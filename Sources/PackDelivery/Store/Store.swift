@@ -288,6 +288,10 @@ final class Store: Sendable {
                 t.primaryKey(["url", "keyID"])
             }
         }
+        migrator.registerMigration("v13: preload release dates") { db in
+            // NULL for the downloads recorded before, and for every pack that is not a preload.
+            try db.alter(table: "downloads") { t in t.add(column: "releaseDate", .datetime) }
+        }
         return migrator
     }
 

@@ -33,6 +33,24 @@ enum Curl {
     /// Fetches a small document (a manifest) into memory, following redirects.
     /// - Throws: ``PackDeliveryError`` of kind `network` with libcurl's message or the HTTP status.
     static func fetch(_ url: URL, options: TransferOptions, maxBytes: Int = 64 << 20) throws(PackDeliveryError) -> Data {
+        let answer = try self.get(url, options: options, maxBytes: maxBytes)
+        let status = answer.status
+        if url.isFileURL == false, !(200..<300).contains(status) {
+            throw PackDeliveryError(
+                status == 401 || status == 403 ? .unauthorized : .httpStatus,
+                message: "The server answered \(status) for \(url.redacted).",
+                hint: status == 401 || status == 403 ? "The server refused the credentials sent with the request." : "Check the URL.",
+                subject: url.redacted, underlying: .init(.http, status), httpStatus: status)
+        }
+        return answer.body
+    }
+
+    /// A small GET whose HTTP status is the caller's to judge: the status, the body and the response's `Retry-After` in
+    /// seconds (nil when it has none).
+    /// - Throws: ``PackDeliveryError`` for a failed transfer (libcurl's message), or a body over `maxBytes`.
+    static func get(
+        _ url: URL, options: TransferOptions, maxBytes: Int
+    ) throws(PackDeliveryError) -> (status: Int, body: Data, retryAfter: TimeInterval?) {
         self.globalInit()
         let easy = try CurlEasy(url: url)
         try easy.apply(options)
@@ -66,15 +84,9 @@ enum Curl {
                 hint: "Check the URL and that the server is reachable.", subject: url.redacted, underlying: .init(.curl, Int(code.rawValue))
             )
         }
-        let status = easy.responseCode
-        if url.isFileURL == false, !(200..<300).contains(status) {
-            throw PackDeliveryError(
-                status == 401 || status == 403 ? .unauthorized : .httpStatus,
-                message: "The server answered \(status) for \(url.redacted).",
-                hint: status == 401 || status == 403 ? "The server refused the credentials sent with the request." : "Check the URL.",
-                subject: url.redacted, underlying: .init(.http, status), httpStatus: status)
-        }
-        return data
+        var retryAfter: curl_off_t = 0
+        _ = ccurl_easy_getinfo_off_t(easy.handle, CURLINFO_RETRY_AFTER, &retryAfter)
+        return (easy.responseCode, data, retryAfter > 0 ? TimeInterval(retryAfter) : nil)
     }
 }
 
