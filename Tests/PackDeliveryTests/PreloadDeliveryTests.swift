@@ -41,6 +41,20 @@ import Testing
         return (try await DownloadQueue.open(home: Home(folder: homeFolder), configuration: configuration), homeFolder)
     }
 
+    /// The server's manifest, read with `receipt`.
+    static func manifest(_ server: PackServeProcess, receipt: String) async throws -> LoadedManifest {
+        try await LoadedManifest.load(
+            server.baseURL.appending(path: "manifest.json").absoluteString,
+            options: TransferOptions(headers: ["Authorization: Bearer \(receipt)"]))
+    }
+
+    /// Waits until download `id` of `queue` is paused awaiting its key's release.
+    static func waitForRelease(_ queue: DownloadQueue, _ id: String) async throws {
+        try await waitUntilAsync("the preload to pause awaiting its release", timeout: 60) {
+            try queue.downloads([id])[0].pauseReason == .awaitingRelease
+        }
+    }
+
     /// The request log's lines for the key.
     static func keyRequests(_ server: PackServeProcess, _ setup: KeyServerTests.Setup) -> [Substring] {
         server.log.split(separator: "\n").filter { $0.contains("/keys/\(setup.key.keyID)") }
@@ -52,18 +66,14 @@ import Testing
         let server = try setup.serve()
         defer { server.stop() }
         let receipt = try await setup.receipt("com.example.forest")
-        let manifest = try await LoadedManifest.load(
-            server.baseURL.appending(path: "manifest.json").absoluteString,
-            options: TransferOptions(headers: ["Authorization: Bearer \(receipt)"]))
+        let manifest = try await Self.manifest(server, receipt: receipt)
         // The queue's clock and the server's read the same file: both before the release.
         let (queue, homeFolder) = try await Self.queue("preload-e2e-home", clock: setup.clock)
         defer { try? FileManager.default.removeItem(at: homeFolder) }
         defer { queue.close() }
         let bought = try await queue.add(product: "com.example.forest", from: manifest, receipt: receipt)
         let id = try #require(bought.downloads.first?.id)
-        try await waitUntilAsync("the preload to pause awaiting its release", timeout: 60) {
-            try queue.downloads([id])[0].pauseReason == .awaitingRelease
-        }
+        try await Self.waitForRelease(queue, id)
         // Seconds later it still waits, its bytes kept encrypted (no file of the home holds plaintext), and no key was
         // asked for before the release date.
         try await Task.sleep(for: .seconds(3))
@@ -109,9 +119,7 @@ import Testing
         let clientClock = setup.root.appending(path: "client-clock")
         try Data("2026-12-01T00:00:01Z".utf8).write(to: clientClock)
         let receipt = try await setup.receipt("com.example.forest")
-        let manifest = try await LoadedManifest.load(
-            server.baseURL.appending(path: "manifest.json").absoluteString,
-            options: TransferOptions(headers: ["Authorization: Bearer \(receipt)"]))
+        let manifest = try await Self.manifest(server, receipt: receipt)
         let (queue, homeFolder) = try await Self.queue("preload-retry-home", clock: clientClock)
         defer { try? FileManager.default.removeItem(at: homeFolder) }
         defer { queue.close() }
@@ -143,9 +151,7 @@ import Testing
         defer { server.stop() }
         let forest = try await setup.receipt("com.example.forest")
         let ocean = try await setup.receipt("com.example.ocean")
-        let manifest = try await LoadedManifest.load(
-            server.baseURL.appending(path: "manifest.json").absoluteString,
-            options: TransferOptions(headers: ["Authorization: Bearer \(forest)"]))
+        let manifest = try await Self.manifest(server, receipt: forest)
         // The pack with the product's receipt, the key with another product's.
         let (queue, homeFolder) = try await Self.queue("preload-refused-home", clock: setup.clock) { request in
             ["Authorization: Bearer \(request.url.path.hasPrefix("/keys/") ? ocean : forest)"]
@@ -194,17 +200,13 @@ import Testing
         let server = try setup.serve()
         defer { server.stop() }
         let receipt = try await setup.receipt("com.example.forest")
-        let manifest = try await LoadedManifest.load(
-            server.baseURL.appending(path: "manifest.json").absoluteString,
-            options: TransferOptions(headers: ["Authorization: Bearer \(receipt)"]))
+        let manifest = try await Self.manifest(server, receipt: receipt)
         let (queue, homeFolder) = try await Self.queue("preload-cancel-home", clock: setup.clock)
         defer { try? FileManager.default.removeItem(at: homeFolder) }
         defer { queue.close() }
         let bought = try await queue.add(product: "com.example.forest", from: manifest, receipt: receipt)
         let id = try #require(bought.downloads.first?.id)
-        try await waitUntilAsync("the preload to pause awaiting its release", timeout: 60) {
-            try queue.downloads([id])[0].pauseReason == .awaitingRelease
-        }
+        try await Self.waitForRelease(queue, id)
         #expect(queue.installer.keyring.isWaiting)
         try queue.cancel([id])
         try await waitUntilAsync("the cancel", timeout: 30) { try queue.downloads([id])[0].state == .cancelled }
