@@ -248,11 +248,14 @@ struct ChunkAssembly {
         case .raw:
             return stored.count == size ? stored : nil
         case .zstdFrame:
-            var out = [UInt8](repeating: 0, count: size)
-            let result = out.withUnsafeMutableBytes { output in
-                stored.withUnsafeBytes { ZSTD_decompress(output.baseAddress, output.count, $0.baseAddress, $0.count) }
+            // Not zeroed first: the frame writes every byte, or the result is thrown away.
+            var matched = false
+            let out = [UInt8](unsafeUninitializedCapacity: size) { output, count in
+                let result = stored.withUnsafeBytes { ZstdContexts.decompress(into: UnsafeMutableRawBufferPointer(output), from: $0) }
+                matched = ZSTD_isError(result) == 0 && result == size
+                count = matched ? size : 0
             }
-            return ZSTD_isError(result) == 0 && result == size ? out : nil
+            return matched ? out : nil
         case .zstdFrameSlice:
             // Cut from its frame by ``FrameCache``, which knows the frame's size.
             return nil
