@@ -193,24 +193,39 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         public var description: String { "\(self.domain.rawValue) \(self.value)" }
     }
 
+    /// The error's fields, out of line: an error is large, and a download that has none still holds room for one (a
+    /// queue holds a download for each of its downloads; case 19 of the benchmark, 100,000).
+    private let fields: OutOfLine<Fields>
+    private struct Fields: Sendable, Hashable {
+        var code: Code
+        var message: String
+        var hint: String?
+        var subject: String?
+        var underlying: Underlying?
+        var httpStatus: Int?
+        var pendingDownloadIDs: [String]
+        var neededBytes: Int64?
+        var availableBytes: Int64?
+    }
+
     /// What went wrong, as a stable code.
-    public let code: Code
+    public var code: Code { self.fields.value.code }
     /// One human sentence: what happened.
-    public let message: String
+    public var message: String { self.fields.value.message }
     /// What to do next, when there is a useful hint (never names a command).
-    public let hint: String?
+    public var hint: String? { self.fields.value.hint }
     /// The archive entry, URL (without credentials) or file the error is about, when there is one.
-    public let subject: String?
+    public var subject: String? { self.fields.value.subject }
     /// The number behind the error (errno, libcurl, libarchive, HTTP, SQLite), when there is one.
-    public let underlying: Underlying?
+    public var underlying: Underlying? { self.fields.value.underlying }
     /// For `httpStatus` and `unauthorized`: the server's status.
-    public let httpStatus: Int?
+    public var httpStatus: Int? { self.fields.value.httpStatus }
     /// For `finishRefused`: the downloads that are neither finished nor cancelled.
-    public let pendingDownloadIDs: [String]
+    public var pendingDownloadIDs: [String] { self.fields.value.pendingDownloadIDs }
     /// For `insufficientStorage`: bytes needed, when measured.
-    public let neededBytes: Int64?
+    public var neededBytes: Int64? { self.fields.value.neededBytes }
     /// For `insufficientStorage`: bytes available, when measured.
-    public let availableBytes: Int64?
+    public var availableBytes: Int64? { self.fields.value.availableBytes }
 
     /// The broad class of the error (derived from ``code``).
     public var kind: Kind { self.code.kind }
@@ -231,15 +246,11 @@ public struct PackDeliveryError: Error, Sendable, Hashable, CustomStringConverti
         _ code: Code, message: String, hint: String? = nil, subject: String? = nil, underlying: Underlying? = nil,
         httpStatus: Int? = nil, pendingDownloadIDs: [String] = [], neededBytes: Int64? = nil, availableBytes: Int64? = nil
     ) {
-        self.code = code
-        self.message = Self.oneLine(message)
-        self.hint = hint.map(Self.oneLine)
-        self.subject = subject
-        self.underlying = underlying
-        self.httpStatus = httpStatus
-        self.pendingDownloadIDs = pendingDownloadIDs
-        self.neededBytes = neededBytes
-        self.availableBytes = availableBytes
+        self.fields = OutOfLine(
+            Fields(
+                code: code, message: Self.oneLine(message), hint: hint.map(Self.oneLine), subject: subject, underlying: underlying,
+                httpStatus: httpStatus, pendingDownloadIDs: pendingDownloadIDs, neededBytes: neededBytes,
+                availableBytes: availableBytes))
     }
 
     /// The message, followed by the hint when there is one.

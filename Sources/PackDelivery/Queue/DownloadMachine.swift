@@ -19,7 +19,6 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var archive: Archive
     /// The host can renew credentials (a provider is configured): a refusal (401, 403) is tried once more with fresh ones.
     var credentialsRenewable = false
-    private(set) var remedies = Remedies()
     var stagingInode: Int64?
     /// Failed attempts since bytes kept last reached a new high.
     private(set) var attempt = 0
@@ -29,8 +28,6 @@ struct DownloadMachine: Sendable, Hashable {
     private(set) var mostBytesKept: Int64 = 0
     /// Bytes of the partial file known to be on disk (synced): what a checkpoint records.
     private(set) var durableBytes: Int64
-    /// When bytes or phase progress last moved (for the watchdog).
-    private(set) var lastMovement = Date.distantPast
     /// The token of a transfer stopped by a pause that has not yet said how many bytes it kept: its final byte count
     /// still counts, whatever the stage is by then, and a `paused` stage is not reported until it came (``reportable``).
     /// Held here only, not in the stage: a resume before the stopped transfer ends leaves the stage but not this.
@@ -38,17 +35,59 @@ struct DownloadMachine: Sendable, Hashable {
     /// An install (which owns the staging folder) was started and has not returned. This is work in flight, not a
     /// stage: a download may be paused, cancelled or waiting to retry while a stopped install winds down.
     private(set) var installOutstanding = false
-    private var rate = RateEstimator()
+    /// What only a download that runs (or ran) needs, out of line: until it first starts, every machine shares one
+    /// (``Running/idle``), so that a queue of 100,000 waiting downloads does not hold ≈ 300 unused bytes for each.
+    private var running: OutOfLine<Running>
+
+    /// The state a download gathers once it runs: see ``DownloadMachine/running``.
+    private struct Running: Sendable, Hashable {
+        var remedies = Remedies()
+        var lastMovement = Date.distantPast
+        var rate = RateEstimator()
+        var sourceFailures: [URL: PackDeliveryError] = [:]
+        var badSources: Set<URL> = []
+        var sourceRetries: [URL: Int] = [:]
+        var facts = DeliveryFacts.none
+
+        /// Shared by every machine that has not run.
+        static let idle = OutOfLine(Running())
+    }
+
     let retryPolicy: RetryPolicy
+    private(set) var remedies: Remedies {
+        get { self.running.value.remedies }
+        _modify { yield &self.running.value.remedies }
+    }
+    /// When bytes or phase progress last moved (for the watchdog).
+    private(set) var lastMovement: Date {
+        get { self.running.value.lastMovement }
+        _modify { yield &self.running.value.lastMovement }
+    }
+    private var rate: RateEstimator {
+        get { self.running.value.rate }
+        _modify { yield &self.running.value.rate }
+    }
     /// The last error of each source that failed since the download last started on its first good source: once every
     /// source has one, the attempt counts as failed (and the error lists them all).
-    private(set) var sourceFailures: [URL: PackDeliveryError] = [:]
+    private(set) var sourceFailures: [URL: PackDeliveryError] {
+        get { self.running.value.sourceFailures }
+        _modify { yield &self.running.value.sourceFailures }
+    }
     /// Sources that served bytes other than the pack's: never asked again while this machine lives (this run).
-    private(set) var badSources: Set<URL> = []
+    private(set) var badSources: Set<URL> {
+        get { self.running.value.badSources }
+        _modify { yield &self.running.value.badSources }
+    }
     /// Retries after a 5xx each source had in this round (``RetryPolicy/sourceRetries`` at most).
-    private(set) var sourceRetries: [URL: Int] = [:]
+    private(set) var sourceRetries: [URL: Int] {
+        get { self.running.value.sourceRetries }
+        _modify { yield &self.running.value.sourceRetries }
+    }
     /// What the driver gathered when the queue last admitted the download: its transfers' plans are decided from them.
-    private(set) var facts = DeliveryFacts.none
+    private(set) var facts: DeliveryFacts {
+        get { self.running.value.facts }
+        _modify { yield &self.running.value.facts }
+    }
 
     init(
         download: Download, validator: String? = nil, retriedFromZero: Bool = false, archive: Archive = .partial,
@@ -60,6 +99,7 @@ struct DownloadMachine: Sendable, Hashable {
         self.archive = archive
         self.stagingInode = stagingInode
         self.retryPolicy = retryPolicy
+        self.running = Running.idle
         self.mostBytesKept = download.bytesReceived
         self.durableBytes = download.bytesReceived
         switch download.state {
@@ -431,7 +471,8 @@ struct DownloadMachine: Sendable, Hashable {
         case .waiting, .transferring, .waitingToRetry, .reloadingManifest, .installing, .finished, .cancelled: return []
         }
         // Renewed credentials or a fixed server: a refusal may ask for fresh credentials and read the manifest again.
-        self.remedies = Remedies()
+        // (Written only when changed: a machine that never ran keeps sharing the idle state, ``Running/idle``.)
+        if self.remedies != Remedies() { self.remedies = Remedies() }
         self.stage = .waiting
         return []
     }

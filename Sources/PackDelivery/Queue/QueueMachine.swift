@@ -58,16 +58,13 @@ struct QueueMachine: Sendable {
     }
 
     struct Entry: Sendable {
-        /// The download's machine, kept in a box of its own: a machine is about 1 KiB, and a table of 100,000 entries
-        /// holding them inline would keep the table's free buckets that size too (case 19 of the benchmark).
+        /// The download's machine, kept in a box of its own: a machine is hundreds of bytes, and a table of 100,000
+        /// entries holding them inline would keep the table's free buckets that size too (case 19 of the benchmark).
         var machine: DownloadMachine {
             get { self.box.value }
-            _modify {
-                if !isKnownUniquelyReferenced(&self.box) { self.box = MachineBox(self.box.value) }
-                yield &self.box.value
-            }
+            _modify { yield &self.box.value }
         }
-        private var box: MachineBox
+        private var box: OutOfLine<DownloadMachine>
         /// Position of the download in its transaction (saved with it).
         var position: Int
         /// Scheduling order among downloads of one priority: first added, first started; kept across pauses.
@@ -77,20 +74,10 @@ struct QueueMachine: Sendable {
         var heapRank = 0
 
         init(machine: DownloadMachine, position: Int, sequence: Int) {
-            self.box = MachineBox(machine)
+            self.box = OutOfLine(machine)
             self.position = position
             self.sequence = sequence
         }
-    }
-
-    /// One machine on the heap, copied on write by ``Entry``.
-    final class MachineBox: @unchecked Sendable {
-        // @unchecked Sendable: `value` (itself Sendable) is written only through `Entry.machine`'s `_modify`, which first
-        // makes the box unique (`isKnownUniquelyReferenced`, else a copy). A box reachable from two entries, and so
-        // perhaps from two threads, is therefore only ever read; a box that is written is owned by one entry, and that
-        // entry's owner (the driver, one thread at a time) is the only one to write it.
-        var value: DownloadMachine
-        init(_ value: DownloadMachine) { self.value = value }
     }
 
     enum Change: Int, Sendable, Comparable {
