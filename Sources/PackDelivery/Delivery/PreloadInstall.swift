@@ -130,7 +130,8 @@ extension Installer {
     /// with the key held in memory, which is then forgotten; nil for a plain pack.
     ///
     /// - Throws: ``awaitingRelease`` when the key is not held; `checksumMismatch` when `recheck` finds the archive
-    ///   changed; what ``PreloadPack/decrypt(_:to:key:name:)`` throws.
+    ///   changed; `insufficientStorage` (bytes needed and available) when the plain pack and its files do not fit; what
+    ///   ``PreloadPack/decrypt(_:to:key:name:)`` throws.
     func decryptedPreload(_ download: Download, archive: URL, recheck: Bool) throws(PackDeliveryError) -> URL? {
         let name = download.contentIdentifier
         guard let layout = try? PreloadPack.layout(of: archive, name: name) else { return nil }
@@ -151,6 +152,10 @@ extension Installer {
             self.keyring.forget(layout.keyID)
         }
         let plain = Self.decryptedURL(for: archive)
+        // Room for the plain pack and its unpacked files before a byte of plaintext is written: on a full disk the
+        // download pauses for space (``PauseReason/insufficientStorage``), its ciphertext kept, as any install's does.
+        try SpaceCheck.require(
+            download: layout.plainLength, unpacked: download.unpackedLength ?? layout.plainLength, at: plain.deletingLastPathComponent())
         try PreloadPack.decrypt(archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part")
         return plain
     }
