@@ -141,6 +141,10 @@ extension Installer {
                 hint: "It is fetched again.", subject: archive.path)
         }
         guard let key = self.keyring.key(layout.keyID) else {
+            // It may wait days for its release: the ciphertext is made durable before the download is recorded waiting
+            // for it, so that a power cut meanwhile does not lose what was fetched.
+            try Durability.syncFile(archive)
+            try Durability.syncFolder(archive.deletingLastPathComponent())
             self.keyring.want(download.id, keyID: layout.keyID, releases: download.releaseDate)
             throw PackDeliveryError(
                 Self.awaitingRelease, message: "The preload pack \(PackDeliveryError.printable(name)) waits for its key's release.",
