@@ -160,7 +160,10 @@ extension Installer {
         // download pauses for space (``PauseReason/insufficientStorage``), its ciphertext kept, as any install's does.
         try SpaceCheck.require(
             download: layout.plainLength, unpacked: download.unpackedLength ?? layout.plainLength, at: plain.deletingLastPathComponent())
-        try PreloadPack.decrypt(archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part")
+        // Not synced: it is unpacked at once and removed, and one a crash leaves is removed at the next launch (never
+        // used), so its bytes need not reach the disk (its pages go with the file, most of them unwritten).
+        try PreloadPack.decrypt(
+            archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part", durable: false)
         return plain
     }
 }
