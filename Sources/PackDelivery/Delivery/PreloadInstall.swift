@@ -130,7 +130,8 @@ extension Installer {
     /// with the key held in memory, which is then forgotten; nil for a plain pack.
     ///
     /// - Throws: ``awaitingRelease`` when the key is not held; `checksumMismatch` when `recheck` finds the archive
-    ///   changed; what ``PreloadPack/decrypt(_:to:key:name:)`` throws.
+    ///   changed; `insufficientStorage` (bytes needed and available) when the plain pack and its files do not fit; what
+    ///   ``PreloadPack/decrypt(_:to:key:name:)`` throws.
     func decryptedPreload(_ download: Download, archive: URL, recheck: Bool) throws(PackDeliveryError) -> URL? {
         let name = download.contentIdentifier
         guard let layout = try? PreloadPack.layout(of: archive, name: name) else { return nil }
@@ -140,6 +141,10 @@ extension Installer {
                 hint: "It is fetched again.", subject: archive.path)
         }
         guard let key = self.keyring.key(layout.keyID) else {
+            // It may wait days for its release: the ciphertext is made durable before the download is recorded waiting
+            // for it, so that a power cut meanwhile does not lose what was fetched.
+            try Durability.syncFile(archive)
+            try Durability.syncFolder(archive.deletingLastPathComponent())
             self.keyring.want(download.id, keyID: layout.keyID, releases: download.releaseDate)
             throw PackDeliveryError(
                 Self.awaitingRelease, message: "The preload pack \(PackDeliveryError.printable(name)) waits for its key's release.",
@@ -151,7 +156,14 @@ extension Installer {
             self.keyring.forget(layout.keyID)
         }
         let plain = Self.decryptedURL(for: archive)
-        try PreloadPack.decrypt(archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part")
+        // Room for the plain pack and its unpacked files before a byte of plaintext is written: on a full disk the
+        // download pauses for space (``PauseReason/insufficientStorage``), its ciphertext kept, as any install's does.
+        try SpaceCheck.require(
+            download: layout.plainLength, unpacked: download.unpackedLength ?? layout.plainLength, at: plain.deletingLastPathComponent())
+        // Not synced: it is unpacked at once and removed, and one a crash leaves is removed at the next launch (never
+        // used), so its bytes need not reach the disk (its pages go with the file, most of them unwritten).
+        try PreloadPack.decrypt(
+            archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part", durable: false)
         return plain
     }
 }

@@ -139,8 +139,10 @@ extension PreloadPack {
     }
 
     /// ``decrypt(_:to:key:name:)``, writing to `temporaryName` beside `plain` (nil: one named for this process).
+    /// - Parameter durable: sync the plain pack and its folder; an install's plain pack is not (it is read at once and
+    ///   removed, and one left by a crash is removed, never used), so that its bytes need never reach the disk.
     static func decrypt(
-        _ encrypted: URL, to plain: URL, key: PreloadKey, name: String, temporaryName: String?
+        _ encrypted: URL, to plain: URL, key: PreloadKey, name: String, temporaryName: String?, durable: Bool = true
     ) throws(PackDeliveryError) {
         let input = open(encrypted.path, O_RDONLY | O_CLOEXEC)
         guard input >= 0 else { throw .io("open", path: encrypted.path, errno: errno) }
@@ -157,7 +159,7 @@ extension PreloadPack {
             memset(buffer.baseAddress!, 0, buffer.count)
             buffer.deallocate()
         }
-        try Self.replace(plain, temporaryName: temporaryName) { (fd) throws(PackDeliveryError) in
+        try Self.replace(plain, temporaryName: temporaryName, durable: durable) { (fd) throws(PackDeliveryError) in
             for segment in layout.segments {
                 let bytes = UnsafeMutableRawBufferPointer(rebasing: buffer[0..<Int(segment.length)])
                 try Self.read(input, into: bytes, at: segment.offset, path: encrypted.path)
@@ -169,10 +171,10 @@ extension PreloadPack {
         }
     }
 
-    /// Writes a new file beside `target` with `body`, syncs it and renames it over `target`, then syncs the folder; a
-    /// failure removes the new file and leaves `target` as it was.
+    /// Writes a new file beside `target` with `body`, syncs it and renames it over `target`, then syncs the folder (no
+    /// sync unless `durable`); a failure removes the new file and leaves `target` as it was.
     static func replace(
-        _ target: URL, temporaryName: String? = nil, body: (Int32) throws(PackDeliveryError) -> Void
+        _ target: URL, temporaryName: String? = nil, durable: Bool = true, body: (Int32) throws(PackDeliveryError) -> Void
     ) throws(PackDeliveryError) {
         let temporary = target.deletingLastPathComponent().appending(
             path: temporaryName ?? ".\(target.lastPathComponent).part-\(getpid())")
@@ -181,7 +183,7 @@ extension PreloadPack {
         var failure: PackDeliveryError?
         do throws(PackDeliveryError) {
             try body(fd)
-            if fsync(fd) != 0 { failure = .io("sync", path: temporary.path, errno: errno) }
+            if durable, fsync(fd) != 0 { failure = .io("sync", path: temporary.path, errno: errno) }
         } catch { failure = error }
         close(fd)
         if failure == nil, rename(temporary.path, target.path) != 0 { failure = .io("rename", path: target.path, errno: errno) }
@@ -189,6 +191,7 @@ extension PreloadPack {
             unlink(temporary.path)
             throw failure
         }
+        guard durable else { return }
         let folder = open(target.deletingLastPathComponent().path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         if folder >= 0 {
             fsync(folder)

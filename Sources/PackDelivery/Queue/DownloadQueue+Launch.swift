@@ -74,12 +74,15 @@ extension DownloadQueue {
         }
     }
 
-    /// For the agent: whether any download this queue owns waits or runs (an agent with none may stop when idle).
-    /// Asks the queue's machine, not the store, so that it costs nothing next to a large queue; waits for the driver
-    /// (busy for seconds while a catalog is recorded) on a thread of its own, not on the caller's.
+    /// For the agent: whether any download this queue owns waits or runs, or waits for its preload key's release (an
+    /// agent with none may stop when idle; one that stopped would ask no key at the release, and the preload would
+    /// install only once a client starts it again). Asks the queue's machine, not the store, so that it costs nothing
+    /// next to a large queue; waits for the driver (busy for seconds while a catalog is recorded) on a thread of its
+    /// own, not on the caller's.
     @_spi(Agent) public var hasRunningDownloads: Bool {
         get async {
-            (try? await Blocking.run { self.driven { $0.machine.entries.values.contains { $0.machine.state.isRunning } } })
+            if self.installer.keyring.isWaiting { return true }
+            return (try? await Blocking.run { self.driven { $0.machine.entries.values.contains { $0.machine.state.isRunning } } })
                 ?? false
         }
     }

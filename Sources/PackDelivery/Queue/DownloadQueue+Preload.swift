@@ -11,7 +11,9 @@ extension DownloadQueue {
     /// - An answer that is not the key yet (403 with `Retry-After` before the release on the server's clock, 429, 5xx, a
     ///   network failure) is asked again after a backoff: 1 s doubling to 5 min, and no sooner than the server's
     ///   `Retry-After`.
-    /// - A refusal for good (401; 403 without `Retry-After`, a receipt of another product; 404 or 410, a key the server
+    /// - A 401 asks the credential provider (``DownloadQueue/Configuration/credentials``) again with ``CredentialRequest/refused`` set,
+    ///   as a pack request's 401 does, and the key once more with the credentials it gives, at once.
+    /// - A refusal for good (401 again, or with no provider; 403 without `Retry-After`, a receipt of another product; 404 or 410, a key the server
     ///   does not hand out; another key's bytes) leaves the download `paused(.awaitingRelease)`, its encrypted bytes
     ///   kept, with ``Download/error`` set to ``PackDeliveryError/Code/preloadKeyRefused`` (the HTTP status in
     ///   ``PackDeliveryError/httpStatus``): a store shows it and offers to renew the purchase; nothing is asked again
@@ -33,18 +35,21 @@ extension DownloadQueue {
                 keyring.drop(downloadID)
                 continue
             }
-            var options = self.configuration.transfer
             let access = self.recordedAccess(download.transactionID)
-            if download.mayCarryCredentials(manifestURL: access?.manifestURL) {
-                options.headers += self.credentialHeaders(for: download, url: url, refused: false, receipt: access?.receipt)
-            } else {
-                options = options.withoutCredentials
-            }
+            let first = self.keyRequestOptions(for: download, url: url, access: access, refused: false)
+            // A 401 asks the credential provider for fresh credentials, as a pack request's does (on the queue's
+            // thread), and the key once more with them; only a second 401 is a refusal.
+            let renews = download.mayCarryCredentials(manifestURL: access?.manifestURL) && self.configuration.credentials != nil
             let name = download.contentIdentifier
-            WorkerPool.shared.run { [weak self, options] in
+            WorkerPool.shared.run { [weak self, first] in
                 let answer: KeyAnswer
                 do throws(PackDeliveryError) {
-                    answer = KeyAnswer(try Curl.get(url, options: options, maxBytes: 4096), keyID: keyID, name: name)
+                    var reply = try Curl.get(url, options: first, maxBytes: 4096)
+                    if reply.status == 401, renews, let self {
+                        let fresh = self.driven { _ in self.keyRequestOptions(for: download, url: url, access: access, refused: true) }
+                        reply = try Curl.get(url, options: fresh, maxBytes: 4096)
+                    }
+                    answer = KeyAnswer(reply, keyID: keyID, name: name)
                 } catch {
                     answer = .notYet(status: error.code.rawValue, retryAfter: nil)
                 }
@@ -52,6 +57,17 @@ extension DownloadQueue {
                 self.driver.async { self.keyAnswered(answer, for: downloadID, keyID: keyID) }
             }
         }
+    }
+
+    /// The transfer options of a request for `download`'s key at `url`: the queue's, with the transaction's credentials
+    /// (the provider's, `refused` after a 401, and the receipt) where the pack may carry them.
+    private func keyRequestOptions(
+        for download: Download, url: URL, access: TransactionAccessRecord?, refused: Bool
+    ) -> TransferOptions {
+        var options = self.configuration.transfer
+        guard download.mayCarryCredentials(manifestURL: access?.manifestURL) else { return options.withoutCredentials }
+        options.headers += self.credentialHeaders(for: download, url: url, refused: refused, receipt: access?.receipt)
+        return options
     }
 
     /// What a key request brought.

@@ -46,6 +46,11 @@ enum Durability {
         try Self.sync(url.path, directory: true)
     }
 
+    /// `fsync` of a file, so that its data is durable (a preload's ciphertext, kept until its release).
+    static func syncFile(_ url: URL) throws(PackDeliveryError) {
+        try Self.sync(url.path, directory: false)
+    }
+
     /// `fdatasync` of a file's data (not its times), for the partial download.
     static func syncData(_ fd: Int32) -> Int32 {
         fdatasync(fd) == 0 ? 0 : errno
