@@ -32,7 +32,7 @@ import Testing
             let priority: DownloadPriority = n % 1000 == 999 ? .essential : .background
             actions += queue.own(MeteredMachineTests.download("d-\(n)", length: 1000, priority: priority), position: 0)
         }
-        var started = QueueMachineTests.admitAll(&queue, actions)
+        let started = QueueMachineTests.admitAll(&queue, actions)
         _ = queue.takeChanges(includingProgress: true)
         #expect(started == ["d-0", "d-1", "d-2", "d-3"], "the first four take the slots: \(started)")
 

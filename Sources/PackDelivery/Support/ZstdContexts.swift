@@ -18,8 +18,8 @@ enum ZstdContexts {
         deinit { ZSTD_freeDCtx(self.pointer) }
     }
 
-    /// The contexts kept, at most: one a check in flight and a few more; any beyond are freed.
-    static let kept = 8
+    /// The contexts kept, at most: one a check in flight (``ChunkSink/checksInFlight``); any beyond are freed.
+    static let kept = 4
     private static let pool = Mutex<[Context]>([])
 
     /// Decodes the whole zstd frame(s) in `input` into `output`: the bytes written, or a zstd error code (see
