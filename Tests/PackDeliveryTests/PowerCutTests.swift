@@ -4,7 +4,7 @@ import PackTestSupport
 import Synchronization
 import Testing
 
-private let powerCutSkipped = Comment(
+let powerCutSkipped = Comment(
     rawValue: "\(PowerCutDisk.unavailableReason ?? ""); the durable order is still exercised by every other install test")
 
 /// Power cuts: the home lives on an ext4 filesystem whose power is cut (EXT4_IOC_SHUTDOWN with

@@ -8,9 +8,7 @@ import Testing
 /// of its install (`PACKS_TEST_PAUSE_AT`) and the power cut there. After the remount the pack is either not installed
 /// with its ciphertext kept, or installed with `packs verify` passing; `packs resume` then installs it with no pack
 /// byte fetched again and no plaintext left.
-@Suite(
-    .timeLimit(.minutes(5)), .serialized,
-    .enabled(if: PowerCutDisk.unavailableReason == nil, Comment(rawValue: PowerCutDisk.unavailableReason ?? "")))
+@Suite(.timeLimit(.minutes(5)), .serialized, .enabled(if: PowerCutDisk.unavailableReason == nil, powerCutSkipped))
 struct PreloadPowerCutTests {
     @Test(arguments: [PowerCutTests.Moment.midUnpack, .beforeRename, .afterRename])
     func aCutDuringTheDecryptingInstallLeavesTheCiphertextOrTheInstall(moment: PowerCutTests.Moment) async throws {
