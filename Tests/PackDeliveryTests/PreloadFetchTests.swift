@@ -1,7 +1,8 @@
 import Foundation
-import PackDelivery
 import PackTestSupport
 import Testing
+
+@testable import PackDelivery
 
 /// `packs fetch MANIFEST PRODUCT` of a preload, with no agent (issue 46): before the release it downloads the encrypted
 /// pack, asks for no key, and exits 75 saying when the release is and what to do; the same fetch after the release
@@ -47,15 +48,25 @@ import Testing
         #expect(keyLines().count == 1 && keyLines().allSatisfy { $0.contains(" 200 ") }, "\(keyLines())")
     }
 
-    /// The plain-pack files a home holds (a preload decrypted for its install, or being decrypted).
+    /// The plain-pack files a home holds (a zip preload decrypted for its install, or being decrypted).
     static func plaintextFiles(_ home: URL) -> [String] {
         guard let walker = FileManager.default.enumerator(atPath: home.path) else { return [] }
         return walker.compactMap { $0 as? String }.filter { $0.hasSuffix(".decrypted") || $0.hasSuffix(".decrypted.part") }
     }
 
-    /// A SIGKILL while the release installs (its plain pack decrypted, the unpack under way) leaves it resumable: `packs
-    /// resume` asks for the key again, decrypts the kept bytes once more and installs, with no pack byte fetched again,
-    /// and no plaintext file is left in the home.
+    /// The regular files under a home's staging folders (an unpack under way).
+    static func stagedFiles(_ home: URL) -> [String] {
+        guard let walker = FileManager.default.enumerator(atPath: home.path) else { return [] }
+        return walker.compactMap { $0 as? String }.filter {
+            $0.contains("staging/")
+                && (try? FileManager.default.attributesOfItem(atPath: home.appending(path: $0).path)[.type] as? FileAttributeType)
+                    == .typeRegular
+        }
+    }
+
+    /// A SIGKILL while the release installs (the unpack under way, decrypting the kept bytes as it reads them) leaves
+    /// it resumable: `packs resume` asks for the key again, decrypts the kept bytes once more and installs, with no pack
+    /// byte fetched again. No plain pack is written at any time: the tar.zst is decrypted straight into its unpack.
     @Test func aKillDuringTheDecryptingInstallResumesAndLeavesNoPlaintext() async throws {
         let setup = try await KeyServerTests.Setup("preload-kill")
         defer { setup.remove() }
@@ -64,6 +75,7 @@ import Testing
         defer { server.stop() }
         let receipt = setup.root.appending(path: "receipt")
         try Data(try await setup.receipt("com.example.forest").utf8).write(to: receipt)
+        let description = try #require(try PreloadPack.description(of: setup.site.appending(path: "forest.tar.zst")))
         let home = try Fixtures.temporaryDirectory("preload-kill-home")
         defer { try? FileManager.default.removeItem(at: home) }
         let process = Process()
@@ -81,13 +93,13 @@ import Testing
             if process.isRunning { kill(process.processIdentifier, SIGKILL) }
             process.waitUntilExit()
         }
-        try await waitUntilAsync("the release's plain pack, decrypted for its install", timeout: 60) {
-            !Self.plaintextFiles(home).isEmpty
+        try await waitUntilAsync("the release's unpack to write its first file into staging", timeout: 60) {
+            !Self.stagedFiles(home).isEmpty
         }
-        try await Task.sleep(for: .milliseconds(300))
+        #expect(Self.plaintextFiles(home).isEmpty, "no plain pack file: \(Self.plaintextFiles(home))")
+        #expect(!(try PreloadDeliveryTests.digests(under: home)).contains(description.plain.sha256), "no plain pack written")
         kill(process.processIdentifier, SIGKILL)
         process.waitUntilExit()
-        #expect(!Self.plaintextFiles(home).isEmpty, "killed during the decrypting install")
 
         let resumed = try CLI.run(
             home: home, ["resume", "--receipt", receipt.path], timeout: 120, environment: ["PACKS_TEST_CLOCK_FILE": setup.clock.path])

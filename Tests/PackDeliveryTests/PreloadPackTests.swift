@@ -101,6 +101,19 @@ import Testing
         #expect(
             try Data(contentsOf: installed.appending(path: "Contents/levels/level7.txt"))
                 == Data(contentsOf: fixture.content.appending(path: "Contents/levels/level7.txt")))
+        if format != .zip {
+            // Unpacked straight from the ciphertext, decrypted as it is read (an install's way): the same files.
+            let streamed = fixture.root.appending(path: "streamed")
+            try FileManager.default.createDirectory(at: streamed, withIntermediateDirectories: true)
+            let decryption = try PreloadPack.Decryption(layout: layout, key: fixture.key, name: "com.example.forest")
+            _ = try Unpacker.unpack(archive: encrypted, into: streamed, limits: UnpackLimits(maxBytes: 1 << 30), decryption: decryption)
+            for file in ["Contents/data.bin", "Contents/levels/level7.txt"] {
+                #expect(
+                    try Fixtures.sha256Hex(of: streamed.appending(path: file))
+                        == Fixtures.sha256Hex(of: fixture.content.appending(path: file)))
+            }
+            #expect(decryption.position > 3_000_000, "read through the ciphertext: \(decryption.position) of \(layout.plainLength)")
+        }
         let names = try FileManager.default.contentsOfDirectory(atPath: fixture.site.path).sorted()
         #expect(names == ["forest.\(format.rawValue)", "forest.\(format.rawValue).index.json", "forest.\(format.rawValue).preload.json"])
     }
@@ -139,6 +152,24 @@ import Testing
         #expect(!shown.contains(SHA256Hasher.hex(Array(fixture.key.data))))
         #expect(try Fixtures.sha256Hex(of: encrypted) == changed, "the encrypted bytes are kept as they are")
         #expect(try FileManager.default.contentsOfDirectory(atPath: output.path).isEmpty, "no plain pack, no partial file")
+
+        // Unpacked straight from the ciphertext, as an install does: the changed segment's tag stops the unpack.
+        let staging = fixture.root.appending(path: "staging")
+        try FileManager.default.createDirectory(at: staging, withIntermediateDirectories: true)
+        let layout = try PreloadPack.layout(of: encrypted, name: "com.example.forest")
+        #expect(throws: PackDeliveryError.self) {
+            do throws(PackDeliveryError) {
+                _ = try Unpacker.unpack(
+                    archive: encrypted, into: staging, limits: UnpackLimits(maxBytes: 1 << 30),
+                    decryption: try PreloadPack.Decryption(layout: layout, key: fixture.key, name: "com.example.forest"))
+            } catch {
+                #expect(error.code == .preloadDecryptionFailed && error.subject == "com.example.forest", "\(error)")
+                throw error
+            }
+        }
+        #expect(
+            (try? PreloadPack.Decryption(layout: layout, key: PreloadKey.generate(), name: "com.example.forest")) == nil,
+            "a key that is not the pack's is refused before a byte is decrypted")
         #expect(!"\(fixture.key)".contains(SHA256Hasher.hex(Array(fixture.key.data))))
     }
 

@@ -112,17 +112,23 @@ struct Installer: Sendable {
                 summary = tree.summary
                 progress(.unpacking, 0)
             case .archive(let recheck, let streamed, let index):
-                if let plain = try self.decryptedPreload(download, archive: archive, recheck: recheck) {
-                    // A preload: its plain pack, decrypted now, is unpacked (the stream saw only ciphertext).
-                    streamed?.discard()
+                let preload = try self.preload(download, archive: archive, recheck: recheck)
+                // A preload's unpack while it downloaded saw only ciphertext.
+                if preload != nil { streamed?.discard() }
+                switch preload {
+                case nil:
+                    summary = try self.unpacked(
+                        download, archive: archive, staging: staging, recheck: recheck, streamed: streamed, index: index,
+                        progress: progress, cancel: cancel)
+                case .decrypting(let decryption)?:
+                    summary = try self.unpacked(
+                        download, archive: archive, staging: staging, recheck: false, streamed: nil, index: index, progress: progress,
+                        cancel: cancel, decryption: decryption)
+                case .decrypted(let plain)?:
                     defer { unlink(plain.path) }
                     summary = try self.unpacked(
                         download, archive: plain, staging: staging, recheck: false, streamed: nil, index: index, progress: progress,
                         cancel: cancel)
-                } else {
-                    summary = try self.unpacked(
-                        download, archive: archive, staging: staging, recheck: recheck, streamed: streamed, index: index,
-                        progress: progress, cancel: cancel)
                 }
             }
             if !summary.filesHashed {
@@ -156,13 +162,14 @@ struct Installer: Sendable {
 
     /// The verified archive's tree in `staging`: the unpack that ran while it downloaded, taken when it can be (a zip's
     /// held to its central directory), else the archive unpacked now.
+    /// - Parameter decryption: the archive is a preload pack's ciphertext, decrypted as it is unpacked.
     private func unpacked(
         _ download: Download, archive: URL, staging: URL, recheck: Bool, streamed: StreamedUnpack?, index: IndexFetch?,
-        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag
+        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag, decryption: PreloadPack.Decryption? = nil
     ) throws(PackDeliveryError) -> UnpackSummary {
         var info = stat()
         guard stat(archive.path, &info) == 0 else { throw Self.fileError("open the pack", archive.path, errno) }
-        let packLength = Int64(info.st_size)
+        let packLength = decryption?.layout.plainLength ?? Int64(info.st_size)
         let expected = Double(download.unpackedLength ?? max(packLength, 1))
         progress(.unpacking, 0)
         switch recheck ? nil : streamed?.take(cancel: cancel, progress: { progress(.unpacking, min(0.99, Double($0) / expected)) }) {
@@ -196,7 +203,7 @@ struct Installer: Sendable {
         if !recheck, case .digests? = index?.wait(cancel: cancel) { indexed = true }
         return try self.unpack(
             download, archive: archive, staging: staging, length: packLength, recheck: recheck, progress: progress, cancel: cancel,
-            hashFiles: !indexed)
+            hashFiles: !indexed, decryption: decryption)
     }
 
     /// Checks the tree in `staging`, makes it durable, journals the move and moves it into place.
@@ -239,10 +246,13 @@ struct Installer: Sendable {
     }
 
     /// Unpacks the archive into a new staging folder (after hashing it again, with `recheck`).
-    /// - Parameter hashFiles: hash the files as they are written; false when the pack's index gives their digests.
+    /// - Parameters:
+    ///   - hashFiles: hash the files as they are written; false when the pack's index gives their digests.
+    ///   - decryption: the archive is a preload pack's ciphertext (never a zip), decrypted as it is unpacked.
     private func unpack(
         _ download: Download, archive: URL, staging: URL, length packLength: Int64, recheck: Bool,
-        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag, hashFiles: Bool = true
+        progress: @escaping (DownloadPhase, Double) -> Void, cancel: CancelFlag, hashFiles: Bool = true,
+        decryption: PreloadPack.Decryption? = nil
     ) throws(PackDeliveryError) -> UnpackSummary {
         try Self.removeTree(staging)
         if mkdir(staging.path, 0o700) != 0 { throw Self.fileError("create the staging folder", staging.path, errno) }
@@ -251,7 +261,7 @@ struct Installer: Sendable {
             try self.recheck(download, archive: archive, length: packLength, progress: { progress(.verifying, $0) }, cancel: cancel)
         }
         // A zip's central directory: checked, and the CRC-32s its files are recorded with.
-        let listing = try ZipDirectories.listing(archive)
+        let listing = decryption == nil ? try ZipDirectories.listing(archive) : nil
         if let listing { try ZipDirectories.check(listing) }
         try SpaceCheck.require(unpacked: download.unpackedLength ?? packLength, at: staging.deletingLastPathComponent())
         let limit = self.limits.maxBytes(packLength: packLength, unpackedLength: download.unpackedLength)
@@ -268,7 +278,7 @@ struct Installer: Sendable {
                     self.hook?(.unpacking)
                 }
             },
-            isCancelled: { cancel.isCancelled }, writer: self.writer, hashFiles: hashFiles)
+            isCancelled: { cancel.isCancelled }, writer: self.writer, hashFiles: hashFiles, decryption: decryption)
         return summary
     }
 

@@ -121,18 +121,27 @@ extension Installer {
     /// (``PauseReason/awaitingRelease``) and the queue asks the key server for the key. Never seen outside.
     static let awaitingRelease = PackDeliveryError.Code("awaitingRelease")
 
-    /// Where a preload pack's plain bytes are decrypted to for its install (removed once unpacked).
+    /// Where a zip preload pack's plain bytes are decrypted to for its install (removed once unpacked).
     static func decryptedURL(for archive: URL) -> URL {
         archive.deletingLastPathComponent().appending(path: archive.lastPathComponent + ".decrypted")
     }
 
-    /// For a preload pack (an archive that ends with ``PreloadPack``'s trailer): its plain pack, decrypted beside it
-    /// with the key held in memory, which is then forgotten; nil for a plain pack.
+    /// How a preload pack's install reads its plain bytes.
+    enum PreloadSource {
+        /// Decrypted as they are unpacked, straight from the ciphertext: a tar, compressed or not.
+        case decrypting(PreloadPack.Decryption)
+        /// Decrypted to this file first: a zip, whose central directory is read before its entries.
+        case decrypted(URL)
+    }
+
+    /// For a preload pack (an archive that ends with ``PreloadPack``'s trailer): how its install reads the plain bytes,
+    /// with the key held in memory, which the keyring then forgets; nil for a plain pack.
     ///
     /// - Throws: ``awaitingRelease`` when the key is not held; `checksumMismatch` when `recheck` finds the archive
-    ///   changed; `insufficientStorage` (bytes needed and available) when the plain pack and its files do not fit; what
-    ///   ``PreloadPack/decrypt(_:to:key:name:)`` throws.
-    func decryptedPreload(_ download: Download, archive: URL, recheck: Bool) throws(PackDeliveryError) -> URL? {
+    ///   changed; `preloadKeyMismatch` when the key is not the pack's; for a zip, `insufficientStorage` (bytes needed
+    ///   and available) when the plain pack and its files do not fit, and what ``PreloadPack/decrypt(_:to:key:name:)``
+    ///   throws.
+    func preload(_ download: Download, archive: URL, recheck: Bool) throws(PackDeliveryError) -> PreloadSource? {
         let name = download.contentIdentifier
         guard let layout = try? PreloadPack.layout(of: archive, name: name) else { return nil }
         if recheck, try SHA256Hasher.hexDigest(ofFile: archive) != download.sha256.lowercased() {
@@ -150,11 +159,22 @@ extension Installer {
                 Self.awaitingRelease, message: "The preload pack \(PackDeliveryError.printable(name)) waits for its key's release.",
                 subject: name)
         }
-        // Used once, whatever the decryption's outcome: a wrong key or a failure asks for it again if ever needed.
+        // Taken once, whatever the install's outcome: a wrong key or a failure asks for it again if ever needed. The
+        // decryption keeps its own copy until the unpack ends.
         defer {
             self.keyring.drop(download.id)
             self.keyring.forget(layout.keyID)
         }
+        let decryption = try PreloadPack.Decryption(layout: layout, key: key, name: name)
+        let fd = open(archive.path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw .io("open", path: archive.path, errno: errno) }
+        let magic: [UInt8]
+        do { magic = try decryption.peek(4, fd: fd, path: archive.path) } catch {
+            close(fd)
+            throw error
+        }
+        close(fd)
+        guard magic.starts(with: Array("PK".utf8)) else { return .decrypting(decryption) }
         let plain = Self.decryptedURL(for: archive)
         // Room for the plain pack and its unpacked files before a byte of plaintext is written: on a full disk the
         // download pauses for space (``PauseReason/insufficientStorage``), its ciphertext kept, as any install's does.
@@ -164,6 +184,6 @@ extension Installer {
         // used), so its bytes need not reach the disk (its pages go with the file, most of them unwritten).
         try PreloadPack.decrypt(
             archive, to: plain, key: key, name: name, temporaryName: "." + plain.lastPathComponent + ".part", durable: false)
-        return plain
+        return .decrypted(plain)
     }
 }

@@ -17,6 +17,9 @@ import Foundation
 /// With a ``GrowingFile`` the pack is read while it downloads: a read past what is written waits for more,
 /// and nothing is seeked: a zip is then read by its local headers (libarchive's streamable zip reader; see ``StreamedUnpack``).
 ///
+/// With a ``PreloadPack/Decryption`` the file is a preload pack's ciphertext: each block is decrypted as it is read, in
+/// order, and nothing is seeked or skipped; the file ends where the plain pack does (its segment table follows).
+///
 /// Not thread-safe; one per unpack or inspection. Freed by its owner (`deinit`).
 final class ArchiveReader {
     /// The reader that parses the archive (tar or zip).
@@ -35,6 +38,8 @@ final class ArchiveReader {
     private let isCancelled: () -> Bool
     /// The file is still being written: reads wait for it.
     private let growing: GrowingFile?
+    /// The file is a preload pack: its blocks are decrypted as they are read.
+    private let decryption: PreloadPack.Decryption?
     /// The most decompressed bytes of entry data; headers and padding get an allowance per entry.
     private let maxDecompressed: Int64
     /// Entries read so far (the unpacker counts them).
@@ -56,23 +61,37 @@ final class ArchiveReader {
     ///   - url: the pack.
     ///   - maxDecompressed: the most bytes of entry data the format may read; headers and padding get an allowance per entry.
     ///   - isCancelled: polled for every block read or decompressed.
-    /// - Throws: `fileSystem` when the file cannot be opened, `corruptArchive` when it is not a zip or tar.
-    init(_ url: URL, maxDecompressed: Int64, isCancelled: @escaping () -> Bool = { false }, growing: GrowingFile? = nil)
-        throws(PackDeliveryError)
-    {
+    ///   - growing: the file is still being written.
+    ///   - decryption: the file is a preload pack's ciphertext, decrypted as it is read.
+    /// - Throws: `fileSystem` when the file cannot be opened, `corruptArchive` when it is not a zip or tar;
+    ///   `preloadDecryptionFailed` from `decryption`.
+    init(
+        _ url: URL, maxDecompressed: Int64, isCancelled: @escaping () -> Bool = { false }, growing: GrowingFile? = nil,
+        decryption: PreloadPack.Decryption? = nil
+    ) throws(PackDeliveryError) {
         self.path = url.path
         self.isCancelled = isCancelled
         self.maxDecompressed = maxDecompressed
         self.growing = growing
+        self.decryption = decryption
         // A growing file may not exist yet: its first bytes (the magic) are waited for before it is opened.
         if let growing, case .stop(let why) = growing.wait(beyond: 5) { throw why }
         let fd = open(url.path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else { throw .io("open the pack", path: url.path, errno: errno) }
         var info = stat()
-        let size = growing?.length ?? (fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(Self.blockSize))
+        let size =
+            growing?.length ?? decryption?.layout.plainLength ?? (fstat(fd, &info) == 0 ? Int64(info.st_size) : Int64(Self.blockSize))
         var magic = [UInt8](repeating: 0, count: 6)
-        let got = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
-        let filter = Self.filter(forMagic: Array(magic.prefix(max(0, got))))
+        if let decryption {
+            do { magic = try decryption.peek(magic.count, fd: fd, path: url.path) } catch {
+                close(fd)
+                throw error
+            }
+        } else {
+            let got = magic.withUnsafeMutableBytes { pread(fd, $0.baseAddress, $0.count, 0) }
+            magic = Array(magic.prefix(max(0, got)))
+        }
+        let filter = Self.filter(forMagic: magic)
         guard let reader = archive_read_new() else {
             close(fd)
             throw .io("start reading the pack", path: url.path, errno: ENOMEM)
@@ -107,7 +126,7 @@ final class ArchiveReader {
             archive_read_set_read_callback(reader) { _, data, block in
                 Unmanaged<ArchiveReader>.fromOpaque(data!).takeUnretainedValue().readDecompressed(block)
             }
-        } else if growing != nil {
+        } else if growing != nil || decryption != nil {
             archive_read_set_read_callback(reader) { _, data, block in
                 Unmanaged<ArchiveReader>.fromOpaque(data!).takeUnretainedValue().readFile(block)
             }
@@ -131,6 +150,11 @@ final class ArchiveReader {
         archive_read_free(self.reader)
         if let decoder { archive_read_free(decoder) }
         close(self.fd)
+        if self.decryption != nil {
+            // They held plaintext: cleared before they go back to the allocator.
+            memset(self.fileBuffer.baseAddress!, 0, self.fileBuffer.count)
+            if let buffer = self.decompressedBuffer { memset(buffer.baseAddress!, 0, buffer.count) }
+        }
         self.fileBuffer.deallocate()
         self.decompressedBuffer?.deallocate()
     }
@@ -197,12 +221,24 @@ final class ArchiveReader {
                 return -1
             }
         }
+        if let decryption {
+            want = Int(min(Int64(want), decryption.layout.plainLength - self.position))
+            if want == 0 { return 0 }
+        }
         while true {
             let got = pread(self.fd, self.fileBuffer.baseAddress, want, off_t(self.position))
             if got < 0, errno == EINTR { continue }
             if got < 0 {
                 self.failure = .io("read the pack", path: self.path, errno: errno)
                 return -1
+            }
+            if let decryption {
+                do throws(PackDeliveryError) {
+                    try decryption.decrypt(UnsafeMutableRawBufferPointer(rebasing: self.fileBuffer[0..<got]))
+                } catch {
+                    self.failure = error
+                    return -1
+                }
             }
             self.position += Int64(got)
             if self.decoder == nil { self.decompressed += Int64(got) }

@@ -74,7 +74,8 @@ final class UnpackRun {
 
     init(
         archive: URL, staging: URL, limits: UnpackLimits, writer: any FileWriting, isCancelled: @escaping () -> Bool,
-        growing: GrowingFile?, listing: ZipDirectories.Listing? = nil, adopting adoption: Adoption? = nil, hashFiles: Bool = true
+        growing: GrowingFile?, listing: ZipDirectories.Listing? = nil, adopting adoption: Adoption? = nil, hashFiles: Bool = true,
+        decryption: PreloadPack.Decryption? = nil
     ) throws(PackDeliveryError) {
         self.hashFiles = hashFiles
         // Names are unique among files (a repeated one is refused as it is read); a folder may repeat.
@@ -103,7 +104,8 @@ final class UnpackRun {
         }
 
         do {
-            self.source = try ArchiveReader(archive, maxDecompressed: limits.maxBytes, isCancelled: isCancelled, growing: growing)
+            self.source = try ArchiveReader(
+                archive, maxDecompressed: limits.maxBytes, isCancelled: isCancelled, growing: growing, decryption: decryption)
         } catch {
             close(rootFD)
             throw error

@@ -94,6 +94,7 @@ enum Unpacker {
     ///   - writer: writes the files' bytes (tests pass one that fails like a full disk).
     ///   - growing: the partial file, when the pack is read while it downloads.
     ///   - hashFiles: hash each regular file as it is written; false when the pack's index gives the digests.
+    ///   - decryption: the archive is a preload pack's ciphertext (a tar, compressed or not), decrypted as it is read.
     /// - Returns: the bytes and entries written.
     /// - Throws: `PackDeliveryError` of kind `.badData` for an unsafe entry, a corrupt or truncated
     ///   archive, a file that is not an archive, or a limit exceeded; `.insufficientStorage` when the
@@ -102,15 +103,15 @@ enum Unpacker {
     static func unpack(
         archive: URL, into staging: URL, limits: UnpackLimits, listing: ZipDirectories.Listing? = nil,
         progress: (Int64) -> Void = { _ in }, isCancelled: @escaping () -> Bool = { false }, writer: any FileWriting = SystemFileWriter(),
-        growing: GrowingFile? = nil, hashFiles: Bool = true
+        growing: GrowingFile? = nil, hashFiles: Bool = true, decryption: PreloadPack.Decryption? = nil
     ) throws(PackDeliveryError) -> UnpackSummary {
         var directory = listing
-        if directory == nil, growing == nil { directory = try ZipDirectories.listing(archive) }
+        if directory == nil, growing == nil, decryption == nil { directory = try ZipDirectories.listing(archive) }
         let locale = ArchiveThreadLocale.useUTF8()
         defer { locale.restore() }
         let run = try UnpackRun(
             archive: archive, staging: staging, limits: limits, writer: writer, isCancelled: isCancelled, growing: growing,
-            listing: directory, hashFiles: hashFiles)
+            listing: directory, hashFiles: hashFiles, decryption: decryption)
         return try run.run(progress: progress, isCancelled: isCancelled)
     }
 

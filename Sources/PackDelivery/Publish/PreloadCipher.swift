@@ -59,16 +59,29 @@ final class PreloadCipher {
     /// Decrypts `buffer` in place as the segment at `offset`; false when the tag does not match (a wrong key, a
     /// changed byte, a segment out of place). The buffer then holds no usable plaintext: the caller discards it.
     func decrypt(_ buffer: UnsafeMutableRawBufferPointer, offset: Int64, tag: [UInt8]) -> Bool {
-        let (nonce, aad) = self.nonceAndData(offset: offset, length: Int64(buffer.count))
-        guard tag.count == Self.tagLength,
-            EVP_DecryptInit_ex(self.context, EVP_aes_256_gcm(), nil, self.key, nonce) == 1
-        else { return false }
+        self.startDecrypting(offset: offset, length: Int64(buffer.count)) && self.continueDecrypting(buffer)
+            && self.finishDecrypting(tag: tag)
+    }
+
+    /// Starts decrypting the segment at `offset` of `length` bytes, whose bytes are then given in order to
+    /// ``continueDecrypting(_:)`` and whose tag is checked by ``finishDecrypting(tag:)``. Drops any segment started before.
+    func startDecrypting(offset: Int64, length: Int64) -> Bool {
+        let (nonce, aad) = self.nonceAndData(offset: offset, length: length)
+        guard EVP_DecryptInit_ex(self.context, EVP_aes_256_gcm(), nil, self.key, nonce) == 1 else { return false }
         var count: Int32 = 0
-        guard EVP_DecryptUpdate(self.context, nil, &count, aad, Int32(aad.count)) == 1 else { return false }
-        guard self.update(buffer, decrypt: true) else { return false }
+        return EVP_DecryptUpdate(self.context, nil, &count, aad, Int32(aad.count)) == 1
+    }
+
+    /// Decrypts in place the next bytes of the segment started: not yet authenticated (``finishDecrypting(tag:)``).
+    func continueDecrypting(_ buffer: UnsafeMutableRawBufferPointer) -> Bool { self.update(buffer, decrypt: true) }
+
+    /// Whether the segment started, all of whose bytes were decrypted, matches its tag.
+    func finishDecrypting(tag: [UInt8]) -> Bool {
+        guard tag.count == Self.tagLength else { return false }
         var expected = tag
         guard EVP_CIPHER_CTX_ctrl(self.context, Self.setTag, Int32(Self.tagLength), &expected) == 1 else { return false }
         var scratch = [UInt8](repeating: 0, count: 32)
+        var count: Int32 = 0
         return EVP_DecryptFinal_ex(self.context, &scratch, &count) == 1
     }
 

@@ -453,17 +453,17 @@ struct QueueMachine: Sendable {
         return self.needed(machine.download, writesOnce: machine.plan(with: facts).writesOnce)
     }
 
-    /// Bytes still to download, plus the unpacked size, plus the margin; never overflows. A preload's install also
-    /// writes its plain pack, decrypted beside the ciphertext before the unpack (at most the pack's length).
+    /// Bytes still to download, plus the unpacked size, plus the margin; never overflows. (A preload's install
+    /// decrypts as it unpacks, with no plain pack written; a zip preload's, which is decrypted to a file first, checks
+    /// for that room itself.)
     /// - Parameter writesOnce: the download is a first install that writes each byte once (``DeliveryPlan/writeOnce``):
     ///   it keeps no archive, so it needs its files and the margin only.
     func needed(_ download: Download, writesOnce: Bool) -> Int64 {
-        let decrypted = download.releaseDate == nil ? 0 : max(0, download.contentLength)
-        let (unpacked, overflow0) = max(0, download.unpackedLength ?? download.contentLength).addingReportingOverflow(decrypted)
+        let unpacked = max(0, download.unpackedLength ?? download.contentLength)
         let remaining = writesOnce ? 0 : max(0, download.contentLength &- download.bytesReceived)
         let (sum, overflow1) = remaining.addingReportingOverflow(unpacked)
         let (total, overflow2) = sum.addingReportingOverflow(self.spaceMargin)
-        return overflow0 || overflow1 || overflow2 ? .max : total
+        return overflow1 || overflow2 ? .max : total
     }
 
     // MARK: Bookkeeping
