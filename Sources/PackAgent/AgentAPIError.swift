@@ -100,6 +100,18 @@ struct StrictBody {
         return strings
     }
 
+    /// A receipt (a signed token, presented as `Authorization: Bearer`): printable ASCII with no space, at most 64 KiB,
+    /// so that it cannot forge a header. Never echoed.
+    func receipt() throws(AgentAPIError) -> String? {
+        guard let receipt = try self.string("receipt") else { return nil }
+        guard receipt.utf8.count <= 64 << 10, receipt.utf8.allSatisfy({ $0 > 0x20 && $0 < 0x7F }) else {
+            throw .badRequest(
+                "The field 'receipt' must be a receipt token: printable ASCII, no spaces or line breaks, at most 64 KiB.",
+                code: "invalidField")
+        }
+        return receipt
+    }
+
     /// An absolute home path.
     func home() throws(AgentAPIError) -> String {
         guard let home = try self.string("home"), home.hasPrefix("/") else {

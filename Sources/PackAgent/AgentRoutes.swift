@@ -84,7 +84,8 @@ struct AgentRoutes: Sendable {
     /// `POST /v1/fetch`: records the purchase of products from a manifest and starts their downloads; does not wait.
     private func fetch(_ request: Request) async throws -> Response {
         let body = try await Self.body(
-            request, allowed: ["home", "manifest", "products", "priority", "destination"], required: ["home", "manifest", "products"])
+            request, allowed: ["home", "manifest", "products", "priority", "destination", "receipt"],
+            required: ["home", "manifest", "products"])
         let home = try body.home()
         let manifest = try body.string("manifest") ?? ""
         let products = try body.strings("products") ?? []
@@ -95,9 +96,12 @@ struct AgentRoutes: Sendable {
             }
             return destination
         }
+        let receipt = try body.receipt()
         let publishers = try DownloadQueue.trustedPublishers(home: Home(folder: URL(filePath: home)))
         let repositories = try DownloadQueue.trustedRepositories(home: Home(folder: URL(filePath: home)))
-        let loaded = try await LoadedManifest.load(manifest, options: TransferOptions(), trusting: publishers, repositories: repositories)
+        // The receipt goes with the manifest request (a server that checks receipts lists what the receipt names).
+        let options = TransferOptions(headers: receipt.map { ["Authorization: Bearer \($0)"] } ?? [])
+        let loaded = try await LoadedManifest.load(manifest, options: options, trusting: publishers, repositories: repositories)
         let known = Set(loaded.manifest.products.map(\.productIdentifier))
         if let unknown = products.first(where: { !known.contains($0) }) {
             throw AgentAPIError(
@@ -108,7 +112,7 @@ struct AgentRoutes: Sendable {
         try queue.acceptManifest(loaded)
         let transactions = try await queue.add(
             products: Array(Set(products)).sorted(), from: loaded, destination: destination ?? .caches, autoFinish: true,
-            priority: priority)
+            priority: priority, receipt: receipt)
         // The manifest's parse and the recording of a catalog leave much freed memory in glibc's heaps: give it back.
         defer { _ = clinux_malloc_trim(0) }
         let added = transactions.map {

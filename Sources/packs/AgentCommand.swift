@@ -78,11 +78,13 @@ enum DetachedFetch {
         let manifest: String
         let products: [String]
         let destination: String
+        /// Omitted when nil.
+        let receipt: String?
     }
 
     /// - Returns: the exit code (0 when the agent took the work).
     static func run(
-        global: GlobalOptions, socket: String?, manifest: String, products: [String], destination: Destination
+        global: GlobalOptions, socket: String?, manifest: String, products: [String], destination: Destination, receipt: String?
     ) -> Int32 {
         let path: String
         do throws(AgentStartError) {
@@ -102,7 +104,7 @@ enum DetachedFetch {
                 "packs: --detach needs one home folder: pass --home DIR or set PACKS_HOME (the agent does not serve the XDG layout yet).")
             return ExitStatus.usage
         }
-        let request = Request(home: home, manifest: location, products: products, destination: destination.rawValue)
+        let request = Request(home: home, manifest: location, products: products, destination: destination.rawValue, receipt: receipt)
         let client = AgentClient(socketPath: path, clientVersion: Packs.version)
         let answer: AgentClient.Answer
         do throws(AgentClient.Unreachable) {
@@ -115,9 +117,9 @@ enum DetachedFetch {
         }
         guard answer.status == 202, let added = try? JSONDecoder().decode(FetchAnswer.self, from: answer.body) else {
             let error = try? JSONDecoder().decode(AgentErrorBody.self, from: answer.body)
-            printError(
-                "packs: The agent refused the fetch (\(answer.status) \(error?.error.code ?? "")): \(error?.error.message ?? "no reason given")."
-            )
+            var reason = error?.error.message ?? "no reason given"
+            if !reason.hasSuffix(".") { reason += "." }
+            printError("packs: The agent refused the fetch (\(answer.status) \(error?.error.code ?? "")): \(reason)")
             return answer.status == 409 ? ExitStatus.agentUnavailable : (answer.status >= 500 ? ExitStatus.io : ExitStatus.badData)
         }
         for transaction in added.transactions {

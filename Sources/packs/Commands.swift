@@ -92,7 +92,8 @@ extension Packs {
                     }
                 }
                 let code = DetachedFetch.run(
-                    global: self.global, socket: self.socket, manifest: self.manifest, products: products, destination: self.to)
+                    global: self.global, socket: self.socket, manifest: self.manifest, products: products, destination: self.to,
+                    receipt: self.transfer.currentReceipt())
                 if code != 0 { throw ExitCode(code) }
                 return
             }

@@ -161,12 +161,19 @@ import Testing
                 jsonBody(["home": home.path, "manifest": "http://127.0.0.1:9/m.json", "products": ["p"], "priority": "soon"]),
                 "invalidField"
             ),
+            // A receipt goes into a request header: one with a line break or a space would forge headers.
+            (
+                jsonBody(["home": home.path, "manifest": "http://127.0.0.1:9/m.json", "products": ["p"], "receipt": "abc\r\nX-Forged: 1"]),
+                "invalidField"
+            ),
+            (jsonBody(["home": home.path, "manifest": "http://127.0.0.1:9/m.json", "products": ["p"], "receipt": "a b"]), "invalidField"),
         ]
         for (body, code) in bodies {
             let answer = try agent.request("POST", "/v1/fetch", body: body)
             #expect(answer.status == 400, "\(body): \(answer.body)")
             #expect(answer.errorCode == code, "\(body): \(answer.body)")
             #expect(answer.errorMessage?.isEmpty == false)
+            #expect(!answer.body.contains("X-Forged") && !answer.body.contains("a b"), "a refused receipt is not echoed: \(answer.body)")
         }
         let control = try agent.request("POST", "/v1/downloads/d-1/pause", body: jsonBody(["home": home.path, "priority": "essential"]))
         #expect(control.status == 400 && control.errorCode == "unknownField", "\(control.body)")

@@ -148,6 +148,56 @@ import Testing
         #expect(keyLines.count == 1 && keyLines[0].contains(" 200 "), "\(keyLines)")
     }
 
+    /// `packs fetch --detach --receipt` hands the receipt to the agent with the purchase: the agent reads the manifest
+    /// with it (a server that checks receipts lists only what the receipt names), fetches the preload with it, and
+    /// asks for the key with it at the release, after the client has gone. The receipt appears in no output, log or
+    /// status. Without `--receipt`, the same detached fetch is refused: the server refuses the agent the manifest.
+    @Test func aDetachedFetchCarriesItsReceiptToTheAgent() async throws {
+        let setup = try await KeyServerTests.Setup("launch-detach")
+        defer { setup.remove() }
+        let server = try setup.serve()
+        defer { server.stop() }
+        let token = try await setup.receipt("com.example.forest")
+        let receiptFile = setup.root.appending(path: "receipt")
+        try Data(token.utf8).write(to: receiptFile)
+        let folder = setup.root.appending(path: "agent")
+        let environment = ["PACKS_TEST_CLOCK_FILE": setup.clock.path]
+        let agent = try AgentProcess(folder: folder, environment: environment)
+        defer { _ = try? agent.stop() }
+        let home = folder.appending(path: "home")
+        let manifest = server.baseURL.appending(path: "manifest.json").absoluteString
+
+        let without = try CLI.run(
+            home: home, ["fetch", "--detach", "--socket", agent.socket, manifest, "com.example.forest"], timeout: 60,
+            environment: environment)
+        #expect(without.status == 65 && without.stderr.contains("401"), "\(without.status) \(without.stderr)")
+
+        let detached = try CLI.run(
+            home: home,
+            ["--json", "fetch", "--detach", "--socket", agent.socket, manifest, "com.example.forest", "--receipt", receiptFile.path],
+            timeout: 60, environment: environment)
+        #expect(detached.status == 0, "\(detached.stderr)")
+        let id = try #require((detached.events.first?["downloads"] as? [String])?.first, "\(detached.stdout)")
+        let status = { try agent.request("GET", "/v1/downloads?home=\(home.path)").body }
+        try waitUntil("the agent holding the preload's ciphertext for its release", timeout: 60) {
+            try status().contains("awaitingRelease")
+        }
+        try setup.setClock("2026-12-01T00:00:01Z")
+        // Finished, its transaction too (the agent finishes what it fetches): the content is in place.
+        try waitUntil("the agent installing the preload after its release", timeout: 90) {
+            FileManager.default.fileExists(atPath: home.appending(path: "Caches/com.example.forest/Contents/data.bin").path)
+        }
+        let content = try CLI.run(home: home, ["content", "com.example.forest"], timeout: 30)
+        let installed = URL(filePath: content.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(
+            try Fixtures.sha256Hex(of: installed.appending(path: "Contents/data.bin"))
+                == Fixtures.sha256Hex(of: setup.root.appending(path: "forest/Contents/data.bin")), "\(content.stderr)")
+        let keyLines = PreloadDeliveryTests.keyRequests(server, setup)
+        #expect(keyLines.count == 1 && keyLines[0].contains(" 200 "), "\(keyLines)")
+        let everything = [detached.stdout, detached.stderr, without.stderr, agent.log, try status(), id].joined(separator: "\n")
+        #expect(!everything.contains(token), "the receipt is never shown")
+    }
+
     /// A release needs room for its files, not for a plain pack besides: a preload released onto a disk (a tmpfs) too
     /// full for its files is paused for space (`insufficientStorage`, saying the bytes needed and available), its
     /// ciphertext kept, no plaintext written and nothing installed; once there is room for the files and the margin

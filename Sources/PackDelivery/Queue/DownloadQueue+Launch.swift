@@ -89,15 +89,15 @@ extension DownloadQueue {
 
     /// For the agent's `POST /v1/fetch`: ``add(products:from:kind:destination:autoFinish:force:start:receipt:)`` of
     /// purchases with the downloads' priority given, so that they are recorded and first admitted with it (not
-    /// admitted as essential, then changed).
+    /// admitted as essential, then changed), and the client's receipt, stored with the transactions.
     @_spi(Agent) public func add(
         products productIdentifiers: [String], from manifest: LoadedManifest, destination: Destination,
-        autoFinish: Bool, priority: DownloadPriority?
+        autoFinish: Bool, priority: DownloadPriority?, receipt: String? = nil
     ) async throws(PackDeliveryError) -> [Transaction] {
         try await Blocking.run { () throws(PackDeliveryError) in
             try self.add(
                 products: productIdentifiers, from: manifest, kind: .purchased, destination: destination,
-                autoFinish: autoFinish, force: false, start: true, receipt: nil, priority: priority)
+                autoFinish: autoFinish, force: false, start: true, receipt: receipt, priority: priority)
         }
     }
 
