@@ -184,8 +184,10 @@ public struct PackAgentServer: Sendable {
             busy = await homes.isBusy()
             if wasBusy && !busy {
                 // Nothing waits or runs any more: what the deliveries used goes back to the system, not kept in
-                // glibc's heaps for later (an agent with nothing to do should be small, clients connected or not).
+                // glibc's heaps for later (an agent with nothing to do should be small, clients connected or not);
+                // and so do the pages of code they ran (most of an idle agent's RSS), which stay in the page cache.
                 _ = clinux_malloc_trim(0)
+                _ = clinux_release_code_pages()
             }
             guard connections.current == 0 && !busy else {
                 idleSince = nil

@@ -17,6 +17,11 @@ int clinux_mallopt(int param, int value);
 int clinux_m_arena_max(void);
 /// malloc_trim(pad) from <malloc.h>: gives the free memory of the heaps back to the system. Returns 1 if any was.
 int clinux_malloc_trim(unsigned long pad);
+/// Drops this process's resident pages of code mapped from files (its own and its libraries' `r-xp` mappings) with
+/// `madvise(MADV_DONTNEED)`: they stay in the page cache and come back by minor faults when run again. Only mappings
+/// that are never written are touched (no data, RELRO or anonymous memory). Returns the bytes of mappings advised, or
+/// -1 when /proc/self/maps cannot be read. For a service gone idle, whose RSS is mostly code it ran.
+long clinux_release_code_pages(void);
 int clinux_reflink(int dest, int src);
 /// O_DIRECT from <fcntl.h> (it needs _GNU_SOURCE, and its value differs between architectures).
 int clinux_o_direct(void);
