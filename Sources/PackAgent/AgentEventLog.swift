@@ -40,6 +40,9 @@ final class AgentEventLog: Sendable {
     /// How many clients follow the stream now.
     var subscriberCount: Int { self.state.withLock { $0.subscribers.count } }
 
+    /// The id the next event will have: it moves whenever anything happens in a served home.
+    var nextID: UInt64 { self.state.withLock { $0.nextID } }
+
     /// Numbers an event, keeps it in the ring and hands it to every subscriber.
     func append(kind: String, data: String) {
         self.state.withLock { state in

@@ -83,7 +83,7 @@ public struct PackAgentServer: Sendable {
         logger.info(
             "Agent ready",
             metadata: ["socket": "\(self.configuration.socketPath)", "activated": "\(self.configuration.activatedDescriptor != nil)"])
-        let idle = Task { await self.watchIdle(homes: homes, connections: connections, stop: stop) }
+        let idle = Task { await self.watchIdle(homes: homes, events: events, connections: connections, stop: stop) }
         var reason = Stop.idle
         for await first in stops {
             reason = first
@@ -172,17 +172,23 @@ public struct PackAgentServer: Sendable {
 
     /// Stops after the idle timeout with no client connected and nothing waiting or running in any served home; on the
     /// way, at most once a second, stops serving the homes whose store was removed.
-    private func watchIdle(homes: AgentHomes, connections: ConnectionCount, stop: AsyncStream<Stop>.Continuation) async {
+    private func watchIdle(
+        homes: AgentHomes, events: AgentEventLog, connections: ConnectionCount, stop: AsyncStream<Stop>.Continuation
+    ) async {
         let timeout = self.configuration.idleTimeout
         let step = min(1, max(0.05, timeout / 4))
         var idleSince: Date?
         var busy = true
+        // The event log's mark when the memory was last given back: a delivery shorter than a step leaves events.
+        var released: UInt64 = 0
         while !Task.isCancelled {
             try? await Task.sleep(for: .seconds(step))
             await homes.dropRemoved()
             let wasBusy = busy
             busy = await homes.isBusy()
-            if wasBusy && !busy {
+            let mark = events.nextID
+            if !busy, wasBusy || mark != released {
+                released = mark
                 // Nothing waits or runs any more: what the deliveries used goes back to the system, not kept in
                 // glibc's heaps for later (an agent with nothing to do should be small, clients connected or not);
                 // and so do the pages of code they ran (most of an idle agent's RSS), which stay in the page cache.
