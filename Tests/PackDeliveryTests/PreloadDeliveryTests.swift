@@ -60,6 +60,45 @@ import Testing
         server.log.split(separator: "\n").filter { $0.contains("/keys/\(setup.key.keyID)") }
     }
 
+    /// A preload fetched after its release: its install notes the key wanted, then pauses for it. A tick that comes
+    /// between the two (here the install is held 1.5 s there, three ticks) must not forget the download: the key is
+    /// asked for once it is paused, and it installs. (It stalled, paused for a key nobody asked for, when a tick fell
+    /// in that gap: seen in a run of a 1 GiB release under `perf record`.)
+    @Test func aTickBetweenWantingTheKeyAndPausingForItDoesNotStallThePreload() async throws {
+        let setup = try await KeyServerTests.Setup("preload-gap")
+        defer { setup.remove() }
+        try setup.setClock("2026-12-01T00:00:01Z")
+        let server = try setup.serve()
+        defer { server.stop() }
+        let receipt = try await setup.receipt("com.example.forest")
+        let manifest = try await Self.manifest(server, receipt: receipt)
+        let homeFolder = try Fixtures.temporaryDirectory("preload-gap-home")
+        defer { try? FileManager.default.removeItem(at: homeFolder) }
+        final class Once: Sendable { let done = Atomic<Bool>(false) }
+        let held = Once()
+        var configuration = DownloadQueue.Configuration()
+        configuration.clock = Self.clock(setup.clock)
+        configuration.installHook = { step in
+            if step == .awaitingKey, !held.done.exchange(true, ordering: .relaxed) { Thread.sleep(forTimeInterval: 1.5) }
+        }
+        let queue = try await DownloadQueue.open(home: Home(folder: homeFolder), configuration: configuration)
+        defer { queue.close() }
+        let bought = try await queue.add(product: "com.example.forest", from: manifest, receipt: receipt)
+        let id = try #require(bought.downloads.first?.id)
+        try await waitUntilAsync("the released preload to install (paused for a key nobody asks for if not)", timeout: 60) {
+            try queue.downloads([id])[0].state == .finished
+        }
+        let wasHeld = held.done.load(ordering: .relaxed)
+        #expect(wasHeld, "the install was held between wanting the key and pausing for it")
+        let installed = try #require(try queue.downloads([id])[0].contentURL)
+        #expect(
+            try Fixtures.sha256Hex(of: installed.appending(path: "Contents/data.bin"))
+                == Fixtures.sha256Hex(of: setup.root.appending(path: "forest/Contents/data.bin")))
+        let keyLines = Self.keyRequests(server, setup)
+        #expect(keyLines.count == 1 && keyLines[0].contains(" 200 "), "\(keyLines)")
+        #expect(queue.installer.keyring.heldKeyIDs.isEmpty && !queue.installer.keyring.isWaiting)
+    }
+
     @Test func aPreloadWaitsForItsReleaseThenInstallsWithoutFetchingItsBytesAgain() async throws {
         let setup = try await KeyServerTests.Setup("preload-e2e")
         defer { setup.remove() }

@@ -20,6 +20,8 @@ final class CancelFlag: Sendable {
     case afterRename = "after-rename"
     /// An evicted pack's folder was moved to the trash (and synced); the record of the eviction is next.
     case evictionMoved = "eviction-moved"
+    /// A preload's install found no key and noted the download as waiting for it; its pause is next.
+    case awaitingKey = "awaiting-key"
 }
 
 /// What an install put in place: the rows that record it, which the queue's driver commits with the download's

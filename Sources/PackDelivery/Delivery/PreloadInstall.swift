@@ -95,6 +95,10 @@ final class PreloadKeyring: Sendable {
         }
     }
 
+    /// A request for `downloadID`'s key was claimed but not made (its download is not paused for it yet): claimable
+    /// again at the next tick.
+    func unclaim(_ downloadID: String) { self.state.withLock { $0.wanted[downloadID]?.asking = false } }
+
     /// The request for `downloadID`'s key was refused for good: not asked again until ``want(_:keyID:releases:)``.
     func refused(_ downloadID: String) {
         self.state.withLock { state in
@@ -155,6 +159,7 @@ extension Installer {
             try Durability.syncFile(archive)
             try Durability.syncFolder(archive.deletingLastPathComponent())
             self.keyring.want(download.id, keyID: layout.keyID, releases: download.releaseDate)
+            self.hook?(.awaitingKey)
             throw PackDeliveryError(
                 Self.awaitingRelease, message: "The preload pack \(PackDeliveryError.printable(name)) waits for its key's release.",
                 subject: name)

@@ -26,8 +26,15 @@ extension DownloadQueue {
         guard !due.isEmpty else { return }
         let downloads = self.driven { state in due.map { state.machine.entries[$0.downloadID]?.machine.download } }
         for ((downloadID, keyID), download) in zip(due, downloads) {
+            if download?.state.isRunning == true {
+                // Its install noted the key wanted and is about to pause for it (or it was resumed, and its install
+                // asks again if it still needs the key). Dropping it here would leave the pause that follows waiting
+                // for a key nobody asks for: it is asked for at a tick after the pause.
+                keyring.unclaim(downloadID)
+                continue
+            }
             guard let download, download.state == .paused, download.pauseReason == .awaitingRelease else {
-                // Paused by someone, resumed or gone since: its install wants the key again if it still needs it.
+                // Paused by someone, settled, failed or gone since: its install wants the key again if it still needs it.
                 keyring.drop(downloadID)
                 continue
             }
