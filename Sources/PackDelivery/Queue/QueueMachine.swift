@@ -550,7 +550,17 @@ struct QueueMachine: Sendable {
     private mutating func schedule(into actions: inout [Action]) {
         let limit = min(self.concurrency, self.slots)
         while self.running.count - self.beside.count < limit, let id = self.beside.first { self.beside.remove(id) }
-        while !self.closed, !self.handingOver, let next = self.peekWaiting() {
+        while !self.closed, !self.handingOver, let next = self.peekWaiting(), let entry = self.entries[next.id] {
+            if let reason = self.heldBy(next.id, entry) {
+                // Held by the policy (outside the window, quiet, a metered network): paused here as it reaches the head,
+                // slot or not, with no space measured, and the next one is looked at. A machine's whole background queue
+                // outside its window costs no round trip to the driver for each download, and is paused as it is added
+                // (its machine still loaded), not read back from the store to be paused once a slot frees.
+                _ = self.waiting.popMin()
+                self.entries[next.id]?.inHeap = false
+                actions += self.update(next.id, scheduling: false) { $0.pause(reason) }
+                continue
+            }
             let besides: Bool
             if self.running.count - self.beside.count < limit {
                 besides = false
@@ -561,14 +571,6 @@ struct QueueMachine: Sendable {
             }
             _ = self.waiting.popMin()
             self.entries[next.id]?.inHeap = false
-            guard let entry = self.entries[next.id] else { continue }
-            if let reason = self.heldBy(next.id, entry) {
-                // Held by the policy (outside the window, quiet, a metered network): paused here, with no slot taken
-                // and no space measured, and the next one is looked at. A machine's whole background queue outside
-                // its window costs no round trip to the driver for each download.
-                actions += self.update(next.id, scheduling: false) { $0.pause(reason) }
-                continue
-            }
             // Near the head now: its machine is read back, to be admitted.
             guard self.load(next.id), let destination = self.entries[next.id]?.loaded?.download.destination else { continue }
             self.running.insert(next.id)
