@@ -3,12 +3,12 @@ import HeapModule
 import Synchronization
 
 /// The queue's decisions, as a value type: which download runs next, whether it fits on the disk,
-/// when a download paused for space may go on, which changes to save and report. No I/O.
+/// when a download paused for space may go on, which changes to save and report. No I/O but the driver's ``loader``.
 ///
-/// It holds a ``DownloadMachine`` per unsettled download this queue owns, the waiting ones in a heap
-/// (the next to start in O(log n), whatever the queue's length), and the set of those holding a slot,
-/// so no decision scans the whole queue. The driver (``DownloadQueue``) feeds it events and runs the
-/// actions it returns, in order.
+/// It holds an ``Entry`` per unsettled download this queue owns (its ``DownloadMachine``, or, for one that waits or is
+/// held and whose saved row holds all of it, a compact form), the waiting ones in a heap (the next to start in
+/// O(log n), whatever the queue's length), and the set of those holding a slot, so no decision scans the whole queue.
+/// The driver (``DownloadQueue``) feeds it events and runs the actions it returns, in order.
 struct QueueMachine: Sendable {
     enum Action: Sendable, Hashable {
         /// Run a download's own action.
