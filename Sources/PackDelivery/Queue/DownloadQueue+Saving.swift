@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Synchronization
 
@@ -29,8 +30,9 @@ extension DownloadQueue {
         do {
             try self.store.save(records)
             try self.store.release(settled, owner: self.owner)
-            // Saved as they are: those waiting far from the head keep their rows only (``QueueMachine/Entry``).
-            self.driven { $0.machine.compact(records.map(\.id)) }
+            // Saved as they are: those waiting far from the head keep their rows only (``QueueMachine/Entry``). The
+            // machines of a catalog just recorded go back to the system, not kept in glibc's heaps (case 19d).
+            if self.driven({ $0.machine.compact(records.map(\.id)) }) >= 1000 { _ = clinux_malloc_trim(0) }
         } catch {
             self.logger.error("could not save download state", metadata: ["error": "\(error)"])
             for record in records where !record.state.isSettled {

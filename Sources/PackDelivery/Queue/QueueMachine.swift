@@ -341,10 +341,12 @@ struct QueueMachine: Sendable {
     }
 
     /// Keeps compact those of `ids` whose rows are saved as they are now (``Entry/compactIfPlain()``), unless they hold a
-    /// slot: the driver calls it once their rows are written.
-    mutating func compact(_ ids: [String]) {
-        guard self.loader != nil else { return }
-        for id in ids where self.changed[id] == nil && !self.running.contains(id) { self.entries[id]?.compactIfPlain() }
+    /// slot: the driver calls it once their rows are written. Returns how many became compact.
+    @discardableResult
+    mutating func compact(_ ids: [String]) -> Int {
+        guard self.loader != nil else { return 0 }
+        let loaded = ids.filter { self.changed[$0] == nil && !self.running.contains($0) && self.entries[$0]?.loaded != nil }
+        return loaded.count { self.entries[$0]?.compactIfPlain() == true }
     }
 
     /// Stops tracking downloads (their transaction finished, or another queue took them).
