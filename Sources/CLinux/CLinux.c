@@ -13,6 +13,7 @@ int clinux_start_writeback(int fd, long long offset, long long count) { return s
 #include <malloc.h>
 int clinux_mallopt(int param, int value) { return mallopt(param, value); }
 int clinux_m_arena_max(void) { return M_ARENA_MAX; }
+int clinux_m_mmap_threshold(void) { return M_MMAP_THRESHOLD; }
 int clinux_malloc_trim(unsigned long pad) { return malloc_trim(pad); }
 
 #include <stdio.h>

@@ -1,4 +1,5 @@
 import ArgumentParser
+import CLinux
 import Foundation
 import Logging
 import PackAgent
@@ -40,6 +41,11 @@ extension Packs {
         }
 
         func run() async throws {
+            // Allocations of 128 KiB and more in their own mappings, given back when freed: glibc otherwise raises
+            // this threshold to the largest block freed (up to 32 MiB), and the large transient arrays of each
+            // recording then land in the heaps among what outlives it. With 100,000 downloads queued over 10 homes
+            // (case 19d), a debug agent held 143 MB of heap for 38-66 MB in use (Benchmarks/RESULTS.md).
+            _ = clinux_mallopt(clinux_m_mmap_threshold(), 128 << 10)
             let activated = AgentSocket.activatedDescriptor()
             var logger = Logger(label: "packs-agent", factory: { SafeLogHandler(label: $0) })
             logger.logLevel = self.verbose ? .debug : .info

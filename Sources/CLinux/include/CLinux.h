@@ -15,6 +15,8 @@ int clinux_start_writeback(int fd, long long offset, long long count);
 int clinux_mallopt(int param, int value);
 /// M_ARENA_MAX, for clinux_mallopt.
 int clinux_m_arena_max(void);
+/// M_MMAP_THRESHOLD, for clinux_mallopt.
+int clinux_m_mmap_threshold(void);
 /// malloc_trim(pad) from <malloc.h>: gives the free memory of the heaps back to the system. Returns 1 if any was.
 int clinux_malloc_trim(unsigned long pad);
 /// Drops this process's resident pages of code mapped from files (its own and its libraries' `r-xp` mappings) with

@@ -833,3 +833,45 @@ struct DownloadMachine: Sendable, Hashable {
         return min(1, max(0, Double(bytes) / Double(self.bytesToFetch)))
     }
 }
+
+// MARK: The compact form (a queue keeps a download far from its head as its row in the store)
+
+extension DownloadMachine {
+    /// The priority it waits with (``Download/priority``), without building the ``download``.
+    var priority: DownloadPriority { self.base.priority }
+    /// Why it is paused, or nil when it is not.
+    var pauseReason: PauseReason? {
+        guard case .paused(let reason, _) = self.stage else { return nil }
+        return reason
+    }
+
+    /// The token of a machine that holds nothing beyond its saved ``download`` and that token, so that
+    /// ``restored(token:)`` of the machine made again from its row (``DownloadQueue/machine(_:)``) is this machine:
+    /// it never ran (its running state is still the shared idle one), keeps no bytes, validator or verified archive, and
+    /// waits for a slot or is paused with no error (but not for space, which the queue measures again). Nil otherwise.
+    ///
+    /// The store keeps everything else of such a download (``DownloadRecord``), except what is checked here: a delta
+    /// plan and its fallback, a content URL and a release date (a date loses its sub-millisecond part there).
+    var compactToken: Int? {
+        switch self.stage {
+        case .waiting: break
+        case .paused(let reason, nil) where reason != .insufficientStorage: break
+        default: return nil
+        }
+        guard self.running == Running.idle, self.validator == nil, !self.retriedFromZero, self.archive == .partial,
+            self.stagingInode == nil, self.attempt == 0, self.stoppedTransfer == nil, !self.installOutstanding,
+            self.base.bytesReceived == 0, self.mostBytesKept == 0, self.durableBytes == 0, self.base.delta == nil,
+            self.base.deltaFallback == nil, self.base.contentURL == nil, self.base.releaseDate == nil,
+            self.base.phaseProgress == 0, self.base.sources != nil || !self.base.credentialsToAllSources
+        else { return nil }
+        return self.token
+    }
+
+    /// This machine, made again from its saved row, with the token it had when it was kept compact: work started under
+    /// an older token still changes nothing.
+    func restored(token: Int) -> DownloadMachine {
+        var machine = self
+        machine.token = token
+        return machine
+    }
+}

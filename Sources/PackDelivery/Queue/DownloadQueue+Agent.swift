@@ -85,7 +85,7 @@ extension DownloadQueue {
     /// answer, this queue takes them back and runs everything itself from now on.
     func handOverToAgent() {
         guard let session = self.driven({ $0.agent }), !session.gone else { return }
-        guard self.driven({ state in state.machine.entries.values.contains { $0.machine.state == .waiting } }) else { return }
+        guard self.driven({ state in state.machine.entries.values.contains { $0.state == .waiting } }) else { return }
         // A resume or a launch's adoption changed their rows: saved first, so the agent reads them waiting.
         self.save(includingProgress: false)
         let handed = self.driven { $0.machine.handOver() }

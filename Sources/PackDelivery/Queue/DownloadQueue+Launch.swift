@@ -82,7 +82,7 @@ extension DownloadQueue {
     @_spi(Agent) public var hasRunningDownloads: Bool {
         get async {
             if self.installer.keyring.isWaiting { return true }
-            return (try? await Blocking.run { self.driven { $0.machine.entries.values.contains { $0.machine.state.isRunning } } })
+            return (try? await Blocking.run { self.driven { $0.machine.entries.values.contains { $0.state.isRunning } } })
                 ?? false
         }
     }

@@ -24,7 +24,7 @@ extension DownloadQueue {
         let keyring = self.installer.keyring
         let due = keyring.claimDue(now: Date(), clock: self.configuration.clock())
         guard !due.isEmpty else { return }
-        let downloads = self.driven { state in due.map { state.machine.entries[$0.downloadID]?.machine.download } }
+        let downloads = self.driven { state in due.map { state.machine.download($0.downloadID) } }
         for ((downloadID, keyID), download) in zip(due, downloads) {
             if download?.state.isRunning == true {
                 // Its install noted the key wanted and is about to pause for it (or it was resumed, and its install
@@ -120,7 +120,7 @@ extension DownloadQueue {
 
     private func keyAnswered(_ answer: KeyAnswer, for id: String, keyID: String) {
         let keyring = self.installer.keyring
-        let awaiting = self.driven { $0.machine.entries[id]?.machine.download.pauseReason == .awaitingRelease }
+        let awaiting = self.driven { $0.machine.entries[id]?.pauseReason == .awaitingRelease }
         switch answer {
         case .key(let key):
             self.logger.info("preload key released", metadata: ["download": "\(id)", "key": "\(keyID)"])

@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Synchronization
 
@@ -29,6 +30,9 @@ extension DownloadQueue {
         do {
             try self.store.save(records)
             try self.store.release(settled, owner: self.owner)
+            // Saved as they are: those waiting far from the head keep their rows only (``QueueMachine/Entry``). The
+            // machines of a catalog just recorded go back to the system, not kept in glibc's heaps (case 19d).
+            if self.driven({ $0.machine.compact(records.map(\.id)) }) >= 1000 { _ = clinux_malloc_trim(0) }
         } catch {
             self.logger.error("could not save download state", metadata: ["error": "\(error)"])
             for record in records where !record.state.isSettled {
@@ -89,7 +93,7 @@ extension DownloadQueue {
         return self.driven { state in
             transactions.map { transaction in
                 var transaction = transaction
-                transaction.downloads = transaction.downloads.map { state.machine.download($0.id) ?? $0 }
+                transaction.downloads = transaction.downloads.map { state.machine.liveDownload($0.id) ?? $0 }
                 return transaction
             }
         }
@@ -188,7 +192,7 @@ extension DownloadQueue {
         let targets =
             ids
             ?? self.driven { state in
-                state.machine.entries.filter { !Self.waitsToBeAsked($0.value.machine.download) }.map(\.key)
+                state.machine.entries.filter { !Self.waitsToBeAsked($0.value.state, $0.value.pauseReason) }.map(\.key)
             }
         var resumed: [String] = []
         for id in targets {
@@ -201,14 +205,18 @@ extension DownloadQueue {
 
     /// Whether a resume of everything leaves this download alone: added with `start: false`, or an on-demand pack
     /// not asked for.
-    static func waitsToBeAsked(_ download: Download) -> Bool {
-        download.state == .paused && (download.pauseReason == .notStarted || download.pauseReason == .onDemand)
+    static func waitsToBeAsked(_ download: Download) -> Bool { Self.waitsToBeAsked(download.state, download.pauseReason) }
+
+    static func waitsToBeAsked(_ state: DownloadState, _ pauseReason: PauseReason?) -> Bool {
+        state == .paused && (pauseReason == .notStarted || pauseReason == .onDemand)
     }
 
     /// A machine for a new download, with this queue's policies.
-    func machine(_ download: Download) -> DownloadMachine {
-        var machine = DownloadMachine(download: download, retryPolicy: self.configuration.retryPolicy)
-        machine.credentialsRenewable = self.configuration.credentials != nil
+    func machine(_ download: Download) -> DownloadMachine { Self.machine(download, configuration: self.configuration) }
+
+    static func machine(_ download: Download, configuration: Configuration) -> DownloadMachine {
+        var machine = DownloadMachine(download: download, retryPolicy: configuration.retryPolicy)
+        machine.credentialsRenewable = configuration.credentials != nil
         return machine
     }
 }

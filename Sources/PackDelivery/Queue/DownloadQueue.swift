@@ -290,7 +290,18 @@ public final class DownloadQueue: Sendable {
             home: home, store: store,
             limits: .init(maxExpansionRatio: configuration.maxExpansionRatio, maxEntries: configuration.maxEntries),
             writer: configuration.writer, hook: configuration.installHook, janitor: self.janitor)
-        let machine = QueueMachine(concurrency: configuration.concurrency, meteredLimit: configuration.meteredLimit)
+        var machine = QueueMachine(concurrency: configuration.concurrency, meteredLimit: configuration.meteredLimit)
+        let logger = self.logger
+        // A compact download's machine, read back from its row (``QueueMachine/Entry``), on the driver.
+        machine.loader = { id in
+            do throws(PackDeliveryError) {
+                guard let record = try store.downloadRecord(id) else { return nil }
+                return Self.machine(record.download, configuration: configuration)
+            } catch {
+                logger.error("could not read a waiting download back from the store", metadata: ["download": "\(id)", "error": "\(error)"])
+                return nil
+            }
+        }
         self.driverState = DriverStateBox(DriverState(machine: machine))
         self.timer = Mutex(DispatchSource.makeTimerSource(queue: self.driver))
         self.driver.setSpecific(key: Self.driverKey, value: true)

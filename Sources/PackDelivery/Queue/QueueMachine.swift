@@ -3,12 +3,12 @@ import HeapModule
 import Synchronization
 
 /// The queue's decisions, as a value type: which download runs next, whether it fits on the disk,
-/// when a download paused for space may go on, which changes to save and report. No I/O.
+/// when a download paused for space may go on, which changes to save and report. No I/O but the driver's ``loader``.
 ///
-/// It holds a ``DownloadMachine`` per unsettled download this queue owns, the waiting ones in a heap
-/// (the next to start in O(log n), whatever the queue's length), and the set of those holding a slot,
-/// so no decision scans the whole queue. The driver (``DownloadQueue``) feeds it events and runs the
-/// actions it returns, in order.
+/// It holds an ``Entry`` per unsettled download this queue owns (its ``DownloadMachine``, or, for one that waits or is
+/// held and whose saved row holds all of it, a compact form), the waiting ones in a heap (the next to start in
+/// O(log n), whatever the queue's length), and the set of those holding a slot, so no decision scans the whole queue.
+/// The driver (``DownloadQueue``) feeds it events and runs the actions it returns, in order.
 struct QueueMachine: Sendable {
     enum Action: Sendable, Hashable {
         /// Run a download's own action.
@@ -57,29 +57,6 @@ struct QueueMachine: Sendable {
         case abort(PackDeliveryError)
     }
 
-    struct Entry: Sendable {
-        /// The download's machine, kept in a box of its own: a machine is hundreds of bytes, and a table of 100,000
-        /// entries holding them inline would keep the table's free buckets that size too (case 19 of the benchmark).
-        var machine: DownloadMachine {
-            get { self.box.value }
-            _modify { yield &self.box.value }
-        }
-        private var box: OutOfLine<DownloadMachine>
-        /// Position of the download in its transaction (saved with it).
-        var position: Int
-        /// Scheduling order among downloads of one priority: first added, first started; kept across pauses.
-        var sequence: Int
-        var inHeap = false
-        /// The priority its place in the heap was given: a place with another one is stale.
-        var heapRank = 0
-
-        init(machine: DownloadMachine, position: Int, sequence: Int) {
-            self.box = OutOfLine(machine)
-            self.position = position
-            self.sequence = sequence
-        }
-    }
-
     enum Change: Int, Sendable, Comparable {
         case none, progress, state
         static func < (a: Self, b: Self) -> Bool { a.rawValue < b.rawValue }
@@ -94,6 +71,10 @@ struct QueueMachine: Sendable {
     }
 
     private(set) var entries: [String: Entry] = [:]
+    /// Reads a download's machine back from the store: its row, made a machine with the queue's policies, or nil when it
+    /// cannot be read. With a loader, a download that waits (or is held) far from the head and whose row holds all of it
+    /// is kept compact (``Entry``); without one (the machine's own tests), every machine is kept.
+    var loader: (@Sendable (String) -> DownloadMachine?)?
     /// Unsaved changes, by download: state changes are saved at once, progress at most once a second.
     private var changed: [String: Change] = [:]
     private var waiting = Heap<Waiting>()
@@ -165,6 +146,8 @@ struct QueueMachine: Sendable {
         }
         self.track(id, before: machine.download, into: &actions, acted: false)
         self.schedule(into: &actions)
+        // Its row holds it as it is (nothing to save): kept compact unless it is about to be admitted.
+        if saved { self.compact([id]) }
         return actions
     }
 
@@ -219,14 +202,14 @@ struct QueueMachine: Sendable {
     /// pack and its unpacked content fit with the margin (a first install that writes each byte once keeps no archive:
     /// its unpacked content and the margin), and otherwise pauses for space saying how much is needed.
     mutating func admit(_ id: String, facts: DeliveryFacts = .none, available: Int64?, path: String, now: Date = Date()) -> [Action] {
-        guard let entry = self.entries[id], entry.machine.state == .waiting, self.running.contains(id) else {
+        guard self.running.contains(id), let download = self.download(id), download.state == .waiting else {
             // A download already started (an admission asked twice) keeps the slot it holds.
-            if self.entries[id]?.machine.state != .active { self.release(id) }
+            if self.entries[id]?.state != .active { self.release(id) }
             var actions: [Action] = []
             self.schedule(into: &actions)
             return actions
         }
-        if let reason = self.heldBy(entry.machine.download) {
+        if let reason = self.heldBy(download) {
             return self.update(id) { $0.pause(reason) }
         }
         let needed = self.spaceNeeded(id, facts: facts) ?? 0
@@ -242,7 +225,7 @@ struct QueueMachine: Sendable {
     /// the queue resumes on its own), downloads paused for space that now fit wait for a slot again.
     mutating func tick(now: Date, available: [Destination: Int64?]? = nil) -> [Action] {
         var actions: [Action] = []
-        for id in self.running where self.entries[id]?.machine.state == .active {
+        for id in self.running where self.entries[id]?.state == .active {
             actions += self.update(id) { $0.tick(now: now) }
         }
         // Adopted from an earlier process while held by the policy, which may hold it no more.
@@ -252,7 +235,7 @@ struct QueueMachine: Sendable {
         }
         if let available {
             for id in self.pausedForSpace {
-                guard let machine = self.entries[id]?.machine, let free = available[machine.download.destination] else { continue }
+                guard let machine = self.machine(id), let free = available[machine.download.destination] else { continue }
                 let needed = self.spaceNeeded(id, facts: machine.facts) ?? 0
                 if free.map({ needed <= $0 }) ?? true {
                     actions += self.update(id) { $0.spaceReturned() }
@@ -283,7 +266,7 @@ struct QueueMachine: Sendable {
         guard before != (self.policy.verdicts(self.conditions), self.policy) else { return [] }
         var actions: [Action] = []
         let held = self.running.compactMap { id -> (String, PauseReason)? in
-            guard let download = self.entries[id]?.machine.download, download.state == .active, download.phase == .downloading,
+            guard let download = self.download(id), download.state == .active, download.phase == .downloading,
                 let reason = self.heldBy(download)
             else { return nil }
             return (id, reason)
@@ -297,9 +280,7 @@ struct QueueMachine: Sendable {
     private mutating func releaseHolds() -> [Action] {
         var actions: [Action] = []
         for id in self.pausedByPolicy.sorted() {
-            guard let download = self.entries[id]?.machine.download, let reason = download.pauseReason,
-                self.heldBy(download) != reason
-            else { continue }
+            guard let entry = self.entries[id], let reason = entry.pauseReason, self.heldBy(id, entry) != reason else { continue }
             actions += self.update(id) { $0.released(from: reason) }
         }
         return actions
@@ -312,9 +293,21 @@ struct QueueMachine: Sendable {
     /// as ``DownloadQueue/add(products:from:kind:destination:autoFinish:force:start:receipt:)`` records them), or one
     /// allowed (``Event/allowMetered``).
     func heldBy(_ download: Download) -> PauseReason? {
+        self.heldBy(download.id, priority: download.priority, delivery: download.delivery, contentLength: download.contentLength)
+    }
+
+    /// ``heldBy(_:)`` for an entry, compact or not.
+    private func heldBy(_ id: String, _ entry: Entry) -> PauseReason? {
+        if let compact = entry.compact {
+            return self.heldBy(id, priority: compact.priority, delivery: compact.delivery, contentLength: compact.contentLength)
+        }
+        return entry.loaded.flatMap { self.heldBy($0.download) }
+    }
+
+    private func heldBy(_ id: String, priority: DownloadPriority, delivery: DeliveryPolicy, contentLength: Int64) -> PauseReason? {
         let candidate = MachinePolicy.Candidate(
-            home: "", id: download.id, priority: download.priority, delivery: download.delivery, sequence: 0,
-            contentLength: download.contentLength, allowedOnMetered: self.allowedOnMetered.contains(download.id))
+            home: "", id: id, priority: priority, delivery: delivery, sequence: 0, contentLength: contentLength,
+            allowedOnMetered: self.allowedOnMetered.contains(id))
         switch self.policy.blocked(candidate, self.conditions) {
         case .metered?: return .waitingForUnmeteredNetwork
         case .outsideWindow?: return .outsideWindow
@@ -327,7 +320,7 @@ struct QueueMachine: Sendable {
     mutating func pauseAll(_ reason: PauseReason, closing: Bool) -> [Action] {
         if closing { self.closed = true }
         var actions: [Action] = []
-        let ids = self.entries.values.filter { $0.machine.state.isRunning }.sorted { $0.sequence < $1.sequence }.map(\.machine.download.id)
+        let ids = self.entries.filter { $0.value.state.isRunning }.sorted { $0.value.sequence < $1.value.sequence }.map(\.key)
         for id in ids { actions += self.update(id) { $0.pause(reason) } }
         return actions
     }
@@ -339,11 +332,21 @@ struct QueueMachine: Sendable {
         var taken: [(machine: DownloadMachine, position: Int)] = []
         for (id, change) in self.changed where change >= threshold {
             self.changed[id] = nil
-            guard let entry = self.entries[id] else { continue }
-            taken.append((entry.machine, entry.position))
-            if entry.machine.state.isSettled && !entry.machine.installOutstanding { self.forget(id) }
+            // A change is made to a loaded machine (``update(_:scheduling:_:)``), and kept loaded until saved.
+            guard let entry = self.entries[id], let machine = entry.loaded else { continue }
+            taken.append((machine, entry.position))
+            if machine.state.isSettled && !machine.installOutstanding { self.forget(id) }
         }
         return taken
+    }
+
+    /// Keeps compact those of `ids` whose rows are saved as they are now (``Entry/compactIfPlain()``), unless they hold a
+    /// slot: the driver calls it once their rows are written. Returns how many became compact.
+    @discardableResult
+    mutating func compact(_ ids: [String]) -> Int {
+        guard self.loader != nil else { return 0 }
+        let loaded = ids.filter { self.changed[$0] == nil && !self.running.contains($0) && self.entries[$0]?.loaded != nil }
+        return loaded.count { self.entries[$0]?.compactIfPlain() == true }
     }
 
     /// Stops tracking downloads (their transaction finished, or another queue took them).
@@ -392,7 +395,7 @@ struct QueueMachine: Sendable {
     /// priority that hold a slot of their own.
     var lending: Int {
         self.running.count { id in
-            !self.beside.contains(id) && (self.entries[id]?.machine.download.priority ?? .userInitiated) > .essential
+            !self.beside.contains(id) && (self.entries[id]?.priority ?? .userInitiated) > .essential
         }
     }
 
@@ -411,8 +414,8 @@ struct QueueMachine: Sendable {
     /// - Returns: each one's id and transaction id.
     mutating func handOver() -> [(id: String, transactionID: String)] {
         guard self.handingOver else { return [] }
-        let handed = self.entries.filter { $0.value.machine.state == .waiting && !self.running.contains($0.key) }
-            .map { (id: $0.key, transactionID: $0.value.machine.download.transactionID) }
+        let handed = self.entries.filter { $0.value.state == .waiting && !self.running.contains($0.key) }
+            .compactMap { item in self.download(item.key).map { (id: item.key, transactionID: $0.transactionID) } }
         for item in handed { self.forget(item.id) }
         return handed
     }
@@ -424,14 +427,14 @@ struct QueueMachine: Sendable {
     func disagreements() -> [String] {
         var found: [String] = []
         func paused(_ reason: PauseReason) -> Set<String> {
-            Set(self.entries.filter { $0.value.machine.state == .paused && $0.value.machine.download.pauseReason == reason }.keys)
+            Set(self.entries.filter { $0.value.state == .paused && $0.value.pauseReason == reason }.keys)
         }
         if self.pausedForSpace != paused(.insufficientStorage) { found.append("pausedForSpace \(self.pausedForSpace.sorted())") }
         let held = paused(.waitingForUnmeteredNetwork).union(paused(.outsideWindow)).union(paused(.quiet))
         if self.pausedByPolicy != held { found.append("pausedByPolicy \(self.pausedByPolicy.sorted())") }
-        let active = Set(self.entries.filter { $0.value.machine.state == .active }.keys)
+        let active = Set(self.entries.filter { $0.value.state == .active }.keys)
         if !active.isSubset(of: self.running) { found.append("active but holding no slot: \(active.subtracting(self.running).sorted())") }
-        let holding = self.running.filter { self.entries[$0].map { $0.machine.state == .active || $0.machine.state == .waiting } != true }
+        let holding = self.running.filter { self.entries[$0].map { $0.state == .active || $0.state == .waiting } != true }
         if !holding.isEmpty { found.append("holding a slot, neither active nor waiting: \(holding.sorted())") }
         if !self.beside.isSubset(of: self.running) { found.append("beside but not running: \(self.beside.subtracting(self.running))") }
         if self.running.count - self.beside.count > self.concurrency {
@@ -440,30 +443,42 @@ struct QueueMachine: Sendable {
         if self.beside.count > self.concurrency { found.append("\(self.beside.count) lent slots of \(self.concurrency)") }
         let placed = self.running.filter { self.entries[$0]?.inHeap == true }
         if !placed.isEmpty { found.append("holding a slot and placed in the waiting order: \(placed.sorted())") }
+        let compactRunning = self.running.filter { self.entries[$0]?.compact != nil }
+        if !compactRunning.isEmpty { found.append("holding a slot and compact: \(compactRunning.sorted())") }
         return found
     }
 
-    func download(_ id: String) -> Download? { self.entries[id]?.machine.download }
-    func machine(_ id: String) -> DownloadMachine? { self.entries[id]?.machine }
+    /// The download as it is now; a compact one's is read from the store (and not kept).
+    func download(_ id: String) -> Download? { self.machine(id)?.download }
 
-    /// The space a download needs to start with `facts`: ``needed(_:writesOnce:)`` for the plan the machine would
-    /// order with them. The driver asks it before the admission, to make room; nil for a download it does not own.
-    func spaceNeeded(_ id: String, facts: DeliveryFacts) -> Int64? {
-        guard let machine = self.entries[id]?.machine else { return nil }
-        return self.needed(machine.download, writesOnce: machine.plan(with: facts).writesOnce)
+    /// The download as it is now when its row in the store may say otherwise; nil for a compact one (its row holds all
+    /// of it) and for one this queue does not own.
+    func liveDownload(_ id: String) -> Download? { self.entries[id]?.loaded?.download }
+
+    /// The download's machine; a compact one's is read from the store (and not kept).
+    func machine(_ id: String) -> DownloadMachine? {
+        guard let entry = self.entries[id] else { return nil }
+        if let machine = entry.loaded { return machine }
+        return self.restore(id, entry)
     }
 
-    /// Bytes still to download, plus the unpacked size, plus the margin; never overflows. (A preload's install
-    /// decrypts as it unpacks, with no plain pack written; a zip preload's, which is decrypted to a file first, checks
-    /// for that room itself.)
-    /// - Parameter writesOnce: the download is a first install that writes each byte once (``DeliveryPlan/writeOnce``):
-    ///   it keeps no archive, so it needs its files and the margin only.
-    func needed(_ download: Download, writesOnce: Bool) -> Int64 {
-        let unpacked = max(0, download.unpackedLength ?? download.contentLength)
-        let remaining = writesOnce ? 0 : max(0, download.contentLength &- download.bytesReceived)
-        let (sum, overflow1) = remaining.addingReportingOverflow(unpacked)
-        let (total, overflow2) = sum.addingReportingOverflow(self.spaceMargin)
-        return overflow1 || overflow2 ? .max : total
+    private func restore(_ id: String, _ entry: Entry) -> DownloadMachine? {
+        guard let compact = entry.compact, let machine = self.loader?(id) else { return nil }
+        return machine.restored(token: compact.token)
+    }
+
+    /// Keeps an entry's machine loaded, read back from the store if it was compact; one whose row cannot be read is
+    /// forgotten (its store is gone: nothing can run it).
+    /// - Returns: whether the entry is there, loaded.
+    private mutating func load(_ id: String) -> Bool {
+        guard let entry = self.entries[id] else { return false }
+        if entry.loaded != nil { return true }
+        guard let machine = self.restore(id, entry) else {
+            self.forget(id)
+            return false
+        }
+        self.entries[id]?.load(machine)
+        return true
     }
 
     // MARK: Bookkeeping
@@ -473,9 +488,9 @@ struct QueueMachine: Sendable {
     private mutating func update(
         _ id: String, scheduling: Bool = true, _ change: (inout DownloadMachine) -> [DownloadMachine.Action]
     ) -> [Action] {
-        guard let (before, held) = self.entries[id].map({ ($0.machine.download, !$0.machine.reportable) }) else { return [] }
+        guard self.load(id), let (before, held) = self.entries[id]?.loaded.map({ ($0.download, !$0.reportable) }) else { return [] }
         // Changed in its place in the table: a copy of the entry would copy its machine's box (``Entry``).
-        let downloadActions = change(&self.entries[id]!.machine)
+        let downloadActions = self.entries[id]?.withMachine(change) ?? []
         var actions = downloadActions.map { Action.run(id: id, $0) }
         self.track(id, before: before, held: held, into: &actions, acted: !downloadActions.isEmpty)
         if scheduling { self.schedule(into: &actions) }
@@ -488,9 +503,9 @@ struct QueueMachine: Sendable {
     /// stopped transfer kept, and is reported (and saved at once) when they arrive, changed or not.
     /// - Parameter held: the download was not reportable before the change.
     private mutating func track(_ id: String, before: Download?, held: Bool = false, into actions: inout [Action], acted: Bool = true) {
-        guard var entry = self.entries[id] else { return }
-        let after = entry.machine.download
-        let released = held && entry.machine.reportable
+        guard var entry = self.entries[id], let machine = entry.loaded else { return }
+        let after = machine.download
+        let released = held && machine.reportable
         let stateChanged =
             before == nil || before?.state != after.state || before?.phase != after.phase
             || before?.pauseReason != after.pauseReason || before?.error != after.error || before?.retryDate != after.retryDate
@@ -501,7 +516,7 @@ struct QueueMachine: Sendable {
         } else if before != after {
             self.changed[id] = max(self.changed[id] ?? .none, .progress)
         }
-        if (before != after || released) && entry.machine.reportable { actions.append(.notify(id: id)) }
+        if (before != after || released) && machine.reportable { actions.append(.notify(id: id)) }
         if let before, before.priority != after.priority, after.state == .waiting || after.state == .paused {
             actions.append(.priorityChanged(id: id))
         }
@@ -537,7 +552,17 @@ struct QueueMachine: Sendable {
     private mutating func schedule(into actions: inout [Action]) {
         let limit = min(self.concurrency, self.slots)
         while self.running.count - self.beside.count < limit, let id = self.beside.first { self.beside.remove(id) }
-        while !self.closed, !self.handingOver, let next = self.peekWaiting() {
+        while !self.closed, !self.handingOver, let next = self.peekWaiting(), let entry = self.entries[next.id] {
+            if let reason = self.heldBy(next.id, entry) {
+                // Held by the policy (outside the window, quiet, a metered network): paused here as it reaches the head,
+                // slot or not, with no space measured, and the next one is looked at. A machine's whole background queue
+                // outside its window costs no round trip to the driver for each download, and is paused as it is added
+                // (its machine still loaded), not read back from the store to be paused once a slot frees.
+                _ = self.waiting.popMin()
+                self.entries[next.id]?.inHeap = false
+                actions += self.update(next.id, scheduling: false) { $0.pause(reason) }
+                continue
+            }
             let besides: Bool
             if self.running.count - self.beside.count < limit {
                 besides = false
@@ -548,15 +573,8 @@ struct QueueMachine: Sendable {
             }
             _ = self.waiting.popMin()
             self.entries[next.id]?.inHeap = false
-            guard let download = self.entries[next.id]?.machine.download else { continue }
-            if let reason = self.heldBy(download) {
-                // Held by the policy (outside the window, quiet, a metered network): paused here, with no slot taken
-                // and no space measured, and the next one is looked at. A machine's whole background queue outside
-                // its window costs no round trip to the driver for each download.
-                actions += self.update(next.id, scheduling: false) { $0.pause(reason) }
-                continue
-            }
-            let destination = download.destination
+            // Near the head now: its machine is read back, to be admitted.
+            guard self.load(next.id), let destination = self.entries[next.id]?.loaded?.download.destination else { continue }
             self.running.insert(next.id)
             if besides { self.beside.insert(next.id) }
             actions.append(.measureSpace(id: next.id, destination: destination))
@@ -574,7 +592,7 @@ struct QueueMachine: Sendable {
     private mutating func peekWaiting() -> Waiting? {
         while let next = self.waiting.min {
             if let entry = self.entries[next.id], entry.inHeap, entry.sequence == next.sequence, entry.heapRank == next.rank {
-                if entry.machine.state == .waiting, !self.running.contains(next.id) { return next }
+                if entry.state == .waiting, !self.running.contains(next.id) { return next }
                 self.entries[next.id]?.inHeap = false
             }
             _ = self.waiting.popMin()
