@@ -12,12 +12,15 @@ on the data filesystem) then:
   publisher's cost at this size), and the client downloads it: metadata bytes (target ≤ 64 KiB) and the process's wall
   time (target ≤ 100 ms to verify; the wall time includes the process start, shown apart as `packs tuf-client` exiting on
   a usage error).
-With --compare, the client steps run with the other build too (its TUF client).
+With --compare, the client steps run with the other build too (its TUF client). PACKS_BENCH_21_TARGETS_PER_PRODUCT=2 makes
+each product two targets, its manifest and its pack (as `packs fetch` looks both up), usually in two bins; a change then
+adds both. PACKS_BENCH_21_PRODUCTS and PACKS_BENCH_21_BINS change the size.
 
 Run alone (the harness, with the build at hand; Benchmarks/run builds release first):
   Benchmarks/run --only 21
   PYTHONPATH=Benchmarks python3 -m harness --packs .build/debug/packs --tmp "$(mktemp -d)" --only 21 --reps 3
 """
+import hashlib
 import json
 import os
 import shutil
@@ -30,11 +33,34 @@ from harness.tables import median
 CASES = (21,)
 PRODUCTS = int(os.environ.get("PACKS_BENCH_21_PRODUCTS", "100000"))
 BINS = int(os.environ.get("PACKS_BENCH_21_BINS", "1024"))
-BATCH = 10_000   # paths a `packs repo add` (well under ARG_MAX)
+# 1: a product is its manifest; 2: its manifest and its pack, each a target (as TUFManifestCheck wants them), in two bins.
+PER_PRODUCT = int(os.environ.get("PACKS_BENCH_21_TARGETS_PER_PRODUCT", "1"))
+BATCH = 2_000   # paths a `packs repo add`: swift-argument-parser takes time quadratic in a positional array's length (≈ 50 s of 10,000 paths in a debug build)
 
 
 def product_path(i):
     return f"products/com.bench.p{i:06d}/manifest.json"
+
+
+def pack_path(i, version):
+    return f"products/com.bench.p{i:06d}/pack-{version}.tar"
+
+
+def product_targets(i, version):
+    return [product_path(i)] + ([pack_path(i, version)] if PER_PRODUCT == 2 else [])
+
+
+def write_product(src, i, version):
+    with open(os.path.join(src, product_path(i)), "wb") as f:
+        f.write(product_manifest(i, version))
+    if PER_PRODUCT == 2:
+        with open(os.path.join(src, pack_path(i, version)), "wb") as f:
+            f.write(f"pack {i} version {version}\n".encode() * 4)
+
+
+def bin_of(path):
+    """The bin TUF's succinct_roles sends a path to (the first log2(BINS) bits of its SHA-256)."""
+    return int.from_bytes(hashlib.sha256(path.encode()).digest()[:4], "big") >> (32 - (BINS.bit_length() - 1))
 
 
 def product_manifest(i, version):
@@ -55,11 +81,11 @@ def make_data(b):
         sh([b.packs, "keygen", os.path.join(keys, name)])
     paths = []
     for i in range(PRODUCTS):
-        path = product_path(i)
-        os.makedirs(os.path.join(src, os.path.dirname(path)), exist_ok=True)
-        with open(os.path.join(src, path), "wb") as f:
-            f.write(product_manifest(i, 1))
-        paths.append(path)
+        os.makedirs(os.path.join(src, os.path.dirname(product_path(i))), exist_ok=True)
+        write_product(src, i, 1)
+        paths += product_targets(i, 1)
+    # By bin: each run of `packs repo add` then signs a few bins once, not every bin again.
+    paths.sort(key=bin_of)
     key = lambda n: os.path.join(keys, n + ".key")
     timings = {}
     started = time.perf_counter()
@@ -71,7 +97,7 @@ def make_data(b):
     for start in range(0, len(paths), BATCH):
         sh([b.packs, "repo", "add", repo, *(os.path.join(src, p) for p in paths[start:start + BATCH]), "--from", src,
             "--role", "bins", "--key", key("bins")])
-    timings[f"add {PRODUCTS:,} targets ({(PRODUCTS + BATCH - 1) // BATCH} runs)"] = time.perf_counter() - started
+    timings[f"add {len(paths):,} targets ({(len(paths) + BATCH - 1) // BATCH} runs, by bin)"] = time.perf_counter() - started
     started = time.perf_counter()
     sh([b.packs, "repo", "sign", repo, "--key", key("snapshot")])
     sh([b.packs, "repo", "timestamp", repo, "--key", key("timestamp")])
@@ -123,8 +149,9 @@ class Client:
             requests.append((uri, int(status), int(sent)))
         return wall, requests
 
-    def download(self, path):
-        return self.run("download", "--target-name", path, "--target-dir", self.out, "--target-base-url", self.targets)
+    def download(self, *paths):
+        names = [a for p in paths for a in ("--target-name", p)]
+        return self.run("download", *names, "--target-dir", self.out, "--target-base-url", self.targets)
 
     def start_seconds(self):
         """The process alone: `packs tuf-client` parsing its arguments and exiting on a usage error (median of 5)."""
@@ -150,17 +177,18 @@ def run(b):
     snapshot, bin_median, bin_max = metadata_sizes(repo)
     clients = [("packs", b.packs)] + ([("packs (compare)", b.packs_compare)] if b.packs_compare else [])
     reps = max(b.reps, 3)
-    lines = ["", f"### Case 21: {PRODUCTS:,} products in {BINS:,} succinct hash bins", "",
+    lines = ["", f"### Case 21: {PRODUCTS:,} products ({PER_PRODUCT} target{'s' if PER_PRODUCT > 1 else ''} each) in {BINS:,} succinct hash bins", "",
              f"Repository written by packs repo ({', '.join(f'{w}: {s:.1f} s' for w, s in data['timings'].items())}); "
              f"snapshot {snapshot:,} B, a bin {bin_median:,.0f} B (median; max {bin_max:,} B).", "",
              "| client | step | wall | requests (file status bytes) | metadata bytes |", "|---|---|---:|---|---:|"]
     changed_version = 1
+    versions = {}   # product -> its version, once changed
     publisher = []
     for name, binary in clients:
         client = Client(b, binary, name.replace(" ", "-").replace("(", "").replace(")", ""))
         start = client.start_seconds()
         log(f"case 21 ({name}): first refresh and download of one product…")
-        wall, requests = client.download(product_path(0))
+        wall, requests = client.download(*product_targets(0, 1))
         lines.append(f"| {name} | first: refresh from root 1, download one product | {wall * 1000:.0f} ms | {show(requests)} | "
                      f"{metadata_bytes(requests):,} |")
         first_bytes = metadata_bytes(requests)
@@ -175,19 +203,19 @@ def run(b):
         for r in range(reps):
             # Products spread over the bins; the client first has each one (its bin) at the old version.
             i = (r + 1) * (PRODUCTS // (reps + 1))
-            client.download(product_path(i))
+            client.download(*product_targets(i, versions.get(i, 1)))
             changed_version += 1
-            with open(os.path.join(data["src"], product_path(i)), "wb") as f:
-                f.write(product_manifest(i, changed_version))
+            versions[i] = changed_version
+            write_product(data["src"], i, changed_version)
             started = time.perf_counter()
-            sh([b.packs, "repo", "add", repo, os.path.join(data["src"], product_path(i)), "--from", data["src"], "--role", "bins",
-                "--key", key("bins")])
+            sh([b.packs, "repo", "add", repo, *(os.path.join(data["src"], p) for p in product_targets(i, changed_version)),
+                "--from", data["src"], "--role", "bins", "--key", key("bins")])
             added = time.perf_counter()
             sh([b.packs, "repo", "sign", repo, "--key", key("snapshot")])
             signed = time.perf_counter()
             sh([b.packs, "repo", "timestamp", repo, "--key", key("timestamp")])
             publisher.append((added - started, signed - added, time.perf_counter() - signed))
-            wall, requests = client.download(product_path(i))
+            wall, requests = client.download(*product_targets(i, changed_version))
             changed.append((wall, requests))
             log(f"  case 21 {name} round {r}: one product changed: {wall * 1000:.0f} ms, {metadata_bytes(requests):,} B of metadata")
         walls = [w for w, _ in changed]
@@ -199,7 +227,7 @@ def run(b):
         quiet_requests = [q for _, q in quiet]
         most = max(len(q) for q in quiet_requests)
         timestamp_bytes = max(sent for q in quiet_requests for uri, _, sent in q if uri.endswith("/timestamp.json"))
-        b.report.rows.append(("21", f"{name}: first refresh from root 1 + one product's bin", f"{first_bytes / KiB:.1f} KiB of metadata",
+        b.report.rows.append(("21", f"{name}: first refresh from root 1 + one product (its bins)", f"{first_bytes / KiB:.1f} KiB of metadata",
                               "", "", "", "–", ""))
         # TUF 5.3 asks for the next root version on every refresh (a 404 when there is none): the issue's "one request"
         # counts timestamp.json; the probe is shown beside it.
