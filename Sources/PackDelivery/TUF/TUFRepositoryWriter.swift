@@ -192,8 +192,14 @@ public enum TUFRepositoryWriter {
     /// ``addTargets(folder:files:role:key:expires:now:)``.
     ///
     /// - Parameters:
-    ///   - count: how many bins: a power of two from 2 to 65,536. The snapshot lists each (≈ 30 bytes a bin) and a
+    ///   - folder: the repository folder.
+    ///   - namePrefix: the bins' name prefix (`bins`): the role to add their targets to.
+    ///   - count: how many bins: a power of two from 2 to 65,536. The snapshot lists each (≈ 31 bytes a bin) and a
     ///     client downloads the snapshot and the bins it looks in: for 100,000 targets, 1,024 bins of ≈ 100 targets.
+    ///   - targetsKey: the top-level targets key.
+    ///   - binsKey: the one key of every bin.
+    ///   - days: how many days the new versions are valid.
+    ///   - now: the time expiry counts from.
     /// - Throws: `invalidArgument` when `count` is not such a power of two, the top-level targets already delegates,
     ///   or `namePrefix` is a top-level role's name; `fileSystem`.
     public static func delegateHashBins(
