@@ -57,7 +57,8 @@ extension Packs {
             @Argument(help: "The repository folder.") var folder: String
             @Argument(help: "The files to add.") var files: [String]
             @Option(help: "The role's key (.key).") var key: String
-            @Option(help: "The targets role: targets or a delegated role.") var role = "targets"
+            @Option(help: "The targets role: targets, a delegated role, or the hash bins' name prefix (each target to its bin).")
+            var role = "targets"
             @Option(help: ArgumentHelp("Target paths are the files' paths relative to this folder.", valueName: "dir")) var from: String?
             @Option(help: "A folder the target paths start with (packs/).") var prefix = ""
 
@@ -76,9 +77,12 @@ extension Packs {
                         }
                         return (self.prefix + path, url)
                     }
-                    try TUFRepositoryWriter.addTargets(
-                        folder: URL(filePath: self.folder), files: files, role: self.role, key: try readSigningKey(self.key))
-                    for (path, _) in files { printLine("added \(SafeOutput.line(path)) to \(SafeOutput.line(self.role))") }
+                    let folder = URL(filePath: self.folder)
+                    let roles = try TUFRepositoryWriter.roles(of: files.map(\.path), role: self.role, folder: folder)
+                    try TUFRepositoryWriter.addTargets(folder: folder, files: files, role: self.role, key: try readSigningKey(self.key))
+                    for (path, _) in files {
+                        printLine("added \(SafeOutput.line(path)) to \(SafeOutput.line(roles[path] ?? self.role))")
+                    }
                 }
             }
         }
@@ -88,7 +92,7 @@ extension Packs {
             @Argument(help: "The repository folder.") var folder: String
             @Argument(help: "The target paths.") var paths: [String]
             @Option(help: "The role's key (.key).") var key: String
-            @Option(help: "The targets role: targets or a delegated role.") var role = "targets"
+            @Option(help: "The targets role: targets, a delegated role, or the hash bins' name prefix.") var role = "targets"
 
             func run() async throws {
                 try await mapErrors { () async throws(PackDeliveryError) in
@@ -165,23 +169,50 @@ extension Packs {
 
         struct Delegate: AsyncParsableCommand {
             static let configuration = CommandConfiguration(
-                abstract: "Delegate target paths (TUF patterns such as studio/*) to a new role with its own key.",
-                discussion: "Example:\n  packs repo delegate site studio --paths 'studio/*' --key targets.key --delegate-key studio.key")
+                abstract:
+                    "Delegate target paths (TUF patterns such as studio/*) to a new role, or every path to hash bins, with its own key.",
+                discussion: """
+                    With --bins N, every target path goes to one of N succinct hash bins (NAME-000…, by the SHA-256 of \
+                    the path; N a power of two, about one bin per 100 targets): packs repo add --role NAME puts each \
+                    target in its bin and signs only the bins that change. A client downloads the snapshot (about 30 \
+                    bytes a bin) and the bins it looks in.
+
+                    Examples:
+                      packs repo delegate site studio --paths 'studio/*' --key targets.key --delegate-key studio.key
+                      packs repo delegate site bins --bins 1024 --key targets.key --delegate-key bins.key
+                      packs repo add site products/*/manifest.json --from . --role bins --key bins.key
+                    """)
             @Argument(help: "The repository folder.") var folder: String
-            @Argument(help: "The delegated role's name.") var name: String
+            @Argument(help: "The delegated role's name (with --bins: the bins' name prefix).") var name: String
             @Option(help: "A path pattern delegated (repeatable).") var paths: [String] = []
+            @Option(help: ArgumentHelp("Delegate every path to this many hash bins (a power of two).", valueName: "count"))
+            var bins: Int?
             @Flag(help: "Stop the search for a matching target at this role.") var terminating = false
             @Option(help: "The top-level targets key (.key).") var key: String
-            @Option(name: .customLong("delegate-key"), help: "The delegated role's key (.key).") var delegateKey: String
+            @Option(name: .customLong("delegate-key"), help: "The delegated role's key (.key), or the bins' one key.") var delegateKey:
+                String
 
             func validate() throws {
-                if self.paths.isEmpty { throw ValidationError("Name at least one --paths pattern.") }
+                if self.bins != nil, !self.paths.isEmpty || self.terminating {
+                    throw ValidationError("--bins delegates every path: leave out --paths and --terminating.")
+                }
+                if self.bins == nil, self.paths.isEmpty { throw ValidationError("Name at least one --paths pattern, or --bins.") }
             }
 
             func run() async throws {
                 try await mapErrors { () async throws(PackDeliveryError) in
+                    let folder = URL(filePath: self.folder)
+                    if let bins = self.bins {
+                        try TUFRepositoryWriter.delegateHashBins(
+                            folder: folder, namePrefix: self.name, count: bins, targetsKey: try readSigningKey(self.key),
+                            binsKey: try readSigningKey(self.delegateKey))
+                        printLine(
+                            "delegated every target path to \(bins) hash bins \(SafeOutput.line(self.name))-…; add targets with --role \(SafeOutput.line(self.name))"
+                        )
+                        return
+                    }
                     try TUFRepositoryWriter.delegate(
-                        folder: URL(filePath: self.folder), name: self.name, paths: self.paths, terminating: self.terminating,
+                        folder: folder, name: self.name, paths: self.paths, terminating: self.terminating,
                         targetsKey: try readSigningKey(self.key), delegateKey: try readSigningKey(self.delegateKey))
                 }
             }

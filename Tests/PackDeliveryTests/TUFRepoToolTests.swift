@@ -14,25 +14,38 @@ import Testing
         let home: URL
         let client: URL
         let nginx: NginxServer
+        /// What `packs repo add` printed: `added PATH to ROLE` a line.
+        var added = ""
         var metadataURL: String { self.nginx.baseURL.appending(path: "metadata/").absoluteString }
         var targetsURL: String { self.nginx.baseURL.appending(path: "targets/").absoluteString }
 
-        init(_ label: String) throws {
+        /// A repository whose targets are `manifest.json`, `big.tar` and its index: in the top-level targets, or, with
+        /// `bins`, in that many hash bins (`bins-…`, the key `bins`).
+        init(_ label: String, bins: Int? = nil) throws {
             self.keys = try Fixtures.temporaryDirectory(label + "-keys")
             self.repository = try Fixtures.temporaryDirectory(label + "-repo")
             self.home = try Fixtures.temporaryDirectory(label + "-home")
             self.client = try Fixtures.temporaryDirectory(label + "-client")
             self.site = try TestSite.random(label + "-site", size: 30_000)
             self.nginx = try NginxServer(root: self.repository)
-            for name in ["root", "root2", "timestamp", "snapshot", "targets", "studio"] {
+            for name in ["root", "root2", "timestamp", "snapshot", "targets", "studio", "bins"] {
                 try self.tool(["keygen", self.key(name).replacingOccurrences(of: ".key", with: "")])
             }
             try self.tool([
                 "repo", "init", self.repository.path, "--root-key", self.key("root"), "--timestamp-key", self.key("timestamp"),
                 "--snapshot-key", self.key("snapshot"), "--targets-key", self.key("targets"),
             ])
+            var role = ["--key", self.key("targets")]
+            if let bins {
+                try self.tool([
+                    "repo", "delegate", self.repository.path, "bins", "--bins", String(bins), "--key", self.key("targets"),
+                    "--delegate-key",
+                    self.key("bins"),
+                ])
+                role = ["--role", "bins", "--key", self.key("bins")]
+            }
             let files = ["manifest.json", "big.tar", "big.tar.index.json"].map { self.site.folder.appending(path: $0).path }
-            try self.tool(["repo", "add", self.repository.path] + files + ["--from", self.site.folder.path, "--key", self.key("targets")])
+            self.added = try self.tool(["repo", "add", self.repository.path] + files + ["--from", self.site.folder.path] + role)
             try self.publish()
         }
 
@@ -130,5 +143,90 @@ import Testing
         let metadata = setup.home.appending(path: "tuf").appending(path: TrustedRepository.id(metadataURL: URL(string: setup.metadataURL)!))
         let root = try Data(contentsOf: metadata.appending(path: "metadata/root.json"))
         #expect(root == (try Data(contentsOf: setup.repository.appending(path: "metadata/2.root.json"))))
+    }
+
+    /// `packs repo delegate --bins 16`, then `packs repo add --role bins`: each target goes to its bin (by the SHA-256 of
+    /// its path) and only those bins get a version 2; the snapshot lists the 16 bins. python-tuf's ngclient.Updater
+    /// downloads a target from its bin, and `packs fetch` installs the product, every file of it found through a bin.
+    @Test func targetsInHashBinsAreFoundByPythonTUFAndInstalledByFetch() throws {
+        let setup = try Setup("tuf-repo-bins", bins: 16)
+        let bins = (0..<16).map { "bins-" + String($0, radix: 16) }
+        let changed = Set(setup.added.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) })
+        #expect(!changed.isEmpty && changed.isSubset(of: Set(bins)), "\(setup.added)")
+        let metadata = setup.repository.appending(path: "metadata")
+        for bin in bins {
+            #expect(FileManager.default.fileExists(atPath: metadata.appending(path: "1.\(bin).json").path), "1.\(bin).json")
+            #expect(
+                FileManager.default.fileExists(atPath: metadata.appending(path: "2.\(bin).json").path) == changed.contains(bin),
+                "2.\(bin).json: only the bins that changed are signed again")
+        }
+        let snapshot =
+            try JSONSerialization.jsonObject(with: Data(contentsOf: metadata.appending(path: "2.snapshot.json"))) as? [String: Any]
+        let meta = ((snapshot?["signed"] as? [String: Any])?["meta"] as? [String: Any]) ?? [:]
+        #expect(Set(meta.keys) == Set(bins.map { $0 + ".json" } + ["targets.json"]), "\(meta.keys.sorted())")
+
+        let python = try setup.ngclient("manifest.json")
+        #expect(python.status == 0, "\(python.stderr)")
+        let downloaded = python.stdout.split(separator: " ").last.map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) }
+        #expect(try downloaded.map { try Data(contentsOf: URL(filePath: $0)) } == (try Data(contentsOf: setup.site.manifestURL)))
+        let trust = try CLI.run(
+            home: setup.home,
+            ["trust", "add", setup.repository.appending(path: "metadata/1.root.json").path, "--repository", setup.metadataURL])
+        #expect(trust.status == 0, "\(trust.stderr)")
+        let fetch = try CLI.run(home: setup.home, ["fetch", setup.targetsURL + "manifest.json", "com.example.big"])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        let data = setup.home.appending(path: "Caches/com.example.big/Contents/data.bin")
+        #expect(try Fixtures.sha256Hex(of: data) == setup.site.dataSHA256)
+    }
+
+    /// A target in another bin than its own: `packs repo add --role` with the wrong bin is refused (exit 64, nothing
+    /// signed); metadata edited by hand to list `manifest.json` in the wrong bin, validly signed by the bins' key, is
+    /// refused by python-tuf's ngclient.Updater (no such target) and by `packs fetch` (exit 65, nothing installed),
+    /// while the other targets still download.
+    @Test func aTargetInTheWrongHashBinIsRefused() throws {
+        let setup = try Setup("tuf-repo-wrong-bin", bins: 16)
+        let line = setup.added.split(separator: "\n").first { $0.hasPrefix("added manifest.json to ") }
+        let right = try #require(line.flatMap { $0.split(separator: " ").last.map(String.init) }, "\(setup.added)")
+        let wrong = "bins-" + String((Int(right.dropFirst(5), radix: 16) ?? 0) ^ 1, radix: 16)
+        let manifest = setup.site.manifestURL.path
+        let refused = try Fixtures.run(
+            CLI.binary, ["repo", "add", setup.repository.path, manifest, "--role", wrong, "--key", setup.key("bins")], timeout: 60)
+        #expect(refused.status == 64, "\(refused.stderr)")
+        #expect(refused.stderr.contains("belongs in the hash bin \(right), not \(wrong)"), "\(refused.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: setup.repository.appending(path: "metadata/2.\(wrong).json").path))
+
+        try setup.tool(["repo", "remove", setup.repository.path, "manifest.json", "--role", "bins", "--key", setup.key("bins")])
+        let edit = """
+            import sys
+            from cryptography.hazmat.primitives.serialization import load_pem_private_key
+            from securesystemslib.signer import CryptoSigner
+            from tuf.api.metadata import Metadata, TargetFile
+            repo, wrong, key, target = sys.argv[1:5]
+            state = f"{repo}/state/{wrong}.json"
+            md = Metadata.from_file(state)
+            md.signed.targets["manifest.json"] = TargetFile.from_file("manifest.json", target)
+            md.signed.version += 1
+            with open(key, "rb") as f:
+                md.sign(CryptoSigner(load_pem_private_key(f.read(), None)))
+            md.to_file(state)
+            md.to_file(f"{repo}/metadata/{md.signed.version}.{wrong}.json")
+            Metadata.from_file(f"{repo}/state/targets.json").signed.verify_delegate(wrong, md.signed_bytes, md.signatures)
+            print("signed")
+            """
+        let edited = try Fixtures.run("python3", ["-c", edit, setup.repository.path, wrong, setup.key("bins"), manifest], timeout: 60)
+        #expect(edited.status == 0 && edited.stdout.contains("signed"), "\(edited.stderr)")
+        try setup.publish()
+
+        let python = try setup.ngclient("manifest.json")
+        #expect(python.status != 0 && python.stderr.contains("no target manifest.json"), "\(python.stdout) \(python.stderr)")
+        #expect(try setup.ngclient("big.tar").status == 0, "the other targets still download")
+        let trust = try CLI.run(
+            home: setup.home,
+            ["trust", "add", setup.repository.appending(path: "metadata/1.root.json").path, "--repository", setup.metadataURL])
+        #expect(trust.status == 0, "\(trust.stderr)")
+        let fetch = try CLI.run(home: setup.home, ["fetch", setup.targetsURL + "manifest.json", "com.example.big"])
+        #expect(fetch.status == 65, "\(fetch.stderr)")
+        #expect(fetch.stderr.contains("not a target"), "\(fetch.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: setup.home.appending(path: "Caches/com.example.big").path))
     }
 }

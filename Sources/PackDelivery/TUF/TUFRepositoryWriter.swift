@@ -44,20 +44,26 @@ public enum TUFRepositoryWriter {
     /// Adds (or replaces) targets of `role` (`targets` or a delegated role): each file copied under its path, and its
     /// length and SHA-256 in the role's next version, signed by `key`.
     ///
+    /// When `role` is the name prefix of the hash bins the top-level targets delegates to (see
+    /// ``delegateHashBins(folder:namePrefix:count:targetsKey:binsKey:expires:now:)``), each target goes to its bin and
+    /// only the bins that change get a new version.
+    ///
     /// - Parameters:
     ///   - folder: the repository folder.
     ///   - files: target paths (`packs/forest.tar`) and the files holding their bytes.
-    ///   - role: `targets`, or a delegated role.
+    ///   - role: `targets`, a delegated role, the hash bins' name prefix, or one bin.
     ///   - key: the role's key.
     ///   - days: how many days the new version is valid.
     ///   - now: the time expiry counts from.
+    /// - Throws: `invalidArgument` when a file cannot be read, a path is not relative, or `role` names a bin another
+    ///   than the path's; `fileSystem`.
     public static func addTargets(
         folder: URL, files: [(path: String, file: URL)], role: String = "targets", key: PublisherSigningKey, expires days: Int = 90,
         now: Date = Date()
     ) throws(PackDeliveryError) {
         let layout = Layout(folder)
-        var signed = try layout.state(role)
-        var table = signed["targets"]?.objectValue ?? [:]
+        let roles = try Self.roles(of: files.map(\.path), role: role, layout: layout)
+        var entries: [String: TUFJSON] = [:]
         for (path, file) in files {
             guard let data = FileManager.default.contents(atPath: file.path) else {
                 throw PackDeliveryError(
@@ -65,27 +71,80 @@ public enum TUFRepositoryWriter {
             }
             let sha256 = TUFDigest.hex("sha256", of: data) ?? ""
             try layout.writeTarget(path, data, sha256: sha256)
-            table[path] = .object(["length": .integer(data.count), "hashes": .object(["sha256": .string(sha256)])])
+            entries[path] = .object(["length": .integer(data.count), "hashes": .object(["sha256": .string(sha256)])])
         }
-        signed = Self.bumped(signed, expires: now, days: days, ["targets": .object(table)])
-        try layout.writeRole(role, try Self.sign(signed, with: [key]), version: signed["version"]?.intValue ?? 1)
+        for (name, paths) in Self.grouped(roles) {
+            try Self.changeTargets(layout, role: name, key: key, days: days, now: now) { table throws(PackDeliveryError) in
+                for path in paths { table[path] = entries[path] }
+            }
+        }
     }
 
-    /// Removes targets of `role` from its next version (the files stay, for clients still on the old snapshot).
+    /// The role each target path goes to when added to `role` (see ``addTargets(folder:files:role:key:expires:now:)``):
+    /// `role` itself, or, when it is the name prefix of the hash bins, each path's bin.
+    ///
+    /// - Throws: `invalidArgument` when `role` names a bin another than a path's, or the repository cannot be read.
+    public static func roles(of paths: [String], role: String = "targets", folder: URL) throws(PackDeliveryError) -> [String: String] {
+        try Self.roles(of: paths, role: role, layout: Layout(folder))
+    }
+
+    /// Removes targets of `role` (as in ``addTargets(folder:files:role:key:expires:now:)``: a bin prefix sends each
+    /// path to its bin) from its next version (the files stay, for clients still on the old snapshot).
     public static func removeTargets(
         folder: URL, paths: [String], role: String = "targets", key: PublisherSigningKey, expires days: Int = 90, now: Date = Date()
     ) throws(PackDeliveryError) {
         let layout = Layout(folder)
-        var signed = try layout.state(role)
-        var table = signed["targets"]?.objectValue ?? [:]
-        for path in paths {
-            guard table.removeValue(forKey: path) != nil else {
-                throw PackDeliveryError(
-                    .invalidArgument, message: "The role \(role) has no target \(PackDeliveryError.printable(path)).", subject: path)
+        for (name, paths) in Self.grouped(try Self.roles(of: paths, role: role, layout: layout)) {
+            try Self.changeTargets(layout, role: name, key: key, days: days, now: now) { table throws(PackDeliveryError) in
+                for path in paths where table.removeValue(forKey: path) == nil {
+                    throw PackDeliveryError(
+                        .invalidArgument, message: "The role \(name) has no target \(PackDeliveryError.printable(path)).", subject: path)
+                }
             }
         }
+    }
+
+    /// The next version of a targets role, its `targets` table changed by `change`, signed by `key`.
+    private static func changeTargets(
+        _ layout: Layout, role: String, key: PublisherSigningKey, days: Int, now: Date,
+        _ change: (inout [String: TUFJSON]) throws(PackDeliveryError) -> Void
+    ) throws(PackDeliveryError) {
+        var signed = try layout.state(role)
+        var table = signed["targets"]?.objectValue ?? [:]
+        try change(&table)
         signed = Self.bumped(signed, expires: now, days: days, ["targets": .object(table)])
         try layout.writeRole(role, try Self.sign(signed, with: [key]), version: signed["version"]?.intValue ?? 1)
+    }
+
+    /// The role each path goes to: `role` itself, or, when `role` is the name prefix of the top-level targets' hash
+    /// bins, the path's bin (the first `bit_length` bits of the SHA-256 of the path). A bin named for a path of
+    /// another bin is refused: clients look for a target in its own bin only.
+    private static func roles(of paths: [String], role: String, layout: Layout) throws(PackDeliveryError) -> [String: String] {
+        guard role != "targets", let bins = try Self.hashBins(layout), role == bins.namePrefix || bins.contains(role) else {
+            return Dictionary(paths.map { ($0, role) }, uniquingKeysWith: { first, _ in first })
+        }
+        var roles: [String: String] = [:]
+        for path in paths {
+            let bin = bins.roleName(for: path)
+            guard role == bins.namePrefix || role == bin else {
+                throw PackDeliveryError(
+                    .invalidArgument,
+                    message: "The target \(PackDeliveryError.printable(path)) belongs in the hash bin \(bin), not \(role).",
+                    hint: "Name the bins' prefix (--role \(bins.namePrefix)) and each target goes to its own bin.", subject: path)
+            }
+            roles[path] = bin
+        }
+        return roles
+    }
+
+    /// The paths of each role, by role.
+    private static func grouped(_ roles: [String: String]) -> [(role: String, paths: [String])] {
+        Dictionary(grouping: roles.keys, by: { roles[$0] ?? "" }).map { ($0.key, $0.value.sorted()) }.sorted { $0.role < $1.role }
+    }
+
+    /// The succinct hash bins the newest top-level targets delegates to, if any.
+    private static func hashBins(_ layout: Layout) throws(PackDeliveryError) -> TUFSuccinctRoles? {
+        try layout.state("targets")["delegations"]?["succinct_roles"].flatMap(TUFSuccinctRoles.init)
     }
 
     /// Delegates the target paths matching `paths` (TUF patterns, `studio/*`) from the top-level targets to a new role
@@ -101,6 +160,11 @@ public enum TUFRepositoryWriter {
         var signed = try layout.state("targets")
         let (id, keyJSON) = try Self.keyJSON(delegateKey.publicKey)
         var delegations = signed["delegations"]?.objectValue ?? ["keys": .object([:]), "roles": .array([])]
+        guard delegations["succinct_roles"] == nil else {
+            throw PackDeliveryError(
+                .invalidArgument, message: "The top-level targets delegates to hash bins, so it cannot delegate named roles too.",
+                hint: "Add the targets to the hash bins (--role with their name prefix).", subject: name)
+        }
         var keys = delegations["keys"]?.objectValue ?? [:]
         keys[id] = keyJSON
         var roles = (delegations["roles"]?.arrayValue ?? []).filter { $0["name"]?.stringValue != name }
@@ -117,6 +181,61 @@ public enum TUFRepositoryWriter {
             let role = Self.signed("targets", version: 1, expires: now, days: days, ["targets": .object([:])])
             try layout.writeRole(name, try Self.sign(role, with: [delegateKey]), version: 1)
         }
+    }
+
+    /// Delegates every target path from the top-level targets to `count` succinct hash bins (TUF 1.0.x
+    /// `succinct_roles`: `bit_length` log2 of `count`, `name_prefix`, one key, a threshold of 1), named
+    /// `PREFIX-0`…`PREFIX-N` in hex of one width (`bins-000`…`bins-3ff` for 1,024): the top-level targets' next version
+    /// (signed by `targetsKey`) and version 1 of every bin (signed by `binsKey`), all written at once, as python-tuf's
+    /// example does, so that the snapshot lists each bin a client may look in. A target then goes to the bin of the
+    /// first `bit_length` bits of the SHA-256 of its path: pass `namePrefix` as the role of
+    /// ``addTargets(folder:files:role:key:expires:now:)``.
+    ///
+    /// - Parameters:
+    ///   - folder: the repository folder.
+    ///   - namePrefix: the bins' name prefix (`bins`): the role to add their targets to.
+    ///   - count: how many bins: a power of two from 2 to 65,536. The snapshot lists each (≈ 31 bytes a bin) and a
+    ///     client downloads the snapshot and the bins it looks in: for 100,000 targets, 1,024 bins of ≈ 100 targets.
+    ///   - targetsKey: the top-level targets key.
+    ///   - binsKey: the one key of every bin.
+    ///   - days: how many days the new versions are valid.
+    ///   - now: the time expiry counts from.
+    /// - Throws: `invalidArgument` when `count` is not such a power of two, the top-level targets already delegates,
+    ///   or `namePrefix` is a top-level role's name; `fileSystem`.
+    public static func delegateHashBins(
+        folder: URL, namePrefix: String, count: Int, targetsKey: PublisherSigningKey, binsKey: PublisherSigningKey,
+        expires days: Int = 90, now: Date = Date()
+    ) throws(PackDeliveryError) {
+        guard (2...65_536).contains(count), count & (count - 1) == 0 else {
+            throw PackDeliveryError(
+                .invalidArgument, message: "\(count) hash bins: the number of bins must be a power of two from 2 to 65536.",
+                hint: "Pick about one bin per 100 targets (1024 for 100,000).")
+        }
+        guard !["root", "timestamp", "snapshot", "targets"].contains(namePrefix), !namePrefix.isEmpty else {
+            throw PackDeliveryError(.invalidArgument, message: "Hash bins cannot be named \(namePrefix).", subject: namePrefix)
+        }
+        let layout = Layout(folder)
+        var signed = try layout.state("targets")
+        if let delegations = signed["delegations"] {
+            throw PackDeliveryError(
+                .invalidArgument,
+                message: "The top-level targets already delegates (\(delegations["succinct_roles"] == nil ? "named roles" : "hash bins")).",
+                hint: "Hash bins take every target path: start a new repository, or keep the named roles.", subject: namePrefix)
+        }
+        let (id, keyJSON) = try Self.keyJSON(binsKey.publicKey)
+        let succinct: TUFJSON = .object([
+            "keyids": .array([.string(id)]), "threshold": .integer(1), "bit_length": .integer(count.trailingZeroBitCount),
+            "name_prefix": .string(namePrefix),
+        ])
+        guard let bins = TUFSuccinctRoles(succinct) else { preconditionFailure("succinct_roles as TUF defines them") }
+        signed = Self.bumped(
+            signed, expires: now, days: days, ["delegations": .object(["keys": .object([id: keyJSON]), "succinct_roles": succinct])])
+        // The bins first: a repository whose targets names bins always has them.
+        let empty = try Self.sign(Self.signed("targets", version: 1, expires: now, days: days, ["targets": .object([:])]), with: [binsKey])
+        for bin in 0..<count {
+            try layout.writeRole(bins.roleName(bin: bin), empty, version: 1)
+        }
+        try layout.writeRole("targets", try Self.sign(signed, with: [targetsKey]), version: signed["version"]?.intValue ?? 1)
     }
 
     /// A new snapshot version naming the newest version of every targets role, signed by the snapshot key.

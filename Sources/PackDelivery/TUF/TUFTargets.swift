@@ -61,7 +61,11 @@ struct TUFSuccinctRoles: Sendable {
     func roleName(for target: String) -> String {
         let hash = TUFDigest.sha256(target)
         let first = hash.prefix(4).reduce(UInt32(0)) { $0 << 8 | UInt32($1) }
-        let bin = Int(first >> UInt32(32 - self.bitLength))
+        return self.roleName(bin: Int(first >> UInt32(32 - self.bitLength)))
+    }
+
+    /// The name of bin number `bin` (`0..<2^bitLength`).
+    func roleName(bin: Int) -> String {
         let hex = String(bin, radix: 16)
         return "\(self.namePrefix)-\(String(repeating: "0", count: self.suffixLength - hex.count))\(hex)"
     }
