@@ -42,6 +42,9 @@ class Nginx:
                       f"    access_log {d}/access.log bench;")
         else:
             access = "access_log off;"
+        # PACKS_BENCH_NGINX_GZIP=1: JSON (manifests, TUF metadata) sent compressed to clients that offer it.
+        gzip = ("\n    gzip on; gzip_types application/json; gzip_min_length 1024;"
+                if os.environ.get("PACKS_BENCH_NGINX_GZIP") == "1" else "")
         return f"""{user}worker_processes 1;
 {rlimit}daemon on;
 pid {self.pid_file};
@@ -49,7 +52,7 @@ error_log {self.error_log} warn;
 events {{ worker_connections {self.connections}; }}
 http {{
     types {{ application/json json; application/x-tar tar; application/gzip gz; }}
-    default_type application/octet-stream;
+    default_type application/octet-stream;{gzip}
     {access}
     client_body_temp_path {d}/client_body;
     proxy_temp_path {d}/proxy;

@@ -71,6 +71,34 @@ import Testing
         )
     }
 
+    /// A server that compresses JSON (nginx's `gzip_types application/json`) sends a catalog's manifest compressed,
+    /// since the client offers the encodings it decodes; the packs still arrive byte for byte as they are.
+    @Test func aCatalogsManifestArrivesCompressedFromAServerThatCompressesJSON() throws {
+        let site = try Self.catalog("catalog-gzip", count: 300)
+        let nginx = try NginxServer(root: site) { port in
+            """
+            server {
+                listen 127.0.0.1:\(port);
+                root "\(site.standardizedFileURL.path)";
+                gzip on;
+                gzip_types application/json;
+                gzip_min_length 1024;
+            }
+            """
+        }
+        defer { nginx.stop() }
+        let home = try Fixtures.temporaryDirectory("catalog-gzip-home")
+        let manifest = nginx.baseURL.appending(path: "manifest.json").absoluteString
+        let fetch = try CLI.run(home: home, ["--quiet", "fetch", manifest, "com.example.p00001", "com.example.p00002"])
+        #expect(fetch.status == 0, "\(fetch.stderr)")
+        let length = try #require(
+            try FileManager.default.attributesOfItem(atPath: site.appending(path: "manifest.json").path)[.size] as? Int)
+        let sent = nginx.bodyBytesSent(path: "/manifest.json")
+        #expect(sent > 0 && sent * 4 < length, "the manifest's \(length) bytes came as \(sent)")
+        #expect(try CLI.run(home: home, ["verify", "com.example.p00001"]).status == 0)
+        #expect(try CLI.run(home: home, ["content"]).stdout.split(separator: "\n").count == 2)
+    }
+
     @Test func productsComeFromAFileOrStandardInput() throws {
         let site = try Self.catalog("catalog-from", count: 6)
         let nginx = try NginxServer(root: site)

@@ -55,6 +55,9 @@ enum Curl {
         let easy = try CurlEasy(url: url)
         try easy.apply(options)
         try easy.restrictProtocols(for: url, allowingFile: false)
+        // A document (a manifest, TUF metadata) may come compressed: every encoding libcurl decodes is offered, and
+        // the limit holds for the decoded bytes. (Never for packs, whose byte ranges must be the file's.)
+        try easy.set(CURLOPT_ACCEPT_ENCODING, string: "")
         let (code, data, overflow) = easy.performCollecting(limit: maxBytes)
         if overflow {
             throw PackDeliveryError(
