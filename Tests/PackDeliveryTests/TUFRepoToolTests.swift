@@ -71,6 +71,23 @@ import Testing
             try self.tool(["repo", "timestamp", self.repository.path, "--key", self.key("timestamp")])
         }
 
+        /// python-tuf's ngclient.Updater downloads `manifest.json` byte for byte, and a home that trusts the first
+        /// root installs `com.example.big` from it with `packs fetch`.
+        func expectPythonTUFAndPacksInstallTheManifest() throws {
+            let python = try self.ngclient("manifest.json")
+            #expect(python.status == 0, "\(python.stderr)")
+            let downloaded = python.stdout.split(separator: " ").last.map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) }
+            #expect(try downloaded.map { try Data(contentsOf: URL(filePath: $0)) } == (try Data(contentsOf: self.site.manifestURL)))
+            let trust = try CLI.run(
+                home: self.home,
+                ["trust", "add", self.repository.appending(path: "metadata/1.root.json").path, "--repository", self.metadataURL])
+            #expect(trust.status == 0, "\(trust.stderr)")
+            let fetch = try CLI.run(home: self.home, ["fetch", self.targetsURL + "manifest.json", "com.example.big"])
+            #expect(fetch.status == 0, "\(fetch.stderr)")
+            let data = self.home.appending(path: "Caches/com.example.big/Contents/data.bin")
+            #expect(try Fixtures.sha256Hex(of: data) == self.site.dataSHA256)
+        }
+
         /// python-tuf's ngclient.Updater: refreshes from the repository's first root, downloads `target`, and prints
         /// the trusted root's version and the downloaded file's path.
         func ngclient(_ target: String) throws -> (status: Int32, stdout: String, stderr: String) {
@@ -102,18 +119,7 @@ import Testing
 
     @Test func aRepositoryWrittenByPacksRepoIsAcceptedByPythonTUFAndInstallsWithFetch() throws {
         let setup = try Setup("tuf-repo-tool")
-        let python = try setup.ngclient("manifest.json")
-        #expect(python.status == 0, "\(python.stderr)")
-        let downloaded = python.stdout.split(separator: " ").last.map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) }
-        #expect(try downloaded.map { try Data(contentsOf: URL(filePath: $0)) } == (try Data(contentsOf: setup.site.manifestURL)))
-        let trust = try CLI.run(
-            home: setup.home,
-            ["trust", "add", setup.repository.appending(path: "metadata/1.root.json").path, "--repository", setup.metadataURL])
-        #expect(trust.status == 0, "\(trust.stderr)")
-        let fetch = try CLI.run(home: setup.home, ["fetch", setup.targetsURL + "manifest.json", "com.example.big"])
-        #expect(fetch.status == 0, "\(fetch.stderr)")
-        let data = setup.home.appending(path: "Caches/com.example.big/Contents/data.bin")
-        #expect(try Fixtures.sha256Hex(of: data) == setup.site.dataSHA256)
+        try setup.expectPythonTUFAndPacksInstallTheManifest()
     }
 
     /// The root key rotated (old and new root keys), a delegated role with its own key: python-tuf walks to root
@@ -165,18 +171,7 @@ import Testing
         let meta = ((snapshot?["signed"] as? [String: Any])?["meta"] as? [String: Any]) ?? [:]
         #expect(Set(meta.keys) == Set(bins.map { $0 + ".json" } + ["targets.json"]), "\(meta.keys.sorted())")
 
-        let python = try setup.ngclient("manifest.json")
-        #expect(python.status == 0, "\(python.stderr)")
-        let downloaded = python.stdout.split(separator: " ").last.map { String($0).trimmingCharacters(in: .whitespacesAndNewlines) }
-        #expect(try downloaded.map { try Data(contentsOf: URL(filePath: $0)) } == (try Data(contentsOf: setup.site.manifestURL)))
-        let trust = try CLI.run(
-            home: setup.home,
-            ["trust", "add", setup.repository.appending(path: "metadata/1.root.json").path, "--repository", setup.metadataURL])
-        #expect(trust.status == 0, "\(trust.stderr)")
-        let fetch = try CLI.run(home: setup.home, ["fetch", setup.targetsURL + "manifest.json", "com.example.big"])
-        #expect(fetch.status == 0, "\(fetch.stderr)")
-        let data = setup.home.appending(path: "Caches/com.example.big/Contents/data.bin")
-        #expect(try Fixtures.sha256Hex(of: data) == setup.site.dataSHA256)
+        try setup.expectPythonTUFAndPacksInstallTheManifest()
     }
 
     /// A target in another bin than its own: `packs repo add --role` with the wrong bin is refused (exit 64, nothing
